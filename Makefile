@@ -1,0 +1,83 @@
+# sparkmono build.  `make` builds build/libsparkmono.a and build/sparkmono; `make test` builds
+# and runs every CPU test and ends with "N passed, N failed"; `make test-asan` does the same
+# under ASan + UBSan in build-asan/ (CPU only).  When nvcc is present, src/cuda/*.cu is
+# compiled for sm_90a into build/libsparkmono_cuda.a and linked into the CLI (SM_HAVE_CUDA);
+# `make gpu-test` builds the GPU test program (run it on a machine with a Hopper GPU).
+
+B        ?= build
+CC       ?= gcc
+OPT      ?= -O2
+SAN      ?=
+CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -MMD -MP -D_GNU_SOURCE \
+            -Isrc -Iinclude -Itools $(SAN)
+LDLIBS   := -l:libjansson.a -lm -lpthread
+NVCC     ?= $(shell command -v nvcc 2>/dev/null)
+CUDA     ?= $(if $(NVCC),1,0)
+
+LIB_SRC  := $(wildcard src/*.c src/cpu/*.c)
+CLI_SRC  := $(wildcard tools/*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(B)/%.o)
+TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
+
+ifeq ($(CUDA),1)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVFLAGS  := -std=c++17 -O3 -g -lineinfo -gencode=arch=compute_90a,code=sm_90a \
+            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP -Isrc -Iinclude
+CU_SRC   := $(wildcard src/cuda/*.cu)
+CU_OBJ   := $(CU_SRC:%.cu=$(B)/%.o)
+CU_LIB   := $(B)/libsparkmono_cuda.a
+CFLAGS   += -DSM_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++
+GPU_TEST_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu)
+endif
+
+.PHONY: all test test-asan demo gpu-test clean
+all: $(B)/libsparkmono.a $(B)/sparkmono
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(B)/libsparkmono.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+ifeq ($(CUDA),1)
+$(CU_LIB): $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+endif
+
+$(B)/sparkmono: $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB)
+	$(CC) $(CFLAGS) $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB) $(LDLIBS) $(CUDA_LIBS) -o $@
+
+# Each CPU test is its own program; tests may use tools/cli.c for shared parsing.
+$(B)/tests/%: $(B)/tests/%.o $(B)/libsparkmono.a $(CU_LIB)
+	$(CC) $(CFLAGS) $< $(B)/libsparkmono.a $(CU_LIB) $(LDLIBS) $(CUDA_LIBS) -o $@
+
+test: all $(TESTS)
+	@sh tests/run.sh $(B)
+
+test-asan:
+	$(MAKE) B=build-asan CUDA=0 OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" test
+
+demo: all
+	@sh tools/demo.sh $(B)
+
+ifeq ($(CUDA),1)
+GPU_TEST_OBJ := $(patsubst %.c,$(B)/%.o,$(patsubst %.cu,$(B)/%.o,$(GPU_TEST_SRC)))
+$(B)/gpu_test: $(GPU_TEST_OBJ) $(B)/libsparkmono.a $(CU_LIB)
+	$(CC) $(CFLAGS) $(GPU_TEST_OBJ) $(B)/libsparkmono.a $(CU_LIB) $(LDLIBS) $(CUDA_LIBS) -o $@
+gpu-test: all $(B)/gpu_test
+endif
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,46 @@
+/* backend.h: the one interface between the engine and a compute backend (cpu, cuda, ...).
+ *
+ * A step is any batch of rows: a prefill (T rows of one request), a decode (1 row each) or a
+ * verify (R rows each).  Rows of one request are consecutive and at consecutive positions;
+ * every row writes its K/V into the cache and attends to the cache up to its own position.
+ * The engine has reserved the cache pages (sm_kv) before calling step.  We rejected separate
+ * prefill/decode entry points at this seam: the math is one function of (tokens, positions),
+ * and the backend picks its own kernels (chunked prefill, graph buckets) from the shape.
+ */
+#ifndef SM_BACKEND_H
+#define SM_BACKEND_H
+#include "err.h"
+#include "kvcache.h"
+#include "weights.h"
+
+typedef struct sm_step {
+    int nrows;               /* rows in the step, all requests together */
+    const int *tokens;       /* [nrows] token ids (< V) */
+    const int *pos;          /* [nrows] absolute positions */
+    const int *req;          /* [nrows] request slot of each row (sm_kv slot) */
+    const sm_kv *kv;         /* block tables, pages reserved for every (req, pos) above */
+    float *logits;           /* [nrows, V] f32 softcapped logits, ids >= vocab_used = -inf; or NULL */
+    int *argmax;             /* [nrows] greedy id among ids < vocab_used, ties to the lowest id */
+    int naux;                /* aux hidden states requested */
+    const int *aux_layers;   /* [naux] layer ids j */
+    float *aux;              /* [naux, nrows, H] f32 residual stream entering layer j, or NULL */
+} sm_step;
+
+typedef struct sm_backend {
+    const char *name;        /* "cpu", "cuda", ... */
+    void *ctx;
+    int (*step)(void *ctx, const sm_step *s, sm_err *e);
+    void (*destroy)(void *ctx);
+} sm_backend;
+
+typedef struct sm_backend_opts {
+    int nthreads;            /* cpu: worker threads (0 = online cores) */
+    int world;               /* ranks (tensor + expert parallel), 1 = none */
+    int moe_tp;              /* 1: TP without EP (experts split along I); 0: EP */
+    int max_rows;            /* most rows one step may carry */
+} sm_backend_opts;
+
+/* The CPU reference backend (src/cpu/). kv gives the page count to allocate. */
+int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
+
+#endif

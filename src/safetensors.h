@@ -1,0 +1,93 @@
+/* safetensors.h: strict reader (mmap) and streaming writer of the safetensors format.
+ *
+ * Reader: a single `model.safetensors`, or a directory whose `model.safetensors.index.json`
+ * maps tensor names to shard files.  Files are mmapped read-only; tensors are views into the
+ * mapping, never copies.  Validation follows the format: 8-byte little-endian header length
+ * bounded by the file and by 100 MB, valid JSON object, known dtype, shape x dtype size equal
+ * to the byte range, ranges inside the data section, no two ranges overlapping, optional
+ * `__metadata__` (string -> string).  Every error names the file (and tensor).
+ *
+ * Writer: streaming, so a model larger than memory can be written: declare every tensor
+ * (name, dtype, shape) first, then write their bytes in declaration order.  The file is
+ * written under a temporary name and renamed on st_writer_finish; st_writer_abort removes it.
+ * We rejected a "build everything in memory, then dump" writer: spark1x is hundreds of GB.
+ */
+#ifndef SM_SAFETENSORS_H
+#define SM_SAFETENSORS_H
+#include <stdint.h>
+#include <stddef.h>
+#include <stdio.h>
+#include "err.h"
+
+typedef enum st_dtype {
+    ST_BOOL, ST_U8, ST_I8, ST_U16, ST_I16, ST_U32, ST_I32, ST_U64, ST_I64,
+    ST_F16, ST_BF16, ST_F32, ST_F64,
+    ST_F8_E4M3, ST_F8_E5M2, ST_F8_E8M0, ST_F4,
+    ST_NDTYPES
+} st_dtype;
+
+#define ST_MAX_DIMS 8
+
+typedef struct st_tensor {
+    char *name;                 /* owned */
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS]; /* [ndim] elements per dim */
+    int64_t numel;              /* product of shape */
+    const void *data;           /* view into the mapped file */
+    size_t nbytes;              /* data_offsets end - begin */
+    int file;                   /* index into st_archive.files */
+} st_tensor;
+
+typedef struct st_file {
+    char *path;                 /* owned */
+    void *map;                  /* whole file mapping */
+    size_t size;                /* file size in bytes */
+} st_file;
+
+typedef struct st_archive {
+    st_file *files;   int nfiles;    /* [nfiles] */
+    st_tensor *tensors; int ntensors; /* [ntensors], sorted by name */
+} st_archive;
+
+/* dtype name as in the format ("BF16", "F8_E4M3", ...) and back; -1 if unknown. */
+const char *st_dtype_name(st_dtype t);
+int st_dtype_from_name(const char *s);
+/* Storage bits per element (F4: 4, BF16: 16, ...). */
+int st_dtype_bits(st_dtype t);
+/* Bytes for numel elements of dtype; -1 if numel*bits is not a whole number of bytes. */
+int64_t st_nbytes(st_dtype t, int64_t numel);
+
+/* Open one .safetensors file (adds to a fresh archive). */
+int st_open_file(const char *path, st_archive *a, sm_err *e);
+/* Open a model directory: model.safetensors.index.json (weight_map, every listed shard must
+ * hold exactly the tensors mapped to it) or else model.safetensors. */
+int st_open_dir(const char *dir, st_archive *a, sm_err *e);
+/* Binary search by name; NULL when absent. */
+const st_tensor *st_find(const st_archive *a, const char *name);
+void st_close(st_archive *a);
+
+/* Streaming writer. */
+typedef struct st_writer {
+    char *path, *tmp;           /* final and temporary path (owned) */
+    FILE *f;
+    int n, cap;                 /* declared tensors */
+    char **names; int *dtypes; int *ndims; int64_t (*shapes)[ST_MAX_DIMS];
+    int64_t *sizes;             /* [n] bytes each */
+    int next;                   /* next tensor expected by st_writer_write */
+    int64_t written;            /* bytes of tensor `next` written so far */
+    int started;                /* header written */
+} st_writer;
+
+int st_writer_open(st_writer *w, const char *path, sm_err *e);
+/* Declare a tensor; all declarations precede the first write. */
+int st_writer_declare(st_writer *w, const char *name, st_dtype t, int ndim, const int64_t *shape, sm_err *e);
+/* Append bytes of the current tensor (may be called several times per tensor; moves to the
+ * next tensor when the current one is complete). Writes the header on the first call. */
+int st_writer_write(st_writer *w, const void *data, size_t nbytes, sm_err *e);
+/* Check every declared byte was written, flush, fsync-free close, rename tmp -> path. */
+int st_writer_finish(st_writer *w, sm_err *e);
+/* Remove the temporary file and free. Safe after finish (no-op then) or on error. */
+void st_writer_abort(st_writer *w);
+
+#endif
