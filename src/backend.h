@@ -43,4 +43,10 @@ typedef struct sm_backend_opts {
 /* The CPU reference backend (src/cpu/). kv gives the page count to allocate. */
 int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 
+#ifdef SM_HAVE_CUDA
+/* The CUDA stock backend (src/cuda/), one GPU: weights uploaded from the mapped checkpoint,
+ * paged KV cache on the device, verify steps graph-captured per row bucket. */
+int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
+#endif
+
 #endif

@@ -1,0 +1,50 @@
+/* moe.h: the MoE expert stage on the GPU (SPEC.md section 6, from h1 to m), shared by the
+ * stock backend and (later) the monokernel.  Included by .cu files only (CUDA types allowed).
+ *
+ * Given h1 [n, Hm] (bf16, after pooler + pre-expert norm) and the routing of each row
+ * (idx [n, K] expert ids, w [n, K] route weights, both on the device), computes for every
+ * route gu = mm(h1, gate_up[e]), a = r16(silu(gate) * up), y = mm(a, down[e]),
+ * t = r16(y * eff(post_expert_norm)), yn = t * rsqrt(mean(t^2) + 1e-8), and
+ * m_out[r] = r16(sum_k w[r,k] * yn(r,k)) in route order k = 0..K-1.
+ * Routes are grouped by expert ON THE DEVICE so each touched expert's weights are read once
+ * per call; no host synchronization and no allocation inside forward, so it can be captured
+ * in a CUDA graph.  The weight layout on the device is private to moe.cu (it may repack).
+ */
+#ifndef SM_CUDA_MOE_H
+#define SM_CUDA_MOE_H
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include "err.h"
+#include "weights.h"
+
+typedef struct sm_cuda_moe_layer {
+    int fmt;                 /* sm_expert_fmt */
+    int E, K, Hm, I;
+    void *blob;              /* device: all expert weights + scales in moe.cu's layout */
+    size_t blob_bytes;
+    void *desc;              /* device: per-expert offsets or pointers into blob */
+    float *post_norm;        /* device [Hm] eff(post_expert_norm) */
+} sm_cuda_moe_layer;
+
+typedef struct sm_cuda_moe_ws {
+    void *buf;               /* device workspace, sm_cuda_moe_ws_bytes(...) bytes */
+    size_t bytes;
+    int max_rows;
+} sm_cuda_moe_ws;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Upload layer l's experts (reads from the mapped checkpoint, expert by expert). */
+int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, sm_err *e);
+void sm_cuda_moe_free(sm_cuda_moe_layer *L);
+size_t sm_cuda_moe_ws_bytes(const sm_config *c, int max_rows);
+int sm_cuda_moe_ws_alloc(const sm_config *c, int max_rows, sm_cuda_moe_ws *ws, sm_err *e);
+void sm_cuda_moe_ws_free(sm_cuda_moe_ws *ws);
+/* h1 [n, Hm] bf16, idx [n, K] int32, w [n, K] f32, m_out [n, Hm] bf16; all device pointers. */
+int sm_cuda_moe_forward(const sm_cuda_moe_layer *L, const uint16_t *h1, const int *idx, const float *w,
+                        int n, uint16_t *m_out, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e);
+#ifdef __cplusplus
+}
+#endif
+#endif
