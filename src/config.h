@@ -40,7 +40,14 @@ typedef struct sm_config {
     unsigned char full[SM_MAX_LAYERS]; /* [L] 1: full attention + NoPE, 0: sliding + RoPE */
 } sm_config;
 
-/* Parse and validate config.json at path. Errors name the file and the field. */
+/* Parse and validate config.json at path. Errors name the file and the field; on any error
+ * *c is left unchanged (the same holds for every function below that fills a config).
+ * Sizes (L, H, Hm, I, E, K, nH, nKV, head_dim, V) are required; the other numbers default to
+ * the real model's values.  attention_bias=false, hidden_act="silu", tie_word_embeddings=false
+ * must be present; num_shared_experts (0) and mlp_layer_types ("sparse") may be absent.
+ * Token ids and tie_word_embeddings are also looked up at the top level when text_config
+ * lacks them.  layer_rope_theta, when present, must be 0 on full layers and equal rope_theta
+ * on sliding ones; rope_scaling must be null or "default". */
 int sm_config_load(const char *path, sm_config *c, sm_err *e);
 /* Same, from a JSON text; `where` names the source in messages. */
 int sm_config_parse(const char *json, const char *where, sm_config *c, sm_err *e);
@@ -53,6 +60,9 @@ int sm_config_validate(const sm_config *c, const char *where, sm_err *e);
 /* Write c as a HF-style config.json (text_config layout accepted by sm_config_load) to path,
  * through a temp file and rename. */
 int sm_config_save(const sm_config *c, const char *path, sm_err *e);
+/* 1 if a and b hold the same configuration (every field, eos[0..n_eos), full[0..L)), else 0
+ * with *what (if non-NULL) set to the JSON name of the first field that differs. */
+int sm_config_same(const sm_config *a, const sm_config *b, const char **what);
 /* Number of query heads per KV head. */
 static inline int sm_config_group(const sm_config *c) { return c->nH / c->nKV; }
 
