@@ -119,10 +119,12 @@ SM_HD uint8_t sm_mx_quantize_block(const float *x, uint8_t *q) {
     for (int i = 0; i < SM_MX_BLOCK; i++) { float a = fabsf(x[i]); if (a > amax) amax = a; }
     if (amax == 0.0f) { for (int i = 0; i < SM_MX_BLOCK / 2; i++) q[i] = 0; return 0; }
     uint8_t b = sm_mx_scale_byte(amax);
-    int e = (int)b - 127;
+    /* 2^-e as a float, e = b - 127 in [-127, 127]: exponent field 254 - b (b = 254 gives the
+     * subnormal 2^-127); x * 2^-e rounds exactly like ldexpf(x, -e). */
+    float inv = (b == 254) ? sm_bits_f32(0x00400000u) : sm_bits_f32((uint32_t)(254 - b) << 23);
     for (int i = 0; i < SM_MX_BLOCK / 2; i++) {
-        unsigned lo = sm_f32_to_e2m1(ldexpf(x[2 * i], -e));
-        unsigned hi = sm_f32_to_e2m1(ldexpf(x[2 * i + 1], -e));
+        unsigned lo = sm_f32_to_e2m1(x[2 * i] * inv);
+        unsigned hi = sm_f32_to_e2m1(x[2 * i + 1] * inv);
         q[i] = (uint8_t)(lo | (hi << 4));
     }
     return b;

@@ -17,6 +17,8 @@ typedef struct sm_make_opts {
     uint64_t seed;
     int shards;              /* 1: model.safetensors; K > 1: K shards + index.json */
     int progress;            /* progress line on stderr for anything over a second */
+    int threads;             /* generation workers; 0 = online cores, at least 2 (the bytes
+                                do not depend on it) */
 } sm_make_opts;
 
 int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir, sm_err *e);

@@ -63,13 +63,17 @@ typedef struct sm_model {
 
 typedef struct sm_load_opts {
     int online_mxfp4;          /* round BF16 experts of layers 1..L-2 to MXFP4 at load */
+    int threads;               /* online quantization workers; 0 = online cores (bytes do not
+                                  depend on it) */
 } sm_load_opts;
 
 /* Residual gate coefficients from a gate vector g [n] (bf16 bits): u = g / T_g,
  * beta = sigmoid(u), alpha = sqrt(max(sigmoid(-u) * (1 + beta), 1e-3)), f32. */
 void sm_residual_gate(const uint16_t *g, int n, float T_g, float *alpha, float *beta);
 
-/* Load dir (config.json + safetensors). Errors name the tensor (and file). */
+/* Load dir (config.json + safetensors); o may be NULL (defaults).  Every tensor is checked:
+ * unknown names, missing / duplicate / mixed-format experts, dtypes and shapes, NaN e8m0
+ * scales.  Errors name the tensor (and file).  On failure *m is left empty. */
 int sm_model_load(const char *dir, const sm_load_opts *o, sm_model *m, sm_err *e);
 void sm_model_free(sm_model *m);
 

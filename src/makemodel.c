@@ -1,0 +1,694 @@
+/* makemodel.c: random checkpoints with the real tensor names (see makemodel.h).
+ *
+ * Every value is a pure function of (seed, stream name, element index): a counter-based
+ * generator (splitmix64 finalizer of key + index) feeds Box-Muller with our own polynomial
+ * log and sin/cos, so any byte range of any tensor can be made by any thread, in any order,
+ * with identical bytes on every machine (no libm in the values).  Experts are keyed by their
+ * logical name (layer, expert, projection), not the tensor name, so the consolidated BF16,
+ * MXFP4 and FP8 files of one seed hold the same underlying normals.  A pool of workers fills
+ * 16 MB chunks while the main thread writes the previous chunk: the model is streamed, never
+ * held.  We rejected a stateful PRNG (one stream per file): it forces one thread and
+ * generation in file order, and makes the quantized files unrelated to the BF16 file.
+ */
+#include "makemodel.h"
+#include "codec.h"
+#include "safetensors.h"
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define P_ "model.language_model."
+#define CHUNK ((int64_t)16 << 20) /* bytes generated per job (two buffers in flight) */
+#define PIECE ((int64_t)64 << 10) /* smallest piece of a job a worker takes */
+#define BATCH 4096                /* normals generated per inner batch */
+
+/* ---- counter-based normals ---- */
+static inline uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static uint64_t stream_key(uint64_t seed, const char *name) {
+    uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a of the name */
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001B3ull;
+    return mix64(mix64(seed + 0x9E3779B97F4A7C15ull) ^ h);
+}
+/* NB normal pairs k0 .. k0+NB-1 of the stream into z [2 NB] (pair k -> z[2k], z[2k+1]):
+ * Box-Muller on two 24-bit uniforms of one hash per pair.  Written as fixed-length loops
+ * over plain arrays so the compiler vectorizes the float part (IEEE ops only, no libm:
+ * identical bytes scalar or vector, on every machine). */
+#define NB 64
+static void normal_block(uint64_t key, int64_t k0, float *z) {
+    int32_t hu[NB], hv[NB];
+    for (int i = 0; i < NB; i++) {
+        uint64_t r = mix64(key + (uint64_t)(k0 + i) * 0x9E3779B97F4A7C15ull);
+        hu[i] = (int32_t)(r >> 40);          /* 24 bits: radius uniform */
+        hv[i] = (int32_t)(r & 0xFFFFFF);     /* 24 bits: angle = 2 pi hv / 2^24 */
+    }
+    float rad[NB], c0[NB], s0[NB];
+    for (int i = 0; i < NB; i++) {
+        /* u1 in (0, 1]; ln u1 = k ln 2 + 2 atanh((m-1)/(m+1)), m in [sqrt(.5), sqrt(2)) */
+        float u1 = (float)(hu[i] + 1) * 5.9604645e-8f;
+        uint32_t ub = sm_f32_bits(u1), mb = ub & 0x007FFFFFu;
+        int32_t big = mb > 0x3504F3u;                         /* mantissa above sqrt(2) */
+        int32_t ke = (int32_t)(ub >> 23) - 127 + big;
+        float m = sm_bits_f32(mb | ((uint32_t)(127 - big) << 23));
+        float sx = (m - 1.0f) / (m + 1.0f), s2 = sx * sx;
+        float ln = 2.0f * sx * (1.0f + s2 * (0.33333333f + s2 * (0.2f + s2 * (0.14285714f + s2 * 0.11111111f)))) +
+                   (float)ke * 0.69314718f;
+        /* radius sqrt(-2 ln u1) = x * rsqrt(x): bit-trick guess + 3 Newton steps (libm's sqrtf
+         * sets errno, which keeps the loop scalar) */
+        float x = -2.0f * ln;
+        x += 1e-30f; /* u1 = 1 gives x = 0; any other x is >= 1e-7 and unchanged */
+        float y = sm_bits_f32(0x5F3759DFu - (sm_f32_bits(x) >> 1));
+        y = y * (1.5f - 0.5f * x * y * y);
+        y = y * (1.5f - 0.5f * x * y * y);
+        y = y * (1.5f - 0.5f * x * y * y);
+        rad[i] = x * y;
+        int32_t q = (hv[i] + (1 << 21)) >> 22;                /* nearest quarter turn, 0..4 */
+        float a = (float)(hv[i] - (q << 22)) * 3.7450702e-7f; /* remainder in [-pi/4, pi/4): (pi/2) / 2^22 */
+        float a2 = a * a;
+        float sn = a * (1.0f + a2 * (-1.6666667e-1f + a2 * (8.3333333e-3f + a2 * (-1.9841270e-4f + a2 * 2.7557319e-6f))));
+        float cs = 1.0f + a2 * (-0.5f + a2 * (4.1666667e-2f + a2 * (-1.3888889e-3f + a2 * 2.4801587e-5f)));
+        /* rotate by q quarter turns: swap for odd q, then the signs of cos and sin */
+        uint32_t swap = 0u - (uint32_t)(q & 1);
+        uint32_t cb = (sm_f32_bits(cs) & ~swap) | (sm_f32_bits(sn) & swap);
+        uint32_t sb = (sm_f32_bits(sn) & ~swap) | (sm_f32_bits(cs) & swap);
+        c0[i] = sm_bits_f32(cb ^ ((uint32_t)(((q + 1) >> 1) & 1) << 31)); /* cos(q pi/2 + a) */
+        s0[i] = sm_bits_f32(sb ^ ((uint32_t)((q >> 1) & 1) << 31));       /* sin(q pi/2 + a) */
+    }
+    for (int i = 0; i < NB; i++) {
+        z[2 * i] = rad[i] * c0[i];
+        z[2 * i + 1] = rad[i] * s0[i];
+    }
+}
+/* n standard normals of the stream, elements i0 .. i0+n-1 (element i = half of pair i/2). */
+static void gen_normals(uint64_t key, int64_t i0, int64_t n, float *out) {
+    float z[2 * NB];
+    int64_t i = i0, end = i0 + n;
+    while (i < end) {
+        int64_t k0 = i >> 1, off = i - 2 * k0;             /* block of pairs starting at pair k0 */
+        int64_t cnt = 2 * NB - off < end - i ? 2 * NB - off : end - i;
+        if (off == 0 && cnt == 2 * NB) normal_block(key, k0, out);
+        else {
+            normal_block(key, k0, z);
+            memcpy(out, z + off, sizeof(float) * (size_t)cnt);
+        }
+        out += cnt;
+        i += cnt;
+    }
+}
+
+/* ---- the tensor list ---- */
+typedef enum gen_kind {
+    G_NORMAL,  /* mean + std * z in the tensor's dtype (BF16 or F32), stream of the tensor name */
+    G_EXP_BF16,/* consolidated [E, rows, cols] BF16 experts, one stream per expert */
+    G_MX_W,    /* one expert's MXFP4 codes [rows, cols/2] */
+    G_MX_S,    /* one expert's e8m0 scales [rows, cols/32] */
+    G_FP8_W,   /* one expert's e4m3 codes [rows, cols] */
+    G_FP8_S    /* one expert's f32 per-row scales [rows] */
+} gen_kind;
+
+typedef struct mm_tensor {
+    char name[128];           /* full tensor name */
+    st_dtype dt;
+    int ndim;
+    int64_t shape[3];         /* [ndim] */
+    int64_t nbytes;
+    gen_kind kind;
+    uint64_t key;             /* G_NORMAL: stream of (seed, name) */
+    float mean, std;          /* G_NORMAL: value = mean + std * z; experts: std only */
+    int layer, expert, proj;  /* experts: layer, expert (-1: all E, consolidated), 0 gate_up / 1 down */
+    int64_t rows, cols;       /* experts: one expert's logical matrix [rows, cols] */
+    int shard;                /* file index */
+} mm_tensor;
+
+typedef struct mm_list {
+    mm_tensor *t; int n, cap;  /* [n] tensors in file order */
+} mm_list;
+
+static mm_tensor *add(mm_list *l, sm_err *e) {
+    if (l->n == l->cap) {
+        int nc = l->cap ? 2 * l->cap : 256;
+        mm_tensor *nt = realloc(l->t, sizeof *nt * (size_t)nc);
+        if (!nt) { sm_errf(e, "make-model: out of memory"); return NULL; }
+        l->t = nt;
+        l->cap = nc;
+    }
+    mm_tensor *t = &l->t[l->n++];
+    memset(t, 0, sizeof *t);
+    t->expert = -1;
+    return t;
+}
+
+static int add_normal(mm_list *l, uint64_t seed, const char *name, st_dtype dt, int ndim, int64_t d0, int64_t d1,
+                      float mean, float std, sm_err *e) {
+    mm_tensor *t = add(l, e);
+    if (!t) return -1;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dt = dt;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    int64_t numel = ndim == 1 ? d0 : d0 * d1;
+    t->nbytes = numel * (dt == ST_F32 ? 4 : 2);
+    t->kind = G_NORMAL;
+    t->key = stream_key(seed, name);
+    t->mean = mean;
+    t->std = std;
+    return 0;
+}
+
+/* Logical stream name of one expert matrix (shared by every storage format). */
+static uint64_t expert_key(uint64_t seed, int l, int ex, int proj) {
+    char nm[128];
+    snprintf(nm, sizeof nm, P_ "layers.%d.mlp.experts.%d.%s", l, ex, proj ? "down_proj" : "gate_up_proj");
+    return stream_key(seed, nm);
+}
+
+static int add_expert(mm_list *l, const char *name, gen_kind k, st_dtype dt, int layer, int ex, int proj,
+                      int64_t rows, int64_t cols, int E, sm_err *e) {
+    mm_tensor *t = add(l, e);
+    if (!t) return -1;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dt = dt;
+    t->kind = k;
+    t->layer = layer;
+    t->expert = ex;
+    t->proj = proj;
+    t->rows = rows;
+    t->cols = cols;
+    t->std = 1.0f / sqrtf((float)cols); /* N(0, 1/fan_in), fan_in = cols */
+    switch (k) {
+    case G_EXP_BF16: t->ndim = 3; t->shape[0] = E; t->shape[1] = rows; t->shape[2] = cols;
+        t->nbytes = E * rows * cols * 2; break;
+    case G_MX_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 2; t->nbytes = rows * cols / 2; break;
+    case G_MX_S: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 32; t->nbytes = rows * cols / 32; break;
+    case G_FP8_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols; t->nbytes = rows * cols; break;
+    case G_FP8_S: t->ndim = 1; t->shape[0] = rows; t->nbytes = rows * 4; break;
+    default: break;
+    }
+    return 0;
+}
+
+static int quantized_layer(const sm_config *c, const sm_make_opts *o, int l) {
+    return o->experts != SM_EXP_BF16 && l >= 1 && l <= c->L - 2;
+}
+
+/* Build the list: F32 tensors first, then BF16, then U8 / F8 (so every view is aligned). */
+static int build_list(const sm_config *c, const sm_make_opts *o, mm_list *ls, sm_err *e) {
+    uint64_t s = o->seed;
+    int64_t H = c->H, Hm = c->Hm, I = c->I, E = c->E, Q = (int64_t)c->nH * c->D, KV = (int64_t)c->nKV * c->D;
+    char nm[128];
+#define LN(suffix) (snprintf(nm, sizeof nm, P_ "layers.%d.%s", l, suffix), nm)
+    /* f32: router weights and bias, FP8 scales */
+    for (int l = 0; l < c->L; l++) {
+        if (add_normal(ls, s, LN("mlp.gate.weight"), ST_F32, 2, E, H, 0, 1.0f / sqrtf((float)H), e) ||
+            add_normal(ls, s, LN("mlp.gate.e_score_correction_bias"), ST_F32, 1, E, 0, 0, 0.01f, e))
+            return -1;
+        if (quantized_layer(c, o, l) && o->experts == SM_EXP_FP8)
+            for (int ex = 0; ex < E; ex++) {
+                char b[160];
+                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.gate_up_proj.weight_scale", l, ex);
+                if (add_expert(ls, b, G_FP8_S, ST_F32, l, ex, 0, 2 * I, Hm, c->E, e)) return -1;
+                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.down_proj.weight_scale", l, ex);
+                if (add_expert(ls, b, G_FP8_S, ST_F32, l, ex, 1, Hm, I, c->E, e)) return -1;
+            }
+    }
+    /* bf16: embedding, dense layers, norms, consolidated experts, lm_head */
+    if (add_normal(ls, s, P_ "embed_tokens.weight", ST_BF16, 2, c->V, H, 0, 1.0f, e)) return -1;
+    for (int l = 0; l < c->L; l++) {
+        float sh = 1.0f / sqrtf((float)H), so = 1.0f / sqrtf((float)Q);
+        if (add_normal(ls, s, LN("input_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
+            add_normal(ls, s, LN("self_attn.q_proj.weight"), ST_BF16, 2, Q, H, 0, sh, e) ||
+            add_normal(ls, s, LN("self_attn.k_proj.weight"), ST_BF16, 2, KV, H, 0, sh, e) ||
+            add_normal(ls, s, LN("self_attn.v_proj.weight"), ST_BF16, 2, KV, H, 0, sh, e) ||
+            add_normal(ls, s, LN("self_attn.gate_proj.weight"), ST_BF16, 2, Q, H, 0, sh, e) ||
+            add_normal(ls, s, LN("self_attn.o_proj.weight"), ST_BF16, 2, H, Q, 0, so, e) ||
+            add_normal(ls, s, LN("post_attention_residual_gate.gate"), ST_BF16, 1, H, 0, 0, 0.5f, e) ||
+            add_normal(ls, s, LN("pre_feedforward_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
+            add_normal(ls, s, LN("post_feedforward_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
+            add_normal(ls, s, LN("post_feedforward_residual_gate.gate"), ST_BF16, 1, H, 0, 0, 0.5f, e) ||
+            add_normal(ls, s, LN("mlp.pre_expert_proj.weight"), ST_BF16, 2, Hm, H, 0, sh, e) ||
+            add_normal(ls, s, LN("mlp.pre_expert_norm.weight"), ST_BF16, 1, Hm, 0, 0, 0.02f, e) ||
+            add_normal(ls, s, LN("mlp.experts.post_expert_norm.weight"), ST_BF16, 1, Hm, 0, 0, 0.02f, e) ||
+            add_normal(ls, s, LN("mlp.post_expert_proj.weight"), ST_BF16, 2, H, Hm, 0, 1.0f / sqrtf((float)Hm), e))
+            return -1;
+        if (!quantized_layer(c, o, l) &&
+            (add_expert(ls, LN("mlp.experts.gate_up_proj"), G_EXP_BF16, ST_BF16, l, -1, 0, 2 * I, Hm, c->E, e) ||
+             add_expert(ls, LN("mlp.experts.down_proj"), G_EXP_BF16, ST_BF16, l, -1, 1, Hm, I, c->E, e)))
+            return -1;
+    }
+    /* final norm used as is: gain near 1 */
+    if (add_normal(ls, s, P_ "norm.weight", ST_BF16, 1, H, 0, 1.0f, 0.02f, e) ||
+        add_normal(ls, s, "lm_head.weight", ST_BF16, 2, c->V, H, 0, 1.0f / sqrtf((float)H), e))
+        return -1;
+    /* u8 / f8: per-expert quantized weights (MXFP4 weight then its scale, adjacent) */
+    for (int l = 0; l < c->L; l++) {
+        if (!quantized_layer(c, o, l)) continue;
+        for (int ex = 0; ex < E; ex++)
+            for (int pj = 0; pj < 2; pj++) {
+                int64_t rows = pj ? Hm : 2 * I, cols = pj ? I : Hm;
+                const char *pn = pj ? "down_proj" : "gate_up_proj";
+                char b[160];
+                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.%s.weight", l, ex, pn);
+                if (o->experts == SM_EXP_MXFP4) {
+                    if (add_expert(ls, b, G_MX_W, ST_U8, l, ex, pj, rows, cols, c->E, e)) return -1;
+                    snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.%s.weight_scale", l, ex, pn);
+                    if (add_expert(ls, b, G_MX_S, ST_U8, l, ex, pj, rows, cols, c->E, e)) return -1;
+                } else if (add_expert(ls, b, G_FP8_W, ST_F8_E4M3, l, ex, pj, rows, cols, c->E, e))
+                    return -1;
+            }
+    }
+#undef LN
+    return 0;
+}
+
+/* ---- generation of a byte range of one tensor ---- */
+typedef struct memo {
+    uint8_t *buf; int64_t cap;   /* [cap] scale bytes of the last MXFP4 weight generated */
+    int layer, expert, proj;     /* which expert matrix they belong to */
+    int valid;                   /* complete (the weight tensor was fully generated) */
+    int active;                  /* workers are filling it now */
+} memo;
+
+/* Bytes of [b0, b1) of t (b0, b1 multiples of unit(t)) into out; scratch >= BATCH + max cols. */
+static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, int64_t b1, uint8_t *out, float *z) {
+    switch (t->kind) {
+    case G_NORMAL: {
+        int es = t->dt == ST_F32 ? 4 : 2;
+        for (int64_t i = b0 / es; i < b1 / es;) {
+            int64_t n = b1 / es - i < BATCH ? b1 / es - i : BATCH;
+            gen_normals(t->key, i, n, z);
+            for (int64_t j = 0; j < n; j++) {
+                float v = t->mean + t->std * z[j];
+                if (es == 4) memcpy(out + 4 * j, &v, 4);
+                else { uint16_t h = sm_f32_to_bf16(v); memcpy(out + 2 * j, &h, 2); }
+            }
+            out += n * es;
+            i += n;
+        }
+        break;
+    }
+    case G_EXP_BF16: {
+        int64_t per = t->rows * t->cols;
+        for (int64_t i = b0 / 2; i < b1 / 2;) {
+            int ex = (int)(i / per);
+            int64_t j = i % per, n = b1 / 2 - i;
+            if (n > per - j) n = per - j;
+            if (n > BATCH) n = BATCH;
+            gen_normals(expert_key(seed, t->layer, ex, t->proj), j, n, z);
+            for (int64_t k = 0; k < n; k++) {
+                uint16_t h = sm_f32_to_bf16(t->std * z[k]); /* bf16 of N(0, 1/fan_in) */
+                memcpy(out + 2 * k, &h, 2);
+            }
+            out += 2 * n;
+            i += n;
+        }
+        break;
+    }
+    case G_MX_W:
+    case G_MX_S: {
+        int64_t bsz = t->kind == G_MX_W ? 16 : 1; /* bytes per block in this tensor */
+        int64_t k0 = b0 / bsz, k1 = b1 / bsz;     /* blocks */
+        if (t->kind == G_MX_S && mo->valid && mo->layer == t->layer && mo->expert == t->expert && mo->proj == t->proj) {
+            memcpy(out, mo->buf + k0, (size_t)(k1 - k0));
+            break;
+        }
+        uint64_t key = expert_key(seed, t->layer, t->expert, t->proj);
+        for (int64_t k = k0; k < k1;) {
+            int64_t nb = k1 - k < BATCH / 32 ? k1 - k : BATCH / 32;
+            gen_normals(key, k * 32, nb * 32, z);
+            for (int64_t j = 0; j < nb * 32; j++) z[j] = sm_r16(t->std * z[j]); /* the BF16 model's values */
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t q[16];
+                uint8_t sb = sm_mx_quantize_block(z + 32 * b, q);
+                if (t->kind == G_MX_W) {
+                    memcpy(out + 16 * (k - k0 + b), q, 16);
+                    if (mo->active) mo->buf[k + b] = sb;
+                } else
+                    out[k - k0 + b] = sb;
+            }
+            k += nb;
+        }
+        break;
+    }
+    case G_FP8_W:
+    case G_FP8_S: {
+        int64_t rsz = t->kind == G_FP8_W ? t->cols : 4; /* bytes per row in this tensor */
+        uint64_t key = expert_key(seed, t->layer, t->expert, t->proj);
+        for (int64_t r = b0 / rsz; r < b1 / rsz; r++) {
+            gen_normals(key, r * t->cols, t->cols, z);
+            float amax = 0;
+            for (int64_t j = 0; j < t->cols; j++) {
+                z[j] = sm_r16(t->std * z[j]);
+                if (fabsf(z[j]) > amax) amax = fabsf(z[j]);
+            }
+            float sc = amax > 0 ? amax / 448.0f : 1.0f; /* per-row scale amax / 448 */
+            uint8_t *o = out + (r - b0 / rsz) * rsz;
+            if (t->kind == G_FP8_S) memcpy(o, &sc, 4);
+            else
+                for (int64_t j = 0; j < t->cols; j++) o[j] = sm_f32_to_e4m3(z[j] / sc);
+        }
+        break;
+    }
+    }
+}
+
+static int64_t unit_of(const mm_tensor *t) {
+    switch (t->kind) {
+    case G_NORMAL: return t->dt == ST_F32 ? 4 : 2;
+    case G_EXP_BF16: return 2;
+    case G_MX_W: return 16;
+    case G_MX_S: return 1;
+    case G_FP8_W: return t->cols;
+    case G_FP8_S: return 4;
+    }
+    return 1;
+}
+
+/* ---- worker pool ---- */
+typedef struct pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    int nw;                      /* workers */
+    pthread_t *th;               /* [nw] */
+    float **scratch;             /* [nw] per-worker normals */
+    uint64_t seed;
+    memo mo;
+    /* current job */
+    const mm_tensor *t;
+    int64_t b0, unit, units;     /* job covers units [0, units) of `unit` bytes from byte b0 */
+    uint8_t *out;
+    int npieces, next, ndone;
+    int quit;
+} pool;
+
+typedef struct worker_arg { pool *p; int id; } worker_arg;
+
+static void *worker(void *arg) {
+    worker_arg *wa = arg;
+    pool *p = wa->p;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->quit && p->next >= p->npieces) pthread_cond_wait(&p->work, &p->mu);
+        if (p->quit) break;
+        int pc = p->next++;
+        const mm_tensor *t = p->t;
+        int64_t u0 = p->units * pc / p->npieces, u1 = p->units * (pc + 1) / p->npieces;
+        int64_t b0 = p->b0 + u0 * p->unit, b1 = p->b0 + u1 * p->unit;
+        uint8_t *out = p->out + u0 * p->unit;
+        pthread_mutex_unlock(&p->mu);
+        gen_range(t, p->seed, &p->mo, b0, b1, out, p->scratch[wa->id]);
+        pthread_mutex_lock(&p->mu);
+        if (++p->ndone == p->npieces) pthread_cond_signal(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+static void pool_submit(pool *p, const mm_tensor *t, int64_t b0, int64_t b1, uint8_t *out) {
+    pthread_mutex_lock(&p->mu);
+    p->t = t;
+    p->unit = unit_of(t);
+    p->b0 = b0;
+    p->units = (b1 - b0) / p->unit;
+    p->out = out;
+    int64_t np = (b1 - b0 + PIECE - 1) / PIECE;
+    if (np > 4 * p->nw) np = 4 * p->nw;
+    if (np > p->units) np = p->units;
+    if (np < 1) np = 1;
+    p->npieces = (int)np;
+    p->next = 0;
+    p->ndone = 0;
+    pthread_cond_broadcast(&p->work);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pool_wait(pool *p) {
+    pthread_mutex_lock(&p->mu);
+    while (p->ndone < p->npieces) pthread_cond_wait(&p->done, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static void pool_stop(pool *p, int started) {
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->work);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < started; i++) pthread_join(p->th[i], NULL);
+}
+
+/* ---- directory helpers ---- */
+static int dir_state(const char *path) { /* -1 absent, 0 empty dir, 1 non-empty or not a dir */
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) return 1;
+    DIR *d = opendir(path);
+    if (!d) return 1;
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) { n = 1; break; }
+    closedir(d);
+    return n;
+}
+
+static void remove_tree(const char *path) { /* flat directory of files */
+    DIR *d = opendir(path);
+    if (!d) return;
+    struct dirent *de;
+    char f[4608];
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(f, sizeof f, "%s/%s", path, de->d_name);
+        unlink(f);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct progress {
+    int on;                 /* allowed at all */
+    int tty;                /* stderr is a terminal: show from the start */
+    int shown;              /* a line was printed (needs a final newline) */
+    double t0, last;        /* start, last print */
+    int64_t total;          /* bytes */
+} progress;
+
+static void progress_show(progress *pr, int64_t done, int final) {
+    if (!pr->on) return;
+    double t = now_s();
+    if (!final && t - pr->last < 0.2) return;
+    if (!pr->tty && !pr->shown && t - pr->t0 < 1.0) return;
+    if (final && !pr->shown) return;
+    double el = t - pr->t0 > 1e-6 ? t - pr->t0 : 1e-6;
+    fprintf(stderr, "\rmake-model: %.1f / %.1f MB (%3.0f%%), %.0f MB/s   ", (double)done / 1e6,
+            (double)pr->total / 1e6, pr->total ? 100.0 * (double)done / (double)pr->total : 100.0,
+            (double)done / 1e6 / el);
+    pr->shown = 1;
+    pr->last = t;
+}
+
+static void progress_end(progress *pr) {
+    if (pr->shown) { fputc('\n', stderr); pr->shown = 0; }
+}
+
+/* ---- the writer loop ---- */
+static int write_index(const char *tmpdir, const mm_list *ls, char (*fnames)[64], int64_t total, sm_err *e) {
+    json_t *root = json_object(), *meta = json_object(), *wm = json_object();
+    if (!root || !meta || !wm) { json_decref(root); json_decref(meta); json_decref(wm); return sm_errf(e, "make-model: out of memory"); }
+    json_object_set_new(meta, "total_size", json_integer(total));
+    json_object_set_new(root, "metadata", meta);
+    for (int i = 0; i < ls->n; i++) json_object_set_new(wm, ls->t[i].name, json_string(fnames[ls->t[i].shard]));
+    json_object_set_new(root, "weight_map", wm);
+    char path[4608];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmpdir);
+    int rc = json_dump_file(root, path, JSON_INDENT(2));
+    json_decref(root);
+    if (rc) return sm_errf(e, "%s: cannot write", path);
+    return 0;
+}
+
+int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir, sm_err *e) {
+    if (sm_config_validate(c, "make-model", e)) return -1;
+    if (o->experts != SM_EXP_BF16 && o->experts != SM_EXP_FP8 && o->experts != SM_EXP_MXFP4)
+        return sm_errf(e, "make-model: unknown expert format %d", (int)o->experts);
+    if (o->shards < 1) return sm_errf(e, "make-model: shards must be >= 1 (got %d)", o->shards);
+    /* output directory: refuse a non-empty one; write under <out>.tmp.<pid> */
+    char out[3900], tmp[4000];
+    size_t ol = strlen(outdir);
+    while (ol > 1 && outdir[ol - 1] == '/') ol--;
+    if (ol == 0 || ol >= sizeof out) return sm_errf(e, "make-model: bad output path '%s'", outdir);
+    memcpy(out, outdir, ol);
+    out[ol] = 0;
+    if (dir_state(out) == 1) return sm_errf(e, "%s: output exists and is not an empty directory", out);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
+    if (mkdir(tmp, 0755) != 0) return sm_errf(e, "%s: cannot create directory: %s", tmp, strerror(errno));
+
+    mm_list ls = {0};
+    char (*fnames)[64] = NULL;
+    pool p;
+    memset(&p, 0, sizeof p);
+    worker_arg *wa = NULL;
+    int started = 0, rc = -1, pool_init = 0;
+    uint8_t *buf[2] = {NULL, NULL};
+    st_writer w;
+    int wopen = 0;
+    progress pr = {0};
+    char path[4608];
+
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    if (sm_config_save(c, path, e)) goto fail;
+    if (build_list(c, o, &ls, e)) goto fail;
+    /* shards: contiguous runs of about total/K bytes, every shard non-empty */
+    int K = o->shards;
+    if (K > ls.n) { sm_errf(e, "make-model: --shards %d exceeds the %d tensors", K, ls.n); goto fail; }
+    int64_t total = 0, cum = 0, maxcols = 32;
+    for (int i = 0; i < ls.n; i++) {
+        total += ls.t[i].nbytes;
+        if (ls.t[i].cols > maxcols) maxcols = ls.t[i].cols;
+    }
+    for (int i = 0, prev = 0; i < ls.n; i++) {
+        int s = (int)((double)cum * K / (double)total);
+        if (s > prev + 1) s = prev + 1;
+        if (s < prev) s = prev;
+        if (s < K - (ls.n - i)) s = K - (ls.n - i);
+        if (s > K - 1) s = K - 1;
+        ls.t[i].shard = prev = s;
+        cum += ls.t[i].nbytes;
+    }
+    fnames = calloc((size_t)K, sizeof *fnames);
+    if (!fnames) { sm_errf(e, "make-model: out of memory"); goto fail; }
+    for (int k = 0; k < K; k++) {
+        if (K == 1) snprintf(fnames[k], 64, "model.safetensors");
+        else snprintf(fnames[k], 64, "model-%05d-of-%05d.safetensors", k + 1, K);
+    }
+    /* pool: o->threads workers, else one per core and at least 2; at most 64 */
+    long ncpu = o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    p.nw = ncpu < 2 && o->threads <= 0 ? 2 : ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu;
+    p.seed = o->seed;
+    p.th = calloc((size_t)p.nw, sizeof *p.th);
+    p.scratch = calloc((size_t)p.nw, sizeof *p.scratch);
+    wa = calloc((size_t)p.nw, sizeof *wa);
+    p.mo.cap = 2 * (int64_t)c->I * c->Hm / 32;
+    if ((int64_t)c->Hm * c->I / 32 > p.mo.cap) p.mo.cap = (int64_t)c->Hm * c->I / 32;
+    p.mo.buf = malloc((size_t)p.mo.cap);
+    int64_t maxt = 0;
+    for (int i = 0; i < ls.n; i++) if (ls.t[i].nbytes > maxt) maxt = ls.t[i].nbytes;
+    int64_t bsz = maxt < CHUNK ? maxt : CHUNK;
+    buf[0] = malloc((size_t)bsz + 64);
+    buf[1] = malloc((size_t)bsz + 64);
+    if (!p.th || !p.scratch || !wa || !p.mo.buf || !buf[0] || !buf[1]) { sm_errf(e, "make-model: out of memory"); goto fail; }
+    for (int i = 0; i < p.nw; i++) {
+        p.scratch[i] = malloc(sizeof(float) * (size_t)(BATCH + maxcols));
+        if (!p.scratch[i]) { sm_errf(e, "make-model: out of memory"); goto fail; }
+    }
+    pthread_mutex_init(&p.mu, NULL);
+    pthread_cond_init(&p.work, NULL);
+    pthread_cond_init(&p.done, NULL);
+    pool_init = 1;
+    for (int i = 0; i < p.nw; i++) {
+        wa[i].p = &p;
+        wa[i].id = i;
+        if (pthread_create(&p.th[i], NULL, worker, &wa[i]) != 0) break;
+        started++;
+    }
+    if (started == 0) { sm_errf(e, "make-model: cannot start worker threads"); goto fail; }
+
+    pr.on = o->progress;
+    pr.tty = isatty(2);
+    pr.t0 = pr.last = now_s();
+    pr.total = total;
+    int64_t written = 0;
+    int ti = 0;
+    for (int k = 0; k < K; k++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, fnames[k]);
+        if (st_writer_open(&w, path, e)) goto fail;
+        wopen = 1;
+        int t0 = ti, t1 = ti;
+        while (t1 < ls.n && ls.t[t1].shard == k) t1++;
+        for (int i = t0; i < t1; i++)
+            if (st_writer_declare(&w, ls.t[i].name, ls.t[i].dt, ls.t[i].ndim, ls.t[i].shape, e)) goto fail;
+        /* jobs: chunks of each tensor; generate job j while writing job j-1 */
+        int cur = 0, have_prev = 0;
+        int64_t prev_n = 0;
+        for (int i = t0; i < t1; i++) {
+            mm_tensor *t = &ls.t[i];
+            int64_t u = unit_of(t), ch = CHUNK / u * u;
+            if (ch < u) ch = u;
+            if (t->kind == G_MX_W) {
+                p.mo.valid = 0;
+                p.mo.active = t->nbytes / 16 <= p.mo.cap;
+                p.mo.layer = t->layer; p.mo.expert = t->expert; p.mo.proj = t->proj;
+            }
+            for (int64_t b = 0; b < t->nbytes; b += ch) {
+                int64_t n = t->nbytes - b < ch ? t->nbytes - b : ch;
+                pool_submit(&p, t, b, b + n, buf[cur]);
+                if (have_prev) {
+                    if (st_writer_write(&w, buf[cur ^ 1], (size_t)prev_n, e)) { pool_wait(&p); goto fail; }
+                    written += prev_n;
+                    progress_show(&pr, written, 0);
+                }
+                pool_wait(&p);
+                have_prev = 1;
+                prev_n = n;
+                cur ^= 1;
+            }
+            if (t->kind == G_MX_W) { p.mo.valid = p.mo.active; p.mo.active = 0; }
+        }
+        if (have_prev) {
+            if (st_writer_write(&w, buf[cur ^ 1], (size_t)prev_n, e)) goto fail;
+            written += prev_n;
+            progress_show(&pr, written, 0);
+        }
+        if (st_writer_finish(&w, e)) goto fail;
+        st_writer_abort(&w); /* frees; no-op on the file after finish */
+        wopen = 0;
+        ti = t1;
+    }
+    if (K > 1 && write_index(tmp, &ls, fnames, total, e)) goto fail;
+    progress_show(&pr, written, 1);
+    progress_end(&pr);
+    if (rename(tmp, out) != 0) {
+        sm_errf(e, "%s: cannot rename %s to it: %s", out, tmp, strerror(errno));
+        goto fail;
+    }
+    rc = 0;
+    goto done;
+fail:
+    progress_end(&pr);
+    if (wopen) st_writer_abort(&w);
+    remove_tree(tmp);
+done:
+    if (pool_init) {
+        pool_stop(&p, started);
+        pthread_mutex_destroy(&p.mu);
+        pthread_cond_destroy(&p.work);
+        pthread_cond_destroy(&p.done);
+    }
+    if (p.scratch)
+        for (int i = 0; i < p.nw; i++) free(p.scratch[i]);
+    free(p.scratch);
+    free(p.th);
+    free(wa);
+    free(p.mo.buf);
+    free(buf[0]);
+    free(buf[1]);
+    free(fnames);
+    free(ls.t);
+    return rc;
+}

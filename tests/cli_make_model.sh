@@ -1,0 +1,94 @@
+#!/bin/sh
+# cli_make_model.sh BUILD_DIR: `sparkmono make-model` and `sparkmono check` end to end.
+# Good cases: tiny and mini in bf16 / mxfp4 / fp8 and with 2 shards, each made and checked.
+# Streaming: peak RSS of make-model on a mini model with 8 layers (~290 MB on disk) stays a
+# small fraction of the bytes written (tensors are generated and written in 16 MB chunks, never held whole).
+# Bad input: each must exit 2 with exactly one line on stderr.
+# Prints PASS/FAIL lines and a final DONE line (tests/run.sh counts them).
+B=${1:-build}
+S="$B/sparkmono"
+T=$(mktemp -d "${TMPDIR:-/tmp}/sm_cli_mm.XXXXXX") || { echo "FAIL cli_make_model_setup"; echo "DONE 0 passed, 1 failed"; exit 1; }
+trap 'rm -rf "$T"' EXIT INT TERM
+
+np=0; nf=0
+ok() { echo "PASS $1"; np=$((np + 1)); }
+ko() { echo "FAIL $1${2:+ ($2)}"; nf=$((nf + 1)); }
+
+# good: make + check, and the check summary names the expected expert formats
+good() { # name preset experts shards want-in-check
+    name=$1; shift
+    if "$S" make-model --quiet --preset "$1" --experts "$2" --shards "$3" --seed 5 --out "$T/$name" 2>"$T/err" &&
+        "$S" check "$T/$name" >"$T/out" 2>>"$T/err" && grep -q "$4" "$T/out"; then
+        ok "$name"
+    else
+        ko "$name" "$(head -c 300 "$T/err")"
+    fi
+}
+good tiny_bf16 tiny bf16 1 "layers 0-3 bf16"
+good tiny_mxfp4 tiny mxfp4 1 "layer 0 bf16, layers 1-2 mxfp4, layer 3 bf16"
+good tiny_fp8 tiny fp8 1 "layers 1-2 fp8"
+good tiny_shards2 tiny bf16 2 "total"
+good mini_bf16 mini bf16 1 "layers 0-3 bf16"
+good mini_mxfp4 mini mxfp4 1 "layers 1-2 mxfp4"
+good mini_fp8 mini fp8 1 "layers 1-2 fp8"
+good mini_shards2 mini mxfp4 2 "layers 1-2 mxfp4"
+if [ -f "$T/mini_shards2/model-00001-of-00002.safetensors" ] && [ -f "$T/mini_shards2/model.safetensors.index.json" ] &&
+    cmp -s "$T/mini_mxfp4/config.json" "$T/mini_shards2/config.json"; then ok shards2_layout; else ko shards2_layout; fi
+if "$S" check "$T/mini_bf16" --online-mxfp4 2>/dev/null | grep -q "layers 1-2 mxfp4"; then ok check_online_mxfp4; else ko check_online_mxfp4; fi
+if "$S" check "$T/tiny_bf16" | grep -q "SFSS"; then ok check_layer_kinds; else ko check_layer_kinds; fi
+
+# streaming: peak RSS of an 8-layer mini model vs its size
+rss_kb() { # command...: runs it, prints peak RSS in kB (GNU time, else polling /proc VmHWM)
+    if [ -x /usr/bin/time ] && /usr/bin/time -f %M true >/dev/null 2>&1; then
+        /usr/bin/time -o "$T/rss" -f %M "$@" 2>/dev/null >/dev/null || return 1
+        tail -n 1 "$T/rss"
+    else
+        "$@" >/dev/null 2>&1 &
+        pid=$!; hwm=0
+        while kill -0 $pid 2>/dev/null; do
+            v=$(awk '/VmHWM/ {print $2}' /proc/$pid/status 2>/dev/null)
+            [ -n "$v" ] && hwm=$v
+            sleep 0.02
+        done
+        wait $pid || return 1
+        echo $hwm
+    fi
+}
+# (measured above the RSS of `sparkmono --help`: a CUDA build maps cuBLAS, ~200 MB, at start)
+base=$(rss_kb "$S" --help)
+rss=$(rss_kb "$S" make-model --quiet --preset mini --layers 8 --out "$T/big")
+if [ -n "$rss" ] && [ -n "$base" ] && [ -f "$T/big/model.safetensors" ]; then
+    size_kb=$(( $(wc -c <"$T/big/model.safetensors") / 1024 ))
+    d=$((rss - base))
+    echo "  make-model mini --layers 8: ${size_kb} kB written, peak RSS ${rss} kB (${d} kB above --help)"
+    if [ "$rss" -gt 0 ] && [ $((d * 4)) -lt "$size_kb" ]; then ok streaming_rss; else ko streaming_rss "rss ${rss} kB, base ${base} kB"; fi
+else
+    ko streaming_rss "make-model failed"
+fi
+rm -rf "$T/big"
+
+# bad input: exit 2 and one line on stderr
+bad() { # name command...
+    name=$1; shift
+    "$@" >/dev/null 2>"$T/err"; rc=$?
+    n=$(wc -l <"$T/err")
+    if [ $rc -eq 2 ] && [ "$n" -eq 1 ]; then ok "$name"; echo "  $(cat "$T/err")"; else ko "$name" "rc $rc, $n lines: $(head -c 200 "$T/err")"; fi
+}
+bad bad_preset "$S" make-model --preset nosuch --out "$T/x1"
+bad bad_experts "$S" make-model --preset tiny --experts int3 --out "$T/x2"
+bad bad_layers "$S" make-model --preset tiny --layers 0 --out "$T/x3"
+bad no_out "$S" make-model --preset tiny
+bad unknown_option "$S" make-model --preset tiny --out "$T/x4" --colour red
+bad out_nonempty "$S" make-model --preset tiny --out "$T/tiny_bf16"
+if [ -d "$T/x1" ] || [ -d "$T/x2" ] || ls "$T" | grep -q '\.tmp\.'; then ko no_leftovers; else ok no_leftovers; fi
+bad check_missing_dir "$S" check "$T/does_not_exist"
+bad check_no_dir "$S" check
+mkdir "$T/trunc" && cp "$T/tiny_bf16/config.json" "$T/trunc/" &&
+    head -c 100000 "$T/tiny_bf16/model.safetensors" >"$T/trunc/model.safetensors"
+bad check_truncated "$S" check "$T/trunc"
+mkdir "$T/badjson" && cp "$T/tiny_bf16/model.safetensors" "$T/badjson/" && printf '{"text_config": {"hidden_size": 256,' >"$T/badjson/config.json"
+bad check_bad_json "$S" check "$T/badjson"
+mkdir "$T/noconfig" && cp "$T/tiny_bf16/model.safetensors" "$T/noconfig/"
+bad check_no_config "$S" check "$T/noconfig"
+echo "DONE $np passed, $nf failed"
+[ "$nf" -eq 0 ]

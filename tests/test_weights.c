@@ -1,0 +1,788 @@
+/* test_weights.c: make-model + the checkpoint loader (src/makemodel.c, src/weights.c,
+ * src/check.c).  Tiny models of one seed in the three expert formats are made into a temp
+ * directory and loaded: shapes and formats, quantized expert rows against the BF16 model,
+ * online MXFP4 against the MXFP4 file bit for bit, shards against one file, precomputed
+ * vectors against their formulas, determinism.  Broken checkpoints are written tensor by
+ * tensor with st_writer from a good one (drop / add / retype / reshape / poke) and each load
+ * must fail with a message naming the tensor. */
+#include "check.h"
+#include "../src/check.h"
+#include "codec.h"
+#include "config.h"
+#include "makemodel.h"
+#include "safetensors.h"
+#include "weights.h"
+#include <ftw.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define P_ "model.language_model."
+
+static char base[4096];
+static char d_bf16[4200], d_mx[4200], d_fp8[4200], d_sh[4200];
+static sm_config cfg;
+
+static void path_in(char *out, const char *name) { snprintf(out, 4200, "%s/%s", base, name); }
+
+static int make(const char *dir, const sm_config *c, sm_expert_fmt f, uint64_t seed, int shards, int threads) {
+    sm_make_opts o = {.experts = f, .seed = seed, .shards = shards, .progress = 0, .threads = threads};
+    sm_err e = {{0}};
+    if (sm_make_model(c, &o, dir, &e)) { printf("  make-model %s: %s\n", dir, e.msg); return -1; }
+    return 0;
+}
+
+static int load(const char *dir, int online, int threads, sm_model *m) {
+    sm_load_opts o = {.online_mxfp4 = online, .threads = threads};
+    sm_err e = {{0}};
+    if (sm_model_load(dir, &o, m, &e)) { printf("  load %s: %s\n", dir, e.msg); return -1; }
+    return 0;
+}
+
+static long fsize(const char *p) {
+    FILE *f = fopen(p, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    return n;
+}
+
+/* 1 if the two files have identical bytes. */
+static int same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    char ba[65536], bb[65536];
+    while (same) {
+        size_t na = fread(ba, 1, sizeof ba, fa), nb = fread(bb, 1, sizeof bb, fb);
+        if (na != nb || memcmp(ba, bb, na)) same = 0;
+        if (na == 0) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+static double relerr(const float *x, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)x[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num) / sqrt(den); /* NaN in x propagates and fails every "<" check */
+}
+
+/* ---- shapes, formats ---- */
+static void test_shapes_and_formats(void) {
+    const char *dirs[3] = {d_bf16, d_mx, d_fp8};
+    sm_expert_fmt mid[3] = {SM_EXP_BF16, SM_EXP_MXFP4, SM_EXP_FP8};
+    for (int k = 0; k < 3; k++) {
+        sm_model m;
+        if (load(dirs[k], 0, 0, &m)) { CHECK(0, "load %s", dirs[k]); continue; }
+        const sm_config *c = &m.cfg;
+        CHECK(c->L == cfg.L && c->H == cfg.H && c->E == cfg.E && c->V == cfg.V && c->Hm == cfg.Hm && c->I == cfg.I,
+              "config of %s differs from the preset", dirs[k]);
+        for (int l = 0; l < c->L; l++) {
+            sm_expert_fmt want = (l == 0 || l == c->L - 1) ? SM_EXP_BF16 : mid[k];
+            CHECK(m.layers[l].ex.fmt == want, "%s layer %d: format %s, want %s", dirs[k], l,
+                  sm_expert_fmt_name(m.layers[l].ex.fmt), sm_expert_fmt_name(want));
+            CHECK(m.layers[l].full == c->full[l], "layer %d kind", l);
+            CHECK(((uintptr_t)m.layers[l].router & 3) == 0 && ((uintptr_t)m.layers[l].wq & 1) == 0, "alignment");
+        }
+        const st_tensor *t = st_find(&m.ar, P_ "layers.1.mlp.experts.3.gate_up_proj.weight");
+        if (k == 1) CHECK(t && t->dtype == ST_U8 && t->shape[0] == 2 * c->I && t->shape[1] == c->Hm / 2, "mxfp4 shape");
+        if (k == 2) CHECK(t && t->dtype == ST_F8_E4M3 && t->shape[0] == 2 * c->I && t->shape[1] == c->Hm, "fp8 shape");
+        if (k == 0) CHECK(!t && st_find(&m.ar, P_ "layers.1.mlp.experts.gate_up_proj"), "bf16 consolidated");
+        /* byte accounting of check.c equals the stored tensor bytes */
+        sm_bytes b;
+        sm_model_bytes(&m, &b);
+        int64_t sum = 0;
+        for (int i = 0; i < m.ar.ntensors; i++) sum += (int64_t)m.ar.tensors[i].nbytes;
+        CHECK(b.total == sum, "%s: sm_model_bytes total %lld != stored %lld", dirs[k], (long long)b.total, (long long)sum);
+        CHECK(sm_rank_bytes(&m, 1) == b.total, "W=1 bytes");
+        CHECK(sm_rank_bytes(&m, 2) > 0 && sm_rank_bytes(&m, 2) < b.total, "W=2 bytes");
+        sm_model_free(&m);
+    }
+}
+
+/* ---- quantized rows vs the BF16 model of the same seed ---- */
+static void compare_rows(const char *qdir, double bound) {
+    sm_model a, q;
+    if (load(d_bf16, 0, 0, &a)) { CHECK(0, "load bf16"); return; }
+    if (load(qdir, 0, 0, &q)) { CHECK(0, "load %s", qdir); sm_model_free(&a); return; }
+    const sm_config *c = &a.cfg;
+    int64_t cap = 2 * (int64_t)c->I * c->Hm;
+    float *x = malloc(sizeof(float) * cap), *r = malloc(sizeof(float) * cap);
+    double worst = 0;
+    for (int l = 0; l < c->L; l++)
+        for (int ex = 0; ex < c->E; ex++)
+            for (int w = 0; w < 2; w++) {
+                int rows = w ? c->Hm : 2 * c->I, cols = w ? c->I : c->Hm;
+                for (int row = 0; row < rows; row++) {
+                    sm_expert_row(&a, l, ex, w, row, r + (int64_t)row * cols);
+                    sm_expert_row(&q, l, ex, w, row, x + (int64_t)row * cols);
+                }
+                double re = relerr(x, r, (int64_t)rows * cols);
+                if (l == 0 || l == c->L - 1) {
+                    CHECK(re == 0, "%s layer %d expert %d: BF16 layer differs (rel %g)", qdir, l, ex, re);
+                } else {
+                    CHECK(re < bound && re > 0, "%s layer %d expert %d matrix %d: rel err %g (bound %g)", qdir, l, ex, w,
+                          re, bound);
+                    if (re > worst) worst = re;
+                }
+            }
+    printf("  %s: worst per-matrix rel err %.4f\n", qdir, worst);
+    /* dense tensors are the same streams in every format */
+    CHECK(!memcmp(a.embed, q.embed, (size_t)c->V * c->H * 2), "embedding differs across formats");
+    CHECK(!memcmp(a.layers[1].router, q.layers[1].router, (size_t)c->E * c->H * 4), "router differs across formats");
+    free(x);
+    free(r);
+    sm_model_free(&a);
+    sm_model_free(&q);
+}
+static void test_mxfp4_rows(void) { compare_rows(d_mx, 0.15); }
+static void test_fp8_rows(void) { compare_rows(d_fp8, 0.05); }
+
+/* ---- online MXFP4 == MXFP4 checkpoint, for any thread count ---- */
+static void test_online_mxfp4(void) {
+    sm_model q, o1, o3;
+    if (load(d_mx, 0, 0, &q)) { CHECK(0, "load"); return; }
+    if (load(d_bf16, 1, 1, &o1) || load(d_bf16, 1, 3, &o3)) { CHECK(0, "load online"); sm_model_free(&q); return; }
+    const sm_config *c = &q.cfg;
+    size_t gq = (size_t)2 * c->I * c->Hm / 2, gs = (size_t)2 * c->I * c->Hm / 32;
+    size_t dq = (size_t)c->Hm * c->I / 2, ds = (size_t)c->Hm * c->I / 32;
+    int bad = 0;
+    for (int l = 0; l < c->L; l++) {
+        CHECK(o1.layers[l].ex.fmt == q.layers[l].ex.fmt, "layer %d: online format %s", l,
+              sm_expert_fmt_name(o1.layers[l].ex.fmt));
+        if (q.layers[l].ex.fmt != SM_EXP_MXFP4) continue;
+        for (int ex = 0; ex < c->E; ex++) {
+            const sm_experts *A = &q.layers[l].ex, *B = &o1.layers[l].ex, *C = &o3.layers[l].ex;
+            bad += memcmp(A->gu[ex], B->gu[ex], gq) != 0 || memcmp(A->gus[ex], B->gus[ex], gs) != 0 ||
+                   memcmp(A->dn[ex], B->dn[ex], dq) != 0 || memcmp(A->dns[ex], B->dns[ex], ds) != 0;
+            bad += memcmp(C->gu[ex], B->gu[ex], gq) != 0 || memcmp(C->gus[ex], B->gus[ex], gs) != 0 ||
+                   memcmp(C->dn[ex], B->dn[ex], dq) != 0 || memcmp(C->dns[ex], B->dns[ex], ds) != 0;
+        }
+    }
+    CHECK(bad == 0, "%d expert matrices differ between online MXFP4 (1 / 3 threads) and the MXFP4 file", bad);
+    sm_model_free(&q);
+    sm_model_free(&o1);
+    sm_model_free(&o3);
+}
+
+/* ---- shards ---- */
+static int same_model(const sm_model *a, const sm_model *b) {
+    const sm_config *c = &a->cfg;
+    int64_t H = c->H, Hm = c->Hm, I = c->I, E = c->E, Q = (int64_t)c->nH * c->D, KV = (int64_t)c->nKV * c->D;
+    int d = 0;
+    d += memcmp(a->embed, b->embed, (size_t)(c->V * H * 2)) != 0;
+    d += memcmp(a->lm_head, b->lm_head, (size_t)(c->V * H * 2)) != 0;
+    d += memcmp(a->final_norm, b->final_norm, (size_t)H * 4) != 0;
+    for (int l = 0; l < c->L; l++) {
+        const sm_layer *x = &a->layers[l], *y = &b->layers[l];
+        d += memcmp(x->wq, y->wq, (size_t)(Q * H * 2)) || memcmp(x->wg, y->wg, (size_t)(Q * H * 2)) ||
+             memcmp(x->wk, y->wk, (size_t)(KV * H * 2)) || memcmp(x->wv, y->wv, (size_t)(KV * H * 2)) ||
+             memcmp(x->wo, y->wo, (size_t)(Q * H * 2)) || memcmp(x->router, y->router, (size_t)(E * H * 4)) ||
+             memcmp(x->router_bias, y->router_bias, (size_t)E * 4) || memcmp(x->pooler, y->pooler, (size_t)(Hm * H * 2)) ||
+             memcmp(x->unpooler, y->unpooler, (size_t)(Hm * H * 2));
+        d += memcmp(x->in_norm, y->in_norm, (size_t)H * 4) || memcmp(x->att_alpha, y->att_alpha, (size_t)H * 4) ||
+             memcmp(x->att_beta, y->att_beta, (size_t)H * 4) || memcmp(x->pre_ffn_norm, y->pre_ffn_norm, (size_t)H * 4) ||
+             memcmp(x->post_ffn_norm, y->post_ffn_norm, (size_t)H * 4) || memcmp(x->ffn_alpha, y->ffn_alpha, (size_t)H * 4) ||
+             memcmp(x->ffn_beta, y->ffn_beta, (size_t)H * 4) ||
+             memcmp(x->pre_expert_norm, y->pre_expert_norm, (size_t)Hm * 4) ||
+             memcmp(x->post_expert_norm, y->post_expert_norm, (size_t)Hm * 4);
+        d += x->ex.fmt != y->ex.fmt;
+        for (int ex = 0; ex < E && x->ex.fmt == y->ex.fmt; ex++) {
+            float ra[4096], rb[4096];
+            for (int w = 0; w < 2; w++)
+                for (int r = 0; r < (w ? Hm : 2 * I); r++) {
+                    sm_expert_row(a, l, ex, w, r, ra);
+                    sm_expert_row(b, l, ex, w, r, rb);
+                    d += memcmp(ra, rb, sizeof(float) * (size_t)(w ? I : Hm)) != 0;
+                }
+        }
+    }
+    return d == 0;
+}
+
+static void test_shards(void) {
+    sm_model a, b;
+    if (load(d_bf16, 0, 0, &a)) { CHECK(0, "load"); return; }
+    if (load(d_sh, 0, 0, &b)) { CHECK(0, "load shards"); sm_model_free(&a); return; }
+    CHECK(b.ar.nfiles == 3, "sharded model has %d files", b.ar.nfiles);
+    char p[4400];
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d_sh);
+    CHECK(fsize(p) > 0, "no index.json");
+    snprintf(p, sizeof p, "%s/model.safetensors", d_sh);
+    CHECK(fsize(p) < 0, "sharded dir also has model.safetensors");
+    CHECK(same_model(&a, &b), "sharded load differs from the single file");
+    sm_model_free(&a);
+    sm_model_free(&b);
+}
+
+/* ---- eff, final norm, alpha / beta ---- */
+static uint16_t bf16_at(const st_tensor *t, int64_t i) {
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
+    return h;
+}
+
+static void test_precomputed(void) {
+    sm_model m;
+    if (load(d_bf16, 0, 0, &m)) { CHECK(0, "load"); return; }
+    const sm_config *c = &m.cfg;
+    char nm[256];
+    int bad_eff = 0, bad_gate = 0, bad_final = 0;
+    double maxd = 0;
+    for (int l = 0; l < c->L; l++) {
+        const sm_layer *L = &m.layers[l];
+        struct { const char *s; const float *w; int n; } effs[5] = {
+            {"input_layernorm.weight", L->in_norm, c->H},
+            {"pre_feedforward_layernorm.weight", L->pre_ffn_norm, c->H},
+            {"post_feedforward_layernorm.weight", L->post_ffn_norm, c->H},
+            {"mlp.pre_expert_norm.weight", L->pre_expert_norm, c->Hm},
+            {"mlp.experts.post_expert_norm.weight", L->post_expert_norm, c->Hm}};
+        for (int k = 0; k < 5; k++) {
+            snprintf(nm, sizeof nm, P_ "layers.%d.%s", l, effs[k].s);
+            const st_tensor *t = st_find(&m.ar, nm);
+            if (!t) { CHECK(0, "no %s", nm); continue; }
+            for (int i = 0; i < effs[k].n; i++) {
+                float g = sm_bf16_to_f32(bf16_at(t, i));
+                bad_eff += effs[k].w[i] != sm_r16(1.0f + g); /* eff(g) = r16(1 + g) */
+            }
+        }
+        struct { const char *s; const float *al, *be; } gates[2] = {
+            {"post_attention_residual_gate.gate", L->att_alpha, L->att_beta},
+            {"post_feedforward_residual_gate.gate", L->ffn_alpha, L->ffn_beta}};
+        for (int k = 0; k < 2; k++) {
+            snprintf(nm, sizeof nm, P_ "layers.%d.%s", l, gates[k].s);
+            const st_tensor *t = st_find(&m.ar, nm);
+            if (!t) { CHECK(0, "no %s", nm); continue; }
+            for (int i = 0; i < c->H; i++) {
+                double u = sm_bf16_to_f32(bf16_at(t, i)) / (double)c->gate_temp;
+                double be = 1 / (1 + exp(-u)), al = sqrt(fmax((1 / (1 + exp(u))) * (1 + be), 1e-3));
+                double d = fmax(fabs(al - gates[k].al[i]), fabs(be - gates[k].be[i]));
+                if (d > maxd) maxd = d;
+                bad_gate += !(d < 2e-6);
+                /* norm preserving: alpha^2 + beta^2 = 1 unless clamped */
+                if (al * al > 2e-3) bad_gate += !(fabs((double)gates[k].al[i] * gates[k].al[i] +
+                                                       (double)gates[k].be[i] * gates[k].be[i] - 1) < 1e-5);
+            }
+        }
+    }
+    const st_tensor *fn = st_find(&m.ar, P_ "norm.weight");
+    for (int i = 0; fn && i < c->H; i++) bad_final += m.final_norm[i] != sm_bf16_to_f32(bf16_at(fn, i));
+    double mean = 0;
+    for (int i = 0; i < c->H; i++) mean += m.final_norm[i] / c->H;
+    CHECK(bad_eff == 0, "%d eff values differ from r16(1 + g)", bad_eff);
+    CHECK(bad_gate == 0, "%d alpha/beta values off (max diff %g)", bad_gate, maxd);
+    CHECK(fn && bad_final == 0, "%d final norm values differ", bad_final);
+    CHECK(fabs(mean - 1) < 0.01, "final norm gain mean %g, want ~1 (used as is)", mean);
+    sm_model_free(&m);
+    /* the clamp: a large gate logit gives alpha = sqrt(1e-3) */
+    uint16_t g[3] = {sm_f32_to_bf16(30.0f), sm_f32_to_bf16(0.0f), sm_f32_to_bf16(-30.0f)};
+    float al[3], be[3];
+    sm_residual_gate(g, 3, 0.3f, al, be);
+    CHECK(fabsf(al[0] - sqrtf(1e-3f)) < 1e-7f && be[0] > 0.999f, "clamp: alpha %g beta %g", al[0], be[0]);
+    CHECK(fabsf(al[1] - sqrtf(0.75f)) < 1e-6f && be[1] == 0.5f, "u=0: alpha %g beta %g", al[1], be[1]);
+    CHECK(fabsf(al[2] - 1.0f) < 1e-6f && be[2] < 1e-6f, "u<<0: alpha %g beta %g", al[2], be[2]);
+}
+
+/* ---- value magnitudes (makemodel.h) ---- */
+static double rms_t(const st_tensor *t) {
+    double s = 0;
+    for (int64_t i = 0; i < t->numel; i++) {
+        double v = t->dtype == ST_F32 ? ((const float *)t->data)[i] : sm_bf16_to_f32(bf16_at(t, i));
+        s += v * v;
+    }
+    return sqrt(s / (double)t->numel);
+}
+static void test_magnitudes(void) {
+    sm_model m;
+    if (load(d_bf16, 0, 0, &m)) { CHECK(0, "load"); return; }
+    const sm_config *c = &m.cfg;
+    struct { const char *n; double want; } w[] = {
+        {P_ "embed_tokens.weight", 1.0},
+        {"lm_head.weight", 1 / sqrt(c->H)},
+        {P_ "layers.1.self_attn.q_proj.weight", 1 / sqrt(c->H)},
+        {P_ "layers.1.self_attn.o_proj.weight", 1 / sqrt(c->nH * c->D)},
+        {P_ "layers.1.mlp.gate.weight", 1 / sqrt(c->H)},
+        {P_ "layers.1.mlp.gate.e_score_correction_bias", 0.01},
+        {P_ "layers.1.post_attention_residual_gate.gate", 0.5},
+        {P_ "layers.1.input_layernorm.weight", 0.02},
+        {P_ "layers.1.mlp.experts.gate_up_proj", 1 / sqrt(c->Hm)},
+        {P_ "layers.1.mlp.experts.down_proj", 1 / sqrt(c->I)},
+        {P_ "layers.1.mlp.post_expert_proj.weight", 1 / sqrt(c->Hm)},
+    };
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+        const st_tensor *t = st_find(&m.ar, w[i].n);
+        if (!t) { CHECK(0, "no %s", w[i].n); continue; }
+        double r = rms_t(t), tol = t->numel < 100 ? 0.5 : 0.1;
+        CHECK(fabs(r / w[i].want - 1) < tol, "%s: rms %g, want ~%g", w[i].n, r, w[i].want);
+    }
+    /* the normals themselves: mean ~0, variance ~1, a few 4-sigma values but no 7-sigma */
+    const st_tensor *t = st_find(&m.ar, P_ "embed_tokens.weight");
+    double s1 = 0, s2 = 0, mx = 0;
+    int64_t n4 = 0;
+    for (int64_t i = 0; t && i < t->numel; i++) {
+        double v = sm_bf16_to_f32(bf16_at(t, i));
+        s1 += v;
+        s2 += v * v;
+        if (fabs(v) > mx) mx = fabs(v);
+        n4 += fabs(v) > 4;
+    }
+    double mean = s1 / (double)t->numel, var = s2 / (double)t->numel - mean * mean;
+    CHECK(fabs(mean) < 0.01 && fabs(var - 1) < 0.02 && mx < 7 && n4 > 0 && n4 < 30, "normals: mean %g var %g max %g n4 %lld",
+          mean, var, mx, (long long)n4);
+    sm_model_free(&m);
+}
+
+/* ---- determinism ---- */
+static void test_determinism(void) {
+    char a[4200], b[4200], d[4200], pa[4400], pb[4400];
+    path_in(a, "det_a");
+    path_in(b, "det_b");
+    path_in(d, "det_seed8");
+    if (make(a, &cfg, SM_EXP_MXFP4, 7, 1, 2) || make(b, &cfg, SM_EXP_MXFP4, 7, 1, 5) ||
+        make(d, &cfg, SM_EXP_MXFP4, 8, 1, 0)) {
+        CHECK(0, "make-model failed");
+        return;
+    }
+    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
+    CHECK(same_file(pa, pb), "same seed, 2 vs 5 threads: files differ");
+    snprintf(pb, sizeof pb, "%s/model.safetensors", d_mx);
+    CHECK(same_file(pa, pb), "same seed, default threads: files differ");
+    snprintf(pb, sizeof pb, "%s/model.safetensors", d);
+    CHECK(!same_file(pa, pb) && fsize(pa) == fsize(pb), "different seed: files identical (or sizes differ)");
+    snprintf(pa, sizeof pa, "%s/config.json", a);
+    snprintf(pb, sizeof pb, "%s/config.json", d);
+    CHECK(same_file(pa, pb), "config.json differs between seeds");
+}
+
+/* ---- output directory handling ---- */
+static void test_outdir(void) {
+    char d[4200], f[4400];
+    path_in(d, "nonempty");
+    mkdir(d, 0755);
+    snprintf(f, sizeof f, "%s/keep", d);
+    FILE *fp = fopen(f, "w");
+    if (fp) fclose(fp);
+    sm_make_opts o = {.experts = SM_EXP_BF16, .seed = 1, .shards = 1};
+    sm_err e = {{0}};
+    CHECK(sm_make_model(&cfg, &o, d, &e) == -1 && strstr(e.msg, "not an empty directory"), "non-empty out: '%s'", e.msg);
+    CHECK(fsize(f) == 0, "existing file touched");
+    path_in(d, "emptydir");
+    mkdir(d, 0755);
+    CHECK(make(d, &cfg, SM_EXP_BF16, 1, 1, 0) == 0, "empty existing out dir refused");
+    snprintf(f, sizeof f, "%s/model.safetensors", d);
+    CHECK(fsize(f) > 0, "no model written into the empty dir");
+    o.shards = 100000;
+    path_in(d, "toomanyshards");
+    CHECK(sm_make_model(&cfg, &o, d, &e) == -1 && strstr(e.msg, "shards"), "shards > tensors: '%s'", e.msg);
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", d, (long)getpid());
+    struct stat st;
+    CHECK(stat(d, &st) != 0 && stat(tmp, &st) != 0, "failed make-model left a directory behind");
+}
+
+/* ---- broken checkpoints ---- */
+typedef struct otensor {
+    char name[200];
+    st_dtype dt;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    const void *data;
+    size_t nbytes;
+    uint8_t *owned; /* modified copy of data, or NULL */
+} otensor;
+typedef struct olist { otensor t[4096]; int n; } olist;
+
+static olist *from_archive(const st_archive *a) {
+    olist *l = calloc(1, sizeof *l);
+    for (int i = 0; i < a->ntensors && l->n < 4096; i++) {
+        otensor *o = &l->t[l->n++];
+        const st_tensor *t = &a->tensors[i];
+        snprintf(o->name, sizeof o->name, "%s", t->name);
+        o->dt = t->dtype;
+        o->ndim = t->ndim;
+        memcpy(o->shape, t->shape, sizeof o->shape);
+        o->data = t->data;
+        o->nbytes = t->nbytes;
+    }
+    return l;
+}
+static otensor *ofind(olist *l, const char *name) {
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->t[i].name, name)) return &l->t[i];
+    return NULL;
+}
+static void odrop(olist *l, const char *name) {
+    otensor *t = ofind(l, name);
+    if (!t) { printf("  (test bug: no tensor %s to drop)\n", name); return; }
+    free(t->owned);
+    *t = l->t[--l->n];
+}
+static otensor *oadd(olist *l, const char *name, st_dtype dt, int ndim, const int64_t *shape, const void *data, size_t nb) {
+    otensor *o = &l->t[l->n++];
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", name);
+    o->dt = dt;
+    o->ndim = ndim;
+    memcpy(o->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    o->data = data;
+    o->nbytes = nb;
+    return o;
+}
+static void ofree(olist *l) {
+    for (int i = 0; i < l->n; i++) free(l->t[i].owned);
+    free(l);
+}
+/* Write the list as dir/model.safetensors (+ config.json of cfg c); first_name is declared first. */
+static int owrite(olist *l, const char *dir, const sm_config *c, const char *first_name) {
+    char p[4400];
+    sm_err e = {{0}};
+    mkdir(dir, 0755);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (sm_config_save(c, p, &e)) { printf("  %s\n", e.msg); return -1; }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    st_writer w;
+    if (st_writer_open(&w, p, &e)) { printf("  %s\n", e.msg); return -1; }
+    int order[4096], k = 0;
+    for (int i = 0; i < l->n; i++)
+        if (first_name && !strcmp(l->t[i].name, first_name)) order[k++] = i;
+    for (int i = 0; i < l->n; i++)
+        if (!first_name || strcmp(l->t[i].name, first_name)) order[k++] = i;
+    for (int i = 0; i < k; i++) {
+        otensor *t = &l->t[order[i]];
+        if (st_writer_declare(&w, t->name, t->dt, t->ndim, t->shape, &e)) { printf("  %s\n", e.msg); st_writer_abort(&w); return -1; }
+    }
+    for (int i = 0; i < k; i++) {
+        otensor *t = &l->t[order[i]];
+        if (t->nbytes && st_writer_write(&w, t->owned ? t->owned : t->data, t->nbytes, &e)) {
+            printf("  %s\n", e.msg);
+            st_writer_abort(&w);
+            return -1;
+        }
+    }
+    if (st_writer_finish(&w, &e)) { printf("  %s\n", e.msg); return -1; }
+    return 0;
+}
+
+static int ncase;
+/* Write l as a fresh checkpoint and load it: expect failure naming `want1` (and `want2`). */
+static void expect_fail(olist *l, const char *what, const char *want1, const char *want2) {
+    char d[4200], nm[64];
+    snprintf(nm, sizeof nm, "bad%02d", ncase++);
+    path_in(d, nm);
+    if (owrite(l, d, &cfg, NULL)) { CHECK(0, "%s: could not write the checkpoint", what); return; }
+    sm_model m;
+    sm_err e = {{0}};
+    int rc = sm_model_load(d, NULL, &m, &e);
+    CHECK(rc == -1, "%s: loaded a broken checkpoint", what);
+    if (rc == 0) { sm_model_free(&m); return; }
+    CHECK(strstr(e.msg, want1) && (!want2 || strstr(e.msg, want2)) && !strchr(e.msg, '\n'),
+          "%s: message '%s' lacks '%s'%s%s", what, e.msg, want1, want2 ? " / " : "", want2 ? want2 : "");
+    printf("  %-22s -> %s\n", what, e.msg);
+}
+
+static void test_broken(void) {
+    st_archive ab = {0}, am = {0}, af = {0};
+    sm_err e = {{0}};
+    if (st_open_dir(d_bf16, &ab, &e) || st_open_dir(d_mx, &am, &e) || st_open_dir(d_fp8, &af, &e)) {
+        CHECK(0, "open: %s", e.msg);
+        return;
+    }
+    const sm_config *c = &cfg;
+    int64_t I2 = 2 * (int64_t)c->I, Hm = c->Hm;
+    olist *l;
+    const char *n;
+
+    /* both layouts in one layer */
+    l = from_archive(&ab);
+    const st_tensor *cgu = st_find(&ab, P_ "layers.1.mlp.experts.gate_up_proj");
+    int64_t s2[2] = {I2, Hm};
+    n = P_ "layers.1.mlp.experts.0.gate_up_proj.weight";
+    oadd(l, n, ST_BF16, 2, s2, cgu->data, (size_t)(I2 * Hm * 2));
+    expect_fail(l, "duplicate layouts", n, "duplicate");
+    ofree(l);
+
+    /* the same expert twice through a non-canonical index */
+    l = from_archive(&am);
+    const st_tensor *t = st_find(&am, P_ "layers.1.mlp.experts.1.gate_up_proj.weight");
+    n = P_ "layers.1.mlp.experts.01.gate_up_proj.weight";
+    oadd(l, n, t->dtype, t->ndim, t->shape, t->data, t->nbytes);
+    expect_fail(l, "duplicate index", "experts.01.gate_up_proj.weight", "duplicate");
+    ofree(l);
+
+    /* missing expert (all four tensors of expert 3) */
+    l = from_archive(&am);
+    odrop(l, P_ "layers.1.mlp.experts.3.gate_up_proj.weight");
+    odrop(l, P_ "layers.1.mlp.experts.3.gate_up_proj.weight_scale");
+    odrop(l, P_ "layers.1.mlp.experts.3.down_proj.weight");
+    odrop(l, P_ "layers.1.mlp.experts.3.down_proj.weight_scale");
+    expect_fail(l, "missing expert", P_ "layers.1.mlp.experts.3.gate_up_proj.weight", "missing expert 3");
+    ofree(l);
+
+    /* missing projection; missing scale */
+    l = from_archive(&am);
+    n = P_ "layers.2.mlp.experts.5.down_proj.weight";
+    odrop(l, n);
+    expect_fail(l, "missing projection", n, "missing");
+    ofree(l);
+    l = from_archive(&af);
+    n = P_ "layers.2.mlp.experts.0.gate_up_proj.weight_scale";
+    odrop(l, n);
+    expect_fail(l, "missing fp8 scale", n, "missing");
+    ofree(l);
+
+    /* missing dense tensor; missing consolidated half */
+    l = from_archive(&ab);
+    n = P_ "layers.3.self_attn.o_proj.weight";
+    odrop(l, n);
+    expect_fail(l, "missing tensor", n, "missing");
+    ofree(l);
+    l = from_archive(&ab);
+    n = P_ "layers.0.mlp.experts.down_proj";
+    odrop(l, n);
+    expect_fail(l, "missing down_proj", n, "missing");
+    ofree(l);
+
+    /* wrong shape (same bytes) */
+    l = from_archive(&ab);
+    n = P_ "layers.0.self_attn.q_proj.weight";
+    otensor *o = ofind(l, n);
+    o->shape[0] /= 2;
+    o->shape[1] *= 2;
+    expect_fail(l, "wrong shape", n, "shape");
+    ofree(l);
+    l = from_archive(&am);
+    n = P_ "layers.1.mlp.experts.2.down_proj.weight_scale";
+    o = ofind(l, n);
+    o->shape[0] *= o->shape[1];
+    o->shape[1] = 1;
+    expect_fail(l, "wrong scale shape", n, "shape");
+    ofree(l);
+
+    /* wrong dtype (same bytes) */
+    l = from_archive(&ab);
+    n = P_ "layers.2.mlp.gate.weight";
+    ofind(l, n)->dt = ST_I32;
+    expect_fail(l, "wrong dtype", n, "dtype");
+    ofree(l);
+    l = from_archive(&ab);
+    n = P_ "embed_tokens.weight";
+    ofind(l, n)->dt = ST_F16;
+    expect_fail(l, "wrong embed dtype", n, "dtype");
+    ofree(l);
+    l = from_archive(&am);
+    n = P_ "layers.1.mlp.experts.0.gate_up_proj.weight";
+    ofind(l, n)->dt = ST_I8;
+    expect_fail(l, "bad expert dtype", n, "dtype");
+    ofree(l);
+
+    /* mixed formats: expert 6 of layer 1 taken from the FP8 model */
+    l = from_archive(&am);
+    odrop(l, P_ "layers.1.mlp.experts.6.gate_up_proj.weight");
+    odrop(l, P_ "layers.1.mlp.experts.6.gate_up_proj.weight_scale");
+    n = P_ "layers.1.mlp.experts.6.gate_up_proj.weight";
+    t = st_find(&af, n);
+    oadd(l, n, t->dtype, t->ndim, t->shape, t->data, t->nbytes);
+    t = st_find(&af, P_ "layers.1.mlp.experts.6.gate_up_proj.weight_scale");
+    oadd(l, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes);
+    expect_fail(l, "mixed formats", n, "mixes");
+    ofree(l);
+
+    /* unknown names: under P, top level, bad suffix of an expert, layer and expert out of range */
+    int64_t s1[1] = {4};
+    static const uint8_t four[16] = {0};
+    const char *unknown[] = {P_ "layers.0.mlp.foo.weight", "foo.weight", P_ "layers.1.mlp.experts.2.up_proj.weight",
+                             P_ "layers.x.input_layernorm.weight", P_ "rotary_emb.inv_freq"};
+    for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+        l = from_archive(&ab);
+        oadd(l, unknown[i], ST_F32, 1, s1, four, 16);
+        expect_fail(l, "unknown name", unknown[i], "unknown");
+        ofree(l);
+    }
+    l = from_archive(&ab);
+    n = P_ "layers.4.input_layernorm.weight";
+    oadd(l, n, ST_F32, 1, s1, four, 16);
+    expect_fail(l, "layer out of range", n, ">=");
+    ofree(l);
+    l = from_archive(&am);
+    t = st_find(&am, P_ "layers.1.mlp.experts.0.down_proj.weight");
+    n = P_ "layers.1.mlp.experts.16.down_proj.weight";
+    oadd(l, n, t->dtype, t->ndim, t->shape, t->data, t->nbytes);
+    expect_fail(l, "expert index >= E", n, ">=");
+    ofree(l);
+
+    /* NaN e8m0 scale byte */
+    l = from_archive(&am);
+    n = P_ "layers.2.mlp.experts.7.down_proj.weight_scale";
+    o = ofind(l, n);
+    o->owned = malloc(o->nbytes);
+    memcpy(o->owned, o->data, o->nbytes);
+    o->owned[5] = 0xFF;
+    expect_fail(l, "NaN scale", n, "NaN");
+    ofree(l);
+
+    /* BF16 per-expert weights with a scale */
+    l = from_archive(&ab);
+    odrop(l, P_ "layers.1.mlp.experts.gate_up_proj");
+    odrop(l, P_ "layers.1.mlp.experts.down_proj");
+    const st_tensor *cdn = st_find(&ab, P_ "layers.1.mlp.experts.down_proj");
+    int64_t sd[2] = {Hm, c->I};
+    for (int ex = 0; ex < c->E; ex++) {
+        char b1[200], b2[200];
+        snprintf(b1, sizeof b1, P_ "layers.1.mlp.experts.%d.gate_up_proj.weight", ex);
+        snprintf(b2, sizeof b2, P_ "layers.1.mlp.experts.%d.down_proj.weight", ex);
+        oadd(l, b1, ST_BF16, 2, s2, (const uint8_t *)cgu->data + ex * I2 * Hm * 2, (size_t)(I2 * Hm * 2));
+        oadd(l, b2, ST_BF16, 2, sd, (const uint8_t *)cdn->data + ex * Hm * c->I * 2, (size_t)(Hm * c->I * 2));
+    }
+    int64_t sc1[1] = {I2};
+    n = P_ "layers.1.mlp.experts.9.gate_up_proj.weight_scale";
+    static float scales[4096];
+    oadd(l, n, ST_F32, 1, sc1, scales, (size_t)I2 * 4);
+    expect_fail(l, "bf16 with scale", n, "scale");
+    ofree(l);
+
+    /* a truncated shard: the reader's error names the file */
+    char d[4200], p[4400];
+    path_in(d, "truncated");
+    l = from_archive(&ab);
+    if (owrite(l, d, &cfg, NULL) == 0) {
+        snprintf(p, sizeof p, "%s/model.safetensors", d);
+        CHECK(truncate(p, fsize(p) - 1000) == 0, "truncate");
+        sm_model m;
+        CHECK(sm_model_load(d, NULL, &m, &e) == -1 && strstr(e.msg, "model.safetensors"), "truncated: '%s'", e.msg);
+    }
+    ofree(l);
+    st_close(&ab);
+    st_close(&am);
+    st_close(&af);
+}
+
+/* ---- accepted variants: F4 / F8_E8M0 dtypes, per-expert BF16, misaligned views ---- */
+static void test_variants(void) {
+    st_archive ab = {0}, am = {0};
+    sm_err e = {{0}};
+    if (st_open_dir(d_bf16, &ab, &e) || st_open_dir(d_mx, &am, &e)) { CHECK(0, "open: %s", e.msg); return; }
+    const sm_config *c = &cfg;
+    int64_t I2 = 2 * (int64_t)c->I, Hm = c->Hm;
+    char d[4200];
+    sm_model ref, m;
+    /* F4 weights (shape in elements) and F8_E8M0 scales in layer 1 */
+    olist *l = from_archive(&am);
+    for (int i = 0; i < l->n; i++) {
+        otensor *o = &l->t[i];
+        if (strncmp(o->name, P_ "layers.1.mlp.experts.", strlen(P_ "layers.1.mlp.experts.")) || o->ndim != 2) continue;
+        if (strstr(o->name, "weight_scale")) o->dt = ST_F8_E8M0;
+        else { o->dt = ST_F4; o->shape[1] *= 2; }
+    }
+    path_in(d, "f4");
+    if (owrite(l, d, c, NULL) == 0 && load(d, 0, 0, &m) == 0) {
+        if (load(d_mx, 0, 0, &ref) == 0) {
+            CHECK(m.layers[1].ex.fmt == SM_EXP_MXFP4, "F4 layer format");
+            CHECK(same_model(&m, &ref), "F4 / F8_E8M0 model differs from the U8 one");
+            sm_model_free(&ref);
+        }
+        sm_model_free(&m);
+    } else CHECK(0, "F4 model did not load");
+    ofree(l);
+    /* per-expert BF16 in layer 2 */
+    l = from_archive(&ab);
+    const st_tensor *cgu = st_find(&ab, P_ "layers.2.mlp.experts.gate_up_proj"), *cdn = st_find(&ab, P_ "layers.2.mlp.experts.down_proj");
+    odrop(l, cgu->name);
+    odrop(l, cdn->name);
+    int64_t s2[2] = {I2, Hm}, sd[2] = {Hm, c->I};
+    for (int ex = 0; ex < c->E; ex++) {
+        char b1[200], b2[200];
+        snprintf(b1, sizeof b1, P_ "layers.2.mlp.experts.%d.gate_up_proj.weight", ex);
+        snprintf(b2, sizeof b2, P_ "layers.2.mlp.experts.%d.down_proj.weight", ex);
+        oadd(l, b1, ST_BF16, 2, s2, (const uint8_t *)cgu->data + ex * I2 * Hm * 2, (size_t)(I2 * Hm * 2));
+        oadd(l, b2, ST_BF16, 2, sd, (const uint8_t *)cdn->data + ex * Hm * c->I * 2, (size_t)(Hm * c->I * 2));
+    }
+    path_in(d, "perexpert_bf16");
+    if (owrite(l, d, c, NULL) == 0 && load(d, 0, 0, &m) == 0) {
+        if (load(d_bf16, 0, 0, &ref) == 0) {
+            CHECK(m.layers[2].ex.fmt == SM_EXP_BF16, "per-expert BF16 format");
+            CHECK(same_model(&m, &ref), "per-expert BF16 model differs from the consolidated one");
+            sm_model_free(&ref);
+        }
+        sm_model_free(&m);
+    } else CHECK(0, "per-expert BF16 model did not load");
+    ofree(l);
+    st_close(&ab);
+    st_close(&am);
+    /* misaligned f32 views: H odd puts every f32 tensor after a [H] bf16 one at 2 mod 4 */
+    sm_config co = cfg;
+    co.H = 255;
+    char da[4200];
+    path_in(da, "odd_aligned");
+    path_in(d, "odd_misaligned");
+    if (make(da, &co, SM_EXP_BF16, 3, 1, 0)) { CHECK(0, "make H=255"); return; }
+    st_archive ao = {0};
+    if (st_open_dir(da, &ao, &e)) { CHECK(0, "%s", e.msg); return; }
+    l = from_archive(&ao);
+    if (owrite(l, d, &co, P_ "norm.weight") == 0 && load(d, 0, 0, &m) == 0) {
+        int mis = 0;
+        for (int i = 0; i < m.ar.ntensors; i++) {
+            const st_tensor *t = &m.ar.tensors[i];
+            mis += (t->dtype == ST_F32 && ((uintptr_t)t->data & 3)) || (t->dtype == ST_BF16 && ((uintptr_t)t->data & 1));
+        }
+        CHECK(mis > 0, "test premise: no misaligned tensor in the reordered file");
+        int al = 1;
+        for (int ly = 0; ly < co.L; ly++)
+            al &= ((uintptr_t)m.layers[ly].router & 3) == 0 && ((uintptr_t)m.layers[ly].router_bias & 3) == 0;
+        CHECK(al, "misaligned f32 views were not copied to aligned buffers");
+        if (load(da, 0, 0, &ref) == 0) {
+            CHECK(same_model(&m, &ref), "reordered (misaligned) model differs");
+            sm_model_free(&ref);
+        }
+        sm_model_free(&m);
+    } else CHECK(0, "misaligned model did not load");
+    ofree(l);
+    st_close(&ao);
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(p);
+}
+
+int main(void) {
+    const char *td = getenv("TMPDIR");
+    snprintf(base, sizeof base, "%s/sm_test_weights_XXXXXX", td && *td ? td : "/tmp");
+    sm_err e = {{0}};
+    if (!mkdtemp(base) || sm_config_preset("tiny", &cfg, &e)) {
+        printf("FAIL setup (%s)\n", e.msg);
+        return 1;
+    }
+    path_in(d_bf16, "bf16");
+    path_in(d_mx, "mxfp4");
+    path_in(d_fp8, "fp8");
+    path_in(d_sh, "bf16_shards3");
+    if (make(d_bf16, &cfg, SM_EXP_BF16, 7, 1, 0) || make(d_mx, &cfg, SM_EXP_MXFP4, 7, 1, 0) ||
+        make(d_fp8, &cfg, SM_EXP_FP8, 7, 1, 0) || make(d_sh, &cfg, SM_EXP_BF16, 7, 3, 3)) {
+        printf("FAIL setup\n");
+        nftw(base, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+        return 1;
+    }
+    RUN(test_shapes_and_formats);
+    RUN(test_mxfp4_rows);
+    RUN(test_fp8_rows);
+    RUN(test_online_mxfp4);
+    RUN(test_shards);
+    RUN(test_precomputed);
+    RUN(test_magnitudes);
+    RUN(test_determinism);
+    RUN(test_outdir);
+    RUN(test_broken);
+    RUN(test_variants);
+    nftw(base, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    return TEST_DONE();
+}
