@@ -1,0 +1,137 @@
+/* sparkmono.h: the public C API of sparkmono, a decode engine for Muse Spark 1.x.
+ *
+ * Opaque handles (a model, an engine over it), every call returns an sm_status; on failure
+ * sparkmono_errmsg() gives one line naming the problem (the argument, tensor or file).
+ * The engine runs greedy decoding with speculative verify steps: each step feeds, per live
+ * request, its last token and R-1 drafts from an n-gram drafter, and accepts drafts while
+ * they match the model's argmax (SPEC.md section 8), so the output is token for token that
+ * of one-token-at-a-time greedy decoding.  C11, no CUDA types; one engine is used by one
+ * thread at a time.  We rejected exposing the internal structs (sm_model, sm_kv): the GPU
+ * and multi-rank layouts will change behind this header.
+ *
+ * Typical use:
+ *   sparkmono_model *m; sparkmono_engine *g; int req;
+ *   sparkmono_model_open("models/tiny", NULL, &m);
+ *   sparkmono_engine_create(m, NULL, &g);                 // cpu, R = 8
+ *   sparkmono_add(g, prompt, n, 64, &req);
+ *   sparkmono_generate(g);                                // prefill + verify until done
+ *   sparkmono_output(g, req, &ids, &nids);
+ */
+#ifndef SPARKMONO_H
+#define SPARKMONO_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sm_status {
+    SM_OK = 0,
+    SM_E_INVALID = 1,  /* bad argument: option, request id, prompt id, length */
+    SM_E_MODEL = 2,    /* model directory missing, or checkpoint/config invalid */
+    SM_E_CACHE = 3,    /* KV cache pages or request slots exhausted */
+    SM_E_BACKEND = 4,  /* backend not built in, or it failed during a step */
+    SM_E_NOMEM = 5,    /* host allocation failed */
+    SM_E_STATE = 6,    /* call not valid now (e.g. prefill twice) */
+    SM_E_IO = 7        /* writing an output file failed */
+} sm_status;
+
+/* One line describing the last failed call on this thread ("" if none). */
+const char *sparkmono_errmsg(void);
+/* Name of a status ("ok", "invalid argument", ...). */
+const char *sparkmono_status_str(sm_status s);
+
+typedef struct sparkmono_model sparkmono_model;
+typedef struct sparkmono_engine sparkmono_engine;
+
+/* ---- model ---------------------------------------------------------------------------- */
+
+typedef struct sparkmono_model_opts {
+    int online_mxfp4;   /* 1: round BF16 experts of layers 1..L-2 to MXFP4 at load */
+} sparkmono_model_opts;
+
+typedef struct sparkmono_model_info {
+    int num_layers;     /* L */
+    int hidden_size;    /* H */
+    int vocab_size;     /* V: valid prompt ids are [0, V) */
+    int vocab_used;     /* greedy never picks ids >= vocab_used */
+    int bos;            /* bos id, -1 if none */
+    int n_eos;          /* entries of eos */
+    int eos[8];         /* [n_eos] generation stops after emitting one of these */
+} sparkmono_model_info;
+
+/* Open a checkpoint directory (config.json + safetensors). o may be NULL (defaults). */
+sm_status sparkmono_model_open(const char *dir, const sparkmono_model_opts *o, sparkmono_model **out);
+/* Close a model; every engine on it must be destroyed first. NULL is ignored. */
+void sparkmono_model_close(sparkmono_model *m);
+sm_status sparkmono_model_get_info(const sparkmono_model *m, sparkmono_model_info *out);
+
+/* ---- engine --------------------------------------------------------------------------- */
+
+/* Zero in any field means its default. */
+typedef struct sparkmono_engine_opts {
+    const char *backend;     /* "cpu" (default) or "cuda" */
+    int rows;                /* R, verify width: last token + R-1 drafts (default 8; 1 = no speculation) */
+    int max_requests;        /* live requests at once (default 1) */
+    int max_len;             /* max model length: prompt + generated tokens (default 4096) */
+    int kv_blocks;           /* KV pages of 16 tokens (default max_requests * ceil(max_len / 16)) */
+    int prefill_chunk;       /* most prompt rows per step (default 512) */
+    int naux;                /* auxiliary hidden states per step (default 0) */
+    const int *aux_layers;   /* [naux] j in [0, L]: residual stream entering layer j (L: after the last) */
+    int threads;             /* cpu worker threads (default: online cores) */
+    int world;               /* reserved: ranks of tensor/expert parallelism, must be 0 or 1 */
+    int moe_tp;              /* reserved: must be 0 */
+} sparkmono_engine_opts;
+
+/* Create an engine on m (m must outlive it). o may be NULL (all defaults). */
+sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opts *o, sparkmono_engine **out);
+/* Destroy an engine and its requests. NULL is ignored. */
+void sparkmono_engine_destroy(sparkmono_engine *g);
+
+/* ---- requests ------------------------------------------------------------------------- */
+
+/* Add a request: prompt [n] ids in [0, V), n >= 1, n + max_tokens <= max_len, max_tokens >= 0
+ * (0: prefill only, e.g. for its logits).  *req is its id, in [0, max_requests). */
+sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_tokens, int *req);
+/* Remove a request and free its cache pages; its id may be reused by a later add. */
+sm_status sparkmono_remove(sparkmono_engine *g, int req);
+
+/* Run the prompt of req through the model (in steps of at most prefill_chunk rows).
+ * logits: NULL, or [n, V] f32 softcapped logits of every prompt row (ids >= vocab_used are
+ * -inf).  When max_tokens >= 1 the argmax of the last row is the first generated token. */
+sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits);
+
+/* One verify step over every live request that is prefilled and not finished.  For request
+ * id r that took part, ntok[r] = tokens emitted this step (accepted drafts + 1, cut after an
+ * eos or at max_tokens) and toks[r * R .. r * R + ntok[r]) the tokens; ntok[r] = 0 for the
+ * others.  ntok [max_requests] and toks [max_requests * R] may each be NULL.  *nreq (may be
+ * NULL) = requests in the step; 0 means there was nothing to do. */
+sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq);
+
+/* Prefill every live request not yet prefilled, then run verify steps until every live
+ * request has emitted max_tokens tokens or an eos id. */
+sm_status sparkmono_generate(sparkmono_engine *g);
+
+typedef struct sparkmono_request_info {
+    int prompt_len;     /* n */
+    int max_tokens;     /* as given to sparkmono_add */
+    int ngen;           /* tokens generated so far */
+    int kv_len;         /* positions whose K/V are committed (prompt + ngen - 1 once generating) */
+    int prefilled;      /* 1 after sparkmono_prefill */
+    int done;           /* 0 running, 1 eos emitted, 2 max_tokens reached */
+    int steps;          /* verify steps taken */
+    int accepted;       /* drafts accepted over all steps */
+} sparkmono_request_info;
+
+sm_status sparkmono_request_get_info(const sparkmono_engine *g, int req, sparkmono_request_info *out);
+/* Generated tokens of req: *ids points to [*n] ids owned by the engine, valid until the next
+ * call that changes req (verify, generate, remove). */
+sm_status sparkmono_output(const sparkmono_engine *g, int req, const int **ids, int *n);
+/* Auxiliary hidden states of req's rows in the last step that carried them (the last prefill
+ * chunk or a verify step): out [naux, *nrows, H] f32 with *nrows <= max(R, prefill_chunk).
+ * Error when the engine has no aux layers or req was not in the last step. */
+sm_status sparkmono_aux(const sparkmono_engine *g, int req, float *out, int *nrows);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

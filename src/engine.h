@@ -1,0 +1,67 @@
+/* engine.h: the engine's internals behind include/sparkmono.h (for the CLI, tests, benches).
+ *
+ * An engine owns one backend, one paged KV cache (sm_kv: block tables here, pages in the
+ * backend) and up to max_req requests, each with its token history (prompt then generated
+ * ids).  Positions 0 .. nhist-2 of a generating request have committed K/V; its last token is
+ * the first row of its next verify step, followed by R-1 n-gram drafts.  We rejected keeping
+ * the drafts' K/V bookkeeping separate from the committed length: rejected rows are simply
+ * overwritten by the next step, as in SPEC.md section 8.
+ */
+#ifndef SM_ENGINE_H
+#define SM_ENGINE_H
+#include "sparkmono.h"
+#include "backend.h"
+#include "kvcache.h"
+#include "weights.h"
+
+typedef struct sm_request {
+    int live;          /* slot in use */
+    int prompt_len;    /* n */
+    int max_tokens;    /* generation budget */
+    int *hist;         /* [prompt_len + max_tokens] prompt, then generated ids */
+    int nhist;         /* prompt_len + ngen */
+    int prefilled;     /* prompt K/V committed */
+    int done;          /* 0 running, 1 eos emitted, 2 max_tokens reached */
+    int steps;         /* verify steps taken */
+    int accepted;      /* drafts accepted over all steps */
+    int row0, nrows;   /* its rows in the engine's last step; nrows = 0 if absent */
+} sm_request;
+
+struct sparkmono_model {
+    sm_model m;        /* loaded checkpoint (views into the mapped files) */
+};
+
+struct sparkmono_engine {
+    sparkmono_model *model;
+    const sm_config *cfg;  /* = &model->m.cfg */
+    sm_backend be;         /* compute backend (owns the KV pages) */
+    int have_be;           /* be was created */
+    sm_kv kv;              /* block tables, free pages, committed lengths */
+    int have_kv;
+    int R;                 /* verify rows per request (1 = no speculation) */
+    int max_req;           /* request slots */
+    int max_len;           /* max model length */
+    int chunk;             /* most prompt rows per prefill step */
+    int max_rows;          /* most rows of one step = max(R * max_req, chunk) */
+    int naux;              /* aux layers */
+    int *aux_layers;       /* [naux] */
+    sm_request *reqs;      /* [max_req] */
+    int *tok, *pos, *rreq; /* [max_rows] step inputs: token, position, request slot */
+    int *argmax;           /* [max_rows] step output */
+    float *aux;            /* [naux, max_rows, H] step output, NULL when naux = 0 */
+    int last_nrows;        /* rows of the last step (aux rows are strided by it) */
+    int *draft;            /* [R] scratch for the drafter */
+    /* Drafter seam: NULL = the n-gram drafter.  Called per request and step with its history
+     * hist [nhist] (prompt then generated); writes ndraft tokens in [0, V) to out.  Tests set
+     * it to feed known continuations; a learned drafter would plug in here. */
+    void (*draft_fn)(void *arg, int req, const int *hist, int nhist, int ndraft, int *out);
+    void *draft_arg;       /* passed to draft_fn */
+};
+
+/* Greedy acceptance of one request's verify rows (SPEC.md section 8): t [r] the rows' input
+ * tokens (t[0] the last accepted token, t[1..r) drafts), a [r] the rows' argmax.  Accepts
+ * draft j while t[j] == a[j-1]; writes the accepted drafts and then a[k] (k = drafts accepted)
+ * to out [r]; returns k + 1. */
+int sm_accept_greedy(const int *t, const int *a, int r, int *out);
+
+#endif

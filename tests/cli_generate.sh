@@ -1,0 +1,67 @@
+#!/bin/sh
+# cli_generate.sh BUILD_DIR: the `generate` and `logits` commands end to end on a fresh tiny
+# model in a temp dir: speculative == plain output, the .npy file of logits, and bad inputs
+# (each must exit 2 with exactly one line on stderr).  Prints PASS/FAIL lines and a DONE line.
+B=${1:-build}
+SM="$B/sparkmono"
+T=$(mktemp -d "${TMPDIR:-/tmp}/sm_cli_generate.XXXXXX") || { echo "FAIL setup (mktemp)"; echo "DONE 0 passed, 1 failed"; exit 1; }
+trap 'rm -rf "$T"' EXIT INT TERM
+
+np=0; nf=0
+pass() { echo "PASS $1"; np=$((np + 1)); }
+fail() { echo "FAIL $1"; nf=$((nf + 1)); }
+done_() { echo "DONE $np passed, $nf failed"; [ "$nf" -eq 0 ]; exit $?; }
+
+if ! "$SM" make-model --preset tiny --experts mxfp4 --seed 1 --out "$T/tiny" >"$T/mm.out" 2>&1; then
+    cat "$T/mm.out"; fail make_model; done_
+fi
+pass make_model
+
+PROMPT=5,6,7,8,5,6,7,8,5,6
+"$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 12 --threads 2 >"$T/spec.out" 2>"$T/spec.err"; rc1=$?
+"$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 12 --threads 2 --no-spec >"$T/plain.out" 2>"$T/plain.err"; rc2=$?
+"$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 12 --threads 2 --rows 4 >"$T/r4.out" 2>"$T/r4.err"; rc3=$?
+a=$(grep '^ids: ' "$T/spec.out"); b=$(grep '^ids: ' "$T/plain.out"); c=$(grep '^ids: ' "$T/r4.out")
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ]; then
+    pass generate_spec_equals_plain
+else
+    cat "$T/spec.out" "$T/spec.err" "$T/plain.out" "$T/plain.err" "$T/r4.out" "$T/r4.err"; fail generate_spec_equals_plain
+fi
+if grep -q '^accept:' "$T/spec.out" && grep -q '^tokens/s: ' "$T/spec.out" && [ "$(wc -l <"$T/spec.out")" -eq 3 ]; then
+    pass generate_output_lines
+else
+    cat "$T/spec.out"; fail generate_output_lines
+fi
+
+# logits: [T, V] f32 after a 128-byte .npy header (tiny: V = 512); T = 3
+if "$SM" logits --model "$T/tiny" --prompt-ids 5,6,7 --out "$T/l.npy" --threads 2 >"$T/l.out" 2>"$T/l.err" &&
+   [ -f "$T/l.npy" ] && [ "$(wc -c <"$T/l.npy")" -eq $((128 + 3 * 512 * 4)) ] &&
+   head -c 8 "$T/l.npy" | od -An -c | grep -q 'N   U   M   P   Y' &&
+   ! ls "$T"/l.npy.tmp* >/dev/null 2>&1; then
+    pass logits_npy
+else
+    cat "$T/l.out" "$T/l.err"; ls -l "$T"; fail logits_npy
+fi
+
+# bad inputs: exit 2, one line on stderr
+bad() { # name, then the command's arguments
+    name=$1; shift
+    "$SM" "$@" >"$T/bad.out" 2>"$T/bad.err"; rc=$?
+    n=$(wc -l <"$T/bad.err")
+    if [ $rc -eq 2 ] && [ "$n" -eq 1 ]; then pass "$name"; else echo "  rc $rc, $n stderr lines:"; cat "$T/bad.err"; fail "$name"; fi
+}
+bad bad_id_out_of_range generate --model "$T/tiny" --prompt-ids 1,512,3 --max-tokens 4
+bad bad_id_negative generate --model "$T/tiny" --prompt-ids 1,-1 --max-tokens 4
+bad bad_too_long generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 100 --max-len 64
+bad bad_missing_dir generate --model "$T/no-such-model" --prompt-ids 1,2,3 --max-tokens 4
+bad bad_unknown_flag generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --bogus
+bad bad_rows_zero generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --rows 0
+bad bad_rows_text generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --rows eight
+bad bad_rows_and_nospec generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --rows 4 --no-spec
+bad bad_prompt_list generate --model "$T/tiny" --prompt-ids 1,,3 --max-tokens 4
+bad bad_no_max_tokens generate --model "$T/tiny" --prompt-ids 1,2,3
+bad bad_backend generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --backend tpu
+bad bad_logits_no_out logits --model "$T/tiny" --prompt-ids 1,2,3
+bad bad_logits_missing_dir logits --model "$T/no-such-model" --prompt-ids 1,2 --out "$T/x.npy"
+bad bad_logits_out_dir logits --model "$T/tiny" --prompt-ids 1,2 --out "$T/no/such/dir/x.npy"
+done_
