@@ -13,6 +13,10 @@
 #include "kvcache.h"
 #include "weights.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct sm_step {
     int nrows;               /* rows in the step, all requests together */
     const int *tokens;       /* [nrows] token ids (< V) */
@@ -49,4 +53,7 @@ int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_o
 int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 #endif
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -11,6 +11,10 @@
 #include <stdio.h>
 #include "weights.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct sm_bytes {
     int64_t embed;        /* [V, H] bf16 */
     int64_t lm_head;      /* [V, H] bf16 */
@@ -33,4 +37,7 @@ void sm_layer_kinds(const sm_config *c, char *buf, size_t n);
 /* The whole summary. */
 void sm_check_print(const sm_model *m, FILE *f);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -10,6 +10,10 @@
 #define SM_CONFIG_H
 #include "err.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define SM_MAX_LAYERS 256
 #define SM_MAX_EOS 8
 
@@ -66,4 +70,7 @@ int sm_config_same(const sm_config *a, const sm_config *b, const char **what);
 /* Number of query heads per KV head. */
 static inline int sm_config_group(const sm_config *c) { return c->nH / c->nKV; }
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -9,6 +9,10 @@
 #define SM_ERR_H
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct sm_err {
     char msg[1024]; /* one line, no trailing newline; "" when no error */
 } sm_err;
@@ -19,4 +23,7 @@ int sm_errf(sm_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 /* Prefix an existing message: "<prefix>: <old msg>"; returns -1. */
 int sm_errprefix(sm_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+#ifdef __cplusplus
+}
+#endif
 #endif

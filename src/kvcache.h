@@ -11,6 +11,10 @@
 #include <stdint.h>
 #include "err.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define SM_KV_BLOCK 16 /* tokens per page */
 
 typedef struct sm_kv {
@@ -41,4 +45,7 @@ static inline int64_t sm_kv_slot(const sm_kv *kv, int slot, int pos) {
     return (int64_t)kv->tables[(int64_t)slot * kv->max_bpr + pos / SM_KV_BLOCK] * SM_KV_BLOCK + pos % SM_KV_BLOCK;
 }
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -11,6 +11,10 @@
 #include "config.h"
 #include "weights.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct sm_make_opts {
     sm_expert_fmt experts;   /* format of the experts of layers 1..L-2 (0 and L-1 stay BF16
                                 consolidated when experts != BF16, as the Quark export does) */
@@ -23,4 +27,7 @@ typedef struct sm_make_opts {
 
 int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir, sm_err *e);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

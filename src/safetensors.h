@@ -19,6 +19,10 @@
 #include <stdio.h>
 #include "err.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum st_dtype {
     ST_BOOL, ST_U8, ST_I8, ST_U16, ST_I16, ST_U32, ST_I32, ST_U64, ST_I64,
     ST_F16, ST_BF16, ST_F32, ST_F64,
@@ -106,4 +110,7 @@ int st_writer_finish(st_writer *w, sm_err *e);
 /* Remove the temporary file and free. Safe after finish (no-op then) or on error. */
 void st_writer_abort(st_writer *w);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

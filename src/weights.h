@@ -14,6 +14,10 @@
 #include "config.h"
 #include "safetensors.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum sm_expert_fmt { SM_EXP_BF16 = 0, SM_EXP_FP8 = 1, SM_EXP_MXFP4 = 2 } sm_expert_fmt;
 const char *sm_expert_fmt_name(sm_expert_fmt f); /* "bf16", "fp8", "mxfp4" */
 
@@ -81,4 +85,7 @@ void sm_model_free(sm_model *m);
  * expert e in layer l into out [cols] as bf16-exact floats. */
 void sm_expert_row(const sm_model *m, int l, int e, int which, int row, float *out);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
