@@ -48,4 +48,63 @@ void ref_moe(struct sm_pool *p, const sm_model *m, int l, const float *xf, int n
  * logits [n, V]; argmax [n] (lowest id on ties) when non-NULL. */
 void ref_logits(struct sm_pool *p, const sm_model *m, const float *s, int n, float *logits, int *argmax);
 
+/* ---- Additions (CPU engine): the building blocks the functions above are made of. ---- */
+
+/* The one f32 dot product of the reference: 8 lanes, lane u sums a[i]*b[i] for i = u mod 8 in
+ * increasing i, lanes combined ((0+1)+(2+3))+((4+5)+(6+7)), then the n % 8 tail in order.
+ * Every mm / attention score / rms sum of squares above uses it (so gcc vectorizes it). */
+float ref_dot(const float *a, const float *b, int n);
+/* Routing from router logits [E] (= xf @ router^T): the second half of ref_route. */
+void ref_topk(const sm_config *c, const float *logits, const float *bias, int *idx, float *w);
+/* Dequantize row `row` of expert matrix `which` (0: gate_up, 1: down) of expert e of layer l
+ * into out [Hm or I]: the same values as sm_expert_row (bf16-exact), our own fast path. */
+void ref_expert_row(const sm_model *m, int l, int e, int which, int row, float *out);
+/* Attention of ONE query head: q [D] (bf16-exact) of query head h, reading KV head kvh, keys
+ * lo..pos (lo = max(0, pos - window + 1) when window > 0, else 0).  scores: scratch of at
+ * least pos + 1 floats.  out [D] f32 unnormalized.  ref_attention loops this over heads. */
+void ref_attention_head(const float *q, int nKV, int kvh, int D, const uint16_t *kv_layer,
+                        const int *table, int pos, int window, float scale, float *scores, float *out);
+
+/* Workspace of ref_moe_ws_run (buffers grow to the largest n seen; free with ref_moe_ws_free).
+ * Zero-initialize before first use. */
+typedef struct ref_moe_ws {
+    int cap;        /* rows the buffers hold */
+    int E, K, Hm, I;/* dims the buffers were sized for */
+    float *logits;  /* [cap, E] router logits */
+    int *idx;       /* [cap, K] routes (used when the caller passes idx == NULL) */
+    float *w;       /* [cap, K] route weights (idem) */
+    float *h1;      /* [cap, Hm] pooled, normed expert input */
+    float *m;       /* [cap, Hm] weighted sum of routes */
+    float *gu;      /* [cap*K, 2I] gate_up outputs, by expert-sorted slot */
+    float *a;       /* [cap*K, I] silu(gate) * up */
+    float *y;       /* [cap*K, Hm] down outputs, then yn in place */
+    int *off;       /* [E + 1] first slot of each expert */
+    int *route_slot;/* [cap*K] slot of each route id */
+    int *active;    /* [E] experts with at least one route */
+    int *cur;       /* [E] placement cursor of each expert */
+    int *slot_row;  /* [cap*K] row of each slot */
+} ref_moe_ws;
+/* ref_moe with a caller-owned workspace (the CPU backend keeps one for its lifetime). */
+int ref_moe_ws_run(struct sm_pool *p, const sm_model *m, int l, const float *xf, int n, float *f,
+                   int *idx, float *w, float *h1, float *mm_out, ref_moe_ws *ws, sm_err *e);
+/* Size ws for n rows of m's config (done by ref_moe_ws_run too). */
+int ref_moe_ws_reserve(ref_moe_ws *ws, const sm_config *c, int n, sm_err *e);
+void ref_moe_ws_free(ref_moe_ws *ws);
+/* ref_logits from h [n, H] = r16(rms(r16(s), final_norm)) already computed (no allocation). */
+void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, float *logits, int *argmax);
+
+/* ---- CPU backend debug trace (src/cpu/forward.c) ---- */
+/* Called after each stage of a step with the stage's activations for all rows: data [n, width]
+ * f32 (route ids as exact floats).  layer = -1 for the embedding, L for the final norm.  Stages,
+ * per layer: "x" (input norm), "q" "k" "v" "g" (projections), "qn" "kn" (QK norm + RoPE),
+ * "att" (attention output, f32, before its norm), "o" (gated, r16), "a" (o_proj), "s_att"
+ * (residual after the attention boundary), "xf", "route_idx" "route_w" [n, K], "h1" "m" [n, Hm],
+ * "f", "s_ffn" (residual leaving the layer); "s" at layer -1 (after the embedding norm) and
+ * "h" at layer L (final norm output).  Tests compare each stage against an f64 evaluation fed
+ * with the CPU's own inputs to that stage, so a bf16 rounding that flips between f32 and f64
+ * cannot cascade. */
+typedef void (*sm_cpu_trace_fn)(void *arg, int layer, const char *stage, const float *data, int n, int width);
+/* Install (fn != NULL) or remove the trace of a backend made by sm_cpu_backend_create. */
+void sm_cpu_backend_trace(void *backend_ctx, sm_cpu_trace_fn fn, void *arg);
+
 #endif
