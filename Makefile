@@ -54,12 +54,15 @@ $(CU_LIB): $(CU_OBJ)
 	rm -f $@ && ar rcs $@ $^
 endif
 
+# The two archives reference each other (engine -> CUDA backend -> C loader), hence the group.
+LINK_LIBS = -Wl,--start-group $(B)/libsparkmono.a $(CU_LIB) -Wl,--end-group $(LDLIBS) $(CUDA_LIBS)
+
 $(B)/sparkmono: $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB)
-	$(CC) $(CFLAGS) $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB) $(LDLIBS) $(CUDA_LIBS) -o $@
+	$(CC) $(CFLAGS) $(CLI_OBJ) $(LINK_LIBS) -o $@
 
 # Each CPU test is its own program; tests may use tools/cli.c for shared parsing.
 $(B)/tests/%: $(B)/tests/%.o $(B)/libsparkmono.a $(CU_LIB)
-	$(CC) $(CFLAGS) $< $(B)/libsparkmono.a $(CU_LIB) $(LDLIBS) $(CUDA_LIBS) -o $@
+	$(CC) $(CFLAGS) $< $(LINK_LIBS) -o $@
 
 test: all $(TESTS)
 	@sh tests/run.sh $(B)
@@ -73,7 +76,7 @@ demo: all
 ifeq ($(CUDA),1)
 GPU_TEST_OBJ := $(patsubst %.c,$(B)/%.o,$(patsubst %.cu,$(B)/%.o,$(GPU_TEST_SRC)))
 $(B)/gpu_test: $(GPU_TEST_OBJ) $(B)/libsparkmono.a $(CU_LIB)
-	$(CC) $(CFLAGS) $(GPU_TEST_OBJ) $(B)/libsparkmono.a $(CU_LIB) $(LDLIBS) $(CUDA_LIBS) -o $@
+	$(CC) $(CFLAGS) $(GPU_TEST_OBJ) $(LINK_LIBS) -o $@
 gpu-test: all $(B)/gpu_test
 endif
 

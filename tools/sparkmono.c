@@ -1,15 +1,9 @@
 /* sparkmono.c: the CLI dispatcher: `sparkmono <command> [options]`.
- * Each command lives in tools/cmd_<name>.c.  Commands not built into this binary are
- * weak symbols left NULL, and the dispatcher says so (they all exist in a full build). */
+ * Each command lives in tools/cmd_<name>.c; this file only maps names to them. */
 #include "cli.h"
 #include <stdio.h>
 #include <string.h>
 
-#pragma weak cmd_make_model
-#pragma weak cmd_check
-#pragma weak cmd_generate
-#pragma weak cmd_logits
-#pragma weak cmd_bench
 
 typedef struct { const char *name; int (*fn)(int, char **); const char *help; } command;
 
@@ -33,7 +27,6 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < n; i++) {
         if (strcmp(argv[1], cmds[i].name) == 0) {
-            if (!cmds[i].fn) { fprintf(stderr, "sparkmono: command '%s' is not built in this binary\n", argv[1]); return 2; }
             return cmds[i].fn(argc - 2, argv + 2);
         }
     }

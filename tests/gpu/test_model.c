@@ -1,0 +1,555 @@
+/* test_model.c: whole-model GPU tests (gpu_tests.h: gpu_test_model).
+ *
+ * Random checkpoints (sm_make_model into a temporary directory) of the tiny and mini presets,
+ * every expert format, are run through the CPU backend (the oracle) and the CUDA backend on
+ * the same steps, sharing one block-table bookkeeping (sm_kv, shuffled pages) while each
+ * backend keeps its own pages: a multi-request prefill longer than the backend's chunk (eager
+ * path, prefill attention, chunking), then verify steps of mixed widths (graph buckets with
+ * padding rows, aux hidden states, logits on and off), decode steps, and steps that cross the
+ * sliding window; logits must agree within 2e-2 (relative L2) per step.  Then speculative ==
+ * greedy on the GPU twice: through the engine API (R = 8 with the n-gram drafter vs R = 1), and
+ * through our own loop whose drafts are the greedy tokens with a third of them corrupted (so
+ * verify steps really accept 0..7 drafts; random models rarely repeat, so the n-gram drafter
+ * alone seldom gets a draft accepted).  Finally the synthetic backend: its dense weights must equal make-model's for
+ * the same seed bit for bit, and its steps must be finite and replay-deterministic.
+ * We rejected comparing greedy tokens GPU vs CPU as a pass criterion: random models have
+ * near-ties that bf16 rounding differences legitimately flip.
+ */
+#include "gpu_tests.h"
+#include "backend.h"
+#include "config.h"
+#include "kvcache.h"
+#include "makemodel.h"
+#include "weights.h"
+#include "sparkmono.h"
+#include "cuda/synth.h"
+#include <ftw.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define TM_BOUND 2e-2       /* GPU vs CPU logits, SPEC.md section 10 */
+#define TM_MAX_LEN 512      /* positions per request */
+#define TM_NREQ 3           /* requests per case */
+#define TM_CHUNK 128        /* backend max_rows: forces a chunked prefill */
+
+static int tm_fail;         /* failed checks of the current case */
+
+#define TM_CHECK(cond, ...)                                                      \
+    do {                                                                         \
+        if (!(cond)) {                                                           \
+            tm_fail++;                                                           \
+            printf("  check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);  \
+            printf(__VA_ARGS__);                                                 \
+            printf("\n");                                                        \
+            fflush(stdout);                                                      \
+        }                                                                        \
+    } while (0)
+
+static uint64_t tm_rng(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int tm_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f) {
+    (void)sb; (void)flag; (void)f;
+    return remove(p);
+}
+static void tm_rm_rf(const char *d) { nftw(d, tm_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* ||o - r|| / ||r|| over n values; -inf entries of r must be -inf in o; NaN -> infinity. */
+static double tm_relerr(const float *o, const float *r, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(r[i]) && r[i] < 0) {
+            if (!(isinf(o[i]) && o[i] < 0)) return INFINITY;
+            continue;
+        }
+        if (isnan(o[i]) || isnan(r[i]) || isinf(o[i])) return INFINITY;
+        double d = (double)o[i] - r[i];
+        num += d * d;
+        den += (double)r[i] * r[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int tm_make(const char *root, const char *name, const sm_config *c, int fmt, uint64_t seed, char *dir, size_t cap) {
+    snprintf(dir, cap, "%s/%s", root, name);
+    sm_make_opts o;
+    memset(&o, 0, sizeof o);
+    o.experts = (sm_expert_fmt)fmt;
+    o.seed = seed;
+    o.shards = 1;
+    sm_err e = {{0}};
+    if (sm_make_model(c, &o, dir, &e)) {
+        printf("  make-model %s: %s\n", name, e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- CPU vs CUDA on the same steps ---- */
+
+typedef struct tm_duo {
+    sm_model m;               /* the loaded checkpoint */
+    sm_kv kv;                 /* block tables shared by both backends */
+    sm_backend cpu, gpu;
+    int have_cpu, have_gpu;
+    int maxrows;              /* rows the buffers below hold */
+    float *lc, *lg;           /* [maxrows, V] logits: cpu, gpu */
+    int *ac, *ag, *ag2;       /* [maxrows] argmax: cpu, gpu, gpu (second run) */
+    float *xc, *xg;           /* [2, maxrows, H] aux hidden states */
+    double worst;             /* largest logits error seen */
+} tm_duo;
+
+static void tm_duo_free(tm_duo *d) {
+    if (d->have_gpu) d->gpu.destroy(d->gpu.ctx);
+    if (d->have_cpu) d->cpu.destroy(d->cpu.ctx);
+    sm_kv_free(&d->kv);
+    sm_model_free(&d->m);
+    free(d->lc); free(d->lg); free(d->ac); free(d->ag); free(d->ag2); free(d->xc); free(d->xg);
+    memset(d, 0, sizeof *d);
+}
+
+/* Run one step on both backends and compare.  logits 0: the GPU step runs without logits
+ * first (the engine's verify form), then again with logits (same K/V writes), and the two
+ * GPU argmax must be identical. */
+static void tm_step(tm_duo *d, const char *what, int n, const int *tok, const int *pos, const int *req, int naux,
+                    const int *auxl, int logits) {
+    const sm_config *c = &d->m.cfg;
+    sm_err e = {{0}};
+    sm_step s;
+    memset(&s, 0, sizeof s);
+    s.nrows = n;
+    s.tokens = tok;
+    s.pos = pos;
+    s.req = req;
+    s.kv = &d->kv;
+    s.naux = naux;
+    s.aux_layers = auxl;
+    s.logits = d->lc;
+    s.argmax = d->ac;
+    s.aux = naux ? d->xc : NULL;
+    if (d->cpu.step(d->cpu.ctx, &s, &e)) { TM_CHECK(0, "%s: cpu step: %s", what, e.msg); return; }
+    if (!logits) {
+        sm_step g = s;
+        g.logits = NULL;
+        g.argmax = d->ag2;
+        g.naux = 0;
+        g.aux = NULL;
+        if (d->gpu.step(d->gpu.ctx, &g, &e)) { TM_CHECK(0, "%s: cuda step (no logits): %s", what, e.msg); return; }
+    }
+    s.logits = d->lg;
+    s.argmax = d->ag;
+    s.aux = naux ? d->xg : NULL;
+    if (d->gpu.step(d->gpu.ctx, &s, &e)) { TM_CHECK(0, "%s: cuda step: %s", what, e.msg); return; }
+    double r = tm_relerr(d->lg, d->lc, (size_t)n * c->V);
+    if (r > d->worst) d->worst = r;
+    int same = 0;
+    for (int i = 0; i < n; i++) same += d->ac[i] == d->ag[i];
+    printf("  %-34s rows %4d: logits rel err %.2e, argmax agree %d/%d\n", what, n, r, same, n);
+    TM_CHECK(r <= TM_BOUND, "%s: logits rel err %.3e > %.0e", what, r, TM_BOUND);
+    for (int i = 0; i < n; i++) TM_CHECK(d->ag[i] >= 0 && d->ag[i] < c->vocab_used, "%s: row %d argmax %d", what, i, d->ag[i]);
+    if (!logits)
+        for (int i = 0; i < n; i++)
+            TM_CHECK(d->ag2[i] == d->ag[i], "%s: row %d: argmax without logits %d, with logits %d", what, i, d->ag2[i], d->ag[i]);
+    for (int a = 0; a < naux; a++) {
+        double ra = tm_relerr(d->xg + (size_t)a * n * c->H, d->xc + (size_t)a * n * c->H, (size_t)n * c->H);
+        TM_CHECK(ra <= TM_BOUND, "%s: aux layer %d rel err %.3e", what, auxl[a], ra);
+    }
+}
+
+typedef struct tm_case {
+    const char *name;         /* PASS/FAIL name */
+    const char *preset;       /* tiny | mini */
+    int fmt;                  /* expert format of layers 1..L-2 */
+    int online;               /* load with online MXFP4 */
+    int lens[TM_NREQ];        /* prompt lengths */
+} tm_case;
+
+static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
+    tm_fail = 0;
+    tm_duo d;
+    memset(&d, 0, sizeof d);
+    sm_err e = {{0}};
+    sm_config c;
+    char dir[512];
+    if (sm_config_preset(tc->preset, &c, &e)) { TM_CHECK(0, "preset: %s", e.msg); goto done; }
+    if (tm_make(root, tc->name, &c, tc->fmt, seed, dir, sizeof dir)) { TM_CHECK(0, "make-model failed"); goto done; }
+    sm_load_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.online_mxfp4 = tc->online;
+    if (sm_model_load(dir, &lo, &d.m, &e)) { TM_CHECK(0, "load: %s", e.msg); goto done; }
+    c = d.m.cfg;
+    int bpr = (TM_MAX_LEN + SM_KV_BLOCK - 1) / SM_KV_BLOCK;
+    if (sm_kv_init(&d.kv, TM_NREQ * bpr + 7, TM_NREQ, TM_MAX_LEN, seed * 31 + 7, &e)) { TM_CHECK(0, "kv: %s", e.msg); goto done; }
+    sm_backend_opts bo;
+    memset(&bo, 0, sizeof bo);
+    bo.world = 1;
+    bo.max_rows = TM_CHUNK;
+    if (sm_cpu_backend_create(&d.m, &d.kv, &bo, &d.cpu, &e)) { TM_CHECK(0, "cpu backend: %s", e.msg); goto done; }
+    d.have_cpu = 1;
+    if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "%s", e.msg); goto done; }
+    d.have_gpu = 1;
+    if (sm_cuda_backend_check_dense(&d.gpu, &d.m, &e)) TM_CHECK(0, "upload: %s", e.msg);
+    int tot = 0;
+    for (int i = 0; i < TM_NREQ; i++) tot += tc->lens[i];
+    d.maxrows = tot > 64 ? tot : 64;
+    d.lc = malloc(sizeof(float) * (size_t)d.maxrows * c.V);
+    d.lg = malloc(sizeof(float) * (size_t)d.maxrows * c.V);
+    d.ac = malloc(sizeof(int) * (size_t)d.maxrows);
+    d.ag = malloc(sizeof(int) * (size_t)d.maxrows);
+    d.ag2 = malloc(sizeof(int) * (size_t)d.maxrows);
+    d.xc = malloc(sizeof(float) * 2 * (size_t)d.maxrows * c.H);
+    d.xg = malloc(sizeof(float) * 2 * (size_t)d.maxrows * c.H);
+    int *tok = malloc(sizeof(int) * (size_t)d.maxrows), *pos = malloc(sizeof(int) * (size_t)d.maxrows),
+        *req = malloc(sizeof(int) * (size_t)d.maxrows);
+    if (!d.lc || !d.lg || !d.ac || !d.ag || !d.ag2 || !d.xc || !d.xg || !tok || !pos || !req) {
+        TM_CHECK(0, "out of host memory");
+        free(tok); free(pos); free(req);
+        goto done;
+    }
+    uint64_t rng = seed * 1000003ull + 11;
+    int slot[TM_NREQ], cur[TM_NREQ];
+    for (int i = 0; i < TM_NREQ; i++) {
+        if (sm_kv_add(&d.kv, &slot[i], &e) || sm_kv_reserve(&d.kv, slot[i], TM_MAX_LEN, &e)) {
+            TM_CHECK(0, "kv: %s", e.msg);
+            free(tok); free(pos); free(req);
+            goto done;
+        }
+    }
+    /* 1. one prefill step of every prompt (more rows than a chunk), aux of layers 0 and L */
+    int n = 0;
+    for (int i = 0; i < TM_NREQ; i++) {
+        for (int p = 0; p < tc->lens[i]; p++, n++) {
+            tok[n] = (int)(tm_rng(&rng) % (uint64_t)c.V);
+            pos[n] = p;
+            req[n] = slot[i];
+        }
+        cur[i] = tc->lens[i];
+    }
+    int aux_a[2] = {0, c.L}, aux_b[2] = {c.L - 1, 1};
+    tm_step(&d, "prefill (chunked, 3 requests)", n, tok, pos, req, 2, aux_a, 1);
+    /* 2. verify steps of mixed widths; acceptance advances each request by 1..R */
+    static const int widths[7][TM_NREQ] = {{8, 5, 8}, {8, 8, 8}, {1, 1, 1}, {16, 16, 16}, {3, 8, 2}, {8, 1, 16}, {7, 7, 7}};
+    for (int st = 0; st < 14; st++) {
+        const int *w = widths[st % 7];
+        n = 0;
+        for (int i = 0; i < TM_NREQ; i++)
+            for (int j = 0; j < w[i]; j++, n++) {
+                tok[n] = (int)(tm_rng(&rng) % (uint64_t)c.V);
+                pos[n] = cur[i] + j;
+                req[n] = slot[i];
+            }
+        char what[96];
+        snprintf(what, sizeof what, "verify %d (%d+%d+%d rows%s)", st, w[0], w[1], w[2], st % 3 == 1 ? ", aux" : "");
+        tm_step(&d, what, n, tok, pos, req, st % 3 == 1 ? 2 : 0, aux_b, st % 4 != 2);
+        for (int i = 0; i < TM_NREQ; i++) cur[i] += 1 + (int)(tm_rng(&rng) % (uint64_t)w[i]);
+    }
+    /* 3. one request alone: a short prefill-like run (17 rows, eager) */
+    n = 0;
+    for (int j = 0; j < 17; j++, n++) {
+        tok[n] = (int)(tm_rng(&rng) % (uint64_t)c.V);
+        pos[n] = cur[1] + j;
+        req[n] = slot[1];
+    }
+    tm_step(&d, "extend request 1 by 17 rows", n, tok, pos, req, 0, NULL, 1);
+    printf("  positions reached: %d %d %d (window %d)\n", cur[0], cur[1] + 17, cur[2], c.window);
+    free(tok); free(pos); free(req);
+done:;
+    double worst = d.worst;
+    tm_duo_free(&d);
+    printf("%s %s (worst logits rel err %.2e)\n", tm_fail ? "FAIL" : "PASS", tc->name, worst);
+    fflush(stdout);
+    return tm_fail ? 1 : 0;
+}
+
+/* ---- speculative == plain greedy, through the engine API ---- */
+
+static int tm_generate(const char *dir, const char *backend, int rows, int np, int *const *prompts, const int *plen,
+                       int max_tokens, int **out, int *nout, int *accepted) {
+    sparkmono_model *m = NULL;
+    sparkmono_engine *g = NULL;
+    if (sparkmono_model_open(dir, NULL, &m)) { printf("  model open: %s\n", sparkmono_errmsg()); return -1; }
+    sparkmono_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = backend;
+    o.rows = rows;
+    o.max_requests = np;
+    o.max_len = 256;
+    int rc = 0;
+    if (sparkmono_engine_create(m, &o, &g)) { printf("  engine (%s, R %d): %s\n", backend, rows, sparkmono_errmsg()); rc = -1; }
+    int ids[8];
+    for (int i = 0; i < np && !rc; i++)
+        if (sparkmono_add(g, prompts[i], plen[i], max_tokens, &ids[i])) { printf("  add: %s\n", sparkmono_errmsg()); rc = -1; }
+    if (!rc && sparkmono_generate(g)) { printf("  generate (%s, R %d): %s\n", backend, rows, sparkmono_errmsg()); rc = -1; }
+    *accepted = 0;
+    for (int i = 0; i < np && !rc; i++) {
+        const int *t;
+        int n;
+        sparkmono_request_info ri;
+        if (sparkmono_output(g, ids[i], &t, &n) || sparkmono_request_get_info(g, ids[i], &ri)) { rc = -1; break; }
+        out[i] = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+        if (!out[i]) { rc = -1; break; }
+        memcpy(out[i], t, sizeof(int) * (size_t)n);
+        nout[i] = n;
+        *accepted += ri.accepted;
+    }
+    sparkmono_engine_destroy(g);
+    sparkmono_model_close(m);
+    return rc;
+}
+
+static int tm_spec(const char *root, uint64_t seed) {
+    tm_fail = 0;
+    sm_err e = {{0}};
+    sm_config c;
+    char dir[512];
+    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "spec_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir)) {
+        TM_CHECK(0, "make-model failed %s", e.msg);
+        printf("FAIL spec_equals_greedy\n");
+        return 1;
+    }
+    /* prompts with repeats so the n-gram drafter proposes drafts */
+    enum { NP = 3 };
+    int p0[24], p1[30], p2[20];
+    uint64_t rng = seed + 5;
+    for (int i = 0; i < 24; i++) p0[i] = 10 + i % 4;
+    for (int i = 0; i < 30; i++) p1[i] = 3 + (int)(tm_rng(&rng) % 500);
+    for (int i = 0; i < 20; i++) p2[i] = i % 2 ? 77 : 78;
+    int *const prompts[NP] = {p0, p1, p2};
+    const int plen[NP] = {24, 30, 20};
+    int *o1[NP] = {0}, *o8[NP] = {0}, *oc[NP] = {0}, n1[NP] = {0}, n8[NP] = {0}, nc[NP] = {0}, acc1, acc8, accc;
+    int r1 = tm_generate(dir, "cuda", 1, NP, prompts, plen, 48, o1, n1, &acc1);
+    int r8 = tm_generate(dir, "cuda", 8, NP, prompts, plen, 48, o8, n8, &acc8);
+    int rc_ = tm_generate(dir, "cpu", 8, NP, prompts, plen, 48, oc, nc, &accc);
+    TM_CHECK(r1 == 0 && r8 == 0, "generation failed");
+    if (r1 == 0 && r8 == 0) {
+        for (int i = 0; i < NP; i++) {
+            int same = n1[i] == n8[i];
+            for (int j = 0; same && j < n1[i]; j++) same = o1[i][j] == o8[i][j];
+            TM_CHECK(same, "request %d: speculative output (%d tokens) differs from greedy (%d tokens)", i, n8[i], n1[i]);
+            int cpu_same = -1;
+            if (rc_ == 0) {
+                cpu_same = 0;
+                while (cpu_same < nc[i] && cpu_same < n1[i] && oc[i][cpu_same] == o1[i][cpu_same]) cpu_same++;
+            }
+            printf("  request %d: %d tokens; first %d equal to the CPU engine's (info)\n", i, n1[i], cpu_same);
+        }
+        printf("  drafts accepted: %d on the GPU (R 8), %d on the CPU (R 8)\n", acc8, rc_ == 0 ? accc : -1);
+    }
+    for (int i = 0; i < NP; i++) { free(o1[i]); free(o8[i]); free(oc[i]); }
+    printf("%s spec_equals_greedy\n", tm_fail ? "FAIL" : "PASS");
+    fflush(stdout);
+    return tm_fail ? 1 : 0;
+}
+
+/* ---- speculative == greedy with our own loop and an oracle drafter ---- */
+
+/* One step of n rows (argmax only) on backend b; 0 or -1 (check failed). */
+static int tm_run(sm_backend *b, sm_kv *kv, int n, const int *tok, const int *pos, const int *req, int *am) {
+    sm_err e = {{0}};
+    sm_step s;
+    memset(&s, 0, sizeof s);
+    s.nrows = n; s.tokens = tok; s.pos = pos; s.req = req; s.kv = kv; s.argmax = am;
+    if (b->step(b->ctx, &s, &e)) { TM_CHECK(0, "step of %d rows: %s", n, e.msg); return -1; }
+    return 0;
+}
+
+/* Plain greedy (one row a request a step) and speculative verify steps of R = 8 rows whose
+ * drafts are the greedy tokens with about a third replaced by random ids (so steps accept
+ * 0..7 drafts), both on the CUDA backend: the emitted tokens must be identical. */
+static int tm_spec_loop(const char *root, uint64_t seed) {
+    tm_fail = 0;
+    enum { NG = 40, R = 8, ML = 128 };
+    sm_err e = {{0}};
+    sm_config c;
+    sm_model m;
+    memset(&m, 0, sizeof m);
+    sm_kv kv;
+    memset(&kv, 0, sizeof kv);
+    sm_backend b;
+    int have_b = 0, have_m = 0, accepted = 0, steps = 0;
+    char dir[512];
+    static const int plen[TM_NREQ] = {12, 23, 7};
+    int prompt[TM_NREQ][32], g[TM_NREQ][NG], sp[TM_NREQ][NG + R], ns[TM_NREQ], slot[2][TM_NREQ];
+    int tok[128], pos[128], req[128], am[128];
+    uint64_t rng = seed;
+    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "spec_loop_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
+        sm_model_load(dir, NULL, &m, &e)) {
+        TM_CHECK(0, "model: %s", e.msg);
+        goto out;
+    }
+    have_m = 1;
+    if (sm_kv_init(&kv, 2 * TM_NREQ * (ML / SM_KV_BLOCK), 2 * TM_NREQ, ML, seed, &e)) { TM_CHECK(0, "kv: %s", e.msg); goto out; }
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < TM_NREQ; r++)
+            if (sm_kv_add(&kv, &slot[k][r], &e) || sm_kv_reserve(&kv, slot[k][r], ML, &e)) { TM_CHECK(0, "kv: %s", e.msg); goto out; }
+    sm_backend_opts bo;
+    memset(&bo, 0, sizeof bo);
+    bo.world = 1;
+    bo.max_rows = 64;
+    if (sm_cuda_backend_create(&m, &kv, &bo, &b, &e)) { TM_CHECK(0, "%s", e.msg); goto out; }
+    have_b = 1;
+    for (int r = 0; r < TM_NREQ; r++)
+        for (int i = 0; i < plen[r]; i++) prompt[r][i] = 3 + (int)(tm_rng(&rng) % (uint64_t)(m.cfg.vocab_used - 3));
+    /* prefill both copies of every prompt in one step; the last row's argmax is token 0 */
+    for (int k = 0, n = 0; k < 2; k++) {
+        for (int r = 0; r < TM_NREQ; r++)
+            for (int i = 0; i < plen[r]; i++, n++) { tok[n] = prompt[r][i]; pos[n] = i; req[n] = slot[k][r]; }
+        if (k == 1) {
+            if (tm_run(&b, &kv, n, tok, pos, req, am)) goto out;
+            for (int r = 0, at = 0; r < 2 * TM_NREQ; r++) {
+                at += plen[r % TM_NREQ];
+                if (r < TM_NREQ) g[r][0] = am[at - 1];
+                else { sp[r - TM_NREQ][0] = am[at - 1]; ns[r - TM_NREQ] = 1; }
+            }
+        }
+    }
+    /* greedy: one row per request per step */
+    for (int t = 1; t < NG; t++) {
+        for (int r = 0; r < TM_NREQ; r++) { tok[r] = g[r][t - 1]; pos[r] = plen[r] + t - 1; req[r] = slot[0][r]; }
+        if (tm_run(&b, &kv, TM_NREQ, tok, pos, req, am)) goto out;
+        for (int r = 0; r < TM_NREQ; r++) g[r][t] = am[r];
+    }
+    /* speculative: R rows per unfinished request: last token + R-1 (partly corrupted) drafts */
+    while (1) {
+        int n = 0, who[TM_NREQ], nw = 0;
+        for (int r = 0; r < TM_NREQ; r++) {
+            if (ns[r] >= NG) continue;
+            who[nw++] = r;
+            for (int j = 0; j < R; j++, n++) {
+                int e0 = ns[r] - 1 + j; /* index in g the row's token stands for */
+                int d = j == 0 ? sp[r][ns[r] - 1] : (e0 < NG ? g[r][e0] : 5);
+                if (j > 0 && tm_rng(&rng) % 3 == 0) d = 3 + (int)(tm_rng(&rng) % (uint64_t)(m.cfg.vocab_used - 3));
+                tok[n] = d;
+                pos[n] = plen[r] + ns[r] - 1 + j;
+                req[n] = slot[1][r];
+            }
+        }
+        if (!nw) break;
+        if (tm_run(&b, &kv, n, tok, pos, req, am)) goto out;
+        steps++;
+        for (int w = 0; w < nw; w++) {
+            int r = who[w], *t = tok + w * R, *a = am + w * R, k = 0;
+            while (k + 1 < R && t[k + 1] == a[k]) k++; /* accept draft k+1 while it is row k's argmax */
+            for (int j = 1; j <= k; j++) sp[r][ns[r]++] = t[j];
+            sp[r][ns[r]++] = a[k];
+            accepted += k;
+        }
+    }
+    for (int r = 0; r < TM_NREQ; r++) {
+        int same = 0;
+        while (same < NG && sp[r][same] == g[r][same]) same++;
+        TM_CHECK(same == NG, "request %d: speculative tokens differ from greedy at token %d of %d", r, same, NG);
+    }
+    printf("  %d verify steps, %d drafts accepted for %d tokens\n", steps, accepted, TM_NREQ * NG);
+    TM_CHECK(accepted > 0, "no draft was ever accepted");
+out:
+    if (have_b) b.destroy(b.ctx);
+    sm_kv_free(&kv);
+    if (have_m) sm_model_free(&m);
+    printf("%s spec_loop_equals_greedy\n", tm_fail ? "FAIL" : "PASS");
+    fflush(stdout);
+    return tm_fail ? 1 : 0;
+}
+
+/* ---- the synthetic backend ---- */
+
+static int tm_synth(const char *root, uint64_t seed) {
+    int fails = 0;
+    for (int fi = 0; fi < 2; fi++) {
+        int fmt = fi ? SM_EXP_MXFP4 : SM_EXP_BF16;
+        tm_fail = 0;
+        sm_err e = {{0}};
+        sm_config c;
+        char dir[512], name[64];
+        sm_model m;
+        memset(&m, 0, sizeof m);
+        sm_kv kv;
+        memset(&kv, 0, sizeof kv);
+        sm_backend b;
+        int have_b = 0, have_m = 0;
+        snprintf(name, sizeof name, "synth_tiny_%s", sm_expert_fmt_name((sm_expert_fmt)fmt));
+        enum { NR = 40 };
+        float *l1 = malloc(sizeof(float) * NR * 512), *l2 = malloc(sizeof(float) * NR * 512);
+        int tok[NR], pos[NR], req[NR], am[NR], slot;
+        if (!l1 || !l2) { TM_CHECK(0, "out of host memory"); goto next; }
+        if (sm_config_preset("tiny", &c, &e) || tm_make(root, name, &c, fmt, seed, dir, sizeof dir) ||
+            sm_model_load(dir, NULL, &m, &e)) {
+            TM_CHECK(0, "model: %s", e.msg);
+            goto next;
+        }
+        have_m = 1;
+        if (m.cfg.V > 512) { TM_CHECK(0, "tiny vocabulary %d > 512", m.cfg.V); goto next; }
+        if (sm_kv_init(&kv, 16, 1, 256, 3, &e) || sm_kv_add(&kv, &slot, &e) || sm_kv_reserve(&kv, slot, 256, &e)) {
+            TM_CHECK(0, "kv: %s", e.msg);
+            goto next;
+        }
+        sm_backend_opts bo;
+        memset(&bo, 0, sizeof bo);
+        bo.world = 1;
+        bo.max_rows = 64;
+        if (sm_cuda_backend_create_synth(&m.cfg, fmt, seed, &kv, &bo, &b, &e)) { TM_CHECK(0, "%s", e.msg); goto next; }
+        have_b = 1;
+        /* dense weights = make-model's of the same seed */
+        if (sm_cuda_backend_check_dense(&b, &m, &e)) TM_CHECK(0, "%s", e.msg);
+        /* a prefill of 32 rows, then the same 8-row verify step twice: finite, identical */
+        uint64_t rng = seed;
+        for (int i = 0; i < NR; i++) { tok[i] = (int)(tm_rng(&rng) % 512); pos[i] = i; req[i] = slot; }
+        sm_step s;
+        memset(&s, 0, sizeof s);
+        s.nrows = 32; s.tokens = tok; s.pos = pos; s.req = req; s.kv = &kv; s.logits = l1; s.argmax = am;
+        if (b.step(b.ctx, &s, &e)) { TM_CHECK(0, "prefill: %s", e.msg); goto next; }
+        s.nrows = 8; s.tokens = tok + 32; s.pos = pos + 32;
+        if (b.step(b.ctx, &s, &e)) { TM_CHECK(0, "verify: %s", e.msg); goto next; }
+        s.logits = l2;
+        if (b.step(b.ctx, &s, &e)) { TM_CHECK(0, "verify again: %s", e.msg); goto next; }
+        int finite = 1, same = 1;
+        for (int i = 0; i < 8 * c.V; i++) {
+            if (isnan(l2[i]) || (isinf(l2[i]) && l2[i] > 0)) finite = 0;
+            if (memcmp(&l1[i], &l2[i], 4)) same = 0;
+        }
+        TM_CHECK(finite, "synthetic logits not finite");
+        TM_CHECK(same, "the same verify step twice gave different logits (eager+capture vs graph replay)");
+    next:
+        if (have_b) b.destroy(b.ctx);
+        sm_kv_free(&kv);
+        if (have_m) sm_model_free(&m);
+        free(l1);
+        free(l2);
+        printf("%s %s\n", tm_fail ? "FAIL" : "PASS", name);
+        fflush(stdout);
+        fails += tm_fail ? 1 : 0;
+    }
+    return fails;
+}
+
+int gpu_test_model(void) {
+    const char *tmp = getenv("TMPDIR");
+    char root[512];
+    snprintf(root, sizeof root, "%s/sm_gpu_model_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(root)) {
+        printf("FAIL gpu_test_model (cannot create a temporary directory under %s)\n", tmp && *tmp ? tmp : "/tmp");
+        return 1;
+    }
+    static const tm_case cases[] = {
+        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}},
+        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}},
+        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}},
+        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}},
+        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}},
+        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}},
+    };
+    int fails = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) fails += tm_compare(root, &cases[i], 1000 + i);
+    fails += tm_spec(root, 77);
+    fails += tm_spec_loop(root, 78);
+    fails += tm_synth(root, 4242);
+    tm_rm_rf(root);
+    return fails;
+}

@@ -1,0 +1,741 @@
+/* test_moe.cu: the MoE expert stage (src/cuda/moe.h) against the CPU reference, and its
+ * microbenchmark (gpu_bench_moe, moe_bench.h).
+ *
+ * Cases: the device dequantizers against codec.h (every code x scale); tiny / mini models
+ * written by sm_make_model in each expert format, where ref_moe gives idx, w, h1 and m and the
+ * GPU stage is fed the same idx, w, h1 (n = 1, 8, 16, 64, 128 rows); a real-width layer
+ * (Hm = I = 4096) built in memory with random MXFP4 bytes (random routing, and every row on
+ * the same K experts so experts carry more than 8 routes), FP8 and BF16 real-width experts,
+ * extreme scale bytes (the exponent-offset path), an invalid expert id, a NaN scale refused
+ * at upload, a CUDA-graph replay equal bit for bit to the direct launch, every L2-prefetch
+ * setting equal bit for bit to the default, and synthetic layers (determinism).  The reference of the in-memory layers is ref_expert per route plus the
+ * route-ordered sum of ref_moe.  Every output is poisoned with NaN before the run and has
+ * guard elements on both sides; the bound is rel err <= 1e-2.  Inputs are fresh random per
+ * run (the seed is printed).  We rejected comparing against a dequantized cuBLAS product:
+ * it would share our own rounding assumptions instead of the reference's.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <dirent.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cuda_runtime.h>
+extern "C" {
+#include "err.h"
+#include "config.h"
+#include "weights.h"
+#include "makemodel.h"
+#include "cpu/ops.h"
+#include "cpu/pool.h"
+}
+#include "codec.h"
+#include "cuda/moe.h"
+#include "gpu_tests.h"
+#include "moe_bench.h"
+
+static int m_pass, m_fail;
+static uint64_t m_rng;
+static sm_pool *m_pool;
+static cudaStream_t m_st;
+
+#define MGUARD 64          /* bf16 guard elements on each side of m_out */
+#define MGUARD_VAL 0xA5A5u
+
+static uint64_t mrnd64(void) {
+    m_rng ^= m_rng >> 12;
+    m_rng ^= m_rng << 25;
+    m_rng ^= m_rng >> 27;
+    return m_rng * 2685821657736338717ULL;
+}
+static int mrndi(int n) { return (int)((mrnd64() >> 33) % (uint64_t)n); }
+static float mrndu(void) { return (float)((double)(mrnd64() >> 40) * (1.0 / 16777216.0)); } /* [0, 1) */
+static float mrndn(void) { /* N(0, 1) */
+    float u1 = mrndu() + 1e-7f, u2 = mrndu();
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+static void report(int ok, const char *name) {
+    printf("%s %s\n", ok ? "PASS" : "FAIL", name);
+    fflush(stdout);
+    if (ok) m_pass++; else m_fail++;
+}
+
+static void *xmalloc(size_t b) {
+    void *p = malloc(b ? b : 1);
+    if (!p) { printf("  host allocation of %zu bytes failed\n", b); exit(1); }
+    return p;
+}
+
+/* Random routing of n rows: mode 0 distinct uniform top-K of E; mode 1 every row on experts
+ * 0..K-1 in a shuffled order.  Weights positive, summing to 1 per row. */
+static void make_routing(int n, int E, int K, int mode, int *idx, float *w) {
+    for (int i = 0; i < n; i++) {
+        int *r = idx + i * K;
+        for (int k = 0; k < K; k++) {
+            int x;
+            if (mode == 1) x = k;
+            else {
+                for (;;) {
+                    x = mrndi(E);
+                    int dup = 0;
+                    for (int j = 0; j < k; j++) dup |= r[j] == x;
+                    if (!dup) break;
+                }
+            }
+            r[k] = x;
+        }
+        if (mode == 1)
+            for (int k = K - 1; k > 0; k--) { int j = mrndi(k + 1), t = r[k]; r[k] = r[j]; r[j] = t; }
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) { w[i * K + k] = 0.1f + mrndu(); s += w[i * K + k]; }
+        for (int k = 0; k < K; k++) w[i * K + k] /= s;
+    }
+}
+
+/* ---- one GPU run compared with a reference m ---- */
+typedef struct gpu_io {
+    uint16_t *h1;   /* device [max_rows, Hm] */
+    int *idx;       /* device [max_rows, K] */
+    float *w;       /* device [max_rows, K] */
+    uint16_t *mb;   /* device [MGUARD + max_rows*Hm + MGUARD] */
+} gpu_io;
+
+static int io_alloc(gpu_io *io, int max_rows, int Hm, int K) {
+    memset(io, 0, sizeof *io);
+    cudaError_t rc = cudaMalloc((void **)&io->h1, sizeof(uint16_t) * (size_t)max_rows * Hm);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&io->idx, sizeof(int) * (size_t)max_rows * K);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&io->w, sizeof(float) * (size_t)max_rows * K);
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&io->mb, sizeof(uint16_t) * ((size_t)max_rows * Hm + 2 * MGUARD));
+    if (rc != cudaSuccess) { printf("  cudaMalloc failed: %s\n", cudaGetErrorString(rc)); return -1; }
+    return 0;
+}
+static void io_free(gpu_io *io) {
+    cudaFree(io->h1); cudaFree(io->idx); cudaFree(io->w); cudaFree(io->mb);
+    memset(io, 0, sizeof *io);
+}
+
+/* Poison m_out with NaN (0xFFFF) and the guards with MGUARD_VAL. */
+static int io_poison(gpu_io *io, int n, int Hm) {
+    size_t tot = (size_t)n * Hm + 2 * MGUARD;
+    uint16_t *h = (uint16_t *)xmalloc(tot * 2);
+    for (size_t i = 0; i < tot; i++) h[i] = (i < MGUARD || i >= tot - MGUARD) ? (uint16_t)MGUARD_VAL : (uint16_t)0xFFFFu;
+    cudaError_t rc = cudaMemcpy(io->mb, h, tot * 2, cudaMemcpyHostToDevice);
+    free(h);
+    return rc == cudaSuccess ? 0 : -1;
+}
+
+/* Run forward (optionally through a captured graph); out [n*Hm] bf16 bits; guards checked. */
+static int run_gpu(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws, gpu_io *io, int n, int graph, uint16_t *out,
+                   int *guard_bad) {
+    sm_err e = {{0}};
+    const int Hm = L->Hm;
+    if (io_poison(io, n, Hm)) { printf("  poison copy failed\n"); return -1; }
+    if (graph) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        if (cudaStreamBeginCapture(m_st, cudaStreamCaptureModeGlobal) != cudaSuccess) { printf("  begin capture failed\n"); return -1; }
+        int rc = sm_cuda_moe_forward(L, io->h1, io->idx, io->w, n, io->mb + MGUARD, ws, m_st, &e);
+        cudaError_t ce = cudaStreamEndCapture(m_st, &g);
+        if (rc || ce != cudaSuccess) { printf("  capture: %s %s\n", e.msg, cudaGetErrorString(ce)); return -1; }
+        if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) { printf("  graph instantiate failed\n"); return -1; }
+        ce = cudaGraphLaunch(ge, m_st);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(m_st);
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+        if (ce != cudaSuccess) { printf("  graph run: %s\n", cudaGetErrorString(ce)); return -1; }
+    } else {
+        if (sm_cuda_moe_forward(L, io->h1, io->idx, io->w, n, io->mb + MGUARD, ws, m_st, &e)) { printf("  forward: %s\n", e.msg); return -1; }
+        cudaError_t ce = cudaStreamSynchronize(m_st);
+        if (ce != cudaSuccess) { printf("  forward run: %s\n", cudaGetErrorString(ce)); return -1; }
+    }
+    size_t tot = (size_t)n * Hm + 2 * MGUARD;
+    uint16_t *h = (uint16_t *)xmalloc(tot * 2);
+    if (cudaMemcpy(h, io->mb, tot * 2, cudaMemcpyDeviceToHost) != cudaSuccess) { free(h); printf("  copy back failed\n"); return -1; }
+    int gb = 0;
+    for (size_t i = 0; i < MGUARD; i++) gb += (h[i] != MGUARD_VAL) + (h[tot - 1 - i] != MGUARD_VAL);
+    memcpy(out, h + MGUARD, (size_t)n * Hm * 2);
+    free(h);
+    *guard_bad = gb;
+    return 0;
+}
+
+/* Upload inputs, run, compare with mref [n, Hm]; with graph also replay through a graph and
+ * require bitwise equality with the direct run. */
+static void check_case(const char *name, const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws, gpu_io *io, int n,
+                       const float *h1, const int *idx, const float *w, const float *mref, int graph) {
+    const int Hm = L->Hm, K = L->K;
+    uint16_t *hb = (uint16_t *)xmalloc((size_t)n * Hm * 2);
+    for (size_t i = 0; i < (size_t)n * Hm; i++) hb[i] = sm_f32_to_bf16(h1[i]);
+    int ok = cudaMemcpy(io->h1, hb, (size_t)n * Hm * 2, cudaMemcpyHostToDevice) == cudaSuccess &&
+             cudaMemcpy(io->idx, idx, sizeof(int) * (size_t)n * K, cudaMemcpyHostToDevice) == cudaSuccess &&
+             cudaMemcpy(io->w, w, sizeof(float) * (size_t)n * K, cudaMemcpyHostToDevice) == cudaSuccess;
+    free(hb);
+    uint16_t *out = (uint16_t *)xmalloc((size_t)n * Hm * 2), *out2 = (uint16_t *)xmalloc((size_t)n * Hm * 2);
+    int gb = 0, gb2 = 0;
+    if (ok && run_gpu(L, ws, io, n, 0, out, &gb)) ok = 0;
+    double num = 0.0, den = 0.0;
+    long nan = 0;
+    if (ok) {
+        for (size_t i = 0; i < (size_t)n * Hm; i++) {
+            float g = sm_bf16_to_f32(out[i]);
+            if (g != g) { nan++; continue; }
+            double d = (double)g - mref[i];
+            num += d * d;
+            den += (double)mref[i] * mref[i];
+        }
+    }
+    double rel = den > 0 ? sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
+    int same = 1, vsame = 1;
+    if (ok && graph) {
+        if (run_gpu(L, ws, io, n, 1, out2, &gb2)) ok = 0;
+        else same = !memcmp(out, out2, (size_t)n * Hm * 2);
+    }
+    /* every L2 prefetch distance gives the same bits as the default one */
+    static const int pfs[3] = {0, 2, 8};
+    for (int vi = 0; ok && vi < 3; vi++) {
+        const int v = pfs[vi];
+        if (v == ws->prefetch) continue;
+        sm_cuda_moe_ws wv = *ws;
+        wv.prefetch = v;
+        int gv = 0;
+        if (run_gpu(L, &wv, io, n, 0, out2, &gv) || gv) { ok = 0; break; }
+        if (memcmp(out, out2, (size_t)n * Hm * 2)) { printf("  prefetch %d differs from prefetch %d\n", v, ws->prefetch); vsame = 0; }
+    }
+    int pass = ok && nan == 0 && gb == 0 && gb2 == 0 && rel <= 1e-2 && same && vsame && den > 0;
+    char full[256];
+    snprintf(full, sizeof full, "%s n=%d rel=%.2e%s", name, n, rel, graph ? " +graph" : "");
+    if (!pass) {
+        printf("  %s: ok %d nan %ld guard %d/%d rel %.3e graph-equal %d prefetch-variants-equal %d\n", name, ok, nan, gb, gb2, rel, same,
+               vsame);
+        if (ok) {
+            int shown = 0;
+            for (size_t i = 0; i < (size_t)n * Hm && shown < 6; i++) {
+                float g = sm_bf16_to_f32(out[i]);
+                if (!(fabsf(g - mref[i]) <= 2e-2f * (fabsf(mref[i]) + 1e-3f))) {
+                    printf("    m[%zu, %zu] gpu %g ref %g\n", i / Hm, i % Hm, g, mref[i]);
+                    shown++;
+                }
+            }
+        }
+    }
+    report(pass, full);
+    free(out);
+    free(out2);
+}
+
+/* ---- models written by sm_make_model, reference ref_moe ---- */
+static void rm_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *en;
+        char p[1024];
+        while ((en = readdir(d))) {
+            if (!strcmp(en->d_name, ".") || !strcmp(en->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, en->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static void test_made_model(const char *preset, int fmt) {
+    sm_err e = {{0}};
+    sm_config c;
+    char name[128];
+    snprintf(name, sizeof name, "moe_%s_%s", preset, sm_expert_fmt_name((sm_expert_fmt)fmt));
+    if (sm_config_preset(preset, &c, &e)) { printf("  %s\n", e.msg); report(0, name); return; }
+    const char *tmp = getenv("TMPDIR");
+    char base[512], dir[600];
+    snprintf(base, sizeof base, "%s/sm_moe_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(base)) { printf("  mkdtemp failed\n"); report(0, name); return; }
+    snprintf(dir, sizeof dir, "%s/model", base);
+    sm_make_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.experts = (sm_expert_fmt)fmt;
+    mo.seed = mrnd64();
+    mo.shards = 1;
+    sm_model m;
+    memset(&m, 0, sizeof m);
+    if (sm_make_model(&c, &mo, dir, &e) || sm_model_load(dir, NULL, &m, &e)) {
+        printf("  %s\n", e.msg);
+        report(0, name);
+        rm_tree(dir); rmdir(base);
+        return;
+    }
+    const int maxr = 128, rows[5] = {1, 8, 16, 64, 128};
+    sm_cuda_moe_ws ws;
+    gpu_io io;
+    if (sm_cuda_moe_ws_alloc(&c, maxr, &ws, &e) || io_alloc(&io, maxr, c.Hm, c.K)) {
+        printf("  %s\n", e.msg);
+        report(0, name);
+        sm_model_free(&m); rm_tree(dir); rmdir(base);
+        return;
+    }
+    /* layer 1 holds the chosen format; layer 0 the BF16 experts of a quantized export */
+    const int nl = fmt == SM_EXP_MXFP4 ? 2 : 1;
+    for (int li = 0; li < nl; li++) {
+        const int l = li == 0 ? 1 : 0;
+        sm_cuda_moe_layer L;
+        if (sm_cuda_moe_upload(&m, l, &L, &e)) { printf("  upload: %s\n", e.msg); report(0, name); continue; }
+        for (int ri = 0; ri < 5; ri++) {
+            const int n = rows[ri];
+            float *xf = (float *)xmalloc(sizeof(float) * (size_t)n * c.H);
+            float *f = (float *)xmalloc(sizeof(float) * (size_t)n * c.H);
+            float *h1 = (float *)xmalloc(sizeof(float) * (size_t)n * c.Hm);
+            float *mref = (float *)xmalloc(sizeof(float) * (size_t)n * c.Hm);
+            float *w = (float *)xmalloc(sizeof(float) * (size_t)n * c.K);
+            int *idx = (int *)xmalloc(sizeof(int) * (size_t)n * c.K);
+            for (size_t i = 0; i < (size_t)n * c.H; i++) xf[i] = sm_r16(mrndn());
+            ref_moe(m_pool, &m, l, xf, n, f, idx, w, h1, mref);
+            char cn[200];
+            snprintf(cn, sizeof cn, "%s layer%d(%s)", name, l, sm_expert_fmt_name(m.layers[l].ex.fmt));
+            check_case(cn, &L, &ws, &io, n, h1, idx, w, mref, ri == 1);
+            free(xf); free(f); free(h1); free(mref); free(w); free(idx);
+        }
+        sm_cuda_moe_free(&L);
+    }
+    io_free(&io);
+    sm_cuda_moe_ws_free(&ws);
+    sm_model_free(&m);
+    rm_tree(dir);
+    rmdir(base);
+}
+
+/* ---- layers built in memory (real widths), reference ref_expert per route ---- */
+typedef struct mem_layer {
+    sm_model m;
+    sm_layer layer;
+    const void **ptrs;   /* [4][E]: gu, gus, dn, dns */
+    void **owned;        /* [4][E] */
+    float *pn;           /* [Hm] */
+} mem_layer;
+
+/* Random experts: MXFP4 codes uniform, scale bytes in [s_lo, s_hi]; FP8 N(0, 1/fan_in)
+ * quantized with a per-row scale amax/448; BF16 N(0, 1/fan_in). */
+static void mem_layer_make(mem_layer *ml, int fmt, int Hm, int I, int E, int K, int s_lo, int s_hi) {
+    memset(ml, 0, sizeof *ml);
+    sm_config *c = &ml->m.cfg;
+    c->L = 1; c->Hm = Hm; c->I = I; c->E = E; c->K = K; c->H = Hm;
+    c->post_eps = 1e-8f; c->rms_eps = 1e-5f; c->route_scale = 1.0f;
+    ml->m.layers = &ml->layer;
+    ml->layer.ex.fmt = (sm_expert_fmt)fmt;
+    ml->ptrs = (const void **)xmalloc(sizeof(void *) * 4 * (size_t)E);
+    ml->owned = (void **)xmalloc(sizeof(void *) * 4 * (size_t)E);
+    memset(ml->owned, 0, sizeof(void *) * 4 * (size_t)E);
+    for (int x = 0; x < E; x++) {
+        for (int mat = 0; mat < 2; mat++) {
+            const int R = mat ? Hm : 2 * I, Kc = mat ? I : Hm;
+            void *wv = NULL, *sv = NULL;
+            if (fmt == SM_EXP_MXFP4) {
+                uint8_t *q = (uint8_t *)xmalloc((size_t)R * Kc / 2), *s = (uint8_t *)xmalloc((size_t)R * (Kc / 32));
+                for (size_t i = 0; i < (size_t)R * Kc / 2; i += 8) {
+                    uint64_t r = mrnd64();
+                    memcpy(q + i, &r, 8);
+                }
+                for (size_t i = 0; i < (size_t)R * (Kc / 32); i++) s[i] = (uint8_t)(s_lo + mrndi(s_hi - s_lo + 1));
+                wv = q; sv = s;
+            } else if (fmt == SM_EXP_FP8) {
+                uint8_t *q = (uint8_t *)xmalloc((size_t)R * Kc);
+                float *s = (float *)xmalloc(sizeof(float) * (size_t)R), *row = (float *)xmalloc(sizeof(float) * (size_t)Kc);
+                const float sd = 1.0f / sqrtf((float)Kc);
+                for (int r = 0; r < R; r++) {
+                    float amax = 0.0f;
+                    for (int k = 0; k < Kc; k++) { row[k] = sd * mrndn(); amax = fmaxf(amax, fabsf(row[k])); }
+                    s[r] = amax > 0 ? amax / 448.0f : 1.0f;
+                    for (int k = 0; k < Kc; k++) q[(size_t)r * Kc + k] = sm_f32_to_e4m3(row[k] / s[r]);
+                }
+                free(row);
+                wv = q; sv = s;
+            } else {
+                uint16_t *q = (uint16_t *)xmalloc(sizeof(uint16_t) * (size_t)R * Kc);
+                const float sd = 1.0f / sqrtf((float)Kc);
+                for (size_t i = 0; i < (size_t)R * Kc; i++) q[i] = sm_f32_to_bf16(sd * mrndn());
+                wv = q;
+            }
+            ml->owned[(2 * mat) * E + x] = wv;
+            ml->owned[(2 * mat + 1) * E + x] = sv;
+            ml->ptrs[(2 * mat) * E + x] = wv;
+            ml->ptrs[(2 * mat + 1) * E + x] = sv;
+        }
+    }
+    ml->layer.ex.gu = ml->ptrs;
+    ml->layer.ex.gus = ml->ptrs + E;
+    ml->layer.ex.dn = ml->ptrs + 2 * E;
+    ml->layer.ex.dns = ml->ptrs + 3 * E;
+    ml->pn = (float *)xmalloc(sizeof(float) * (size_t)Hm);
+    for (int i = 0; i < Hm; i++) ml->pn[i] = sm_r16(1.0f + 0.05f * mrndn());
+    ml->layer.post_expert_norm = ml->pn;
+}
+static void mem_layer_free(mem_layer *ml) {
+    for (int i = 0; i < 4 * ml->m.cfg.E; i++) free(ml->owned[i]);
+    free(ml->owned); free(ml->ptrs); free(ml->pn);
+    memset(ml, 0, sizeof *ml);
+}
+
+typedef struct ref_job {
+    const sm_model *m;
+    const float *h1;
+    const int *idx;
+    float *yn;       /* [n*K, Hm] */
+} ref_job;
+static void ref_route_chunk(void *arg, int64_t lo, int64_t hi, int tid) {
+    (void)tid;
+    const ref_job *j = (const ref_job *)arg;
+    const sm_config *c = &j->m->cfg;
+    for (int64_t r = lo; r < hi; r++) {
+        const int x = j->idx[r];
+        if (x < 0 || x >= c->E) continue;
+        ref_expert(j->m, 0, x, j->h1 + (r / c->K) * c->Hm, j->yn + r * c->Hm);
+    }
+}
+/* mref = r16(sum_k w_k yn_k) in route order (ref_moe's m), invalid expert ids skipped. */
+static void mem_reference(const mem_layer *ml, int n, const float *h1, const int *idx, const float *w, float *mref) {
+    const sm_config *c = &ml->m.cfg;
+    float *yn = (float *)xmalloc(sizeof(float) * (size_t)n * c->K * c->Hm);
+    ref_job j = {&ml->m, h1, idx, yn};
+    sm_pool_for(m_pool, (int64_t)n * c->K, 1, ref_route_chunk, &j);
+    for (int i = 0; i < n; i++) {
+        float *mi = mref + (size_t)i * c->Hm;
+        for (int x = 0; x < c->Hm; x++) mi[x] = 0.0f;
+        for (int k = 0; k < c->K; k++) {
+            const int r = i * c->K + k;
+            if (idx[r] < 0 || idx[r] >= c->E) continue;
+            for (int x = 0; x < c->Hm; x++) mi[x] += w[r] * yn[(size_t)r * c->Hm + x];
+        }
+        for (int x = 0; x < c->Hm; x++) mi[x] = sm_r16(mi[x]);
+    }
+    free(yn);
+}
+
+/* One in-memory layer, several (rows, routing mode) cases; bad_route: make route 0 invalid. */
+static void test_mem(const char *name, int fmt, int Hm, int I, int E, int K, int s_lo, int s_hi, const int *rows,
+                     const int *modes, int ncase, int bad_route) {
+    sm_err e = {{0}};
+    mem_layer ml;
+    mem_layer_make(&ml, fmt, Hm, I, E, K, s_lo, s_hi);
+    int maxr = 1;
+    for (int i = 0; i < ncase; i++) maxr = std::max(maxr, rows[i]);
+    sm_cuda_moe_layer L;
+    sm_cuda_moe_ws ws;
+    gpu_io io;
+    if (sm_cuda_moe_upload(&ml.m, 0, &L, &e)) { printf("  upload: %s\n", e.msg); report(0, name); mem_layer_free(&ml); return; }
+    if (sm_cuda_moe_ws_alloc(&ml.m.cfg, maxr, &ws, &e) || io_alloc(&io, maxr, Hm, K)) {
+        printf("  %s\n", e.msg); report(0, name); sm_cuda_moe_free(&L); mem_layer_free(&ml); return;
+    }
+    for (int ci = 0; ci < ncase; ci++) {
+        const int n = rows[ci];
+        float *h1 = (float *)xmalloc(sizeof(float) * (size_t)n * Hm), *mref = (float *)xmalloc(sizeof(float) * (size_t)n * Hm);
+        float *w = (float *)xmalloc(sizeof(float) * (size_t)n * K);
+        int *idx = (int *)xmalloc(sizeof(int) * (size_t)n * K);
+        for (size_t i = 0; i < (size_t)n * Hm; i++) h1[i] = sm_r16(mrndn());
+        make_routing(n, E, K, modes[ci], idx, w);
+        if (bad_route) idx[0] = E; /* out of range: contributes nothing */
+        mem_reference(&ml, n, h1, idx, w, mref);
+        char cn[200];
+        snprintf(cn, sizeof cn, "%s E=%d K=%d routing=%s", name, E, K, modes[ci] ? "same-experts" : "random");
+        check_case(cn, &L, &ws, &io, n, h1, idx, w, mref, ci == 0);
+        free(h1); free(mref); free(w); free(idx);
+    }
+    io_free(&io);
+    sm_cuda_moe_ws_free(&ws);
+    sm_cuda_moe_free(&L);
+    mem_layer_free(&ml);
+}
+
+static void test_selfcheck(void) {
+    sm_err e = {{0}};
+    int bad = sm_cuda_moe_selfcheck(&e);
+    if (bad) printf("  selfcheck: %d mismatches %s\n", bad, e.msg);
+    report(bad == 0, "moe_dequant_selfcheck");
+}
+
+/* Errors: a NaN scale byte is refused at upload naming the tensor; too many rows refused. */
+static void test_errors(void) {
+    sm_err e = {{0}};
+    mem_layer ml;
+    mem_layer_make(&ml, SM_EXP_MXFP4, 256, 256, 4, 2, 118, 122);
+    ((uint8_t *)ml.owned[3 * 4 + 2])[17] = 0xFF; /* expert 2 down scales */
+    sm_cuda_moe_layer L;
+    int rc = sm_cuda_moe_upload(&ml.m, 0, &L, &e);
+    int ok = rc == -1 && strstr(e.msg, "expert 2") && strstr(e.msg, "down_proj") && strstr(e.msg, "0xFF");
+    if (!ok) printf("  NaN scale: rc %d msg '%s'\n", rc, e.msg);
+    report(ok, "moe_upload_refuses_nan_scale");
+    ((uint8_t *)ml.owned[3 * 4 + 2])[17] = 120;
+    sm_cuda_moe_ws ws;
+    ok = 0;
+    if (!sm_cuda_moe_upload(&ml.m, 0, &L, &e) && !sm_cuda_moe_ws_alloc(&ml.m.cfg, 4, &ws, &e)) {
+        e.msg[0] = 0;
+        rc = sm_cuda_moe_forward(&L, (const uint16_t *)ws.buf, (const int *)ws.buf, (const float *)ws.buf, 5,
+                                 (uint16_t *)ws.buf, &ws, m_st, &e);
+        ok = rc == -1 && strstr(e.msg, "max_rows") != NULL;
+        if (!ok) printf("  too many rows: rc %d msg '%s'\n", rc, e.msg);
+        int rc0 = sm_cuda_moe_forward(&L, NULL, NULL, NULL, 0, NULL, &ws, m_st, &e);
+        if (rc0) { printf("  n = 0: %s\n", e.msg); ok = 0; }
+        sm_cuda_moe_ws_free(&ws);
+        sm_cuda_moe_free(&L);
+    } else {
+        printf("  %s\n", e.msg);
+    }
+    report(ok, "moe_forward_refuses_too_many_rows");
+    mem_layer_free(&ml);
+}
+
+/* Synthetic layers: same seed -> same bits; every format finite. */
+static void test_synth(void) {
+    sm_err e = {{0}};
+    sm_config c;
+    if (sm_config_preset("mini", &c, &e)) { printf("  %s\n", e.msg); report(0, "moe_synth"); return; }
+    const int n = 16;
+    gpu_io io;
+    sm_cuda_moe_ws ws;
+    if (sm_cuda_moe_ws_alloc(&c, n, &ws, &e) || io_alloc(&io, n, c.Hm, c.K)) { printf("  %s\n", e.msg); report(0, "moe_synth"); return; }
+    uint16_t *hb = (uint16_t *)xmalloc((size_t)n * c.Hm * 2);
+    for (size_t i = 0; i < (size_t)n * c.Hm; i++) hb[i] = sm_f32_to_bf16(mrndn());
+    int *idx = (int *)xmalloc(sizeof(int) * (size_t)n * c.K);
+    float *w = (float *)xmalloc(sizeof(float) * (size_t)n * c.K);
+    make_routing(n, c.E, c.K, 0, idx, w);
+    cudaMemcpy(io.h1, hb, (size_t)n * c.Hm * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(io.idx, idx, sizeof(int) * (size_t)n * c.K, cudaMemcpyHostToDevice);
+    cudaMemcpy(io.w, w, sizeof(float) * (size_t)n * c.K, cudaMemcpyHostToDevice);
+    uint16_t *o[2];
+    o[0] = (uint16_t *)xmalloc((size_t)n * c.Hm * 2);
+    o[1] = (uint16_t *)xmalloc((size_t)n * c.Hm * 2);
+    const int fmts[4] = {SM_EXP_MXFP4, SM_EXP_MXFP4, SM_EXP_FP8, SM_EXP_BF16};
+    int ok = 1;
+    for (int v = 0; v < 4; v++) {
+        sm_cuda_moe_layer L;
+        if (sm_cuda_moe_synth(&c, 3, fmts[v], 42, &L, &e)) { printf("  synth: %s\n", e.msg); ok = 0; continue; }
+        uint16_t *out = o[v == 1 ? 1 : 0];
+        int gb = 0;
+        if (run_gpu(&L, &ws, &io, n, 0, out, &gb) || gb) ok = 0;
+        double ss = 0;
+        for (size_t i = 0; i < (size_t)n * c.Hm; i++) {
+            float f = sm_bf16_to_f32(out[i]);
+            if (f != f) { ok = 0; break; }
+            ss += (double)f * f;
+        }
+        /* rows of unit-RMS routes weighted to 1: mean square near 1/K .. 1 */
+        if (!(ss > 1e-3 * n * c.Hm)) { printf("  synth %s: output energy %g\n", sm_expert_fmt_name((sm_expert_fmt)fmts[v]), ss); ok = 0; }
+        if (v == 1 && memcmp(o[0], o[1], (size_t)n * c.Hm * 2)) { printf("  synth: same seed gave different outputs\n"); ok = 0; }
+        sm_cuda_moe_free(&L);
+    }
+    report(ok, "moe_synth_deterministic_and_finite");
+    free(o[0]); free(o[1]); free(hb); free(idx); free(w);
+    io_free(&io);
+    sm_cuda_moe_ws_free(&ws);
+}
+
+extern "C" int gpu_test_moe(void) {
+    m_pass = m_fail = 0;
+    const char *s = getenv("SM_TEST_SEED");
+    m_rng = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + (uint64_t)clock();
+    if (!m_rng) m_rng = 1;
+    printf("moe tests: seed %llu (SM_TEST_SEED to repeat)\n", (unsigned long long)m_rng);
+    sm_err e = {{0}};
+    if (sm_pool_create(0, &m_pool, &e)) { printf("  pool: %s\n", e.msg); m_pool = NULL; }
+    if (cudaStreamCreate(&m_st) != cudaSuccess) { printf("FAIL moe stream\n"); return 1; }
+    test_selfcheck();
+    test_errors();
+    test_made_model("tiny", SM_EXP_MXFP4);
+    test_made_model("mini", SM_EXP_MXFP4);
+    test_made_model("mini", SM_EXP_FP8);
+    test_made_model("mini", SM_EXP_BF16);
+    {
+        const int rows[4] = {1, 8, 16, 64}, modes[4] = {0, 0, 1, 1};
+        test_mem("moe_real_mxfp4", SM_EXP_MXFP4, 4096, 4096, 16, 8, 116, 121, rows, modes, 4, 0);
+    }
+    {
+        const int rows[2] = {3, 8}, modes[2] = {0, 1};
+        test_mem("moe_real_fp8", SM_EXP_FP8, 4096, 4096, 2, 2, 0, 0, rows, modes, 2, 0);
+        test_mem("moe_real_bf16", SM_EXP_BF16, 4096, 4096, 2, 2, 0, 0, rows, modes, 2, 0);
+    }
+    {
+        const int rows[2] = {8, 12}, modes[2] = {0, 1};
+        /* scale bytes up to 140: the exponent-offset path; plus an invalid expert id */
+        test_mem("moe_extreme_scales", SM_EXP_MXFP4, 256, 320, 4, 2, 100, 140, rows, modes, 2, 1);
+        test_mem("moe_odd_widths_bf16", SM_EXP_BF16, 96, 160, 5, 3, 0, 0, rows, modes, 2, 0);
+    }
+    test_synth();
+    cudaStreamDestroy(m_st);
+    sm_pool_destroy(m_pool);
+    m_pool = NULL;
+    printf("moe: %d passed, %d failed\n", m_pass, m_fail);
+    return m_fail;
+}
+
+/* ---- microbenchmark ---- */
+__global__ void bench_read_kernel(const uint4 *__restrict__ p, size_t n, unsigned *sink) {
+    unsigned acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x12345678u) *sink = acc; /* keeps the loads */
+}
+
+#define BCHK(x)                                                                                      \
+    do {                                                                                             \
+        cudaError_t rc_ = (x);                                                                       \
+        if (rc_ != cudaSuccess) { printf("bench: %s: %s\n", #x, cudaGetErrorString(rc_)); return 1; } \
+    } while (0)
+
+static double median(double *v, int n) {
+    std::sort(v, v + n);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Read bandwidth (bytes/s) of a read-only streaming kernel over 4 GiB, median of 10. */
+static int bench_bandwidth(double *bw) {
+    const size_t bytes = (size_t)4 << 30;
+    uint4 *p;
+    unsigned *sink;
+    BCHK(cudaMalloc((void **)&p, bytes));
+    BCHK(cudaMalloc((void **)&sink, 4));
+    BCHK(cudaMemset(p, 0x3C, bytes));
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    double t[10];
+    for (int i = 0; i < 12; i++) {
+        cudaEventRecord(a);
+        bench_read_kernel<<<sms * 8, 512>>>(p, bytes / 16, sink);
+        cudaEventRecord(b);
+        BCHK(cudaEventSynchronize(b));
+        float ms;
+        cudaEventElapsedTime(&ms, a, b);
+        if (i >= 2) t[i - 2] = ms;
+    }
+    *bw = (double)bytes / (median(t, 10) * 1e-3);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(p);
+    cudaFree(sink);
+    return 0;
+}
+
+static int bench_format(int fmt, int E, int nlayers, const int *rows, int nrows, double bw, const int *vars, int nvars) {
+    sm_err e = {{0}};
+    sm_config c;
+    memset(&c, 0, sizeof c);
+    c.L = nlayers; c.H = 8192; c.Hm = 4096; c.I = 4096; c.E = E; c.K = 8; c.post_eps = 1e-8f;
+    sm_cuda_moe_layer L[4];
+    for (int l = 0; l < nlayers; l++)
+        if (sm_cuda_moe_synth(&c, l, fmt, 1234, &L[l], &e)) { printf("bench: synth: %s\n", e.msg); return 1; }
+    sm_cuda_moe_ws ws;
+    if (sm_cuda_moe_ws_alloc(&c, 128, &ws, &e)) { printf("bench: %s\n", e.msg); return 1; }
+    const int NS = 8, ITER = getenv("SM_MOE_BENCH_QUICK") ? 4 : 50;
+    uint16_t *h1, *mo;
+    int *idx;
+    float *w;
+    BCHK(cudaMalloc((void **)&h1, (size_t)128 * c.Hm * 2));
+    BCHK(cudaMalloc((void **)&mo, (size_t)128 * c.Hm * 2));
+    BCHK(cudaMalloc((void **)&idx, sizeof(int) * NS * 128 * 8));
+    BCHK(cudaMalloc((void **)&w, sizeof(float) * NS * 128 * 8));
+    uint16_t *hh = (uint16_t *)xmalloc((size_t)128 * c.Hm * 2);
+    for (size_t i = 0; i < (size_t)128 * c.Hm; i++) hh[i] = sm_f32_to_bf16(mrndn());
+    BCHK(cudaMemcpy(h1, hh, (size_t)128 * c.Hm * 2, cudaMemcpyHostToDevice));
+    free(hh);
+    int *hi = (int *)xmalloc(sizeof(int) * NS * 128 * 8);
+    float *hw = (float *)xmalloc(sizeof(float) * NS * 128 * 8);
+    cudaStream_t st;
+    BCHK(cudaStreamCreate(&st));
+    cudaEvent_t ea, eb;
+    cudaEventCreate(&ea);
+    cudaEventCreate(&eb);
+    printf("%-6s %3s %5s %8s %9s %10s %10s %9s %9s %8s\n", "format", "pf", "rows", "experts", "MB", "ms stream", "ms graph", "TB/s",
+           "floor ms", "of floor");
+    for (int vi = 0; vi < nvars; vi++)
+    for (int ri = 0; ri < nrows; ri++) {
+        const int n = rows[ri];
+        ws.prefetch = vars[vi];
+        double touched = 0;
+        for (int s = 0; s < NS; s++) {
+            make_routing(n, E, 8, 0, hi + s * 128 * 8, hw + s * 128 * 8);
+            char seen[4096] = {0};
+            for (int r = 0; r < n * 8; r++) seen[hi[s * 128 * 8 + r]] = 1;
+            int d = 0;
+            for (int x = 0; x < E; x++) d += seen[x];
+            touched += d;
+        }
+        touched /= NS;
+        BCHK(cudaMemcpy(idx, hi, sizeof(int) * NS * 128 * 8, cudaMemcpyHostToDevice));
+        BCHK(cudaMemcpy(w, hw, sizeof(float) * NS * 128 * 8, cudaMemcpyHostToDevice));
+        double ts[ITER], tg[ITER];
+        /* plain stream launches, rotating routing sets and layers */
+        for (int it = -3; it < ITER; it++) {
+            const int s = (it + 3) % NS, l = ((it + 3) / NS) % nlayers;
+            cudaEventRecord(ea, st);
+            if (sm_cuda_moe_forward(&L[l], h1, idx + s * 128 * 8, w + s * 128 * 8, n, mo, &ws, st, &e)) { printf("bench: %s\n", e.msg); return 1; }
+            cudaEventRecord(eb, st);
+            BCHK(cudaEventSynchronize(eb));
+            float ms;
+            cudaEventElapsedTime(&ms, ea, eb);
+            if (it >= 0) ts[it] = ms;
+        }
+        /* CUDA graphs, one per (set, layer) */
+        cudaGraphExec_t ge[8 * 4];
+        for (int s = 0; s < NS; s++)
+            for (int l = 0; l < nlayers; l++) {
+                cudaGraph_t g;
+                BCHK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+                int rc = sm_cuda_moe_forward(&L[l], h1, idx + s * 128 * 8, w + s * 128 * 8, n, mo, &ws, st, &e);
+                BCHK(cudaStreamEndCapture(st, &g));
+                if (rc) { printf("bench: capture: %s\n", e.msg); return 1; }
+                BCHK(cudaGraphInstantiate(&ge[s * nlayers + l], g, 0));
+                cudaGraphDestroy(g);
+            }
+        for (int it = -3; it < ITER; it++) {
+            const int s = (it + 3) % NS, l = ((it + 3) / NS) % nlayers;
+            cudaEventRecord(ea, st);
+            BCHK(cudaGraphLaunch(ge[s * nlayers + l], st));
+            cudaEventRecord(eb, st);
+            BCHK(cudaEventSynchronize(eb));
+            float ms;
+            cudaEventElapsedTime(&ms, ea, eb);
+            if (it >= 0) tg[it] = ms;
+        }
+        for (int i = 0; i < NS * nlayers; i++) cudaGraphExecDestroy(ge[i]);
+        const double ms = median(ts, ITER), mg = median(tg, ITER);
+        const double bytes = touched * (double)L[0].touched_bytes;
+        const double floor_ms = bytes / bw * 1e3;
+        printf("%-6s %3d %5d %8.1f %9.1f %10.3f %10.3f %9.2f %9.3f %7.1f%%\n", sm_expert_fmt_name((sm_expert_fmt)fmt), ws.prefetch, n, touched,
+               bytes / 1e6, ms, mg, bytes / (mg * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / mg);
+        fflush(stdout);
+    }
+    free(hi); free(hw);
+    cudaEventDestroy(ea); cudaEventDestroy(eb);
+    cudaStreamDestroy(st);
+    cudaFree(h1); cudaFree(mo); cudaFree(idx); cudaFree(w);
+    sm_cuda_moe_ws_free(&ws);
+    for (int l = 0; l < nlayers; l++) sm_cuda_moe_free(&L[l]);
+    return 0;
+}
+
+extern "C" int gpu_bench_moe(void) {
+    if (!m_rng) m_rng = 0x5DEECE66Dull;
+    double bw = 0;
+    if (bench_bandwidth(&bw)) return 1;
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    printf("moe bench: %s, %d SMs, L2 %d MB, read bandwidth %.2f TB/s (streaming read of 4 GiB, median of 10)\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e12);
+    printf("Hm = I = 4096, K = 8, uniform random top-8 routing; floor = touched experts' bytes / read bandwidth;\n"
+           "median of 50 calls, rotating 8 routing sets and the layers (each layer >> L2)\n");
+    const int rows[5] = {8, 16, 32, 64, 128}, rows_small[2] = {8, 32};
+    int vars[4] = {0, 2, 4, 8}, nv = 4;
+    const char *vs = getenv("SM_MOE_BENCH_PREFETCH"); /* one L2 prefetch distance only (default: 0, 2, 4, 8) */
+    if (vs) { vars[0] = atoi(vs); nv = 1; }
+    if (getenv("SM_MOE_BENCH_QUICK")) return bench_format(SM_EXP_MXFP4, 256, 1, rows, 1, bw, vars, nv); /* for profilers */
+    if (bench_format(SM_EXP_MXFP4, 256, 2, rows, 5, bw, vars, nv)) return 1;
+    const int fv[2] = {0, 4};
+    if (bench_format(SM_EXP_FP8, 128, 1, rows_small, 2, bw, vs ? vars : fv, vs ? 1 : 2)) return 1;
+    if (bench_format(SM_EXP_BF16, 64, 1, rows_small, 2, bw, vs ? vars : fv, vs ? 1 : 2)) return 1;
+    return 0;
+}

@@ -1,0 +1,378 @@
+/* cmd_bench.c: `sparkmono bench`: verify-step timing of the CUDA stock path beside its memory
+ * floor.
+ *
+ * For each row count N of --rows, a verify step of N rows = N / R requests of R rows each
+ * (R = 8, the engine's default verify width: the last token and 7 drafts; --requests Q makes
+ * it Q requests of N / Q rows; a row count below 8 is one request), every request with --ctx
+ * tokens already in the cache (random bf16 pages, never zeros) and random tokens.  After a
+ * warm-up the step is replayed --iters times as a CUDA graph (metadata copy + replay timed
+ * with CUDA events), rotating over --sets input sets; the median is reported beside the bytes
+ * the step must read: dense weights of every layer, lm_head, the embedding rows, the DISTINCT
+ * experts its rows routed to in every layer (read back from the device after the step) and the
+ * KV keys its rows attend to; floor = bytes / read bandwidth measured in the same run by a
+ * read-only streaming kernel.  Then a per-layer table: each layer alone and its MoE stage alone,
+ * each a graph timed the same way.  --preset builds the model on the device (no checkpoint);
+ * --model loads one.  We rejected timing single launches with host clocks: launch gaps and
+ * host jitter would dominate the small row counts.
+ */
+#include "cli.h"
+#include "config.h"
+#include "kvcache.h"
+#include "weights.h"
+#include "backend.h"
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef SM_HAVE_CUDA
+#include "cuda/synth.h"
+#endif
+
+#define B_DEFAULT_R 8
+
+typedef struct bench_args {
+    const char *preset;     /* --preset P, or NULL */
+    const char *model;      /* --model DIR, or NULL */
+    int fmt;                /* expert format of the preset's layers 1..L-2 */
+    int online_mxfp4;       /* --online-mxfp4 with --model */
+    int *rows; int nrows;   /* [nrows] row counts */
+    int ctx;                /* tokens already in every request's cache */
+    int iters;              /* timed steps per row count (>= 20) */
+    int warmup;             /* untimed steps first */
+    int requests;           /* 0: rows / 8 */
+    int sets;               /* input sets rotated (>= 2) */
+    int layers;             /* preset layer override, 0 = the preset's */
+    uint64_t seed;
+    double bw_gib;          /* size of the bandwidth probe */
+} bench_args;
+
+static int parse_fmt(const char *s, int *fmt, sm_err *e) {
+    if (!strcmp(s, "bf16")) *fmt = SM_EXP_BF16;
+    else if (!strcmp(s, "fp8")) *fmt = SM_EXP_FP8;
+    else if (!strcmp(s, "mxfp4")) *fmt = SM_EXP_MXFP4;
+    else return sm_errf(e, "bench: --experts '%s' is not one of mxfp4, bf16, fp8", s);
+    return 0;
+}
+
+/* Requests and rows per request of a step of n rows. */
+static int split_rows(const bench_args *a, int n, int *nreq, int *R, sm_err *e) {
+    if (a->requests > 0) {
+        if (n % a->requests)
+            return sm_errf(e, "bench: --rows %d is not a multiple of --requests %d", n, a->requests);
+        *nreq = a->requests;
+        *R = n / a->requests;
+    } else if (n <= B_DEFAULT_R) {
+        *nreq = 1;
+        *R = n;
+    } else {
+        if (n % B_DEFAULT_R)
+            return sm_errf(e, "bench: --rows %d is not a multiple of %d (or give --requests)", n, B_DEFAULT_R);
+        *nreq = n / B_DEFAULT_R;
+        *R = B_DEFAULT_R;
+    }
+    if (*R > 16) return sm_errf(e, "bench: %d rows a request (--rows %d): a verify step takes at most 16", *R, n);
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
+    cli_opt opts[] = {
+        {"preset", 1, 0, 0}, {"model", 1, 0, 0}, {"experts", 1, 0, 0}, {"online-mxfp4", 0, 0, 0},
+        {"rows", 1, 0, 0}, {"ctx", 1, 0, 0}, {"iters", 1, 0, 0}, {"warmup", 1, 0, 0},
+        {"requests", 1, 0, 0}, {"sets", 1, 0, 0}, {"layers", 1, 0, 0}, {"seed", 1, 0, 0},
+        {"bw-gib", 1, 0, 0},
+    };
+    int no = (int)(sizeof opts / sizeof opts[0]), npos;
+    const char *pos[1];
+    memset(a, 0, sizeof *a);
+    if (cli_parse("bench", argc, argv, opts, no, pos, 0, &npos, e)) return -1;
+    cli_opt *o;
+    a->preset = (o = cli_find(opts, no, "preset"))->present ? o->value : NULL;
+    a->model = (o = cli_find(opts, no, "model"))->present ? o->value : NULL;
+    if (!a->preset == !a->model) return sm_errf(e, "bench: give exactly one of --preset P and --model DIR");
+    a->fmt = SM_EXP_MXFP4;
+    if ((o = cli_find(opts, no, "experts"))->present) {
+        if (a->model) return sm_errf(e, "bench: --experts applies to --preset (a checkpoint has its own; see --online-mxfp4)");
+        if (parse_fmt(o->value, &a->fmt, e)) return -1;
+    }
+    a->online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
+    if (a->online_mxfp4 && !a->model) return sm_errf(e, "bench: --online-mxfp4 applies to --model");
+    const char *rl = (o = cli_find(opts, no, "rows"))->present ? o->value : "8,16,32,64,128";
+    if (cli_int_list("bench: --rows", rl, 1, 128, &a->rows, &a->nrows, e)) return -1;
+    long v;
+    if (cli_int("bench", cli_find(opts, no, "ctx"), 0, 1 << 22, 1024, &v, e)) return -1;
+    a->ctx = (int)v;
+    if (cli_int("bench", cli_find(opts, no, "iters"), 20, 100000, 50, &v, e)) return -1;
+    a->iters = (int)v;
+    if (cli_int("bench", cli_find(opts, no, "warmup"), 1, 10000, 5, &v, e)) return -1;
+    a->warmup = (int)v;
+    if (cli_int("bench", cli_find(opts, no, "requests"), 1, 128, 0, &v, e)) return -1;
+    a->requests = (int)v;
+    if (cli_int("bench", cli_find(opts, no, "sets"), 2, 64, 2, &v, e)) return -1;
+    a->sets = (int)v;
+    if (cli_int("bench", cli_find(opts, no, "layers"), 1, SM_MAX_LAYERS, 0, &v, e)) return -1;
+    a->layers = (int)v;
+    if (a->layers && !a->preset) return sm_errf(e, "bench: --layers applies to --preset");
+    if (cli_int("bench", cli_find(opts, no, "seed"), 0, 0x7FFFFFFFL, 1, &v, e)) return -1;
+    a->seed = (uint64_t)v;
+    if (cli_int("bench", cli_find(opts, no, "bw-gib"), 1, 64, 4, &v, e)) return -1;
+    a->bw_gib = (double)v;
+    for (int i = 0; i < a->nrows; i++) {
+        int q, r;
+        if (split_rows(a, a->rows[i], &q, &r, e)) return -1;
+    }
+    return 0;
+}
+
+#ifdef SM_HAVE_CUDA
+static uint64_t b_mix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_f(const void *x, const void *y) {
+    float a = *(const float *)x, b = *(const float *)y;
+    return a < b ? -1 : a > b;
+}
+static int cmp_i(const void *x, const void *y) {
+    int a = *(const int *)x, b = *(const int *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* Bytes of the dense weights of one layer (everything but the experts). */
+static double dense_layer_bytes(const sm_config *c) {
+    double H = c->H, Hm = c->Hm, QD = (double)c->nH * c->D, KD = (double)c->nKV * c->D;
+    return (2 * QD + 2 * KD) * H * 2 + H * QD * 2 /* q k v gate, o */
+         + (double)c->E * H * 4 + (double)c->E * 4 /* router, bias */
+         + 2 * Hm * H * 2                          /* pooler, unpooler */
+         + 7 * H * 4 + 2 * Hm * 4;                 /* norms, gates (f32 on the device) */
+}
+
+/* KV keys one request of R rows at positions ctx .. ctx+R-1 reads in layer kind `full`. */
+static double kv_keys(const sm_config *c, int full, int ctx, int R) {
+    double all = (double)ctx + R;
+    if (full || c->window <= 0) return all;
+    double w = (double)c->window + R - 1; /* union of the R rows' windows */
+    return w < all ? w : all;
+}
+
+typedef struct bench_row {
+    int rows, nreq, R;
+    float med_us, min_us, max_us;
+    double bytes, expert_bytes, dense_bytes, kv_bytes, lm_bytes;
+    double distinct;        /* distinct experts per layer, mean */
+    double floor_us, frac;
+} bench_row;
+
+static int run(const bench_args *a, sm_err *e) {
+    sm_cuda_devinfo dv;
+    if (sm_cuda_device_info(&dv, e)) return sm_errprefix(e, "bench");
+    printf("device: %s (cc %d.%d, %d SMs, %.1f GB, L2 %.0f MB)\n", dv.name, dv.cc_major, dv.cc_minor, dv.sms,
+           dv.mem_total / 1e9, dv.l2_bytes / 1048576.0);
+    if (dv.cc_major != 9)
+        return sm_errf(e, "bench: device 0 (%s) has compute capability %d.%d; this build targets sm_90a (Hopper)", dv.name,
+                       dv.cc_major, dv.cc_minor);
+
+    sm_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    sm_model m;
+    int have_m = 0;
+    memset(&m, 0, sizeof m);
+    if (a->preset) {
+        if (sm_config_preset(a->preset, &cfg, e)) return sm_errprefix(e, "bench");
+        if (a->layers && sm_config_set_layers(&cfg, a->layers, e)) return sm_errprefix(e, "bench");
+    }
+
+    /* read bandwidth first, while the device is empty */
+    double bw = 0;
+    if (sm_cuda_read_bandwidth(a->bw_gib, 5, &bw, e)) return sm_errprefix(e, "bench");
+    printf("read bandwidth: %.0f GB/s (read-only streaming kernel over %.0f GiB, best of 5)\n", bw / 1e9, a->bw_gib);
+
+    if (a->model) {
+        sm_load_opts lo = {0};
+        lo.online_mxfp4 = a->online_mxfp4;
+        if (sm_model_load(a->model, &lo, &m, e)) return sm_errprefix(e, "bench");
+        have_m = 1;
+        cfg = m.cfg;
+    }
+    int rc = -1, maxreq = 1, maxR = 1, maxrows = 1;
+    for (int i = 0; i < a->nrows; i++) {
+        int q, r;
+        split_rows(a, a->rows[i], &q, &r, e);
+        if (q > maxreq) maxreq = q;
+        if (r > maxR) maxR = r;
+        if (a->rows[i] > maxrows) maxrows = a->rows[i];
+    }
+    sm_kv kv;
+    memset(&kv, 0, sizeof kv);
+    sm_backend be;
+    memset(&be, 0, sizeof be);
+    int have_be = 0;
+    bench_row *res = calloc((size_t)a->nrows, sizeof *res);
+    int *idx = malloc(sizeof(int) * (size_t)cfg.L * maxrows * cfg.K);
+    int *fmt = malloc(sizeof(int) * (size_t)cfg.L);
+    double *xb = malloc(sizeof(double) * (size_t)cfg.L);
+    float *ms = malloc(sizeof(float) * (size_t)a->iters);
+    float *lay = malloc(sizeof(float) * (size_t)cfg.L), *moe = malloc(sizeof(float) * (size_t)cfg.L);
+    double *dist = malloc(sizeof(double) * (size_t)cfg.L);
+    int *tok = malloc(sizeof(int) * (size_t)a->sets * maxrows), *pos = malloc(sizeof(int) * (size_t)maxrows),
+        *req = malloc(sizeof(int) * (size_t)maxrows), *am = malloc(sizeof(int) * (size_t)a->sets * maxrows);
+    sm_step *sets = calloc((size_t)a->sets, sizeof *sets);
+    if (!res || !idx || !fmt || !xb || !ms || !lay || !moe || !dist || !tok || !pos || !req || !am || !sets) {
+        sm_errf(e, "bench: out of host memory");
+        goto out;
+    }
+    int max_len = a->ctx + maxR;
+    int nblocks = maxreq * ((max_len + SM_KV_BLOCK - 1) / SM_KV_BLOCK);
+    if (sm_kv_init(&kv, nblocks, maxreq, max_len, a->seed, e)) { sm_errprefix(e, "bench"); goto out; }
+    for (int r = 0; r < maxreq; r++) {
+        int slot;
+        if (sm_kv_add(&kv, &slot, e) || sm_kv_reserve(&kv, slot, max_len, e)) { sm_errprefix(e, "bench"); goto out; }
+    }
+    sm_backend_opts bo = {0};
+    bo.world = 1;
+    bo.max_rows = maxrows;
+    if (a->preset) {
+        fprintf(stderr, "bench: generating %s (%d layers, %s experts) on the device\n", a->preset, cfg.L,
+                sm_expert_fmt_name((sm_expert_fmt)a->fmt));
+        if (sm_cuda_backend_create_synth(&cfg, a->fmt, a->seed, &kv, &bo, &be, e)) { sm_errprefix(e, "bench"); goto out; }
+    } else if (sm_cuda_backend_create(&m, &kv, &bo, &be, e)) {
+        sm_errprefix(e, "bench");
+        goto out;
+    }
+    have_be = 1;
+    if (sm_cuda_bench_fill_kv(&be, a->seed, e) || sm_cuda_bench_layer_info(&be, fmt, xb, e)) { sm_errprefix(e, "bench"); goto out; }
+    printf("model: %s, L %d, H %d, Hm %d, I %d, E %d, K %d, nH %d, nKV %d, V %d, window %d; experts by layer:",
+           a->preset ? a->preset : a->model, cfg.L, cfg.H, cfg.Hm, cfg.I, cfg.E, cfg.K, cfg.nH, cfg.nKV, cfg.V, cfg.window);
+    for (int l = 0; l < cfg.L; l++) printf(" %s", sm_expert_fmt_name((sm_expert_fmt)fmt[l]));
+    printf("\nsteps: ctx %d, %d timed (median) after %d warm-up, %d input sets rotated\n\n", a->ctx, a->iters, a->warmup,
+           a->sets);
+    fflush(stdout);
+
+    uint64_t rng = a->seed * 7919 + 17;
+    double dense = dense_layer_bytes(&cfg), lm = (double)cfg.V * cfg.H * 2;
+    for (int ri = 0; ri < a->nrows; ri++) {
+        bench_row *br = &res[ri];
+        int n = a->rows[ri], nreq, R;
+        split_rows(a, n, &nreq, &R, e);
+        br->rows = n;
+        br->nreq = nreq;
+        br->R = R;
+        for (int i = 0; i < n; i++) {
+            req[i] = i / R;
+            pos[i] = a->ctx + i % R;
+        }
+        for (int si = 0; si < a->sets; si++) {
+            for (int i = 0; i < n; i++) tok[si * maxrows + i] = (int)(b_mix(&rng) % (uint64_t)cfg.vocab_used);
+            sm_step *s = &sets[si];
+            memset(s, 0, sizeof *s);
+            s->nrows = n;
+            s->tokens = tok + si * maxrows;
+            s->pos = pos;
+            s->req = req;
+            s->kv = &kv;
+            s->argmax = am + si * maxrows;
+        }
+        if (sm_cuda_bench_steps(&be, sets, a->sets, a->warmup, a->iters, ms, NULL, e)) {
+            sm_errprefix(e, "bench: %d rows", n);
+            goto out;
+        }
+        qsort(ms, (size_t)a->iters, sizeof(float), cmp_f);
+        br->med_us = 1000.0f * (a->iters % 2 ? ms[a->iters / 2] : 0.5f * (ms[a->iters / 2 - 1] + ms[a->iters / 2]));
+        br->min_us = 1000.0f * ms[0];
+        br->max_us = 1000.0f * ms[a->iters - 1];
+        /* distinct experts the rows routed to, per layer */
+        if (sm_cuda_bench_routing(&be, n, idx, e)) { sm_errprefix(e, "bench"); goto out; }
+        double xbytes = 0, kvb = 0, dsum = 0;
+        for (int l = 0; l < cfg.L; l++) {
+            int *v = idx + (size_t)l * n * cfg.K;
+            qsort(v, (size_t)n * cfg.K, sizeof(int), cmp_i);
+            int d = 0;
+            for (int j = 0; j < n * cfg.K; j++)
+                if ((j == 0 || v[j] != v[j - 1]) && v[j] >= 0 && v[j] < cfg.E) d++;
+            dist[l] = d;
+            dsum += d;
+            xbytes += d * xb[l];
+            kvb += nreq * kv_keys(&cfg, cfg.full[l], a->ctx, R) * cfg.nKV * 2.0 * cfg.D * 2.0;
+        }
+        br->distinct = dsum / cfg.L;
+        br->expert_bytes = xbytes;
+        br->dense_bytes = dense * cfg.L;
+        br->kv_bytes = kvb;
+        br->lm_bytes = lm + (double)n * cfg.H * 2; /* lm_head + embedding rows */
+        br->bytes = br->dense_bytes + br->lm_bytes + br->expert_bytes + br->kv_bytes;
+        br->floor_us = br->bytes / bw * 1e6;
+        br->frac = br->floor_us / br->med_us;
+        printf("step of %3d rows (%2d x %2d): median %9.1f us (min %.1f, max %.1f); reads %.3f GB (dense %.3f, lm_head+embed %.3f, "
+               "experts %.3f [%.1f distinct/layer], kv %.3f); floor %.1f us = %.1f%%\n",
+               n, nreq, R, br->med_us, br->min_us, br->max_us, br->bytes / 1e9, br->dense_bytes / 1e9, br->lm_bytes / 1e9,
+               br->expert_bytes / 1e9, br->distinct, br->kv_bytes / 1e9, br->floor_us, 100 * br->frac);
+        /* per layer: each layer alone and its MoE stage alone, as graphs */
+        float head = 0;
+        if (sm_cuda_bench_layers(&be, &sets[0], a->iters, lay, moe, &head, e)) { sm_errprefix(e, "bench"); goto out; }
+        /* the routes the per-layer graphs ran with (each layer graph re-routes its own input) */
+        if (sm_cuda_bench_routing(&be, n, idx, e)) { sm_errprefix(e, "bench"); goto out; }
+        for (int l = 0; l < cfg.L; l++) {
+            int *v = idx + (size_t)l * n * cfg.K, d = 0;
+            qsort(v, (size_t)n * cfg.K, sizeof(int), cmp_i);
+            for (int j = 0; j < n * cfg.K; j++)
+                if ((j == 0 || v[j] != v[j - 1]) && v[j] >= 0 && v[j] < cfg.E) d++;
+            dist[l] = d;
+        }
+        float sum = head;
+        for (int l = 0; l < cfg.L; l++) {
+            double lb = dense + dist[l] * xb[l] + nreq * kv_keys(&cfg, cfg.full[l], a->ctx, R) * cfg.nKV * 2.0 * cfg.D * 2.0;
+            printf("  layer %3d %-7s %-5s: %9.1f us (moe %9.1f us, %3.0f experts; layer floor %8.1f us = %5.1f%%)\n", l,
+                   cfg.full[l] ? "full" : "sliding", sm_expert_fmt_name((sm_expert_fmt)fmt[l]), lay[l], moe[l], dist[l],
+                   lb / bw * 1e6, 100 * lb / bw * 1e6 / lay[l]);
+            sum += lay[l];
+        }
+        printf("  embed+logits      : %9.1f us (lm_head floor %.1f us); sum of parts %.1f us vs step %.1f us\n\n", head,
+               lm / bw * 1e6, sum, br->med_us);
+        fflush(stdout);
+    }
+    /* the short table, last */
+    printf("summary (%s, %s experts, ctx %d, read bandwidth %.0f GB/s):\n", a->preset ? a->preset : a->model,
+           a->preset ? sm_expert_fmt_name((sm_expert_fmt)a->fmt) : "checkpoint", a->ctx, bw / 1e9);
+    printf("%-6s %-8s %10s %10s %9s %10s %8s\n", "rows", "req x R", "median_us", "GB_read", "experts", "floor_us", "%floor");
+    for (int ri = 0; ri < a->nrows; ri++) {
+        const bench_row *br = &res[ri];
+        char rq[16];
+        snprintf(rq, sizeof rq, "%dx%d", br->nreq, br->R);
+        printf("%-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%%\n", br->rows, rq, br->med_us, br->bytes / 1e9, br->distinct,
+               br->floor_us, 100 * br->frac);
+    }
+    rc = 0;
+out:
+    if (have_be) be.destroy(be.ctx);
+    sm_kv_free(&kv);
+    if (have_m) sm_model_free(&m);
+    free(res); free(idx); free(fmt); free(xb); free(ms); free(lay); free(moe); free(dist);
+    free(tok); free(pos); free(req); free(am); free(sets);
+    return rc;
+}
+#endif
+
+int cmd_bench(int argc, char **argv) {
+    bench_args a;
+    sm_err e = {{0}};
+    if (parse_args(argc, argv, &a, &e)) {
+        free(a.rows);
+        fprintf(stderr, "%s\n", e.msg);
+        return 2;
+    }
+#ifdef SM_HAVE_CUDA
+    int rc = run(&a, &e);
+    free(a.rows);
+    if (rc) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 2;
+    }
+    return 0;
+#else
+    free(a.rows);
+    fprintf(stderr, "bench: this sparkmono was built without CUDA (no nvcc at build time); the benchmark needs an NVIDIA GPU\n");
+    return 2;
+#endif
+}

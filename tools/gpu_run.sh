@@ -1,0 +1,82 @@
+#!/bin/sh
+# gpu_run.sh: the one script the coordinator runs on the GPU machine (an H200).
+#
+# Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model)
+# and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full log under
+# $OUT (default ./out) and prints a short table last.  Environment knobs:
+#   BENCH_FORMATS  expert formats to bench, space separated (default "mxfp4")
+#   BENCH_ROWS     row counts (default 8,16,32,64,128)
+#   BENCH_CTX      context tokens per request (default 1024)
+#   BENCH_ITERS    timed steps per row count (default 50)
+#   SKIP_TESTS=1   skip build/gpu_test;  SKIP_BENCH=1  skip the bench
+#   SKIP_BUILD=1   use the binaries already in build/ (built elsewhere with the same nvcc)
+# Exit status: 0 when the build, the tests and every bench run succeeded.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-./out}
+mkdir -p "$OUT" || exit 1
+command -v nvcc >/dev/null 2>&1 || PATH="$PATH:/usr/local/cuda/bin"
+export PATH
+FORMATS=${BENCH_FORMATS:-mxfp4}
+ROWS=${BENCH_ROWS:-8,16,32,64,128}
+CTX=${BENCH_CTX:-1024}
+ITERS=${BENCH_ITERS:-50}
+status=0
+
+{ nvidia-smi; nvcc --version; } >"$OUT/device.txt" 2>&1
+
+echo "== build (log: $OUT/build.log)"
+t0=$(date +%s)
+if [ "${SKIP_BUILD:-0}" = 1 ]; then
+    echo "using prebuilt build/sparkmono and build/gpu_test" >"$OUT/build.log"
+elif ! make -j16 all gpu-test >"$OUT/build.log" 2>&1; then
+    tail -n 40 "$OUT/build.log"
+    echo "BUILD FAILED"
+    exit 1
+fi
+echo "built in $(( $(date +%s) - t0 )) s"
+
+trc=skipped
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+    echo "== gpu tests (log: $OUT/gpu_test.log)"
+    t0=$(date +%s)
+    ./build/gpu_test >"$OUT/gpu_test.log" 2>&1
+    trc=$?
+    [ "$trc" -eq 0 ] || status=1
+    echo "gpu_test exit $trc in $(( $(date +%s) - t0 )) s"
+fi
+
+brcs=""
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    for f in $FORMATS; do
+        echo "== bench spark1x-l4 experts $f (log: $OUT/bench_$f.log)"
+        t0=$(date +%s)
+        ./build/sparkmono bench --preset spark1x-l4 --experts "$f" --rows "$ROWS" --ctx "$CTX" --iters "$ITERS" \
+            >"$OUT/bench_$f.log" 2>&1
+        rc=$?
+        [ "$rc" -eq 0 ] || status=1
+        brcs="$brcs $f:$rc"
+        echo "bench $f exit $rc in $(( $(date +%s) - t0 )) s"
+    done
+fi
+
+# ---- the short table, last ----
+echo
+echo "===================== summary ====================="
+if [ "$trc" != skipped ]; then
+    grep -E '^FAIL ' "$OUT/gpu_test.log" | head -n 30
+    sed -n '/^group /,$p' "$OUT/gpu_test.log" | tail -n 6
+    grep -q '^group ' "$OUT/gpu_test.log" || { echo "gpu_test did not finish (exit $trc); last lines:"; tail -n 15 "$OUT/gpu_test.log"; }
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    for f in $FORMATS; do
+        echo "-- bench spark1x-l4, $f experts, ctx $CTX (per-layer table in $OUT/bench_$f.log)"
+        if grep -q '^summary' "$OUT/bench_$f.log"; then
+            sed -n '/^summary/,$p' "$OUT/bench_$f.log"
+        else
+            tail -n 5 "$OUT/bench_$f.log"
+        fi
+    done
+    echo "bench exits:$brcs"
+fi
+exit $status
