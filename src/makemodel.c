@@ -11,6 +11,7 @@
  * generation in file order, and makes the quantized files unrelated to the BF16 file.
  */
 #include "makemodel.h"
+#include "rng.h"
 #include "codec.h"
 #include "safetensors.h"
 #include <dirent.h>
@@ -29,64 +30,15 @@
 #define PIECE ((int64_t)64 << 10) /* smallest piece of a job a worker takes */
 #define BATCH 4096                /* normals generated per inner batch */
 
-/* ---- counter-based normals ---- */
-static inline uint64_t mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static uint64_t stream_key(uint64_t seed, const char *name) {
-    uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a of the name */
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001B3ull;
-    return mix64(mix64(seed + 0x9E3779B97F4A7C15ull) ^ h);
-}
-/* NB normal pairs k0 .. k0+NB-1 of the stream into z [2 NB] (pair k -> z[2k], z[2k+1]):
- * Box-Muller on two 24-bit uniforms of one hash per pair.  Written as fixed-length loops
- * over plain arrays so the compiler vectorizes the float part (IEEE ops only, no libm:
- * identical bytes scalar or vector, on every machine). */
+/* ---- counter-based normals (src/rng.h) ---- */
 #define NB 64
+/* NB normal pairs k0 .. k0+NB-1 of the stream into z [2 NB] (pair k -> z[2k], z[2k+1]). */
 static void normal_block(uint64_t key, int64_t k0, float *z) {
-    int32_t hu[NB], hv[NB];
+    float c[NB], s[NB]; /* separate arrays keep the loop vectorizable */
+    for (int i = 0; i < NB; i++) sm_rng_normal_pair(key, k0 + i, &c[i], &s[i]);
     for (int i = 0; i < NB; i++) {
-        uint64_t r = mix64(key + (uint64_t)(k0 + i) * 0x9E3779B97F4A7C15ull);
-        hu[i] = (int32_t)(r >> 40);          /* 24 bits: radius uniform */
-        hv[i] = (int32_t)(r & 0xFFFFFF);     /* 24 bits: angle = 2 pi hv / 2^24 */
-    }
-    float rad[NB], c0[NB], s0[NB];
-    for (int i = 0; i < NB; i++) {
-        /* u1 in (0, 1]; ln u1 = k ln 2 + 2 atanh((m-1)/(m+1)), m in [sqrt(.5), sqrt(2)) */
-        float u1 = (float)(hu[i] + 1) * 5.9604645e-8f;
-        uint32_t ub = sm_f32_bits(u1), mb = ub & 0x007FFFFFu;
-        int32_t big = mb > 0x3504F3u;                         /* mantissa above sqrt(2) */
-        int32_t ke = (int32_t)(ub >> 23) - 127 + big;
-        float m = sm_bits_f32(mb | ((uint32_t)(127 - big) << 23));
-        float sx = (m - 1.0f) / (m + 1.0f), s2 = sx * sx;
-        float ln = 2.0f * sx * (1.0f + s2 * (0.33333333f + s2 * (0.2f + s2 * (0.14285714f + s2 * 0.11111111f)))) +
-                   (float)ke * 0.69314718f;
-        /* radius sqrt(-2 ln u1) = x * rsqrt(x): bit-trick guess + 3 Newton steps (libm's sqrtf
-         * sets errno, which keeps the loop scalar) */
-        float x = -2.0f * ln;
-        x += 1e-30f; /* u1 = 1 gives x = 0; any other x is >= 1e-7 and unchanged */
-        float y = sm_bits_f32(0x5F3759DFu - (sm_f32_bits(x) >> 1));
-        y = y * (1.5f - 0.5f * x * y * y);
-        y = y * (1.5f - 0.5f * x * y * y);
-        y = y * (1.5f - 0.5f * x * y * y);
-        rad[i] = x * y;
-        int32_t q = (hv[i] + (1 << 21)) >> 22;                /* nearest quarter turn, 0..4 */
-        float a = (float)(hv[i] - (q << 22)) * 3.7450702e-7f; /* remainder in [-pi/4, pi/4): (pi/2) / 2^22 */
-        float a2 = a * a;
-        float sn = a * (1.0f + a2 * (-1.6666667e-1f + a2 * (8.3333333e-3f + a2 * (-1.9841270e-4f + a2 * 2.7557319e-6f))));
-        float cs = 1.0f + a2 * (-0.5f + a2 * (4.1666667e-2f + a2 * (-1.3888889e-3f + a2 * 2.4801587e-5f)));
-        /* rotate by q quarter turns: swap for odd q, then the signs of cos and sin */
-        uint32_t swap = 0u - (uint32_t)(q & 1);
-        uint32_t cb = (sm_f32_bits(cs) & ~swap) | (sm_f32_bits(sn) & swap);
-        uint32_t sb = (sm_f32_bits(sn) & ~swap) | (sm_f32_bits(cs) & swap);
-        c0[i] = sm_bits_f32(cb ^ ((uint32_t)(((q + 1) >> 1) & 1) << 31)); /* cos(q pi/2 + a) */
-        s0[i] = sm_bits_f32(sb ^ ((uint32_t)((q >> 1) & 1) << 31));       /* sin(q pi/2 + a) */
-    }
-    for (int i = 0; i < NB; i++) {
-        z[2 * i] = rad[i] * c0[i];
-        z[2 * i + 1] = rad[i] * s0[i];
+        z[2 * i] = c[i];
+        z[2 * i + 1] = s[i];
     }
 }
 /* n standard normals of the stream, elements i0 .. i0+n-1 (element i = half of pair i/2). */
@@ -160,7 +112,7 @@ static int add_normal(mm_list *l, uint64_t seed, const char *name, st_dtype dt, 
     int64_t numel = ndim == 1 ? d0 : d0 * d1;
     t->nbytes = numel * (dt == ST_F32 ? 4 : 2);
     t->kind = G_NORMAL;
-    t->key = stream_key(seed, name);
+    t->key = sm_rng_key(seed, name);
     t->mean = mean;
     t->std = std;
     return 0;
@@ -170,7 +122,7 @@ static int add_normal(mm_list *l, uint64_t seed, const char *name, st_dtype dt, 
 static uint64_t expert_key(uint64_t seed, int l, int ex, int proj) {
     char nm[128];
     snprintf(nm, sizeof nm, P_ "layers.%d.mlp.experts.%d.%s", l, ex, proj ? "down_proj" : "gate_up_proj");
-    return stream_key(seed, nm);
+    return sm_rng_key(seed, nm);
 }
 
 static int add_expert(mm_list *l, const char *name, gen_kind k, st_dtype dt, int layer, int ex, int proj,

@@ -48,6 +48,8 @@ fi
 
 brcs=""
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    echo "== MoE stage microbenchmark (log: $OUT/bench_moe.log)"
+    ./build/gpu_test --bench-moe >"$OUT/bench_moe.log" 2>&1 || status=1
     for f in $FORMATS; do
         echo "== bench spark1x-l4 experts $f (log: $OUT/bench_$f.log)"
         t0=$(date +%s)
@@ -77,6 +79,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
             tail -n 5 "$OUT/bench_$f.log"
         fi
     done
+    echo "-- MoE stage alone (full table in $OUT/bench_moe.log)"
+    tail -n 12 "$OUT/bench_moe.log"
     echo "bench exits:$brcs"
 fi
 exit $status

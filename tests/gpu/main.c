@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "gpu_tests.h"
+#include "moe_bench.h"
 
 typedef struct tee {
     int fd;      /* read end of the pipe */
@@ -90,7 +91,13 @@ static void run_group(group *g) {
     g->secs = now_s() - t0;
 }
 
-int main(void) {
+/* `gpu_test` runs every group; `gpu_test --bench-moe` runs the MoE microbenchmark only. */
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--bench-moe")) return gpu_bench_moe();
+    if (argc > 1) {
+        fprintf(stderr, "usage: gpu_test [--bench-moe]\n");
+        return 2;
+    }
     group gs[] = {
         {"kernels", gpu_test_kernels, 0, 0, 0, 0.0},
         {"moe", gpu_test_moe, 0, 0, 0, 0.0},

@@ -1,0 +1,48 @@
+#!/bin/sh
+# moe_only.sh build|run [test|bench|all]: the MoE stage's GPU tests and microbenchmark as one
+# small program, independent of the other GPU test groups (which may be mid-edit).
+#   build: on the development machine (nvcc + the CPU library from `make`): compiles
+#          src/cuda/moe.cu and tests/gpu/test_moe.cu with a generated main into
+#          $B/moe_only/moe_only (B defaults to build).
+#   run:   on the GPU machine: runs that binary (`test`, `bench` or `all`, default all), with
+#          the device name and driver first.
+set -e
+B=${B:-build}
+O="$B/moe_only"
+NVCC=${NVCC:-nvcc}
+case "${1:-}" in
+build)
+    mkdir -p "$O"
+    make -s "$B/libsparkmono.a"
+    cat >"$O/main.c" <<'EOF'
+#include <stdio.h>
+#include <string.h>
+int gpu_test_moe(void);
+int gpu_bench_moe(void);
+int main(int argc, char **argv) {
+    const char *what = argc > 1 ? argv[1] : "all";
+    int f = 0;
+    if (strcmp(what, "bench")) f += gpu_test_moe();
+    if (strcmp(what, "test")) f += gpu_bench_moe();
+    printf("moe_only: %d failed\n", f);
+    return f != 0;
+}
+EOF
+    FL="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -Isrc -Iinclude"
+    $NVCC $FL -Xptxas -v -c src/cuda/moe.cu -o "$O/moe.o" 2>"$O/ptxas.txt"
+    $NVCC $FL -c tests/gpu/test_moe.cu -o "$O/test_moe.o"
+    gcc -std=c11 -O2 -c "$O/main.c" -o "$O/main.o"
+    CUDA_HOME=$(dirname "$(dirname "$(command -v "$NVCC")")")
+    gcc "$O/main.o" "$O/test_moe.o" "$O/moe.o" "$B/libsparkmono.a" -l:libjansson.a -lm -lpthread \
+        -L"$CUDA_HOME/lib64" -lcudart_static -ldl -lrt -lstdc++ -o "$O/moe_only"
+    echo "built $O/moe_only"
+    ;;
+run)
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
+    "$O/moe_only" "${2:-all}"
+    ;;
+*)
+    echo "usage: $0 build|run [test|bench|all]" >&2
+    exit 2
+    ;;
+esac
