@@ -78,8 +78,10 @@ typedef struct sparkmono_engine_opts {
     int naux;                /* auxiliary hidden states per step (default 0) */
     const int *aux_layers;   /* [naux] j in [0, L]: residual stream entering layer j (L: after the last) */
     int threads;             /* cpu worker threads (default: online cores) */
-    int world;               /* reserved: ranks of tensor/expert parallelism, must be 0 or 1 */
-    int moe_tp;              /* reserved: must be 0 */
+    int world;               /* ranks of tensor + expert parallelism (default 1); > 1 needs
+                                backend "cpu" and a model whose dims it divides */
+    int moe_tp;              /* with world > 1: 0 experts split across ranks (EP), 1 every
+                                expert split along its FFN width (TP without EP) */
 } sparkmono_engine_opts;
 
 /* Create an engine on m (m must outlive it). o may be NULL (all defaults). */

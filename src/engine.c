@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "drafter.h"
+#include "shard.h"
 
 #define ENG_MAX_ROWS 256          /* most verify rows per request */
 #define ENG_DEFAULT_ROWS 8
@@ -133,9 +134,13 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     const char *bname = o->backend ? o->backend : "cpu";
     if (strcmp(bname, "cpu") != 0 && strcmp(bname, "cuda") != 0)
         return fail(SM_E_INVALID, "engine option backend '%s' is not 'cpu' or 'cuda'", bname);
-    if (o->world < 0 || o->world > 1)
-        return fail(SM_E_INVALID, "engine option world = %d: only 1 rank is supported yet", o->world);
-    if (o->moe_tp != 0) return fail(SM_E_INVALID, "engine option moe_tp = %d: not supported yet", o->moe_tp);
+    if (o->world < 0 || o->world > SM_MAX_WORLD)
+        return fail(SM_E_INVALID, "engine option world = %d is not in [1, %d]", o->world, SM_MAX_WORLD);
+    if (o->moe_tp != 0 && o->moe_tp != 1) return fail(SM_E_INVALID, "engine option moe_tp = %d is not 0 (ep) or 1 (tp)", o->moe_tp);
+    if (o->world > 1) { /* a world size the model's dimensions do not divide is a bad option */
+        sm_err se = {{0}};
+        if (sm_shard_check(&m->m, o->world, o->moe_tp ? SM_MOE_TP : SM_MOE_EP, &se)) return fail_err(SM_E_INVALID, &se);
+    }
     if (o->threads < 0) return fail(SM_E_INVALID, "engine option threads = %d is negative", o->threads);
     if (o->naux < 0 || o->naux > c->L + 1) return fail(SM_E_INVALID, "engine option naux = %d is not in [0, %d]", o->naux, c->L + 1);
     if (o->naux > 0 && !o->aux_layers) return fail(SM_E_INVALID, "engine option aux_layers is NULL with naux = %d", o->naux);
@@ -186,12 +191,14 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     g->have_kv = 1;
     sm_backend_opts bo = {0};
     bo.nthreads = o->threads;
-    bo.world = 1;
-    bo.moe_tp = 0;
+    bo.world = o->world > 1 ? o->world : 1;
+    bo.moe_tp = o->moe_tp;
     bo.max_rows = g->max_rows;
     int rc;
     if (strcmp(bname, "cpu") == 0) {
-        rc = sm_cpu_backend_create(&m->m, &g->kv, &bo, &g->be, &e);
+        /* world > 1: W rank threads on per-rank shards (src/cpu/world.c) */
+        rc = bo.world > 1 ? sm_world_backend_create(&m->m, &g->kv, &bo, &g->be, &e)
+                          : sm_cpu_backend_create(&m->m, &g->kv, &bo, &g->be, &e);
     } else {
 #ifdef SM_HAVE_CUDA
         rc = sm_cuda_backend_create(&m->m, &g->kv, &bo, &g->be, &e);

@@ -30,6 +30,7 @@ int cmd_generate(int argc, char **argv) {
         {"model", 1, NULL, 0},      {"prompt-ids", 1, NULL, 0}, {"max-tokens", 1, NULL, 0},
         {"rows", 1, NULL, 0},       {"no-spec", 0, NULL, 0},    {"backend", 1, NULL, 0},
         {"threads", 1, NULL, 0},    {"online-mxfp4", 0, NULL, 0}, {"max-len", 1, NULL, 0},
+        {"world", 1, NULL, 0},      {"moe", 1, NULL, 0},
     };
     const int nopts = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1];
@@ -40,12 +41,15 @@ int cmd_generate(int argc, char **argv) {
     if (!model->present) return usage_err("generate: --model DIR is required");
     if (!ids->present) return usage_err("generate: --prompt-ids 1,2,3 is required");
     if (!cli_find(opts, nopts, "max-tokens")->present) return usage_err("generate: --max-tokens N is required");
-    long max_tokens, rows, threads, max_len;
+    long max_tokens, rows, threads, max_len, world;
     if (cli_int("generate", cli_find(opts, nopts, "max-tokens"), 1, 1 << 24, 0, &max_tokens, &e) ||
         cli_int("generate", cli_find(opts, nopts, "rows"), 1, 256, 8, &rows, &e) ||
         cli_int("generate", cli_find(opts, nopts, "threads"), 0, 4096, 0, &threads, &e) ||
-        cli_int("generate", cli_find(opts, nopts, "max-len"), 1, 1 << 24, 4096, &max_len, &e))
+        cli_int("generate", cli_find(opts, nopts, "max-len"), 1, 1 << 24, 4096, &max_len, &e) ||
+        cli_int("generate", cli_find(opts, nopts, "world"), 1, 64, 1, &world, &e))
         return usage_err(e.msg);
+    const char *moe = cli_find(opts, nopts, "moe")->value;
+    if (moe && strcmp(moe, "ep") && strcmp(moe, "tp")) return usage_err("generate: --moe must be ep or tp");
     if (cli_find(opts, nopts, "no-spec")->present) {
         if (cli_find(opts, nopts, "rows")->present) return usage_err("generate: give --rows or --no-spec, not both");
         rows = 1;
@@ -71,6 +75,8 @@ int cmd_generate(int argc, char **argv) {
     long need = (long)n + max_tokens < max_len ? (long)n + max_tokens : max_len;
     eo.kv_blocks = (int)((need + 15) / 16);
     eo.threads = (int)threads;
+    eo.world = (int)world;
+    eo.moe_tp = moe && !strcmp(moe, "tp");
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
     if (sparkmono_add(g, prompt, n, (int)max_tokens, &req)) goto fail;
     ntok = calloc(1, sizeof(int));

@@ -15,6 +15,7 @@ int cmd_logits(int argc, char **argv) {
     cli_opt opts[] = {
         {"model", 1, NULL, 0}, {"prompt-ids", 1, NULL, 0}, {"out", 1, NULL, 0},
         {"backend", 1, NULL, 0}, {"threads", 1, NULL, 0}, {"online-mxfp4", 0, NULL, 0},
+        {"world", 1, NULL, 0}, {"moe", 1, NULL, 0},
     };
     const int nopts = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1];
@@ -26,8 +27,15 @@ int cmd_logits(int argc, char **argv) {
     if (!model->present) { sm_errf(&e, "logits: --model DIR is required"); goto bad; }
     if (!ids->present) { sm_errf(&e, "logits: --prompt-ids 1,2,3 is required"); goto bad; }
     if (!outp->present || !*outp->value) { sm_errf(&e, "logits: --out FILE.npy is required"); goto bad; }
-    long threads;
-    if (cli_int("logits", cli_find(opts, nopts, "threads"), 0, 4096, 0, &threads, &e)) goto bad;
+    long threads, world;
+    if (cli_int("logits", cli_find(opts, nopts, "threads"), 0, 4096, 0, &threads, &e) ||
+        cli_int("logits", cli_find(opts, nopts, "world"), 1, 64, 1, &world, &e))
+        goto bad;
+    const char *moe = cli_find(opts, nopts, "moe")->value;
+    if (moe && strcmp(moe, "ep") && strcmp(moe, "tp")) {
+        sm_errf(&e, "logits: --moe must be ep or tp");
+        goto bad;
+    }
     const char *backend = cli_find(opts, nopts, "backend")->value;
     if (backend && strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
         sm_errf(&e, "logits: --backend must be cpu or cuda");
@@ -52,6 +60,8 @@ int cmd_logits(int argc, char **argv) {
     eo.max_requests = 1;
     eo.max_len = n;
     eo.threads = (int)threads;
+    eo.world = (int)world;
+    eo.moe_tp = moe && !strcmp(moe, "tp");
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
     if (sparkmono_add(g, prompt, n, 0, &req)) goto fail;
     logits = malloc((size_t)n * (size_t)info.vocab_size * sizeof(float));

@@ -107,4 +107,21 @@ typedef void (*sm_cpu_trace_fn)(void *arg, int layer, const char *stage, const f
 /* Install (fn != NULL) or remove the trace of a backend made by sm_cpu_backend_create. */
 void sm_cpu_backend_trace(void *backend_ctx, sm_cpu_trace_fn fn, void *arg);
 
+/* ---- CPU world backend debug hooks (src/cpu/world.c, sm_world_backend_create) ---- */
+/* Called by every rank thread after each replicated stage (concurrently across ranks; one
+ * rank's calls are sequential): rank, then as sm_cpu_trace_fn.  Stages: "s" at layer -1;
+ * per layer "x", "a" (attention output after the cross-rank sum, r16), "s_att", "xf",
+ * "route_idx" "route_w" [n, K], "h1" "m" [n, Hm], "f", "s_ffn"; "h" and "argmax" [n, 1] at
+ * layer L.  Every one must be bit-identical on every rank. */
+typedef void (*sm_world_trace_fn)(void *arg, int rank, int layer, const char *stage, const float *data, int n, int width);
+void sm_world_backend_trace(void *backend_ctx, sm_world_trace_fn fn, void *arg);
+/* Randomize the order in which ranks arrive at every communication (comm.h jitter): sleeps
+ * of up to max_us drawn from seed; seed 0 = off.  Outputs must not change. */
+void sm_world_backend_jitter(void *backend_ctx, uint64_t seed, int max_us);
+/* TP layout: steps of at least `rows` rows finalize the experts token-sharded (reduce-scatter
+ * of the per-route y partials by rows, norm + weight + sum of each rank's rows, all-gather of
+ * m); smaller steps all-reduce every route's y.  rows <= 0 restores the default (64).  The
+ * two paths are bit-identical; the threshold only moves work and traffic. */
+void sm_world_backend_finalize_rows(void *backend_ctx, int rows);
+
 #endif

@@ -1,0 +1,413 @@
+/* comm_cpu.c: the communication interface of comm.h for W ranks that are threads of one
+ * process (the CPU world backend, src/cpu/world.c).
+ *
+ * Each rank owns two slots (one per operation parity).  An operation is: (test jitter),
+ * write the call's header and copy the part into this rank's slot of the current parity,
+ * one barrier, check that every rank made the same call, then read the slots in rank order
+ * into this rank's output.  Two parities make one barrier per operation enough: a rank can
+ * only start writing parity p again (operation k+2) after every rank has reached the barrier
+ * of operation k+1, i.e. after every rank has finished reading operation k.  Every rank does
+ * its own reduction of the slots it needs, so no rank waits for a "root" after the barrier.
+ * The barrier is a mutex/condvar generation counter with an abort flag and a deadline: an
+ * aborted or timed-out world fails every waiting and later call instead of hanging.
+ * We rejected pthread_barrier_t (no timeout, no way to wake waiters on a peer's failure) and
+ * reading peers' buffers in place (the caller's output is often its input, so a rank could
+ * overwrite its part while a peer still reads it).
+ */
+#include "comm.h"
+#include "shard.h"
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { OP_EMBED, OP_ATTN, OP_POOLED, OP_EXPERT_SUM, OP_EXPERT_SCATTER, OP_EXPERT_GATHER, OP_UNPOOLED,
+       OP_VOCAB, OP_ARGMAX, OP_N };
+static const char *const OP_NAME[OP_N] = {"embed_gather", "attn_sum", "pooled_gather", "expert_sum",
+                                          "expert_scatter", "expert_gather", "unpooled_gather", "vocab_gather",
+                                          "vocab_argmax"};
+
+typedef struct slot {
+    int op, layer, d0, d1, d2;  /* the call: operation, layer tag, shape (n, width, extra) */
+    float *f; size_t fcap;      /* deposited floats [fcap] */
+    int *i; size_t icap;        /* deposited ints [icap] */
+} slot;
+
+typedef struct rank_state {
+    sm_comm_cpu *w;
+    int rank;
+    uint64_t nops;              /* operations started since the last reset */
+} rank_state;
+
+struct sm_comm_cpu {
+    int world;                  /* ranks */
+    double timeout_s;           /* longest wait at a barrier */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t gen;               /* barrier generation, under mu */
+    int arrived;                /* ranks arrived at the current barrier, under mu */
+    uint64_t arrived_mask;      /* bit r: rank r arrived, under mu */
+    int aborted;                /* under mu */
+    int abort_rank;             /* first aborting rank, -1 for a timeout */
+    char abort_msg[512];        /* its reason */
+    uint64_t jseed;             /* jitter seed, 0 = off */
+    int jmax_us;                /* jitter bound */
+    slot *slots;                /* [2, world] by parity then rank */
+    rank_state *rs;             /* [world] */
+    sm_comm *h;                 /* [world] handles */
+};
+
+static const sm_comm_ops CPU_OPS;
+
+/* ---------------------------------------------------------------- jitter, barrier */
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Sleep or yield for a draw of (seed, rank, op count): changes the deposit order. */
+static void jitter(const sm_comm_cpu *w, int rank, uint64_t nop) {
+    if (!w->jseed || w->jmax_us <= 0) return;
+    uint64_t h = mix64(w->jseed ^ mix64((uint64_t)rank * 0x100000001B3ull + nop));
+    int us = (int)(h % (uint64_t)(w->jmax_us + 1));
+    if (us < w->jmax_us / 4) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, (long)us * 1000L};
+    nanosleep(&ts, NULL);
+}
+
+static void abort_locked(sm_comm_cpu *w, int rank, const char *why) {
+    if (!w->aborted) {
+        w->aborted = 1;
+        w->abort_rank = rank;
+        snprintf(w->abort_msg, sizeof w->abort_msg, "%s", why);
+    }
+    pthread_cond_broadcast(&w->cv);
+}
+
+static void cpu_abort(sm_comm *c, const char *why) {
+    rank_state *rs = c->impl;
+    sm_comm_cpu *w = rs->w;
+    pthread_mutex_lock(&w->mu);
+    abort_locked(w, rs->rank, why);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Wait until every rank has arrived (0), or fail on abort / timeout (-1). */
+static int barrier(rank_state *rs, int op, int layer, sm_err *e) {
+    sm_comm_cpu *w = rs->w;
+    int r = rs->rank;
+    pthread_mutex_lock(&w->mu);
+    if (w->aborted) goto aborted;
+    uint64_t my = w->gen;
+    w->arrived++;
+    w->arrived_mask |= 1ull << r;
+    if (w->arrived == w->world) {
+        w->arrived = 0;
+        w->arrived_mask = 0;
+        w->gen++;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        return 0;
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    double t = w->timeout_s;
+    dl.tv_sec += (time_t)t;
+    dl.tv_nsec += (long)((t - (double)(time_t)t) * 1e9);
+    if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    while (w->gen == my && !w->aborted) {
+        int rc = pthread_cond_timedwait(&w->cv, &w->mu, &dl);
+        if (rc == ETIMEDOUT && w->gen == my && !w->aborted) {
+            char why[512], miss[256] = "";
+            size_t k = 0;
+            for (int q = 0; q < w->world && k < sizeof miss - 8; q++)
+                if (!(w->arrived_mask >> q & 1)) k += (size_t)snprintf(miss + k, sizeof miss - k, " %d", q);
+            snprintf(why, sizeof why, "comm %s at layer %d: rank %d waited more than %.3g s; ranks not arrived:%s",
+                     OP_NAME[op], layer, r, w->timeout_s, miss);
+            abort_locked(w, -1, why);
+        }
+    }
+    if (w->gen != my) { /* the barrier completed (an abort after it concerns later calls) */
+        pthread_mutex_unlock(&w->mu);
+        return 0;
+    }
+aborted:;
+    char msg[512];
+    int who = w->abort_rank;
+    snprintf(msg, sizeof msg, "%s", w->abort_msg);
+    pthread_mutex_unlock(&w->mu);
+    if (who >= 0) return sm_errf(e, "comm %s at layer %d, rank %d: aborted by rank %d: %s", OP_NAME[op], layer, r, who, msg);
+    return sm_errf(e, "%s", msg);
+}
+
+/* ---------------------------------------------------------------- one operation */
+
+/* Grow a slot's payload buffers (contents need not survive). */
+static int slot_reserve(slot *s, size_t nf, size_t ni) {
+    if (nf > s->fcap) {
+        free(s->f);
+        s->f = malloc(sizeof(float) * nf);
+        s->fcap = s->f ? nf : 0;
+        if (!s->f) return -1;
+    }
+    if (ni > s->icap) {
+        free(s->i);
+        s->i = malloc(sizeof(int) * ni);
+        s->icap = s->i ? ni : 0;
+        if (!s->i) return -1;
+    }
+    return 0;
+}
+
+/* Start an operation: jitter, then this rank's slot of the current parity with its header
+ * written and room for nf floats and ni ints.  The caller fills the payload, then meets. */
+static slot *begin(sm_comm *c, int op, int layer, int d0, int d1, int d2, size_t nf, size_t ni, sm_err *e) {
+    rank_state *rs = c->impl;
+    sm_comm_cpu *w = rs->w;
+    jitter(w, rs->rank, rs->nops);
+    int p = (int)(rs->nops & 1);
+    rs->nops++;
+    slot *s = &w->slots[p * w->world + rs->rank];
+    if (slot_reserve(s, nf, ni)) {
+        char why[256];
+        snprintf(why, sizeof why, "comm %s at layer %d, rank %d: out of memory for a %zu-float slot", OP_NAME[op], layer,
+                 rs->rank, nf);
+        cpu_abort(c, why);
+        sm_errf(e, "%s", why);
+        return NULL;
+    }
+    s->op = op, s->layer = layer, s->d0 = d0, s->d1 = d1, s->d2 = d2;
+    return s;
+}
+
+/* Barrier, then check every rank made the same call; returns the slots of this parity. */
+static slot *meet(sm_comm *c, const slot *mine, sm_err *e) {
+    rank_state *rs = c->impl;
+    sm_comm_cpu *w = rs->w;
+    if (barrier(rs, mine->op, mine->layer, e)) return NULL;
+    slot *all = w->slots + (mine - w->slots) / w->world * w->world;
+    for (int q = 1; q < w->world; q++) {
+        const slot *a = &all[0], *b = &all[q];
+        if (a->op != b->op || a->layer != b->layer || a->d0 != b->d0 || a->d1 != b->d1 || a->d2 != b->d2) {
+            char why[512];
+            snprintf(why, sizeof why,
+                     "comm: ranks diverged: rank 0 called %s(layer %d, %d x %d x %d) but rank %d called %s(layer %d, "
+                     "%d x %d x %d)", OP_NAME[a->op], a->layer, a->d0, a->d1, a->d2, q, OP_NAME[b->op], b->layer,
+                     b->d0, b->d1, b->d2);
+            cpu_abort(c, why);
+            sm_errf(e, "%s", why);
+            return NULL;
+        }
+    }
+    return all;
+}
+
+/* In-place rank-ordered sum of cnt floats: x = ((slot0 + slot1) + slot2) + ... */
+static void sum_slots(const slot *all, int world, size_t off, size_t cnt, float *x) {
+    memcpy(x, all[0].f + off, sizeof(float) * cnt);
+    for (int q = 1; q < world; q++) {
+        const float *p = all[q].f + off;
+        for (size_t i = 0; i < cnt; i++) x[i] += p[i];
+    }
+}
+
+/* Gather column blocks: out [n, world*b] from each rank's [n, b]. */
+static void gather_cols(const slot *all, int world, int n, int b, float *out) {
+    int64_t wd = (int64_t)world * b;
+    for (int q = 0; q < world; q++)
+        for (int i = 0; i < n; i++)
+            memcpy(out + i * wd + (int64_t)q * b, all[q].f + (int64_t)i * b, sizeof(float) * (size_t)b);
+}
+
+/* ---------------------------------------------------------------- the operations */
+
+static int cpu_embed_gather(sm_comm *c, const int *tokens, int n, int H, int nv, float *rows, sm_err *e) {
+    size_t cnt = (size_t)n * (size_t)H;
+    slot *s = begin(c, OP_EMBED, -1, n, H, nv, cnt, 0, e), *all;
+    if (!s) return -1;
+    memcpy(s->f, rows, sizeof(float) * cnt);
+    if (!(all = meet(c, s, e))) return -1;
+    /* row i comes from the rank whose vocabulary block holds its token */
+    for (int i = 0; i < n; i++) {
+        int q = nv > 0 ? tokens[i] / nv : -1;
+        if (q < 0 || q >= c->world)
+            return sm_errf(e, "comm embed_gather, rank %d: row %d: token %d is outside the %d x %d vocabulary blocks",
+                           c->rank, i, tokens[i], c->world, nv);
+        if (q != c->rank) memcpy(rows + (int64_t)i * H, all[q].f + (int64_t)i * H, sizeof(float) * (size_t)H);
+    }
+    return 0;
+}
+
+static int allreduce(sm_comm *c, int op, int layer, float *x, int rows, int width, sm_err *e) {
+    size_t cnt = (size_t)rows * (size_t)width;
+    slot *s = begin(c, op, layer, rows, width, 0, cnt, 0, e), *all;
+    if (!s) return -1;
+    memcpy(s->f, x, sizeof(float) * cnt);
+    if (!(all = meet(c, s, e))) return -1;
+    sum_slots(all, c->world, 0, cnt, x);
+    return 0;
+}
+
+static int cpu_attn_sum(sm_comm *c, int layer, float *a, int n, int H, sm_err *e) {
+    return allreduce(c, OP_ATTN, layer, a, n, H, e);
+}
+
+static int cpu_expert_sum(sm_comm *c, int layer, float *part, int rows, int width, sm_err *e) {
+    return allreduce(c, OP_EXPERT_SUM, layer, part, rows, width, e);
+}
+
+static int allgather_cols(sm_comm *c, int op, int layer, const float *blk, int n, int b, float *out, sm_err *e) {
+    size_t cnt = (size_t)n * (size_t)b;
+    slot *s = begin(c, op, layer, n, b, 0, cnt, 0, e), *all;
+    if (!s) return -1;
+    memcpy(s->f, blk, sizeof(float) * cnt);
+    if (!(all = meet(c, s, e))) return -1;
+    if (out) gather_cols(all, c->world, n, b, out);
+    return 0;
+}
+
+static int cpu_pooled_gather(sm_comm *c, int layer, const float *blk, int n, int np, float *out, sm_err *e) {
+    return allgather_cols(c, OP_POOLED, layer, blk, n, np, out, e);
+}
+
+static int cpu_unpooled_gather(sm_comm *c, int layer, const float *blk, int n, int nu, float *out, sm_err *e) {
+    return allgather_cols(c, OP_UNPOOLED, layer, blk, n, nu, out, e);
+}
+
+static int cpu_vocab_gather(sm_comm *c, const float *blk, int n, int nv, float *out, sm_err *e) {
+    return allgather_cols(c, OP_VOCAB, -1, blk, n, nv, out, e);
+}
+
+static int cpu_expert_scatter(sm_comm *c, int layer, const float *part, int n, int width, float *mine, sm_err *e) {
+    size_t cnt = (size_t)n * (size_t)width;
+    slot *s = begin(c, OP_EXPERT_SCATTER, layer, n, width, 0, cnt, 0, e), *all;
+    if (!s) return -1;
+    memcpy(s->f, part, sizeof(float) * cnt);
+    if (!(all = meet(c, s, e))) return -1;
+    /* this rank's token rows, summed over ranks in rank order */
+    int lo, hi;
+    sm_shard_rows(n, c->world, c->rank, &lo, &hi);
+    sum_slots(all, c->world, (size_t)lo * (size_t)width, (size_t)(hi - lo) * (size_t)width, mine);
+    return 0;
+}
+
+static int cpu_expert_gather(sm_comm *c, int layer, const float *mine, int n, int width, float *out, sm_err *e) {
+    int lo, hi;
+    sm_shard_rows(n, c->world, c->rank, &lo, &hi);
+    size_t cnt = (size_t)(hi - lo) * (size_t)width;
+    slot *s = begin(c, OP_EXPERT_GATHER, layer, n, width, 0, cnt, 0, e), *all;
+    if (!s) return -1;
+    if (cnt) memcpy(s->f, mine, sizeof(float) * cnt);
+    if (!(all = meet(c, s, e))) return -1;
+    /* rank q's finalized rows go to rows [lo_q, hi_q) */
+    for (int q = 0; q < c->world; q++) {
+        int a, b;
+        sm_shard_rows(n, c->world, q, &a, &b);
+        if (b > a) memcpy(out + (int64_t)a * width, all[q].f, sizeof(float) * (size_t)(b - a) * (size_t)width);
+    }
+    return 0;
+}
+
+static int cpu_vocab_argmax(sm_comm *c, const float *best, const int *best_id, int n, int *out, sm_err *e) {
+    slot *s = begin(c, OP_ARGMAX, -1, n, 0, 0, (size_t)n, (size_t)n, e), *all;
+    if (!s) return -1;
+    memcpy(s->f, best, sizeof(float) * (size_t)n);
+    memcpy(s->i, best_id, sizeof(int) * (size_t)n);
+    if (!(all = meet(c, s, e))) return -1;
+    /* first maximum in rank order: ranks hold increasing id blocks, so ties go to the lowest id */
+    for (int i = 0; i < n; i++) {
+        int id = -1;
+        float v = 0.0f;
+        for (int q = 0; q < c->world; q++) {
+            int qi = all[q].i[i];
+            if (qi < 0) continue;
+            if (id < 0 || all[q].f[i] > v) { id = qi; v = all[q].f[i]; }
+        }
+        out[i] = id < 0 ? 0 : id;
+    }
+    return 0;
+}
+
+static const sm_comm_ops CPU_OPS = {
+    cpu_embed_gather, cpu_attn_sum, cpu_pooled_gather, cpu_expert_sum, cpu_expert_scatter,
+    cpu_expert_gather, cpu_unpooled_gather, cpu_vocab_gather, cpu_vocab_argmax, cpu_abort,
+};
+
+/* ---------------------------------------------------------------- lifetime */
+
+int sm_comm_cpu_create(int world, double timeout_s, sm_comm_cpu **out, sm_err *e) {
+    *out = NULL;
+    if (world < 1 || world > SM_MAX_WORLD) return sm_errf(e, "comm: world %d is not in [1, %d]", world, SM_MAX_WORLD);
+    sm_comm_cpu *w = calloc(1, sizeof *w);
+    if (!w) return sm_errf(e, "comm: out of memory");
+    w->world = world;
+    w->timeout_s = timeout_s > 0 ? timeout_s : 600.0;
+    w->slots = calloc(2 * (size_t)world, sizeof *w->slots);
+    w->rs = calloc((size_t)world, sizeof *w->rs);
+    w->h = calloc((size_t)world, sizeof *w->h);
+    if (!w->slots || !w->rs || !w->h) {
+        free(w->slots); free(w->rs); free(w->h); free(w);
+        return sm_errf(e, "comm: out of memory for %d ranks", world);
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->abort_rank = -1;
+    for (int r = 0; r < world; r++) {
+        w->rs[r].w = w;
+        w->rs[r].rank = r;
+        w->h[r].rank = r;
+        w->h[r].world = world;
+        w->h[r].ops = &CPU_OPS;
+        w->h[r].impl = &w->rs[r];
+    }
+    *out = w;
+    return 0;
+}
+
+void sm_comm_cpu_destroy(sm_comm_cpu *w) {
+    if (!w) return;
+    for (int i = 0; i < 2 * w->world; i++) {
+        free(w->slots[i].f);
+        free(w->slots[i].i);
+    }
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w->slots);
+    free(w->rs);
+    free(w->h);
+    free(w);
+}
+
+sm_comm *sm_comm_cpu_rank(sm_comm_cpu *w, int r) { return r >= 0 && r < w->world ? &w->h[r] : NULL; }
+
+void sm_comm_cpu_jitter(sm_comm_cpu *w, uint64_t seed, int max_us) {
+    w->jseed = seed;
+    w->jmax_us = max_us;
+}
+
+int sm_comm_cpu_reset(sm_comm_cpu *w, int *who, char *msg, size_t cap) {
+    pthread_mutex_lock(&w->mu);
+    int was = w->aborted;
+    if (was) {
+        if (who) *who = w->abort_rank;
+        if (msg && cap) snprintf(msg, cap, "%s", w->abort_msg);
+    }
+    w->aborted = 0;
+    w->abort_rank = -1;
+    w->abort_msg[0] = 0;
+    w->arrived = 0;
+    w->arrived_mask = 0;
+    w->gen++;
+    for (int r = 0; r < w->world; r++) w->rs[r].nops = 0;
+    pthread_mutex_unlock(&w->mu);
+    return was;
+}
