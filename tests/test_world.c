@@ -15,6 +15,7 @@
  * residual-dominant gates (see residual_dominant).  About 1.5 s (6 s under ASan) on 2 cores.
  */
 #include "check.h"
+#include "condition.h"
 #include "backend.h"
 #include "comm.h"
 #include "shard.h"
@@ -51,28 +52,6 @@ static int small_config(sm_config *c, int I) {
     c->H = 128, c->Hm = 128, c->I = I, c->V = 512, c->vocab_used = 500, c->window = 16;
     if (sm_config_validate(c, "test config", &e)) { CHECK(0, "%s", e.msg); return -1; }
     return 0;
-}
-
-/* Make a loaded model residual-dominant, as trained models are: residual gates g in
- * [-1.2, -0.45] (beta = sigmoid(g / 0.3) in [0.02, 0.18], alpha ~ 1) instead of the random
- * N(0, 0.5) gates, which replace most of the stream every layer and make a 4-layer random
- * model chaotic (one bf16 rounding moved in layer 0 grows to ~1% of a row's logits, and
- * discrete choices within noise of a tie, routes and argmaxes, then flip).  Only the
- * precomputed alpha/beta vectors change; both backends read the same model. */
-static void residual_dominant(sm_model *m, uint64_t seed) {
-    int H = m->cfg.H;
-    uint16_t *g = malloc(sizeof(uint16_t) * (size_t)H);
-    if (!g) return;
-    for (int l = 0; l < m->cfg.L; l++)
-        for (int which = 0; which < 2; which++) {
-            for (int x = 0; x < H; x++) {
-                seed ^= seed << 13; seed ^= seed >> 7; seed ^= seed << 17;
-                g[x] = sm_f32_to_bf16(-0.45f - 0.75f * (float)(seed % 1000) / 1000.0f);
-            }
-            sm_layer *Ly = &m->layers[l];
-            sm_residual_gate(g, H, m->cfg.gate_temp, which ? Ly->ffn_alpha : Ly->att_alpha, which ? Ly->ffn_beta : Ly->att_beta);
-        }
-    free(g);
 }
 
 static void tmodel_make(tmodel *t, const sm_config *cfg, sm_expert_fmt fmt, uint64_t seed) {

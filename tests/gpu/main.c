@@ -91,21 +91,27 @@ static void run_group(group *g) {
     g->secs = now_s() - t0;
 }
 
-/* `gpu_test` runs every group; `gpu_test --bench-moe` runs the MoE microbenchmark only. */
+/* `gpu_test` runs every group, `gpu_test GROUP` one of them; `gpu_test --bench-moe` runs the
+ * MoE microbenchmark only. */
 int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--bench-moe")) return gpu_bench_moe();
-    if (argc > 1) {
-        fprintf(stderr, "usage: gpu_test [--bench-moe]\n");
-        return 2;
-    }
     group gs[] = {
         {"kernels", gpu_test_kernels, 0, 0, 0, 0.0},
         {"moe", gpu_test_moe, 0, 0, 0, 0.0},
         {"model", gpu_test_model, 0, 0, 0, 0.0},
     };
     const int ng = (int)(sizeof gs / sizeof gs[0]);
+    int only = -1;
+    if (argc == 2)
+        for (int i = 0; i < ng; i++)
+            if (!strcmp(argv[1], gs[i].name)) only = i;
+    if (argc > 2 || (argc == 2 && only < 0)) {
+        fprintf(stderr, "usage: gpu_test [kernels|moe|model|--bench-moe]\n");
+        return 2;
+    }
     int pass = 0, fail = 0;
     for (int i = 0; i < ng; i++) {
+        if (only >= 0 && i != only) continue;
         run_group(&gs[i]);
         pass += gs[i].pass;
         fail += gs[i].fail;

@@ -301,7 +301,9 @@ static void case_post_attn(int n, int H) {
     rel_acc as = {0, 0, 0, 0}, ax = {0, 0, 0, 0};
     double rs = cmp_f32(ds, s, (size_t)n * H, &as);
     cmp_bf16(dxf, xf, (size_t)n * H, &ax);
-    int ok = rs <= 1e-4 && !as.nan;
+    /* s (f32) adds beta * r16(normalized branch): an rsqrt one f32 ulp apart moves that r16 by
+     * a bf16 step (2^-8) on a few elements, so s gets a bf16-scale bound, not an f32 one */
+    int ok = rs <= 1e-3 && !as.nan;
     if (!ok) printf("  s: rel %.3e, %ld NaN\n", rs, as.nan);
     verdict(name, ok, &ax, 1e-2);
 }
@@ -339,7 +341,9 @@ static void case_post_ffn(int n, int H, int last) {
     rel_acc as = {0, 0, 0, 0}, ax = {0, 0, 0, 0};
     double rs = cmp_f32(ds, s, (size_t)n * H, &as);
     cmp_bf16(dx, x, (size_t)n * H, &ax);
-    int ok = rs <= 1e-4 && !as.nan;
+    /* s (f32) adds beta * r16(normalized branch): an rsqrt one f32 ulp apart moves that r16 by
+     * a bf16 step (2^-8) on a few elements, so s gets a bf16-scale bound, not an f32 one */
+    int ok = rs <= 1e-3 && !as.nan;
     if (!ok) printf("  s: rel %.3e, %ld NaN\n", rs, as.nan);
     verdict(name, ok, &ax, 1e-2);
 }
