@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef SM_HAVE_CUDA
 #include "cuda/synth.h"
 #endif
@@ -45,6 +46,25 @@ typedef struct bench_args {
     uint64_t seed;
     double bw_gib;          /* size of the bandwidth probe */
 } bench_args;
+
+/* kB value of a "Name:" line of /proc/self/status (-1 when unavailable). */
+static long proc_status_kb(const char *name) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long v = -1;
+    size_t n = strlen(name);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, name, n) && line[n] == ':') { v = strtol(line + n + 1, NULL, 10); break; }
+    fclose(f);
+    return v;
+}
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int parse_fmt(const char *s, int *fmt, sm_err *e) {
     if (!strcmp(s, "bf16")) *fmt = SM_EXP_BF16;
@@ -189,6 +209,7 @@ static int run(const bench_args *a, sm_err *e) {
     if (sm_cuda_read_bandwidth(a->bw_gib, 5, &bw, e)) return sm_errprefix(e, "bench");
     printf("read bandwidth: %.0f GB/s (read-only streaming kernel over %.0f GiB, best of 5)\n", bw / 1e9, a->bw_gib);
 
+    double t_load = wall_s();
     if (a->model) {
         sm_load_opts lo = {0};
         lo.online_mxfp4 = a->online_mxfp4;
@@ -242,6 +263,14 @@ static int run(const bench_args *a, sm_err *e) {
         goto out;
     }
     have_be = 1;
+    if (a->model) {
+        /* load = map + validate + upload; RssAnon is host memory beyond the (file-backed)
+         * page cache of the mapped checkpoint, VmHWM the peak of both together */
+        double secs = wall_s() - t_load, gb = 0;
+        for (int i = 0; i < m.ar.nfiles; i++) gb += (double)m.ar.files[i].size / 1e9;
+        printf("load: %.2f GB of checkpoint in %.2f s (%.2f GB/s); host RssAnon %.0f MiB, peak RSS (VmHWM, mapped pages included) %.0f MiB\n",
+               gb, secs, gb / secs, proc_status_kb("RssAnon") / 1024.0, proc_status_kb("VmHWM") / 1024.0);
+    }
     if (sm_cuda_bench_fill_kv(&be, a->seed, e) || sm_cuda_bench_layer_info(&be, fmt, xb, e)) { sm_errprefix(e, "bench"); goto out; }
     printf("model: %s, L %d, H %d, Hm %d, I %d, E %d, K %d, nH %d, nKV %d, V %d, window %d; experts by layer:",
            a->preset ? a->preset : a->model, cfg.L, cfg.H, cfg.Hm, cfg.I, cfg.E, cfg.K, cfg.nH, cfg.nKV, cfg.V, cfg.window);
