@@ -17,7 +17,7 @@
 #include "codec.h"
 #include "weights.h"
 
-static void residual_dominant(sm_model *m, uint64_t seed) {
+static inline void residual_dominant(sm_model *m, uint64_t seed) {
     int H = m->cfg.H;
     uint16_t *g = malloc(sizeof(uint16_t) * (size_t)H);
     if (!g) return;
@@ -34,7 +34,7 @@ static void residual_dominant(sm_model *m, uint64_t seed) {
 }
 
 /* Multiply every layer's router correction bias by scale (into a new [L, E] buffer). */
-static int separate_routing(sm_model *m, float scale, float **bias_out) {
+static inline int separate_routing(sm_model *m, float scale, float **bias_out) {
     int L = m->cfg.L, E = m->cfg.E;
     float *b = malloc(sizeof(float) * (size_t)L * E);
     *bias_out = b;
