@@ -47,25 +47,6 @@ typedef struct bench_args {
     double bw_gib;          /* size of the bandwidth probe */
 } bench_args;
 
-/* kB value of a "Name:" line of /proc/self/status (-1 when unavailable). */
-static long proc_status_kb(const char *name) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long v = -1;
-    size_t n = strlen(name);
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, name, n) && line[n] == ':') { v = strtol(line + n + 1, NULL, 10); break; }
-    fclose(f);
-    return v;
-}
-
-static double wall_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int parse_fmt(const char *s, int *fmt, sm_err *e) {
     if (!strcmp(s, "bf16")) *fmt = SM_EXP_BF16;
     else if (!strcmp(s, "fp8")) *fmt = SM_EXP_FP8;
@@ -144,6 +125,25 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
 }
 
 #ifdef SM_HAVE_CUDA
+/* kB value of a "Name:" line of /proc/self/status (-1 when unavailable). */
+static long proc_status_kb(const char *name) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long v = -1;
+    size_t n = strlen(name);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, name, n) && line[n] == ':') { v = strtol(line + n + 1, NULL, 10); break; }
+    fclose(f);
+    return v;
+}
+
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static uint64_t b_mix(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
