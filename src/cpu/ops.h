@@ -1,6 +1,6 @@
 /* ops.h: the CPU reference, one function per step of SPEC.md sections 3-6.
  *
- * These are the oracle: the CPU backend (forward.c) is built from them, and every GPU kernel
+ * These are the oracle: the CPU layer loop (layer.c) is built from them, and every GPU kernel
  * test compares against them.  Activations are f32 arrays holding the values the spec names;
  * where the spec rounds (r16), the function rounds, so outputs marked "bf16-exact" hold values
  * that are exactly representable in bf16.  Weights are bf16 bits (uint16_t) as in the
