@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "check.h"
+#include "tmodel.h"
 #include "config.h"
 
 /* A valid tiny-like config in the HF layout, every field spelled out. */
@@ -328,9 +329,7 @@ static void test_bad_json(void) {
 static char tmpdir[512];
 
 static void make_tmpdir(void) {
-    const char *t = getenv("TMPDIR");
-    snprintf(tmpdir, sizeof tmpdir, "%s/sm_test_config.XXXXXX", t && *t ? t : "/tmp");
-    if (!mkdtemp(tmpdir)) tmpdir[0] = 0;
+    if (tm_mkdtemp(tmpdir, sizeof tmpdir, "sm_test_config")) tmpdir[0] = 0;
 }
 
 /* Number of entries in tmpdir besides . and .. */
@@ -483,11 +482,6 @@ int main(void) {
     RUN(test_load_errors);
     RUN(test_set_layers);
     RUN(test_validate);
-    if (tmpdir[0]) {
-        char path[600];
-        snprintf(path, sizeof path, "%s/config.json", tmpdir);
-        remove(path);
-        rmdir(tmpdir);
-    }
+    tm_rmtree(tmpdir);
     return TEST_DONE();
 }

@@ -11,7 +11,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <ftw.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "check.h"
+#include "tmodel.h"
 #include "codec.h"
 #include "config.h"
 #include "cpu/ops.h"
@@ -39,11 +39,6 @@ static uint64_t rng_next(uint64_t *s) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
-}
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f) {
-    (void)sb, (void)flag, (void)f;
-    return remove(p);
 }
 
 static int one_line(const char *s) { return s && s[0] && !strchr(s, '\n'); }
@@ -531,9 +526,7 @@ static void test_bad_input(void) {
 
 int main(void) {
     /* a fresh tiny model (MXFP4 experts) and a BF16-expert twin in a temp dir */
-    const char *td = getenv("TMPDIR");
-    snprintf(g_tmp, sizeof g_tmp, "%s/sm_test_engine_XXXXXX", td && *td ? td : "/tmp");
-    if (!mkdtemp(g_tmp)) { printf("FAIL setup: mkdtemp\n"); return 1; }
+    if (tm_mkdtemp(g_tmp, sizeof g_tmp, "sm_test_engine")) { printf("FAIL setup: mkdtemp\n"); return 1; }
     snprintf(g_dir, sizeof g_dir, "%s/tiny", g_tmp);
     snprintf(g_dir_bf16, sizeof g_dir_bf16, "%s/tiny_bf16", g_tmp);
     sm_config c;
@@ -548,7 +541,7 @@ int main(void) {
     ok = ok && sm_make_model(&c, &mo, g_dir_bf16, &e) == 0;
     if (!ok || sparkmono_model_open(g_dir, NULL, &g_model) != SM_OK) {
         printf("FAIL setup: %s %s\n", e.msg, sparkmono_errmsg());
-        nftw(g_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+        tm_rmtree(g_tmp);
         return 1;
     }
     sparkmono_model_info info;
@@ -571,6 +564,6 @@ int main(void) {
 
     sparkmono_model_close(g_model);
     for (int p = 0; p < NPROMPT; p++) free(g_prompts[p]);
-    nftw(g_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    tm_rmtree(g_tmp);
     return TEST_DONE();
 }

@@ -7,12 +7,12 @@
  * Models: the tiny preset (4 layers) with a 16-token window so 32 positions cross it.
  */
 #include "check.h"
+#include "tmodel.h"
 #include "backend.h"
 #include "codec.h"
 #include "makemodel.h"
 #include "cpu/ops.h"
 #include "cpu/pool.h"
-#include <ftw.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,44 +21,14 @@
 
 /* ---------------------------------------------------------------- models */
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *f) {
-    (void)sb; (void)flag; (void)f;
-    return remove(p);
-}
-
-typedef struct tmodel {
-    char tmp[64];   /* temp dir holding model/ */
-    char dir[128];  /* the checkpoint directory */
-    sm_model m;
-    int ok;
-} tmodel;
-
 /* tiny, window 16, experts in fmt, loaded (online_mxfp4 as given). */
-static void tmodel_make(tmodel *t, sm_expert_fmt fmt, uint64_t seed, int online) {
+static void tiny_make(tmodel *t, sm_expert_fmt fmt, uint64_t seed, int online) {
     memset(t, 0, sizeof *t);
     sm_err e = {""};
     sm_config cfg;
     if (sm_config_preset("tiny", &cfg, &e)) { CHECK(0, "%s", e.msg); return; }
     cfg.window = 16;
-    strcpy(t->tmp, "/tmp/sm_fwd_XXXXXX");
-    if (!mkdtemp(t->tmp)) { CHECK(0, "mkdtemp"); return; }
-    snprintf(t->dir, sizeof t->dir, "%s/model", t->tmp);
-    sm_make_opts mo;
-    memset(&mo, 0, sizeof mo);
-    mo.experts = fmt;
-    mo.seed = seed;
-    mo.shards = 1;
-    if (sm_make_model(&cfg, &mo, t->dir, &e)) { CHECK(0, "make_model: %s", e.msg); return; }
-    sm_load_opts lo;
-    memset(&lo, 0, sizeof lo);
-    lo.online_mxfp4 = online;
-    if (sm_model_load(t->dir, &lo, &t->m, &e)) { CHECK(0, "load: %s", e.msg); return; }
-    t->ok = 1;
-}
-
-static void tmodel_free(tmodel *t) {
-    if (t->ok) sm_model_free(&t->m);
-    if (t->tmp[0]) nftw(t->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    tmodel_make(t, "sm_fwd", &cfg, fmt, seed, online);
 }
 
 /* ---------------------------------------------------------------- a backend + cache rig */
@@ -125,17 +95,6 @@ static void run_schedule(rig *r, const sm_model *m, const int *tok, float *logit
     rig_step(r, m, 0, tok, 27, 8, logits + (int64_t)32 * V, am + 32, NULL);
 }
 
-static double rel_err(const float *a, const float *ref, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isinf(ref[i]) && a[i] == ref[i]) continue;
-        double x = isnan(a[i]) ? INFINITY : (double)a[i] - ref[i];
-        d += x * x;
-        s += (double)ref[i] * ref[i];
-    }
-    return sqrt(d / s);
-}
-
 /* ---------------------------------------------------------------- tests */
 
 static tmodel g_bf16; /* shared by the bit-for-bit tests */
@@ -169,9 +128,9 @@ static void t_verify_equals_decodes(void) {
         for (int j = 0; j < 2; j++) memcpy(xb + ((int64_t)j * 32 + p) * H, x2 + j * H, sizeof(float) * H);
     }
     CHECK(memcmp(la, lb, sizeof(float) * 24 * V) == 0, "prefill logits differ from token-by-token: rel %g",
-          rel_err(la, lb, (int64_t)24 * V));
+          tm_rel_err(la, lb, (int64_t)24 * V));
     CHECK(memcmp(la + (int64_t)24 * V, lb + (int64_t)24 * V, sizeof(float) * 8 * V) == 0,
-          "verify logits differ from decodes: rel %g", rel_err(la + (int64_t)24 * V, lb + (int64_t)24 * V, (int64_t)8 * V));
+          "verify logits differ from decodes: rel %g", tm_rel_err(la + (int64_t)24 * V, lb + (int64_t)24 * V, (int64_t)8 * V));
     CHECK(memcmp(aa, ab, sizeof aa) == 0, "argmax differs");
     CHECK(memcmp(xa, xb, sizeof(float) * 2 * 32 * H) == 0, "aux hidden states differ");
     /* aux layer 0 is the embedding norm: r16(rms(embed[tok])) */
@@ -229,7 +188,7 @@ static void t_paged_and_threads(void) {
         if (c)
             CHECK(memcmp(got, ref, sizeof(float) * SCHED_ROWS * V) == 0 && memcmp(am, am_ref, sizeof am) == 0,
                   "%d threads, shuffle %llu: logits differ (rel %g)", cases[c].threads,
-                  (unsigned long long)cases[c].shuffle, rel_err(got, ref, (int64_t)SCHED_ROWS * V));
+                  (unsigned long long)cases[c].shuffle, tm_rel_err(got, ref, (int64_t)SCHED_ROWS * V));
         rig_free(&r);
     }
     free(ref);
@@ -273,7 +232,7 @@ static void t_multi_request(void) {
             int p0 = phase ? plen[q] : 0, cnt = phase ? vrows[q] : plen[q];
             const float *a = alone + ((int64_t)q * 32 + p0) * V, *b = mixed + (int64_t)row0[q] * V;
             CHECK(memcmp(a, b, sizeof(float) * cnt * V) == 0, "request %d phase %d: logits differ (rel %g)", q, phase,
-                  rel_err(b, a, (int64_t)cnt * V));
+                  tm_rel_err(b, a, (int64_t)cnt * V));
             CHECK(memcmp(am_alone[q] + p0, am_mixed + row0[q], sizeof(int) * cnt) == 0, "request %d argmax differ", q);
         }
     }
@@ -287,11 +246,11 @@ out:
 static void t_expert_formats(void) {
     int V = 0;
     tmodel mx, f8, on;
-    tmodel_make(&mx, SM_EXP_MXFP4, 7, 0);
-    tmodel_make(&f8, SM_EXP_FP8, 7, 0);
-    tmodel_make(&on, SM_EXP_BF16, 7, 1); /* BF16 checkpoint, MXFP4 at load */
+    tiny_make(&mx, SM_EXP_MXFP4, 7, 0);
+    tiny_make(&f8, SM_EXP_FP8, 7, 0);
+    tiny_make(&on, SM_EXP_BF16, 7, 1); /* BF16 checkpoint, MXFP4 at load */
     tmodel bf;
-    tmodel_make(&bf, SM_EXP_BF16, 7, 0);
+    tiny_make(&bf, SM_EXP_BF16, 7, 0);
     if (!mx.ok || !f8.ok || !on.ok || !bf.ok) goto out;
     V = bf.m.cfg.V;
     int L = bf.m.cfg.L;
@@ -318,7 +277,7 @@ static void t_expert_formats(void) {
         CHECK(finite, "%s: non-finite logits", nm[i]);
     }
     for (int i = 1; i < 4; i++) {
-        double re = rel_err(lg[i], lg[0], (int64_t)SCHED_ROWS * V);
+        double re = tm_rel_err(lg[i], lg[0], (int64_t)SCHED_ROWS * V);
         int same = 0;
         for (int k = 0; k < SCHED_ROWS; k++) same += am[i][k] == am[0][k];
         printf("  %s vs bf16 (same seed): logits rel err %.3f, argmax equal on %d of %d rows\n", nm[i], re, same,
@@ -326,7 +285,7 @@ static void t_expert_formats(void) {
         CHECK(re < 1.0, "%s: logits rel err %g vs bf16", nm[i], re);
     }
     {
-        double re = rel_err(lg[3], lg[1], (int64_t)SCHED_ROWS * V);
+        double re = tm_rel_err(lg[3], lg[1], (int64_t)SCHED_ROWS * V);
         printf("  online-mxfp4 vs the mxfp4 checkpoint: logits rel err %g%s\n", re,
                memcmp(lg[3], lg[1], sizeof(float) * SCHED_ROWS * V) ? "" : " (bit-identical)");
     }
@@ -346,7 +305,7 @@ static void t_expert_formats(void) {
             for (int l = 1; l < L - 1; l++) {
                 ref_moe(NULL, &bf.m, l, xf, n, f0, i0, NULL, NULL, NULL);
                 ref_moe(NULL, &ms[i]->m, l, xf, n, f1, i1, NULL, NULL, NULL);
-                double re = rel_err(f1, f0, (int64_t)n * H);
+                double re = tm_rel_err(f1, f0, (int64_t)n * H);
                 printf("  %s vs bf16, MoE branch of layer %d on the same inputs: rel err %.3f\n", nm[i], l, re);
                 CHECK(re < 0.3, "%s layer %d: MoE rel err %g", nm[i], l, re);
                 CHECK(memcmp(i0, i1, sizeof(int) * n * K) == 0, "%s layer %d: routes differ", nm[i], l);
@@ -381,7 +340,7 @@ out:
 /* The grouped MoE (routes gathered per expert, threads across experts) == route by route. */
 static void t_moe_grouping(void) {
     tmodel t;
-    tmodel_make(&t, SM_EXP_MXFP4, 9, 0);
+    tiny_make(&t, SM_EXP_MXFP4, 9, 0);
     if (!t.ok) { tmodel_free(&t); return; }
     const sm_model *m = &t.m;
     const sm_config *c = &m->cfg;
@@ -515,7 +474,7 @@ static void t_pool(void) {
 }
 
 int main(void) {
-    tmodel_make(&g_bf16, SM_EXP_BF16, 3, 0);
+    tiny_make(&g_bf16, SM_EXP_BF16, 3, 0);
     RUN(t_verify_equals_decodes);
     RUN(t_paged_and_threads);
     RUN(t_multi_request);

@@ -7,10 +7,10 @@
  * We rejected checked-in binary fixtures: the bytes below say what each case breaks.
  */
 #include "check.h"
+#include "tmodel.h"
 #include "safetensors.h"
 #include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -64,11 +64,6 @@ static void write_text(const char *path, const char *s) {
     if (!f) { printf("cannot create %s\n", path); exit(1); }
     fputs(s, f);
     fclose(f);
-}
-
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
 }
 
 static int count_entries(const char *dir) {
@@ -586,9 +581,7 @@ int main(void) {
     g_rng = s ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
     if (!g_rng) g_rng = 88172645463325252ull;
     printf("seed %" PRIu64 " (SM_TEST_SEED)\n", g_rng);
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/sm_st_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(g_dir)) {
+    if (tm_mkdtemp(g_dir, sizeof g_dir, "sm_st")) {
         printf("FAIL mkdtemp %s\n", g_dir);
         return 1;
     }
@@ -599,6 +592,6 @@ int main(void) {
     RUN(test_bad_index);
     RUN(test_writer_errors);
     RUN(test_large_sparse);
-    nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    tm_rmtree(g_dir);
     return TEST_DONE();
 }

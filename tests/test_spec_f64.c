@@ -19,46 +19,15 @@
  * end-to-end chain is still run, and bounded loosely (0.1) with its argmax agreement printed.
  */
 #include "check.h"
+#include "tmodel.h"
 #include "backend.h"
 #include "codec.h"
 #include "makemodel.h"
 #include "cpu/ops.h" /* only for the debug trace hook, sm_cpu_backend_trace */
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---------------------------------------------------------------- test model files */
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *f) {
-    (void)sb; (void)flag; (void)f;
-    return remove(p);
-}
-
-/* Write a random checkpoint of cfg into a fresh temp dir and load it. */
-static int make_load(const sm_config *cfg, sm_expert_fmt fmt, uint64_t seed, char *tmpdir, sm_model *m) {
-    sm_err e = {""};
-    strcpy(tmpdir, "/tmp/sm_f64_XXXXXX");
-    if (!mkdtemp(tmpdir)) { printf("  mkdtemp failed\n"); tmpdir[0] = 0; return -1; }
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/model", tmpdir);
-    sm_make_opts mo;
-    memset(&mo, 0, sizeof mo);
-    mo.experts = fmt;
-    mo.seed = seed;
-    mo.shards = 1;
-    if (sm_make_model(cfg, &mo, dir, &e)) { printf("  make_model: %s\n", e.msg); return -1; }
-    sm_load_opts lo;
-    memset(&lo, 0, sizeof lo);
-    if (sm_model_load(dir, &lo, m, &e)) { printf("  load: %s\n", e.msg); return -1; }
-    return 0;
-}
-
-static void cleanup(char *tmpdir, sm_model *m) {
-    sm_model_free(m);
-    if (tmpdir[0]) nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 /* ---------------------------------------------------------------- the f64 evaluation */
 
@@ -681,13 +650,12 @@ static void run_case(const char *what, int L, sm_expert_fmt fmt, uint64_t seed) 
     CHECK(sm_config_set_layers(&cfg, L, &e) == 0, "%s", e.msg);
     cfg.window = 8;
     CHECK(cfg.full[0] == 0 && cfg.full[1] == 1, "layer kinds: %d %d", cfg.full[0], cfg.full[1]);
-    char tmp[64];
-    sm_model m;
-    memset(&m, 0, sizeof m);
-    if (make_load(&cfg, fmt, seed, tmp, &m)) { CHECK(0, "model for %s", what); cleanup(tmp, &m); return; }
-    CHECK(L < 3 || m.layers[1].ex.fmt == fmt, "layer 1 experts are %s", sm_expert_fmt_name(m.layers[1].ex.fmt));
+    tmodel t;
+    if (tmodel_make(&t, "sm_f64", &cfg, fmt, seed, 0)) { CHECK(0, "model for %s", what); tmodel_free(&t); return; }
+    const sm_model *m = &t.m;
+    CHECK(L < 3 || m->layers[1].ex.fmt == fmt, "layer 1 experts are %s", sm_expert_fmt_name(m->layers[1].ex.fmt));
     errs er;
-    compare(&m, 2, seed * 7 + 1, &er);
+    compare(m, 2, seed * 7 + 1, &er);
     char line[4096];
     int o = snprintf(line, sizeof line, "  %s, per stage (f64 from the CPU's own inputs):", what);
     for (int i = 0; i < er.nst; i++) {
@@ -713,7 +681,7 @@ static void run_case(const char *what, int L, sm_expert_fmt fmt, uint64_t seed) 
     CHECK(er.nst == 20, "%s: %d stages traced, expected 20", what, er.nst);
     CHECK(er.route_diff == 0, "%s: %d routes differ", what, er.route_diff);
     CHECK(er.e2e < 0.5, "%s: end-to-end logits rel err %g", what, er.e2e);
-    cleanup(tmp, &m);
+    tmodel_free(&t);
 }
 
 static void t_f64_bf16_2layers(void) { run_case("bf16 L=2", 2, SM_EXP_BF16, 11); }

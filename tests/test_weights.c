@@ -6,13 +6,13 @@
  * tensor with st_writer from a good one (drop / add / retype / reshape / poke) and each load
  * must fail with a message naming the tensor. */
 #include "check.h"
+#include "tmodel.h"
 #include "../src/check.h"
 #include "codec.h"
 #include "config.h"
 #include "makemodel.h"
 #include "safetensors.h"
 #include "weights.h"
-#include <ftw.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -749,16 +749,9 @@ static void test_variants(void) {
     st_close(&ao);
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(p);
-}
-
 int main(void) {
-    const char *td = getenv("TMPDIR");
-    snprintf(base, sizeof base, "%s/sm_test_weights_XXXXXX", td && *td ? td : "/tmp");
     sm_err e = {{0}};
-    if (!mkdtemp(base) || sm_config_preset("tiny", &cfg, &e)) {
+    if (tm_mkdtemp(base, sizeof base, "sm_test_weights") || sm_config_preset("tiny", &cfg, &e)) {
         printf("FAIL setup (%s)\n", e.msg);
         return 1;
     }
@@ -769,7 +762,7 @@ int main(void) {
     if (make(d_bf16, &cfg, SM_EXP_BF16, 7, 1, 0) || make(d_mx, &cfg, SM_EXP_MXFP4, 7, 1, 0) ||
         make(d_fp8, &cfg, SM_EXP_FP8, 7, 1, 0) || make(d_sh, &cfg, SM_EXP_BF16, 7, 3, 3)) {
         printf("FAIL setup\n");
-        nftw(base, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+        tm_rmtree(base);
         return 1;
     }
     RUN(test_shapes_and_formats);
@@ -783,6 +776,6 @@ int main(void) {
     RUN(test_outdir);
     RUN(test_broken);
     RUN(test_variants);
-    nftw(base, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    tm_rmtree(base);
     return TEST_DONE();
 }

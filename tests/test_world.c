@@ -16,6 +16,7 @@
  */
 #include "check.h"
 #include "condition.h"
+#include "tmodel.h"
 #include "backend.h"
 #include "comm.h"
 #include "shard.h"
@@ -24,7 +25,6 @@
 #include "sparkmono.h"
 #include "engine.h"
 #include "cpu/ops.h"
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -32,18 +32,6 @@
 #include <string.h>
 
 /* ---------------------------------------------------------------- models */
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *f) {
-    (void)sb; (void)flag; (void)f;
-    return remove(p);
-}
-
-typedef struct tmodel {
-    char tmp[64];   /* temp dir holding model/ */
-    char dir[128];  /* the checkpoint directory */
-    sm_model m;
-    int ok;
-} tmodel;
 
 /* The test config: mini's head and expert counts, narrow widths. */
 static int small_config(sm_config *c, int I) {
@@ -54,39 +42,9 @@ static int small_config(sm_config *c, int I) {
     return 0;
 }
 
-static void tmodel_make(tmodel *t, const sm_config *cfg, sm_expert_fmt fmt, uint64_t seed) {
-    memset(t, 0, sizeof *t);
-    sm_err e = {""};
-    strcpy(t->tmp, "/tmp/sm_world_XXXXXX");
-    if (!mkdtemp(t->tmp)) { CHECK(0, "mkdtemp"); return; }
-    snprintf(t->dir, sizeof t->dir, "%s/model", t->tmp);
-    sm_make_opts mo;
-    memset(&mo, 0, sizeof mo);
-    mo.experts = fmt;
-    mo.seed = seed;
-    mo.shards = 1;
-    if (sm_make_model(cfg, &mo, t->dir, &e)) { CHECK(0, "make_model: %s", e.msg); return; }
-    sm_load_opts lo;
-    memset(&lo, 0, sizeof lo);
-    if (sm_model_load(t->dir, &lo, &t->m, &e)) { CHECK(0, "load: %s", e.msg); return; }
-    residual_dominant(&t->m, seed + 99);
-    t->ok = 1;
-}
-
-static void tmodel_free(tmodel *t) {
-    if (t->ok) sm_model_free(&t->m);
-    if (t->tmp[0]) nftw(t->tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static double rel_err(const float *a, const float *ref, int64_t n) {
-    double d = 0, s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isinf(ref[i]) && a[i] == ref[i]) continue;
-        double x = isnan(a[i]) ? INFINITY : (double)a[i] - ref[i];
-        d += x * x;
-        s += (double)ref[i] * ref[i];
-    }
-    return sqrt(d / s);
+/* A test model of cfg made by tmodel.h, then residual-dominant gates (condition.h). */
+static void world_make(tmodel *t, const sm_config *cfg, sm_expert_fmt fmt, uint64_t seed) {
+    if (tmodel_make(t, "sm_world", cfg, fmt, seed, 0) == 0) residual_dominant(&t->m, seed + 99);
 }
 
 static uint64_t xs64(uint64_t *s) {
@@ -619,7 +577,7 @@ static void t_world1_bitexact(void) {
         rig_cfg rc = {.world = 1, .moe_tp = tp, .finalize_rows = tp ? 4 : 0};
         if (run_schedule(m, &rc, g_tok0, g_tok1, lg, am, aux, NULL)) continue;
         CHECK(memcmp(lg, g_ref_lg, sizeof(float) * SCHED * V) == 0, "%s: logits differ from the cpu backend: rel %g",
-              tp ? "tp" : "ep", rel_err(lg, g_ref_lg, (int64_t)SCHED * V));
+              tp ? "tp" : "ep", tm_rel_err(lg, g_ref_lg, (int64_t)SCHED * V));
         CHECK(memcmp(am, g_ref_am, sizeof am) == 0, "%s: argmax differs", tp ? "tp" : "ep");
         CHECK(memcmp(aux, g_ref_aux, sizeof(float) * 2 * PRE * H) == 0, "%s: aux differs", tp ? "tp" : "ep");
     }
@@ -664,8 +622,8 @@ static void t_world_vs_single(void) {
             snprintf(what, sizeof what, "W %d %s", W, tp ? "tp" : "ep");
             if (run_schedule(m, &rc, g_tok0, g_tok1, lg, am, aux, &R)) { rec_free(&R); continue; }
             int first, flips = route_flips(&g_ref_rec, &R, &first);
-            double err = rel_err(lg, g_ref_lg, (int64_t)SCHED * V);
-            double aerr = rel_err(aux + PRE * H, g_ref_aux + PRE * H, (int64_t)PRE * H);
+            double err = tm_rel_err(lg, g_ref_lg, (int64_t)SCHED * V);
+            double aerr = tm_rel_err(aux + PRE * H, g_ref_aux + PRE * H, (int64_t)PRE * H);
             printf("  %s: logits rel err %.3g, aux[L/2] rel err %.3g, route choices differing from W = 1: %d\n", what, err,
                    aerr, flips);
             CHECK(err < 1e-2, "%s: logits rel err %g (%d route choices flipped, first at layer %d)", what, err, flips, first);
@@ -712,7 +670,7 @@ static void t_world_arrival_and_finalize(void) {
                       .nthreads = cases[ci].nthreads, .jitter = cases[ci].seed};
         if (run_schedule(m, &rc, g_tok0, g_tok1, b, amb, NULL, NULL)) continue;
         CHECK(memcmp(a, b, sizeof(float) * SCHED * V) == 0, "W %d %s, %s: logits changed (rel %g)", cases[ci].W,
-              cases[ci].tp ? "tp" : "ep", cases[ci].what, rel_err(b, a, (int64_t)SCHED * V));
+              cases[ci].tp ? "tp" : "ep", cases[ci].what, tm_rel_err(b, a, (int64_t)SCHED * V));
     }
     free(b);
 }
@@ -733,7 +691,7 @@ static void t_world_formats(void) {
             ref_of = m;
         }
         if (run_schedule(m, &rw, g_tok0, g_tok1, b, amb, NULL, NULL)) continue;
-        double err = rel_err(b, a, (int64_t)SCHED * V);
+        double err = tm_rel_err(b, a, (int64_t)SCHED * V);
         int same = 0;
         for (int i = 0; i < SCHED; i++) same += ama[i] == amb[i];
         printf("  %s W %d %s: logits rel err %.3g, argmax %d/%d equal\n", sm_expert_fmt_name(m->layers[1].ex.fmt),
@@ -857,9 +815,9 @@ static void t_engine_world(void) {
 int main(void) {
     sm_config c;
     if (small_config(&c, 128) == 0) {
-        tmodel_make(&g_bf16, &c, SM_EXP_BF16, 16);
-        tmodel_make(&g_fp8, &c, SM_EXP_FP8, 12);
-        tmodel_make(&g_mx, &c, SM_EXP_MXFP4, 13);
+        world_make(&g_bf16, &c, SM_EXP_BF16, 16);
+        world_make(&g_fp8, &c, SM_EXP_FP8, 12);
+        world_make(&g_mx, &c, SM_EXP_MXFP4, 13);
     }
     if (g_bf16.ok) make_reference();
     RUN(t_shard_refusals);
