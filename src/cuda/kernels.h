@@ -43,6 +43,11 @@ typedef struct sm_cuda_ctx {
     size_t blas_ws_bytes;
     void *ws;                /* device [ws_bytes]: split-K partials, attention partials, argmax partials */
     size_t ws_bytes;
+    unsigned *tile_cnt;      /* device [tile_cnt_len]: arrival counters of the wgmma matmul's shared
+                              * tiles; zero between launches (each launch resets what it used) */
+    int tile_cnt_len;
+    void *tma_encode;        /* host: the driver's cuTensorMapEncodeTiled, NULL when the wgmma
+                              * path is unavailable (not a 9.x device, or an old driver) */
 } sm_cuda_ctx;
 
 #ifdef __cplusplus
@@ -84,15 +89,27 @@ int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, ui
                   cudaStream_t st, sm_err *e);
 
 /* ---- matmuls (matmul.cu) ---- */
-/* y [n, m] = r16(x [n, k] @ W [m, k]^T), bf16 in, f32 accumulation, bf16 out.  n <= 128:
- * the weight-streaming tensor-core kernel (sm_k_mm_small); more rows: cuBLAS (sm_k_mm_blas).
- * Requires k % 32 == 0 and 16-byte aligned x, W (m any >= 1).  Uses c->ws for split-K. */
+/* y [n, m] = r16(x [n, k] @ W [m, k]^T), bf16 in, f32 accumulation, bf16 out.  n <= 128: the
+ * wgmma stream-K kernel (the mma.sync core where the wgmma path is unavailable), whose work
+ * split depends on (m, k) only, so a row's bits do not depend on n (speculative == greedy);
+ * more rows: cuBLAS (sm_k_mm_blas).  Requires k % 32 == 0 and 16-byte aligned x, W (m any
+ * >= 1).  Uses c->ws for split-K partials. */
 int sm_k_mm(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
             uint16_t *y, cudaStream_t st, sm_err *e);
-/* The two paths of sm_k_mm, callable directly (tests, benchmarks): small requires n <= 128. */
+/* The paths of sm_k_mm, callable directly (tests, benchmarks): small (the mma.sync core of
+ * common.cuh) requires n <= 128. */
 int sm_k_mm_small(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                   uint16_t *y, cudaStream_t st, sm_err *e);
 int sm_k_mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                 uint16_t *y, cudaStream_t st, sm_err *e);
+/* Path choice for tests and benchmarks (sm_k_mm_path, sm_k_logits_path). */
+#define SM_PATH_AUTO 0  /* what sm_k_mm / sm_k_logits pick */
+#define SM_PATH_SYNC 1  /* mma.sync weight-streaming core (common.cuh), 64-row blocks */
+#define SM_PATH_WG1 2   /* wgmma stream-K kernel, 128-row tiles (TMA-fed, 2 consumer warpgroups) */
+#define SM_PATH_WG2 3   /* wgmma stream-K kernel, 256-row tiles */
+/* sm_k_mm with the path forced (n <= 128; a WG path fails with one line when c->tma_encode is
+ * NULL). */
+int sm_k_mm_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                  uint16_t *y, cudaStream_t st, sm_err *e);
 /* f32-weight variant (router): y [n, m] = x [n, k] (bf16) @ W [m, k]^T (f32), f32
  * accumulation, f32 output NOT rounded.  Any n; k % 4 == 0, x 8-byte and W 16-byte aligned. */
@@ -157,6 +174,18 @@ int sm_k_attention_prefill(const uint16_t *q, int ldq, const uint16_t *gate, int
 int sm_k_logits(sm_cuda_ctx *c, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
                 int vocab_used, float m_o, float softcap, float *logits, int *argmax,
                 cudaStream_t st, sm_err *e);
+/* sm_k_logits with the path forced (SM_PATH_*), for tests and benchmarks. */
+int sm_k_logits_path(sm_cuda_ctx *c, int path, const uint16_t *h, int n, int H, const uint16_t *lm_head,
+                     int V, int vocab_used, float m_o, float softcap, float *logits, int *argmax,
+                     cudaStream_t st, sm_err *e);
+/* Internal to logits.cu (defined in matmul.cu, next to the wgmma kernel it shares with
+ * sm_k_mm): the lm_head product of n <= 128 rows with the logits epilogue.  Reads lm_head
+ * once; writes logits (f32 [n, V], when non-NULL) and, per tile of 128 * mt rows of lm_head
+ * (mt 1 or 2), the best (value, id) of each row: pv f32 / pi int32 [*ntiles][n], laid out at
+ * the start of c->ws (the kernel's partial tiles follow them).  The caller reduces pv / pi. */
+int sm_k_logits_wg(sm_cuda_ctx *c, int mt, const uint16_t *h, int n, int H, const uint16_t *lm_head,
+                   int V, int vocab_used, float m_o, float softcap, float *logits, float **pv,
+                   int **pi, int *ntiles, cudaStream_t st, sm_err *e);
 
 #ifdef __cplusplus
 }

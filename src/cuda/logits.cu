@@ -1,11 +1,16 @@
 /* logits.cu: final logits and greedy argmax (SPEC.md section 4, last lines).
  *
  * lm_head [V, H] is the largest matrix of a step (3.3 GB in the real model); it is streamed
- * once per chunk of up to 128 rows by the swap-AB core of common.cuh (no split-K: V / 64
- * blocks already fill the GPU).  The epilogue applies the softcap and the vocab_used mask,
- * writes f32 logits when asked, and reduces each block's 64 ids to one (value, id) per row;
- * a second kernel reduces those partials per row.  Both reductions take the larger value and,
- * on equal values, the lower id, so the result is the reference's argmax whatever the grid.
+ * once per chunk of up to 128 rows.  Two kernels compute raw = h . lm_head[v]:
+ *  - the wgmma stream-K kernel of matmul.cu (sm_k_logits_wg) with its logits epilogue, tiles
+ *    of 128 * LG_WG_MT ids: 94% of the read floor at 8 rows, 79% at 128 (measured);
+ *  - without the wgmma path (not a Hopper device, old driver), or when forced for tests: the
+ *    mma.sync swap-AB core of common.cuh, one block per 64 ids (82% at 8 rows, but 30% at 128:
+ *    bound by mma.sync issue, and it re-reads all of h from L2 for every 64 ids).
+ * Both epilogues apply the softcap and the vocab_used mask, write f32 logits when asked, and
+ * reduce each block's (or tile's) ids to one (value, id) per row; argmax_reduce_kernel then
+ * reduces those partials per row.  Both reductions take the larger value and, on equal values,
+ * the lower id, so the result is the reference's argmax whatever the grid.
  * We rejected writing all logits and running a separate argmax over [n, V]: that is 800 KB a
  * row of extra traffic when the caller only wants the argmax.
  */
@@ -98,35 +103,56 @@ static int logits_launch(int nb, const uint16_t *h, int n, int H, const uint16_t
     return 0;
 }
 
-int sm_k_logits(sm_cuda_ctx *c, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V, int vocab_used,
-                float m_o, float softcap, float *logits, int *argmax, cudaStream_t st, sm_err *e) {
+#define LG_WG_MIN_ROWS 1  /* the wgmma kernel from this many rows of a chunk (keep 1: the path,
+                            * hence a row's bits, must not depend on the batch size) */
+#define LG_WG_MT 1         /* its tiles: 128 * LG_WG_MT ids (measured: 256-id tiles 72% of the
+                            * floor at 128 rows, 128-id tiles 79%; equal at 8 rows) */
+
+int sm_k_logits_path(sm_cuda_ctx *c, int path, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
+                     int vocab_used, float m_o, float softcap, float *logits, int *argmax, cudaStream_t st, sm_err *e) {
     if (n < 0 || H <= 0 || V <= 0) return sm_errf(e, "sm_k_logits: bad shape n=%d H=%d V=%d", n, H, V);
     if (H % 32) return sm_errf(e, "sm_k_logits: H=%d is not a multiple of 32", H);
     if (vocab_used < 1 || vocab_used > V) return sm_errf(e, "sm_k_logits: vocab_used=%d outside [1, V=%d]", vocab_used, V);
     if (!h || !lm_head || !argmax) return sm_errf(e, "sm_k_logits: NULL h, lm_head or argmax");
     if (!sm_aligned(h, 16) || !sm_aligned(lm_head, 16)) return sm_errf(e, "sm_k_logits: h or lm_head not 16-byte aligned");
+    if (path < SM_PATH_AUTO || path > SM_PATH_WG2) return sm_errf(e, "sm_k_logits: unknown path %d", path);
     if (n == 0) return 0;
-    const int nb = sm_cdiv(V, SM_MM_ROWS);
-    const int cn = n < SM_MM_SMALL_MAX ? n : SM_MM_SMALL_MAX;
-    const size_t need = (size_t)nb * cn * (sizeof(float) + sizeof(int));
-    if (need > c->ws_bytes)
-        return sm_errf(e, "sm_k_logits: workspace of %zu bytes below the %zu bytes of argmax partials (V=%d, %d rows)",
-                       c->ws_bytes, need, V, cn);
-    float *pv = (float *)c->ws;
-    int *pi = (int *)(pv + (size_t)nb * cn);
     for (int r0 = 0; r0 < n; r0 += SM_MM_SMALL_MAX) {
         const int rn = n - r0 < SM_MM_SMALL_MAX ? n - r0 : SM_MM_SMALL_MAX;
         const uint16_t *hr = h + (size_t)r0 * H;
         float *lr = logits ? logits + (size_t)r0 * V : NULL;
-        int rc;
-        if (rn <= 8) rc = logits_launch<1>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
-        else if (rn <= 16) rc = logits_launch<2>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
-        else if (rn <= 32) rc = logits_launch<4>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
-        else if (rn <= 64) rc = logits_launch<8>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
-        else rc = logits_launch<16>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
-        if (rc) return -1;
+        int p = path;
+        if (p == SM_PATH_AUTO) p = c->tma_encode && rn >= LG_WG_MIN_ROWS ? (LG_WG_MT == 2 ? SM_PATH_WG2 : SM_PATH_WG1) : SM_PATH_SYNC;
+        float *pv;
+        int *pi, nb;
+        if (p == SM_PATH_SYNC) {
+            /* raw, softcap, mask, per-64-id best (value, id) */
+            nb = sm_cdiv(V, SM_MM_ROWS);
+            const size_t need = (size_t)nb * rn * (sizeof(float) + sizeof(int));
+            if (need > c->ws_bytes)
+                return sm_errf(e, "sm_k_logits: workspace of %zu bytes below the %zu bytes of argmax partials (V=%d, %d rows)",
+                               c->ws_bytes, need, V, rn);
+            pv = (float *)c->ws;
+            pi = (int *)(pv + (size_t)nb * rn);
+            int rc;
+            if (rn <= 8) rc = logits_launch<1>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
+            else if (rn <= 16) rc = logits_launch<2>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
+            else if (rn <= 32) rc = logits_launch<4>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
+            else if (rn <= 64) rc = logits_launch<8>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
+            else rc = logits_launch<16>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
+            if (rc) return -1;
+        } else if (sm_k_logits_wg(c, p == SM_PATH_WG2 ? 2 : 1, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, &pv, &pi, &nb,
+                                  st, e)) {
+            return -1;
+        }
+        /* argmax per row over the partials */
         argmax_reduce_kernel<<<rn, 256, 0, st>>>(pv, pi, nb, rn, argmax + r0);
         SM_LAUNCH_CHECK("argmax_reduce_kernel");
     }
     return 0;
+}
+
+int sm_k_logits(sm_cuda_ctx *c, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V, int vocab_used,
+                float m_o, float softcap, float *logits, int *argmax, cudaStream_t st, sm_err *e) {
+    return sm_k_logits_path(c, SM_PATH_AUTO, h, n, H, lm_head, V, vocab_used, m_o, softcap, logits, argmax, st, e);
 }

@@ -9,6 +9,9 @@ extern "C" {
 int gpu_test_kernels(void);  /* per-op kernels vs the CPU reference ops (tests/gpu/test_kernels.cu) */
 int gpu_test_moe(void);      /* MoE expert stage vs the CPU reference (tests/gpu/test_moe.cu) */
 int gpu_test_model(void);    /* whole-model logits and generation vs the CPU backend (tests/gpu/test_model.c) */
+/* Microbenchmark of the dense few-row kernels (lm_head logits, dense matmuls) at 8..128 rows,
+ * each path, % of the weight-read floor (tests/gpu/bench_dense.cu).  0, or 1 on a CUDA error. */
+int gpu_bench_dense(void);
 #ifdef __cplusplus
 }
 #endif

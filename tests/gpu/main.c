@@ -92,9 +92,10 @@ static void run_group(group *g) {
 }
 
 /* `gpu_test` runs every group, `gpu_test GROUP` one of them; `gpu_test --bench-moe` runs the
- * MoE microbenchmark only. */
+ * MoE microbenchmark only, `gpu_test --bench-dense` the dense-kernel microbenchmark only. */
 int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--bench-moe")) return gpu_bench_moe();
+    if (argc == 2 && !strcmp(argv[1], "--bench-dense")) return gpu_bench_dense();
     group gs[] = {
         {"kernels", gpu_test_kernels, 0, 0, 0, 0.0},
         {"moe", gpu_test_moe, 0, 0, 0, 0.0},
@@ -106,7 +107,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < ng; i++)
             if (!strcmp(argv[1], gs[i].name)) only = i;
     if (argc > 2 || (argc == 2 && only < 0)) {
-        fprintf(stderr, "usage: gpu_test [kernels|moe|model|--bench-moe]\n");
+        fprintf(stderr, "usage: gpu_test [kernels|moe|model|--bench-moe|--bench-dense]\n");
         return 2;
     }
     int pass = 0, fail = 0;

@@ -171,8 +171,9 @@ static double cmp_f32(const float *d, const float *ref, size_t n, rel_acc *a) {
     return rel_val(a);
 }
 
-/* One PASS/FAIL line: ok requires no NaN, matched infinities, rel <= bound, guards intact. */
-static int verdict(const char *name, int ok, const rel_acc *a, double bound) {
+/* One PASS/FAIL line: ok requires no NaN, matched infinities, rel <= bound, guards intact.
+ * verdict_keep leaves the case's buffers allocated (several paths checked on one reference). */
+static int verdict_keep(const char *name, int ok, const rel_acc *a, double bound) {
     double r = rel_val(a);
     if (a->nan) { printf("  %ld NaN outputs\n", a->nan); ok = 0; }
     if (a->infbad) { printf("  %ld masked (-inf) entries not matched\n", a->infbad); ok = 0; }
@@ -181,6 +182,10 @@ static int verdict(const char *name, int ok, const rel_acc *a, double bound) {
     printf("%s %s (rel %.2e)\n", ok ? "PASS" : "FAIL", name, r);
     fflush(stdout);
     if (ok) g_pass++; else g_fail++;
+    return ok;
+}
+static int verdict(const char *name, int ok, const rel_acc *a, double bound) {
+    ok = verdict_keep(name, ok, a, bound);
     case_end();
     return ok;
 }
@@ -192,6 +197,14 @@ static void fail_line(const char *name, const char *why) {
 }
 
 /* ------------------------------------------------------------------ matmul */
+
+/* Paths of the few-row matmul and the logits checked by the cases below. */
+#define P_AUTO (1 << SM_PATH_AUTO)
+#define P_SYNC (1 << SM_PATH_SYNC)
+#define P_WG1 (1 << SM_PATH_WG1)
+#define P_WG2 (1 << SM_PATH_WG2)
+#define P_ALL (P_SYNC | P_WG1 | P_WG2)
+static const char *path_name(int p) { return p == SM_PATH_SYNC ? "sync" : p == SM_PATH_WG1 ? "wg128" : p == SM_PATH_WG2 ? "wg256" : "auto"; }
 
 static void case_mm(int which, int n, int k, int m) {
     /* which: 0 sm_k_mm (dispatch), 1 small, 2 cuBLAS */
@@ -216,6 +229,46 @@ static void case_mm(int which, int n, int k, int m) {
     rel_acc a = {0, 0, 0, 0};
     cmp_bf16(dy, ref, (size_t)n * m, &a);
     verdict(name, 1, &a, 1e-2);
+}
+
+/* The few-row paths (mask of P_*) on one input and one reference; each path writes a fresh
+ * poisoned output, and runs twice: the second result must equal the first bit for bit (the
+ * wgmma kernel's shared tiles are summed in a fixed order, its counters reset themselves). */
+static void case_mm_paths(int paths, int n, int k, int m) {
+    sm_err e = {""};
+    uint16_t *hx = (uint16_t *)halloc((size_t)n * k * 2), *hw = (uint16_t *)halloc((size_t)m * k * 2);
+    fill_bf16(hx, (size_t)n * k, 1.0f);
+    fill_bf16(hw, (size_t)m * k, 1.0f / sqrtf((float)k));
+    float *xf = (float *)halloc((size_t)n * k * 4), *ref = (float *)halloc((size_t)n * m * 4);
+    bf16_to_f32(hx, xf, (size_t)n * k);
+    ref_mm(g_pool, xf, n, k, hw, m, ref);
+    uint16_t *dx = (uint16_t *)dup_to_dev("x", hx, 2, (size_t)n * k);
+    uint16_t *dw = (uint16_t *)dup_to_dev("W", hw, 2, (size_t)m * k);
+    uint16_t *h1 = (uint16_t *)halloc((size_t)n * m * 2), *h2 = (uint16_t *)halloc((size_t)n * m * 2);
+    for (int p = SM_PATH_SYNC; p <= SM_PATH_WG2; p++) {
+        if (!(paths & (1 << p))) continue;
+        char name[128];
+        snprintf(name, sizeof name, "mm_%s n=%d k=%d m=%d", path_name(p), n, k, m);
+        uint16_t *dy = (uint16_t *)dalloc("y", 2, (size_t)n * m);
+        int ok = 1;
+        if (sm_k_mm_path(&g_ctx, p, dx, n, k, dw, m, dy, g_st, &e)) { printf("  %s\n", e.msg); ok = 0; }
+        if (ok && !sync_ok()) ok = 0;
+        if (ok) {
+            to_host(h1, dy, (size_t)n * m * 2);
+            cudaMemset(dy, 0xFF, (size_t)n * m * 2);
+            if (sm_k_mm_path(&g_ctx, p, dx, n, k, dw, m, dy, g_st, &e)) { printf("  %s\n", e.msg); ok = 0; }
+            if (ok && !sync_ok()) ok = 0;
+            if (ok) {
+                to_host(h2, dy, (size_t)n * m * 2);
+                if (memcmp(h1, h2, (size_t)n * m * 2)) { printf("  second run differs from the first\n"); ok = 0; }
+            }
+        }
+        rel_acc a = {0, 0, 0, 0};
+        if (ok) cmp_bf16(dy, ref, (size_t)n * m, &a);
+        else a.nan = 1;
+        verdict_keep(name, ok, &a, 1e-2);
+    }
+    case_end();
 }
 
 static void case_mm_f32w(int n, int k, int m) {
@@ -632,9 +685,7 @@ static void case_attention(const char *label, int nh, int nkv, int window, int n
 
 /* ------------------------------------------------------------------ logits */
 
-static void case_logits(int n, int H, int V, int vu, int want_logits) {
-    char name[128];
-    snprintf(name, sizeof name, "logits n=%d H=%d V=%d vocab_used=%d%s", n, H, V, vu, want_logits ? "" : " (argmax only)");
+static void case_logits(int paths, int n, int H, int V, int vu, int want_logits) {
     sm_err e = {""};
     sm_model m;
     memset(&m, 0, sizeof m);
@@ -651,31 +702,44 @@ static void case_logits(int n, int H, int V, int vu, int want_logits) {
     bf16_to_f32(hh, h, (size_t)n * H);
     ref_logits_h(g_pool, &m, h, n, ref, ram);
     uint16_t *dw = (uint16_t *)dup_to_dev("lm_head", hw, 2, (size_t)V * H), *dh = (uint16_t *)dup_to_dev("h", hh, 2, (size_t)n * H);
-    float *dl = want_logits ? (float *)dalloc("logits", 4, (size_t)n * V) : NULL;
-    int *dam = (int *)dalloc("argmax", 4, n);
-    if (sm_k_logits(&g_ctx, dh, n, H, dw, V, vu, m.cfg.out_mult, m.cfg.softcap, dl, dam, g_st, &e)) {
-        fail_line(name, e.msg);
-        return;
-    }
-    if (!sync_ok()) { fail_line(name, "kernel failed"); return; }
     int *gam = (int *)halloc((size_t)n * 4);
-    to_host(gam, dam, (size_t)n * 4);
-    int ok = 1, bad = 0, skipped = 0;
-    for (int i = 0; i < n; i++) {
-        const float *li = ref + (size_t)i * V;
-        float b1 = li[ram[i]], b2 = -INFINITY;
-        for (int v = 0; v < vu; v++) if (v != ram[i] && li[v] > b2) b2 = li[v];
-        if (b1 - b2 < 1e-4f * fabsf(b1) + 1e-6f) { skipped++; continue; }
-        if (gam[i] != ram[i]) {
-            if (bad < 3) printf("  row %d: argmax %d, reference %d\n", i, gam[i], ram[i]);
-            bad++;
+    for (int p = SM_PATH_AUTO; p <= SM_PATH_WG2; p++) {
+        if (!(paths & (1 << p))) continue;
+        char name[160];
+        snprintf(name, sizeof name, "logits_%s n=%d H=%d V=%d vocab_used=%d%s", path_name(p), n, H, V, vu,
+                 want_logits ? "" : " (argmax only)");
+        float *dl = want_logits ? (float *)dalloc("logits", 4, (size_t)n * V) : NULL;
+        int *dam = (int *)dalloc("argmax", 4, n);
+        if (sm_k_logits_path(&g_ctx, p, dh, n, H, dw, V, vu, m.cfg.out_mult, m.cfg.softcap, dl, dam, g_st, &e)) {
+            printf("  %s\n", e.msg);
+            rel_acc bad = {0, 0, 1, 0};
+            verdict_keep(name, 0, &bad, 1e-3);
+            continue;
         }
+        if (!sync_ok()) {
+            rel_acc bad = {0, 0, 1, 0};
+            verdict_keep(name, 0, &bad, 1e-3);
+            continue;
+        }
+        to_host(gam, dam, (size_t)n * 4);
+        int ok = 1, bad = 0, skipped = 0;
+        for (int i = 0; i < n; i++) {
+            const float *li = ref + (size_t)i * V;
+            float b1 = li[ram[i]], b2 = -INFINITY;
+            for (int v = 0; v < vu; v++) if (v != ram[i] && li[v] > b2) b2 = li[v];
+            if (b1 - b2 < 1e-4f * fabsf(b1) + 1e-6f) { skipped++; continue; }
+            if (gam[i] != ram[i]) {
+                if (bad < 3) printf("  row %d: argmax %d, reference %d\n", i, gam[i], ram[i]);
+                bad++;
+            }
+        }
+        if (bad) { printf("  %d argmax ids differ\n", bad); ok = 0; }
+        if (skipped) printf("  %d rows skipped as near-ties\n", skipped);
+        rel_acc a = {0, 0, 0, 0};
+        if (want_logits) cmp_f32(dl, ref, (size_t)n * V, &a);
+        verdict_keep(name, ok, &a, 1e-3);
     }
-    if (bad) { printf("  %d argmax ids differ\n", bad); ok = 0; }
-    if (skipped) printf("  %d rows skipped as near-ties\n", skipped);
-    rel_acc a = {0, 0, 0, 0};
-    if (want_logits) cmp_f32(dl, ref, (size_t)n * V, &a);
-    verdict(name, ok, &a, 1e-3);
+    case_end();
 }
 
 /* ------------------------------------------------------------------ preconditions */
@@ -705,9 +769,9 @@ static void case_preconditions(void) {
  * once captured in a CUDA graph (replayed twice): the graph must capture without error and
  * reproduce the eager results bit for bit (cuBLAS: to 1e-6). */
 typedef struct graph_io {
-    uint16_t *x, *W, *y, *x2, *W2, *y2, *xf, *h, *lm, *att_q, *att_kv, *att_out;
-    float *router, *bias, *rlog, *rw, *logits;
-    int *idx, *am, *tab, *req, *pos;
+    uint16_t *x, *W, *y, *x2, *W2, *y2, *y3, *xf, *h, *lm, *att_q, *att_kv, *att_out;
+    float *router, *bias, *rlog, *rw, *logits, *logits3;
+    int *idx, *am, *am3, *tab, *req, *pos;
     int max_bpr, nh, nkv, ld, max_ctx;
 } graph_io;
 
@@ -720,13 +784,17 @@ static int graph_ops(const graph_io *g, sm_err *e) {
     if (sm_k_attention(&g_ctx, g->att_q, g->ld, gate, g->ld, g->att_kv, g->tab, g->max_bpr, g->req, g->pos, 1, g->nh,
                        g->nkv, 0, 0.684f, 1e-5f, g->max_ctx, g->att_out, g_st, e)) return -1;
     if (sm_k_logits(&g_ctx, g->h, 8, 256, g->lm, 1000, 990, 0.17677669529663687f, 20.0f, g->logits, g->am, g_st, e)) return -1;
+    /* the wgmma kernel: shared tiles (stream-K), tile counters, logits epilogue */
+    if (sm_k_mm_path(&g_ctx, SM_PATH_WG2, g->x, 64, 1024, g->W, 1024, g->y3, g_st, e)) return -1;
+    if (sm_k_logits_path(&g_ctx, SM_PATH_WG2, g->x, 64, 256, g->lm, 1000, 990, 0.17677669529663687f, 20.0f, g->logits3,
+                         g->am3, g_st, e)) return -1;
     return 0;
 }
 
 typedef struct graph_out { void *d; size_t bytes; int exact; const char *what; void *h; } graph_out;
 
 static void case_graph(void) {
-    const char *name = "graph_capture mm(split) mm_blas route attention(split-K) logits";
+    const char *name = "graph_capture mm(split) mm_blas route attention(split-K) logits mm(wgmma) logits(wgmma)";
     sm_err e = {""};
     graph_io g;
     memset(&g, 0, sizeof g);
@@ -765,11 +833,16 @@ static void case_graph(void) {
     g.att_out = (uint16_t *)dalloc("att_out", 2, 128 * 64);
     g.logits = (float *)dalloc("logits", 4, 8 * 1000);
     g.am = (int *)dalloc("argmax", 4, 8);
+    g.y3 = (uint16_t *)dalloc("y3", 2, 64 * 1024);
+    g.logits3 = (float *)dalloc("logits3", 4, 64 * 1000);
+    g.am3 = (int *)dalloc("argmax3", 4, 64);
     graph_out outs[] = {
         {g.y, 8 * 1024 * 2, 1, "mm", NULL}, {g.y2, 8 * 1000 * 2, 0, "mm_blas", NULL},
         {g.rlog, 8 * 256 * 4, 1, "router logits", NULL}, {g.idx, 8 * 8 * 4, 1, "route ids", NULL},
         {g.rw, 8 * 8 * 4, 1, "route weights", NULL}, {g.att_out, 128 * 64 * 2, 1, "attention", NULL},
         {g.logits, 8 * 1000 * 4, 1, "logits", NULL}, {g.am, 8 * 4, 1, "argmax", NULL},
+        {g.y3, 64 * 1024 * 2, 1, "mm wgmma", NULL}, {g.logits3, 64 * 1000 * 4, 1, "logits wgmma", NULL},
+        {g.am3, 64 * 4, 1, "argmax wgmma", NULL},
     };
     const int nout = (int)(sizeof outs / sizeof outs[0]);
     /* eager */
@@ -882,7 +955,16 @@ int gpu_test_kernels(void) {
     /* matmul: small and real widths, the dispatcher for a prefill size, cuBLAS directly */
     static const int km[][2] = {{256, 72}, {1024, 1000}, {8192, 1024}, {1024, 8192}, {8192, 8192}};
     for (int s = 0; s < 5; s++)
-        for (int i = 0; i < nn; i++) case_mm(1, ns[i], km[s][0], km[s][1]);
+        for (int i = 0; i < nn; i++) case_mm_paths(P_ALL, ns[i], km[s][0], km[s][1]);
+    /* the wgmma kernel's edges: k % 64 == 32, one k stage, m = 1, m not a multiple of the
+     * tile, many blocks sharing few tiles, a 128-token tile with padding, real dense shapes */
+    case_mm_paths(P_WG1 | P_WG2, 40, 96, 300);
+    case_mm_paths(P_WG1 | P_WG2, 100, 32, 1);
+    case_mm_paths(P_WG1 | P_WG2, 3, 8192, 5000);
+    case_mm_paths(P_WG1 | P_WG2, 24, 4096, 4096);
+    case_mm_paths(P_ALL, 96, 4096, 8192);
+    case_mm_paths(P_WG1 | P_WG2, 128, 8192, 10240);
+    case_mm(1, 13, 1024, 1000);
     case_mm(0, 300, 1024, 1000);
     case_mm(0, 700, 8192, 1024);
     case_mm(2, 8, 1024, 1000);
@@ -890,6 +972,9 @@ int gpu_test_kernels(void) {
     /* router matmul */
     for (int i = 0; i < nn; i++) case_mm_f32w(ns[i], 8192, 256);
     case_mm_f32w(13, 256, 16);
+    case_mm_f32w(16, 8192, 256);  /* the 16-token block exactly */
+    case_mm_f32w(9, 1000, 40);    /* a short last split (488 k), rows < one block */
+    case_mm_f32w(129, 516, 33);   /* 9 token blocks, the last with one token */
     case_mm_f32w(300, 1024, 100);
     /* norms and boundaries */
     for (int i = 0; i < nn; i++) {
@@ -953,11 +1038,12 @@ int gpu_test_kernels(void) {
         case_attention("G=1", 4, 4, 16, 1, R77, P5, 1, 0);
     }
     /* logits + argmax */
-    case_logits(1, 8192, 202048, 201818, 1);
-    case_logits(8, 8192, 202048, 201818, 0);
-    for (int i = 2; i < nn; i++) case_logits(ns[i], 8192, 20000, 19990, 1);
-    for (int i = 0; i < nn; i++) case_logits(ns[i], 256, 1000, 990, 1);
-    case_logits(200, 256, 1000, 990, 1);
+    case_logits(P_AUTO | P_SYNC | P_WG2, 1, 8192, 202048, 201818, 1);
+    case_logits(P_AUTO | P_ALL, 8, 8192, 202048, 201818, 0);
+    for (int i = 2; i < nn; i++) case_logits(P_AUTO | P_ALL, ns[i], 8192, 20000, 19990, 1);
+    for (int i = 0; i < nn; i++) case_logits(P_AUTO | P_ALL, ns[i], 256, 1000, 990, 1);
+    case_logits(P_AUTO | P_ALL, 40, 96, 777, 700, 1);
+    case_logits(P_AUTO | P_SYNC | P_WG2, 200, 256, 1000, 990, 1);
 
     /* the launchers inside a captured CUDA graph */
     case_graph();
