@@ -1,5 +1,5 @@
 #!/bin/sh
-# gpu_run.sh: the one script the coordinator runs on the GPU machine (an H200).
+# gpu_run.sh: the one script to run on the GPU machine (an H200): build, every GPU test, the benchmarks.
 #
 # Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model)
 # and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full log under
