@@ -2,15 +2,8 @@
 # cli_generate.sh BUILD_DIR: the `generate` and `logits` commands end to end on a fresh tiny
 # model in a temp dir: speculative == plain output, the .npy file of logits, and bad inputs
 # (each must exit 2 with exactly one line on stderr).  Prints PASS/FAIL lines and a DONE line.
-B=${1:-build}
-SM="$B/sparkmono"
-T=$(mktemp -d "${TMPDIR:-/tmp}/sm_cli_generate.XXXXXX") || { echo "FAIL setup (mktemp)"; echo "DONE 0 passed, 1 failed"; exit 1; }
-trap 'rm -rf "$T"' EXIT INT TERM
-
-np=0; nf=0
-pass() { echo "PASS $1"; np=$((np + 1)); }
-fail() { echo "FAIL $1"; nf=$((nf + 1)); }
-done_() { echo "DONE $np passed, $nf failed"; [ "$nf" -eq 0 ]; exit $?; }
+NAME=cli_generate
+. "$(dirname "$0")/cli_lib.sh"
 
 if ! "$SM" make-model --preset tiny --experts mxfp4 --seed 1 --out "$T/tiny" >"$T/mm.out" 2>&1; then
     cat "$T/mm.out"; fail make_model; done_
@@ -44,12 +37,6 @@ else
 fi
 
 # bad inputs: exit 2, one line on stderr
-bad() { # name, then the command's arguments
-    name=$1; shift
-    "$SM" "$@" >"$T/bad.out" 2>"$T/bad.err"; rc=$?
-    n=$(wc -l <"$T/bad.err")
-    if [ $rc -eq 2 ] && [ "$n" -eq 1 ]; then pass "$name"; else echo "  rc $rc, $n stderr lines:"; cat "$T/bad.err"; fail "$name"; fi
-}
 bad bad_id_out_of_range generate --model "$T/tiny" --prompt-ids 1,512,3 --max-tokens 4
 bad bad_id_negative generate --model "$T/tiny" --prompt-ids 1,-1 --max-tokens 4
 bad bad_too_long generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 100 --max-len 64

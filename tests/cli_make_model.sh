@@ -5,23 +5,17 @@
 # small fraction of the bytes written (tensors are generated and written in 16 MB chunks, never held whole).
 # Bad input: each must exit 2 with exactly one line on stderr.
 # Prints PASS/FAIL lines and a final DONE line (tests/run.sh counts them).
-B=${1:-build}
-S="$B/sparkmono"
-T=$(mktemp -d "${TMPDIR:-/tmp}/sm_cli_mm.XXXXXX") || { echo "FAIL cli_make_model_setup"; echo "DONE 0 passed, 1 failed"; exit 1; }
-trap 'rm -rf "$T"' EXIT INT TERM
-
-np=0; nf=0
-ok() { echo "PASS $1"; np=$((np + 1)); }
-ko() { echo "FAIL $1${2:+ ($2)}"; nf=$((nf + 1)); }
+NAME=cli_mm
+. "$(dirname "$0")/cli_lib.sh"
 
 # good: make + check, and the check summary names the expected expert formats
 good() { # name preset experts shards want-in-check
     name=$1; shift
-    if "$S" make-model --quiet --preset "$1" --experts "$2" --shards "$3" --seed 5 --out "$T/$name" 2>"$T/err" &&
-        "$S" check "$T/$name" >"$T/out" 2>>"$T/err" && grep -q "$4" "$T/out"; then
-        ok "$name"
+    if "$SM" make-model --quiet --preset "$1" --experts "$2" --shards "$3" --seed 5 --out "$T/$name" 2>"$T/err" &&
+        "$SM" check "$T/$name" >"$T/out" 2>>"$T/err" && grep -q "$4" "$T/out"; then
+        pass "$name"
     else
-        ko "$name" "$(head -c 300 "$T/err")"
+        fail "$name" "$(head -c 300 "$T/err")"
     fi
 }
 good tiny_bf16 tiny bf16 1 "layers 0-3 bf16"
@@ -33,9 +27,9 @@ good mini_mxfp4 mini mxfp4 1 "layers 1-2 mxfp4"
 good mini_fp8 mini fp8 1 "layers 1-2 fp8"
 good mini_shards2 mini mxfp4 2 "layers 1-2 mxfp4"
 if [ -f "$T/mini_shards2/model-00001-of-00002.safetensors" ] && [ -f "$T/mini_shards2/model.safetensors.index.json" ] &&
-    cmp -s "$T/mini_mxfp4/config.json" "$T/mini_shards2/config.json"; then ok shards2_layout; else ko shards2_layout; fi
-if "$S" check "$T/mini_bf16" --online-mxfp4 2>/dev/null | grep -q "layers 1-2 mxfp4"; then ok check_online_mxfp4; else ko check_online_mxfp4; fi
-if "$S" check "$T/tiny_bf16" | grep -q "SFSS"; then ok check_layer_kinds; else ko check_layer_kinds; fi
+    cmp -s "$T/mini_mxfp4/config.json" "$T/mini_shards2/config.json"; then pass shards2_layout; else fail shards2_layout; fi
+if "$SM" check "$T/mini_bf16" --online-mxfp4 2>/dev/null | grep -q "layers 1-2 mxfp4"; then pass check_online_mxfp4; else fail check_online_mxfp4; fi
+if "$SM" check "$T/tiny_bf16" | grep -q "SFSS"; then pass check_layer_kinds; else fail check_layer_kinds; fi
 
 # streaming: peak RSS of an 8-layer mini model vs its size
 rss_kb() { # command...: runs it, prints peak RSS in kB (GNU time, else polling /proc VmHWM)
@@ -55,40 +49,33 @@ rss_kb() { # command...: runs it, prints peak RSS in kB (GNU time, else polling 
     fi
 }
 # (measured above the RSS of `sparkmono --help`: a CUDA build maps cuBLAS, ~200 MB, at start)
-base=$(rss_kb "$S" --help)
-rss=$(rss_kb "$S" make-model --quiet --preset mini --layers 8 --out "$T/big")
+base=$(rss_kb "$SM" --help)
+rss=$(rss_kb "$SM" make-model --quiet --preset mini --layers 8 --out "$T/big")
 if [ -n "$rss" ] && [ -n "$base" ] && [ -f "$T/big/model.safetensors" ]; then
     size_kb=$(( $(wc -c <"$T/big/model.safetensors") / 1024 ))
     d=$((rss - base))
     echo "  make-model mini --layers 8: ${size_kb} kB written, peak RSS ${rss} kB (${d} kB above --help)"
-    if [ "$rss" -gt 0 ] && [ $((d * 4)) -lt "$size_kb" ]; then ok streaming_rss; else ko streaming_rss "rss ${rss} kB, base ${base} kB"; fi
+    if [ "$rss" -gt 0 ] && [ $((d * 4)) -lt "$size_kb" ]; then pass streaming_rss; else fail streaming_rss "rss ${rss} kB, base ${base} kB"; fi
 else
-    ko streaming_rss "make-model failed"
+    fail streaming_rss "make-model failed"
 fi
 rm -rf "$T/big"
 
 # bad input: exit 2 and one line on stderr
-bad() { # name command...
-    name=$1; shift
-    "$@" >/dev/null 2>"$T/err"; rc=$?
-    n=$(wc -l <"$T/err")
-    if [ $rc -eq 2 ] && [ "$n" -eq 1 ]; then ok "$name"; echo "  $(cat "$T/err")"; else ko "$name" "rc $rc, $n lines: $(head -c 200 "$T/err")"; fi
-}
-bad bad_preset "$S" make-model --preset nosuch --out "$T/x1"
-bad bad_experts "$S" make-model --preset tiny --experts int3 --out "$T/x2"
-bad bad_layers "$S" make-model --preset tiny --layers 0 --out "$T/x3"
-bad no_out "$S" make-model --preset tiny
-bad unknown_option "$S" make-model --preset tiny --out "$T/x4" --colour red
-bad out_nonempty "$S" make-model --preset tiny --out "$T/tiny_bf16"
-if [ -d "$T/x1" ] || [ -d "$T/x2" ] || ls "$T" | grep -q '\.tmp\.'; then ko no_leftovers; else ok no_leftovers; fi
-bad check_missing_dir "$S" check "$T/does_not_exist"
-bad check_no_dir "$S" check
+bad bad_preset make-model --preset nosuch --out "$T/x1"
+bad bad_experts make-model --preset tiny --experts int3 --out "$T/x2"
+bad bad_layers make-model --preset tiny --layers 0 --out "$T/x3"
+bad no_out make-model --preset tiny
+bad unknown_option make-model --preset tiny --out "$T/x4" --colour red
+bad out_nonempty make-model --preset tiny --out "$T/tiny_bf16"
+if [ -d "$T/x1" ] || [ -d "$T/x2" ] || ls "$T" | grep -q '\.tmp\.'; then fail no_leftovers; else pass no_leftovers; fi
+bad check_missing_dir check "$T/does_not_exist"
+bad check_no_dir check
 mkdir "$T/trunc" && cp "$T/tiny_bf16/config.json" "$T/trunc/" &&
     head -c 100000 "$T/tiny_bf16/model.safetensors" >"$T/trunc/model.safetensors"
-bad check_truncated "$S" check "$T/trunc"
+bad check_truncated check "$T/trunc"
 mkdir "$T/badjson" && cp "$T/tiny_bf16/model.safetensors" "$T/badjson/" && printf '{"text_config": {"hidden_size": 256,' >"$T/badjson/config.json"
-bad check_bad_json "$S" check "$T/badjson"
+bad check_bad_json check "$T/badjson"
 mkdir "$T/noconfig" && cp "$T/tiny_bf16/model.safetensors" "$T/noconfig/"
-bad check_no_config "$S" check "$T/noconfig"
-echo "DONE $np passed, $nf failed"
-[ "$nf" -eq 0 ]
+bad check_no_config check "$T/noconfig"
+done_
