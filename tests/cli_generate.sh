@@ -3,7 +3,7 @@
 # model in a temp dir: speculative == plain output, the .npy file of logits, and bad inputs
 # (each must exit 2 with exactly one line on stderr).  Prints PASS/FAIL lines and a DONE line.
 NAME=cli_generate
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/lib_cli.sh"
 
 if ! "$SM" make-model --preset tiny --experts mxfp4 --seed 1 --out "$T/tiny" >"$T/mm.out" 2>&1; then
     cat "$T/mm.out"; fail make_model; done_

@@ -6,7 +6,7 @@
 # Bad input: each must exit 2 with exactly one line on stderr.
 # Prints PASS/FAIL lines and a final DONE line (tests/run.sh counts them).
 NAME=cli_mm
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/lib_cli.sh"
 
 # good: make + check, and the check summary names the expected expert formats
 good() { # name preset experts shards want-in-check

@@ -1,4 +1,4 @@
-# cli_lib.sh: shared plumbing of the CLI test scripts (tests/cli_*.sh), sourced after they set
+# lib_cli.sh: shared plumbing of the CLI test scripts (tests/cli_*.sh; this file is not one), sourced after they set
 # NAME.  Gives: $B (build dir, from $1), $SM (the sparkmono binary), $T (a temp dir removed on
 # exit), pass/fail counters, `bad NAME ARGS...` (sparkmono ARGS must exit 2 with exactly one
 # stderr line) and `done_` (the DONE line tests/run.sh reads, then exit).
