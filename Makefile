@@ -25,7 +25,7 @@ ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVFLAGS  := -std=c++17 -O3 -g -lineinfo -gencode=arch=compute_90a,code=sm_90a \
             -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP -Isrc -Iinclude
-CU_SRC   := $(wildcard src/cuda/*.cu)
+CU_SRC   := $(wildcard src/cuda/*.cu src/cuda/*/*.cu)
 CU_OBJ   := $(CU_SRC:%.cu=$(B)/%.o)
 CU_LIB   := $(B)/libsparkmono_cuda.a
 CFLAGS   += -DSM_HAVE_CUDA=1 -I$(CUDA_HOME)/include
@@ -34,13 +34,22 @@ GPU_TEST_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu)
 endif
 
 .PHONY: all test test-asan demo gpu-test clean
+# Keep every intermediate (test objects) so `make test` ends with the runner's summary line.
+.SECONDARY:
 all: $(B)/libsparkmono.a $(B)/sparkmono
 
-$(B)/%.o: %.c
+# System packages (tools/deps.txt, the one list): installed when missing, checked once per
+# build directory.
+DEPS_OK  := $(B)/.deps-ok
+$(DEPS_OK): tools/deps.txt tools/deps.sh
+	@sh tools/deps.sh
+	@mkdir -p $(dir $@) && touch $@
+
+$(B)/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(B)/%.o: %.cu
+$(B)/%.o: %.cu | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
