@@ -24,7 +24,8 @@ typedef struct sm_step {
     const int *req;          /* [nrows] request slot of each row (sm_kv slot) */
     const sm_kv *kv;         /* block tables, pages reserved for every (req, pos) above */
     float *logits;           /* [nrows, V] f32 softcapped logits, ids >= vocab_used = -inf; or NULL */
-    int *argmax;             /* [nrows] greedy id among ids < vocab_used, ties to the lowest id */
+    int *argmax;             /* [nrows] greedy id among ids < vocab_used, ties to the lowest id;
+                                -1 when any of those logits is NaN or +-Inf (non-finite row) */
     int naux;                /* aux hidden states requested */
     const int *aux_layers;   /* [naux] layer ids j */
     float *aux;              /* [naux, nrows, H] f32 residual stream entering layer j, or NULL */

@@ -30,8 +30,9 @@
  *   vocab_gather     blk [n, V/W] (logits of vocab rows r*V/W..) -> out [n, V]; out may be
  *                    NULL on ranks that do not need the logits (the call stays collective)
  *   vocab_argmax     best [n], best_id [n] (this rank's first maximum among its ids <
- *                    vocab_used, id -1 if it has none) -> out [n] global greedy ids: the
- *                    first maximum in rank order, i.e. the lowest id among equal maxima
+ *                    vocab_used, id -1 if it has none, -2 if one of them is NaN or Inf)
+ *                    -> out [n] global greedy ids: the first maximum in rank order, i.e. the
+ *                    lowest id among equal maxima; -1 when any rank said -2 (backend.h)
  * `layer` tags an operation for messages and consistency checks (-1 before the first layer,
  * L after the last).
  *

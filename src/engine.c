@@ -6,6 +6,11 @@
  * cache pages for every row before the step and, after it, commits len = positions whose
  * K/V hold accepted tokens.  Errors go to a thread-local sm_err read by sparkmono_errmsg().
  * We rejected a per-handle error buffer: sparkmono_model_open fails before any handle exists.
+ * A row whose argmax is -1 (backend.h: a NaN or Inf among its logits, from the weights or an
+ * overflowing activation) fails the step with a line naming the step, request and row, before
+ * anything is emitted or committed; logits handed to the caller are scanned too, so no backend
+ * can return a NaN row silently.  We rejected a scan of the weights at load (sm_check_finite
+ * does it for `sparkmono check`): it would read a 400 GB checkpoint before the first token.
  */
 #include "engine.h"
 #include <stdarg.h>
@@ -13,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "cpu/ops.h"
 #include "drafter.h"
 #include "shard.h"
 
@@ -327,6 +333,12 @@ static sm_status run_step(sparkmono_engine *g, int nrows, float *logits) {
     return SM_OK;
 }
 
+/* The error of a non-finite row: what ("prefill" / "verify") step of request req, row of it. */
+static sm_status nonfinite(const char *what, int step, int req, int row) {
+    return fail(SM_E_MODEL, "%s step %d, request %d, row %d: non-finite logits (NaN or Inf in the weights or "
+                "activations; run `sparkmono check`)", what, step, req, row);
+}
+
 sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
     sm_status s;
     sm_request *r = get_req(g, req, "sparkmono_prefill", &s);
@@ -345,7 +357,12 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
             g->rreq[i - a] = req;
         }
         for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
-        if ((s = run_step(g, b - a, logits ? logits + (size_t)a * (size_t)V : NULL))) return s;
+        float *lg = logits ? logits + (size_t)a * (size_t)V : NULL;
+        if ((s = run_step(g, b - a, lg))) return s;
+        /* a non-finite row fails the prefill: argmax -1, or a NaN / Inf in the logits handed out */
+        for (int i = 0; i < b - a; i++)
+            if (g->argmax[i] < 0 || (lg && ref_argmax_row(lg + (size_t)i * (size_t)V, g->cfg->vocab_used) < 0))
+                return nonfinite("prefill", a / g->chunk + 1, req, a + i);
         r->row0 = 0;
         r->nrows = b - a;
         g->kv.len[req] = b; /* prompt K/V committed up to b */
@@ -401,6 +418,10 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
     }
     sm_status s;
     if ((s = run_step(g, nrows, NULL))) return s;
+    /* a non-finite row fails the step before anything is emitted or committed */
+    for (int q = 0; q < g->max_req; q++)
+        for (int i = 0; i < g->reqs[q].nrows; i++)
+            if (g->argmax[g->reqs[q].row0 + i] < 0) return nonfinite("verify", g->reqs[q].steps + 1, q, i);
     /* greedy acceptance per request; commit K/V of the last token and accepted drafts */
     for (int q = 0; q < g->max_req; q++) {
         sm_request *r = &g->reqs[q];

@@ -17,8 +17,11 @@ int cmd_check(int argc, char **argv) {
     if (npos != 1) { sm_errf(&e, "%s: usage: sparkmono check DIR [--online-mxfp4]", cmd); goto bad; }
     sm_load_opts o = {.online_mxfp4 = opts[0].present};
     if (sm_model_load(pos[0], &o, &m, &e)) goto bad;
+    sm_finite_scan fs; /* every stored value finite (the loader does not read them) */
+    if (sm_check_finite(&m.ar, 0, 1, &fs, &e)) { sm_model_free(&m); goto bad; }
     printf("checkpoint %s: valid\n", pos[0]);
     sm_check_print(&m, stdout);
+    sm_check_finite_print(&fs, stdout);
     sm_model_free(&m);
     return 0;
 bad:

@@ -325,14 +325,15 @@ static int cpu_vocab_argmax(sm_comm *c, const float *best, const int *best_id, i
     if (!(all = meet(c, s, e))) return -1;
     /* first maximum in rank order: ranks hold increasing id blocks, so ties go to the lowest id */
     for (int i = 0; i < n; i++) {
-        int id = -1;
+        int id = -1, nonfinite = 0;
         float v = 0.0f;
         for (int q = 0; q < c->world; q++) {
             int qi = all[q].i[i];
+            nonfinite |= qi == -2;
             if (qi < 0) continue;
             if (id < 0 || all[q].f[i] > v) { id = qi; v = all[q].f[i]; }
         }
-        out[i] = id < 0 ? 0 : id;
+        out[i] = nonfinite ? -1 : id < 0 ? 0 : id;
     }
     return 0;
 }

@@ -68,7 +68,7 @@ static int solo_vocab(sm_comm *c, const float *blk, int n, int nv, float *out, s
 }
 static int solo_argmax(sm_comm *c, const float *best, const int *best_id, int n, int *out, sm_err *e) {
     (void)c; (void)best; (void)e;
-    if (out != best_id) memmove(out, best_id, sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++) out[i] = best_id[i] == -2 ? -1 : best_id[i]; /* -2: non-finite row */
     return 0;
 }
 static void solo_abort(sm_comm *c, const char *why) { (void)c; (void)why; }
@@ -508,10 +508,8 @@ static int rank_logits(cpu_rank *r, const sm_step *st, sm_err *e) {
     int vend = c->vocab_used - sh->v0 < sh->nv ? c->vocab_used - sh->v0 : sh->nv;
     for (int i = 0; i < n; i++) {
         const float *li = lg + (int64_t)i * sh->nv;
-        int best = -1;
-        for (int v = 0; v < vend; v++)
-            if (best < 0 || li[v] > li[best]) best = v;
-        r->best_id[i] = best < 0 ? -1 : sh->v0 + best;
+        int best = vend > 0 ? ref_argmax_row(li, vend) : -1;
+        r->best_id[i] = vend <= 0 ? -1 : best < 0 ? -2 : sh->v0 + best; /* -2: a NaN or Inf here */
         r->best[i] = best < 0 ? -INFINITY : li[best];
     }
     COMM(r->comm->ops->vocab_argmax(r->comm, r->best, r->best_id, n, r->am, e));

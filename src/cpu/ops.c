@@ -555,15 +555,21 @@ void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, f
     const sm_config *c = &m->cfg;
     lm_job j = {m, h, n, logits};
     sm_pool_for(p, c->V, mm_grain(p, c->V), lm_chunk, &j);
-    /* greedy id among ids < vocab_used, lowest id on ties */
+    /* greedy id among ids < vocab_used, lowest id on ties; -1 for a non-finite row */
     if (argmax)
-        for (int i = 0; i < n; i++) {
-            const float *li = logits + (int64_t)i * c->V;
-            int best = 0;
-            for (int v = 1; v < c->vocab_used; v++)
-                if (li[v] > li[best]) best = v;
-            argmax[i] = best;
-        }
+        for (int i = 0; i < n; i++) argmax[i] = ref_argmax_row(logits + (int64_t)i * c->V, c->vocab_used);
+}
+
+int ref_argmax_row(const float *l, int n) {
+    int best = 0;
+    uint32_t bad = 0;
+    for (int v = 0; v < n; v++) {
+        uint32_t u;
+        memcpy(&u, &l[v], 4);
+        bad |= (u & 0x7F800000u) == 0x7F800000u; /* all-ones exponent: NaN or +-Inf */
+        if (l[v] > l[best]) best = v;
+    }
+    return bad || n < 1 ? -1 : best;
 }
 
 void ref_logits(struct sm_pool *p, const sm_model *m, const float *s, int n, float *logits, int *argmax) {
@@ -571,7 +577,7 @@ void ref_logits(struct sm_pool *p, const sm_model *m, const float *s, int n, flo
     float *h = malloc(sizeof(float) * (size_t)n * c->H);
     if (!h) {
         for (int64_t i = 0; i < (int64_t)n * c->V; i++) logits[i] = NAN;
-        if (argmax) for (int i = 0; i < n; i++) argmax[i] = 0;
+        if (argmax) for (int i = 0; i < n; i++) argmax[i] = -1; /* NaN rows */
         return;
     }
     /* h = r16(rms(r16(s), final_norm as is)) */

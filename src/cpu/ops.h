@@ -45,7 +45,7 @@ void ref_moe(struct sm_pool *p, const sm_model *m, int l, const float *xf, int n
              int *idx, float *w, float *h1, float *mm_out);
 /* Final logits of n rows from the residual stream s [n, H]: h = r16(rms(r16(s), final_norm)),
  * raw = h . lm_head[v] (f32), logits = c * tanh(raw * m_o / c); ids >= vocab_used -> -inf.
- * logits [n, V]; argmax [n] (lowest id on ties) when non-NULL. */
+ * logits [n, V]; argmax [n] (ref_argmax_row of each row's ids < vocab_used) when non-NULL. */
 void ref_logits(struct sm_pool *p, const sm_model *m, const float *s, int n, float *logits, int *argmax);
 
 /* ---- Additions (CPU engine): the building blocks the functions above are made of. ---- */
@@ -90,6 +90,10 @@ int ref_moe_ws_run(struct sm_pool *p, const sm_model *m, int l, const float *xf,
 /* Size ws for n rows of m's config (done by ref_moe_ws_run too). */
 int ref_moe_ws_reserve(ref_moe_ws *ws, const sm_config *c, int n, sm_err *e);
 void ref_moe_ws_free(ref_moe_ws *ws);
+/* Greedy id of one logits row l [n]: the lowest id among the maxima; -1 when any l[v] is NaN
+ * or +-Inf, or n < 1.  The argmax of every backend answers -1 for such a row (backend.h), and
+ * the engine turns it into an error naming the step. */
+int ref_argmax_row(const float *l, int n);
 /* ref_logits from h [n, H] = r16(rms(r16(s), final_norm)) already computed (no allocation). */
 void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, float *logits, int *argmax);
 
