@@ -280,7 +280,7 @@ static void test_made_model(const char *preset, int fmt) {
     for (int li = 0; li < nl; li++) {
         const int l = li == 0 ? 1 : 0;
         sm_cuda_moe_layer L;
-        if (sm_cuda_moe_upload(&m, l, &L, &e)) { printf("  upload: %s\n", e.msg); report(0, name); continue; }
+        if (sm_cuda_moe_upload(&m, l, &L, m_st, &e)) { printf("  upload: %s\n", e.msg); report(0, name); continue; }
         for (int ri = 0; ri < 5; ri++) {
             const int n = rows[ri];
             float *xf = (float *)xmalloc(sizeof(float) * (size_t)n * c.H);
@@ -422,7 +422,7 @@ static void test_mem(const char *name, int fmt, int Hm, int I, int E, int K, int
     sm_cuda_moe_layer L;
     sm_cuda_moe_ws ws;
     gpu_io io;
-    if (sm_cuda_moe_upload(&ml.m, 0, &L, &e)) { printf("  upload: %s\n", e.msg); report(0, name); mem_layer_free(&ml); return; }
+    if (sm_cuda_moe_upload(&ml.m, 0, &L, m_st, &e)) { printf("  upload: %s\n", e.msg); report(0, name); mem_layer_free(&ml); return; }
     if (sm_cuda_moe_ws_alloc(&ml.m.cfg, maxr, &ws, &e) || io_alloc(&io, maxr, Hm, K)) {
         printf("  %s\n", e.msg); report(0, name); sm_cuda_moe_free(&L); mem_layer_free(&ml); return;
     }
@@ -448,7 +448,7 @@ static void test_mem(const char *name, int fmt, int Hm, int I, int E, int K, int
 
 static void test_selfcheck(void) {
     sm_err e = {{0}};
-    int bad = sm_cuda_moe_selfcheck(&e);
+    int bad = sm_cuda_moe_selfcheck(m_st, &e);
     if (bad) printf("  selfcheck: %d mismatches %s\n", bad, e.msg);
     report(bad == 0, "moe_dequant_selfcheck");
 }
@@ -460,14 +460,14 @@ static void test_errors(void) {
     mem_layer_make(&ml, SM_EXP_MXFP4, 256, 256, 4, 2, 118, 122);
     ((uint8_t *)ml.owned[3 * 4 + 2])[17] = 0xFF; /* expert 2 down scales */
     sm_cuda_moe_layer L;
-    int rc = sm_cuda_moe_upload(&ml.m, 0, &L, &e);
+    int rc = sm_cuda_moe_upload(&ml.m, 0, &L, m_st, &e);
     int ok = rc == -1 && strstr(e.msg, "expert 2") && strstr(e.msg, "down_proj") && strstr(e.msg, "0xFF");
     if (!ok) printf("  NaN scale: rc %d msg '%s'\n", rc, e.msg);
     report(ok, "moe_upload_refuses_nan_scale");
     ((uint8_t *)ml.owned[3 * 4 + 2])[17] = 120;
     sm_cuda_moe_ws ws;
     ok = 0;
-    if (!sm_cuda_moe_upload(&ml.m, 0, &L, &e) && !sm_cuda_moe_ws_alloc(&ml.m.cfg, 4, &ws, &e)) {
+    if (!sm_cuda_moe_upload(&ml.m, 0, &L, m_st, &e) && !sm_cuda_moe_ws_alloc(&ml.m.cfg, 4, &ws, &e)) {
         e.msg[0] = 0;
         rc = sm_cuda_moe_forward(&L, (const uint16_t *)ws.buf, (const int *)ws.buf, (const float *)ws.buf, 5,
                                  (uint16_t *)ws.buf, &ws, m_st, &e);
@@ -508,7 +508,7 @@ static void test_synth(void) {
     int ok = 1;
     for (int v = 0; v < 4; v++) {
         sm_cuda_moe_layer L;
-        if (sm_cuda_moe_synth(&c, 3, fmts[v], 42, &L, &e)) { printf("  synth: %s\n", e.msg); ok = 0; continue; }
+        if (sm_cuda_moe_synth(&c, 3, fmts[v], 42, &L, m_st, &e)) { printf("  synth: %s\n", e.msg); ok = 0; continue; }
         uint16_t *out = o[v == 1 ? 1 : 0];
         int gb = 0;
         if (run_gpu(&L, &ws, &io, n, 0, out, &gb) || gb) ok = 0;
@@ -625,9 +625,11 @@ static int bench_format(int fmt, int E, int nlayers, const int *rows, int nrows,
     sm_config c;
     memset(&c, 0, sizeof c);
     c.L = nlayers; c.H = 8192; c.Hm = 4096; c.I = 4096; c.E = E; c.K = 8; c.post_eps = 1e-8f;
+    cudaStream_t st;
+    BCHK(cudaStreamCreate(&st));
     sm_cuda_moe_layer L[4];
     for (int l = 0; l < nlayers; l++)
-        if (sm_cuda_moe_synth(&c, l, fmt, 1234, &L[l], &e)) { printf("bench: synth: %s\n", e.msg); return 1; }
+        if (sm_cuda_moe_synth(&c, l, fmt, 1234, &L[l], st, &e)) { printf("bench: synth: %s\n", e.msg); return 1; }
     sm_cuda_moe_ws ws;
     if (sm_cuda_moe_ws_alloc(&c, 128, &ws, &e)) { printf("bench: %s\n", e.msg); return 1; }
     const int NS = 8, ITER = getenv("SM_MOE_BENCH_QUICK") ? 4 : 50;
@@ -644,8 +646,6 @@ static int bench_format(int fmt, int E, int nlayers, const int *rows, int nrows,
     free(hh);
     int *hi = (int *)xmalloc(sizeof(int) * NS * 128 * 8);
     float *hw = (float *)xmalloc(sizeof(float) * NS * 128 * 8);
-    cudaStream_t st;
-    BCHK(cudaStreamCreate(&st));
     cudaEvent_t ea, eb;
     cudaEventCreate(&ea);
     cudaEventCreate(&eb);
@@ -723,7 +723,9 @@ extern "C" int gpu_bench_moe(void) {
     double bw = 0;
     if (bench_bandwidth(&bw)) return 1;
     cudaDeviceProp prop;
-    cudaGetDeviceProperties(&prop, 0);
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaGetDeviceProperties(&prop, dev);
     printf("moe bench: %s, %d SMs, L2 %d MB, read bandwidth %.2f TB/s (streaming read of 4 GiB, median of 10)\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e12);
     printf("Hm = I = 4096, K = 8, uniform random top-8 routing; floor = touched experts' bytes / read bandwidth;\n"
