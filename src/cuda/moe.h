@@ -64,10 +64,11 @@ extern "C" {
  * the layer is complete on return (st synchronized). */
 int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e);
 /* Fill a layer of config c with device-generated random experts of format fmt
- * (sm_expert_fmt), on stream st, complete on return: values N(0, 1/fan_in) from a
- * counter-based hash of (seed, l, expert, matrix, row, column), quantized as codec.h does
- * (MXFP4: sm_mx_quantize_block; FP8: per-row scale amax/448; BF16: round to nearest even);
- * eff(post_expert_norm) near 1.  For benchmarks of the real widths without a checkpoint. */
+ * (sm_expert_fmt), on stream st, complete on return: the values of make-model (src/rng.h
+ * streams keyed by make-model's expert names, N(0, 1/fan_in), quantized as make-model does:
+ * MXFP4 sm_mx_quantize_block, FP8 per-row scale amax/448, BF16 round to nearest even) and
+ * its eff(post_expert_norm), so a synthetic layer equals the uploaded layer of a make-model
+ * checkpoint of the same seed.  For benchmarks of the real widths without a checkpoint. */
 int sm_cuda_moe_synth(const sm_config *c, int l, int fmt, uint64_t seed, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e);
 void sm_cuda_moe_free(sm_cuda_moe_layer *L);
 size_t sm_cuda_moe_ws_bytes(const sm_config *c, int max_rows);
@@ -84,6 +85,10 @@ size_t sm_cuda_moe_device_expert_bytes(const sm_config *c, int fmt);
  * 2^1), every e4m3 byte x several row scales (FP8 path), and the repack bit layout.  Returns
  * the number of mismatches (0 = pass) or -1 with e filled on a CUDA error. */
 int sm_cuda_moe_selfcheck(cudaStream_t st, sm_err *e);
+/* Matrix mat (0: gate_up [2I, Hm], 1: down [Hm, I]) of expert x read back from the device
+ * layout through the matmul's dequantizers into out (device, [rows, cols] f32: the value each
+ * weight has in the matmul, scale offsets included), on st (not synchronized).  For tests. */
+int sm_cuda_moe_dequant(const sm_cuda_moe_layer *L, int x, int mat, float *out, cudaStream_t st, sm_err *e);
 #ifdef __cplusplus
 }
 #endif
