@@ -344,7 +344,7 @@ extern "C" int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const 
         if (!rc) rc = cb_up(L->pre_expert_norm, S->pre_expert_norm, Hm * 4, &p, "pre_expert_norm", l, e);
         if (!rc) rc = cb_up(L->unpooler, S->unpooler, H * Hm * 2, &p, "post_expert_proj", l, e);
         if (!rc) {
-            rc = sm_cuda_moe_upload(m, l, &L->moe, e);
+            rc = sm_cuda_moe_upload(m, l, &L->moe, c->st, e);
             if (rc) sm_errprefix(e, "cuda backend: layer %d experts", l);
             else {
                 L->have_moe = 1;

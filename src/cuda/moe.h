@@ -8,7 +8,14 @@
  * m_out[r] = r16(sum_k w[r,k] * yn(r,k)) in route order k = 0..K-1.
  * Routes are grouped by expert ON THE DEVICE so each touched expert's weights are read once
  * per call; no host synchronization and no allocation inside forward, so it can be captured
- * in a CUDA graph.  The weight layout on the device is private to moe.cu (it may repack).
+ * in a CUDA graph.  The weight layout on the device is private to src/cuda/moe/ (it may
+ * repack): geometry moe/geom.cuh, dequantizers moe/dequant.cuh, the phases' device bodies
+ * moe/group.cuh, moe/mm.cuh, moe/combine.cuh (callable from a persistent kernel).
+ *
+ * Devices and streams: every function acts on the caller's CURRENT device (cudaSetDevice
+ * before the call); a layer and a workspace belong to the device current at their creation.
+ * Functions taking a stream run all their copies and kernels on it (never the legacy default
+ * stream); the stream must belong to the current device.
  *
  * Limits (checked, error otherwise): Hm and I multiples of 32; E <= 2048; max_rows * K <=
  * 4096.  An expert of more than 8 routes in one call is processed in groups of 8 routes
@@ -31,7 +38,7 @@ typedef struct sm_cuda_moe_layer {
     int fmt;                 /* sm_expert_fmt */
     int E, K, Hm, I;
     float post_eps;          /* post_norm_eps of the config (1e-8) */
-    void *blob;              /* device: all expert weights + scales in moe.cu's layout */
+    void *blob;              /* device: all expert weights + scales in moe/geom.cuh's layout */
     size_t blob_bytes;
     size_t expert_bytes;     /* bytes of one expert in blob (weights + scales, padded) */
     size_t touched_bytes;    /* bytes one call reads per touched expert (for floors) */
@@ -53,14 +60,16 @@ typedef struct sm_cuda_moe_ws {
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* Upload layer l's experts (reads from the mapped checkpoint, expert by expert). */
-int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, sm_err *e);
+/* Upload layer l's experts (reads from the mapped checkpoint, expert by expert) on stream st;
+ * the layer is complete on return (st synchronized). */
+int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e);
 /* Fill a layer of config c with device-generated random experts of format fmt
- * (sm_expert_fmt): values N(0, 1/fan_in) from a counter-based hash of (seed, l, expert,
- * matrix, row, column), quantized as codec.h does (MXFP4: sm_mx_quantize_block; FP8: per-row
- * scale amax/448; BF16: round to nearest even); eff(post_expert_norm) near 1.  For benchmarks
- * of the real widths without a checkpoint. */
-int sm_cuda_moe_synth(const sm_config *c, int l, int fmt, uint64_t seed, sm_cuda_moe_layer *L, sm_err *e);
+ * (sm_expert_fmt), on stream st, complete on return: the values of make-model (src/rng.h
+ * streams keyed by make-model's expert names, N(0, 1/fan_in), quantized as make-model does:
+ * MXFP4 sm_mx_quantize_block, FP8 per-row scale amax/448, BF16 round to nearest even) and
+ * its eff(post_expert_norm), so a synthetic layer equals the uploaded layer of a make-model
+ * checkpoint of the same seed.  For benchmarks of the real widths without a checkpoint. */
+int sm_cuda_moe_synth(const sm_config *c, int l, int fmt, uint64_t seed, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e);
 void sm_cuda_moe_free(sm_cuda_moe_layer *L);
 size_t sm_cuda_moe_ws_bytes(const sm_config *c, int max_rows);
 int sm_cuda_moe_ws_alloc(const sm_config *c, int max_rows, sm_cuda_moe_ws *ws, sm_err *e);
@@ -68,11 +77,18 @@ void sm_cuda_moe_ws_free(sm_cuda_moe_ws *ws);
 /* h1 [n, Hm] bf16, idx [n, K] int32, w [n, K] f32, m_out [n, Hm] bf16; all device pointers. */
 int sm_cuda_moe_forward(const sm_cuda_moe_layer *L, const uint16_t *h1, const int *idx, const float *w,
                         int n, uint16_t *m_out, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e);
-/* Self-check of the device dequantizers against codec.h, run on the device: every e2m1 code
- * x every e8m0 scale byte (MXFP4 path incl. the exponent-offset path of scales > 2^1), every
- * e4m3 byte x several row scales (FP8 path), and the repack bit layout.  Returns the number
- * of mismatches (0 = pass) or -1 with e filled on a CUDA error. */
-int sm_cuda_moe_selfcheck(sm_err *e);
+/* Bytes one expert of format fmt takes in the DEVICE layout (weights + scales, padded; the
+ * same as sm_cuda_moe_layer.expert_bytes), 0 for widths <= 0.  Not the checkpoint bytes. */
+size_t sm_cuda_moe_device_expert_bytes(const sm_config *c, int fmt);
+/* Self-check of the device dequantizers against codec.h, run on the device (stream st): every
+ * e2m1 code x every e8m0 scale byte (MXFP4 path incl. the exponent-offset path of scales >
+ * 2^1), every e4m3 byte x several row scales (FP8 path), and the repack bit layout.  Returns
+ * the number of mismatches (0 = pass) or -1 with e filled on a CUDA error. */
+int sm_cuda_moe_selfcheck(cudaStream_t st, sm_err *e);
+/* Matrix mat (0: gate_up [2I, Hm], 1: down [Hm, I]) of expert x read back from the device
+ * layout through the matmul's dequantizers into out (device, [rows, cols] f32: the value each
+ * weight has in the matmul, scale offsets included), on st (not synchronized).  For tests. */
+int sm_cuda_moe_dequant(const sm_cuda_moe_layer *L, int x, int mat, float *out, cudaStream_t st, sm_err *e);
 #ifdef __cplusplus
 }
 #endif

@@ -138,7 +138,7 @@ extern "C" int sm_cuda_backend_create_synth(const sm_config *cf, int expert_fmt,
         /* experts: BF16 on layers 0 and L-1 when the others are quantized (make-model's rule) */
         int fmt = (expert_fmt != SM_EXP_BF16 && l >= 1 && l <= cf->L - 2) ? expert_fmt : SM_EXP_BF16;
         if (!rc) {
-            rc = sm_cuda_moe_synth(cf, l, fmt, seed, &L->moe, e);
+            rc = sm_cuda_moe_synth(cf, l, fmt, seed, &L->moe, c->st, e);
             if (rc) sm_errprefix(e, "synthetic model: layer %d experts", l);
             else {
                 L->have_moe = 1;

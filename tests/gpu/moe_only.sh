@@ -2,7 +2,7 @@
 # moe_only.sh build|run [test|bench|all]: the MoE stage's GPU tests and microbenchmark as one
 # small program, independent of the other GPU test groups (which may be mid-edit).
 #   build: on the development machine (nvcc + the CPU library from `make`): compiles
-#          src/cuda/moe.cu and tests/gpu/test_moe.cu with a generated main into
+#          src/cuda/moe/*.cu and tests/gpu/test_moe.cu with a generated main into
 #          $B/moe_only/moe_only (B defaults to build).
 #   run:   on the GPU machine: runs that binary (`test`, `bench` or `all`, default all), with
 #          the device name and driver first.
@@ -29,11 +29,16 @@ int main(int argc, char **argv) {
 }
 EOF
     FL="-std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -Isrc -Iinclude"
-    $NVCC $FL -Xptxas -v -c src/cuda/moe.cu -o "$O/moe.o" 2>"$O/ptxas.txt"
+    : >"$O/ptxas.txt"
+    MOE_O=
+    for f in src/cuda/moe/*.cu; do
+        $NVCC $FL -Xptxas -v -c "$f" -o "$O/moe_$(basename "$f" .cu).o" 2>>"$O/ptxas.txt"
+        MOE_O="$MOE_O $O/moe_$(basename "$f" .cu).o"
+    done
     $NVCC $FL -c tests/gpu/test_moe.cu -o "$O/test_moe.o"
     gcc -std=c11 -O2 -c "$O/main.c" -o "$O/main.o"
     CUDA_HOME=$(dirname "$(dirname "$(command -v "$NVCC")")")
-    gcc "$O/main.o" "$O/test_moe.o" "$O/moe.o" "$B/libsparkmono.a" -l:libjansson.a -lm -lpthread \
+    gcc "$O/main.o" "$O/test_moe.o" $MOE_O "$B/libsparkmono.a" -l:libjansson.a -lm -lpthread \
         -L"$CUDA_HOME/lib64" -lcudart_static -ldl -lrt -lstdc++ -o "$O/moe_only"
     echo "built $O/moe_only"
     ;;

@@ -8,8 +8,12 @@
  * the same K experts so experts carry more than 8 routes), FP8 and BF16 real-width experts,
  * extreme scale bytes (the exponent-offset path), an invalid expert id, a NaN scale refused
  * at upload, a CUDA-graph replay equal bit for bit to the direct launch, every L2-prefetch
- * setting equal bit for bit to the default, and synthetic layers (determinism).  The reference of the in-memory layers is ref_expert per route plus the
- * route-ordered sum of ref_moe.  Every output is poisoned with NaN before the run and has
+ * setting equal bit for bit to the default, synthetic layers (determinism), and the device
+ * layout read back through the dequantizers (sm_cuda_moe_dequant) against the rows of a
+ * make-model checkpoint, for its uploaded layers and for the layers sm_cuda_moe_synth makes
+ * from the same seed (bit for bit: the synthesizer and make-model share src/rng.h).  The
+ * reference of the in-memory layers is ref_expert per route plus the route-ordered sum of
+ * ref_moe.  Every output is poisoned with NaN before the run and has
  * guard elements on both sides; the bound is rel err <= 1e-2.  Inputs are fresh random per
  * run (the seed is printed).  We rejected comparing against a dequantized cuBLAS product:
  * it would share our own rounding assumptions instead of the reference's.
@@ -242,37 +246,55 @@ static void rm_tree(const char *dir) {
     rmdir(dir);
 }
 
-static void test_made_model(const char *preset, int fmt) {
-    sm_err e = {{0}};
+/* A model of preset written by sm_make_model (experts fmt, seed) into a fresh temporary
+ * directory and loaded; 0, or -1 with the reason printed (nothing left behind). */
+typedef struct made_model {
     sm_config c;
-    char name[128];
-    snprintf(name, sizeof name, "moe_%s_%s", preset, sm_expert_fmt_name((sm_expert_fmt)fmt));
-    if (sm_config_preset(preset, &c, &e)) { printf("  %s\n", e.msg); report(0, name); return; }
+    sm_model m;
+    char base[512], dir[600]; /* temporary directory and the model inside it */
+} made_model;
+
+static int made_model_open(made_model *mm, const char *preset, int fmt, uint64_t seed) {
+    sm_err e = {{0}};
+    memset(mm, 0, sizeof *mm);
+    if (sm_config_preset(preset, &mm->c, &e)) { printf("  %s\n", e.msg); return -1; }
     const char *tmp = getenv("TMPDIR");
-    char base[512], dir[600];
-    snprintf(base, sizeof base, "%s/sm_moe_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(base)) { printf("  mkdtemp failed\n"); report(0, name); return; }
-    snprintf(dir, sizeof dir, "%s/model", base);
+    snprintf(mm->base, sizeof mm->base, "%s/sm_moe_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(mm->base)) { printf("  mkdtemp failed\n"); return -1; }
+    snprintf(mm->dir, sizeof mm->dir, "%s/model", mm->base);
     sm_make_opts mo;
     memset(&mo, 0, sizeof mo);
     mo.experts = (sm_expert_fmt)fmt;
-    mo.seed = mrnd64();
+    mo.seed = seed;
     mo.shards = 1;
-    sm_model m;
-    memset(&m, 0, sizeof m);
-    if (sm_make_model(&c, &mo, dir, &e) || sm_model_load(dir, NULL, &m, &e)) {
+    if (sm_make_model(&mm->c, &mo, mm->dir, &e) || sm_model_load(mm->dir, NULL, &mm->m, &e)) {
         printf("  %s\n", e.msg);
-        report(0, name);
-        rm_tree(dir); rmdir(base);
-        return;
+        rm_tree(mm->dir); rmdir(mm->base);
+        return -1;
     }
+    return 0;
+}
+static void made_model_close(made_model *mm) {
+    sm_model_free(&mm->m);
+    rm_tree(mm->dir);
+    rmdir(mm->base);
+}
+
+static void test_made_model(const char *preset, int fmt) {
+    sm_err e = {{0}};
+    char name[128];
+    snprintf(name, sizeof name, "moe_%s_%s", preset, sm_expert_fmt_name((sm_expert_fmt)fmt));
+    made_model mm;
+    if (made_model_open(&mm, preset, fmt, mrnd64())) { report(0, name); return; }
+    const sm_config c = mm.c;
+    const sm_model *m = &mm.m;
     const int maxr = 128, rows[5] = {1, 8, 16, 64, 128};
     sm_cuda_moe_ws ws;
     gpu_io io;
     if (sm_cuda_moe_ws_alloc(&c, maxr, &ws, &e) || io_alloc(&io, maxr, c.Hm, c.K)) {
         printf("  %s\n", e.msg);
         report(0, name);
-        sm_model_free(&m); rm_tree(dir); rmdir(base);
+        made_model_close(&mm);
         return;
     }
     /* layer 1 holds the chosen format; layer 0 the BF16 experts of a quantized export */
@@ -280,7 +302,7 @@ static void test_made_model(const char *preset, int fmt) {
     for (int li = 0; li < nl; li++) {
         const int l = li == 0 ? 1 : 0;
         sm_cuda_moe_layer L;
-        if (sm_cuda_moe_upload(&m, l, &L, &e)) { printf("  upload: %s\n", e.msg); report(0, name); continue; }
+        if (sm_cuda_moe_upload(m, l, &L, m_st, &e)) { printf("  upload: %s\n", e.msg); report(0, name); continue; }
         for (int ri = 0; ri < 5; ri++) {
             const int n = rows[ri];
             float *xf = (float *)xmalloc(sizeof(float) * (size_t)n * c.H);
@@ -290,9 +312,9 @@ static void test_made_model(const char *preset, int fmt) {
             float *w = (float *)xmalloc(sizeof(float) * (size_t)n * c.K);
             int *idx = (int *)xmalloc(sizeof(int) * (size_t)n * c.K);
             for (size_t i = 0; i < (size_t)n * c.H; i++) xf[i] = sm_r16(mrndn());
-            ref_moe(m_pool, &m, l, xf, n, f, idx, w, h1, mref);
+            ref_moe(m_pool, m, l, xf, n, f, idx, w, h1, mref);
             char cn[200];
-            snprintf(cn, sizeof cn, "%s layer%d(%s)", name, l, sm_expert_fmt_name(m.layers[l].ex.fmt));
+            snprintf(cn, sizeof cn, "%s layer%d(%s)", name, l, sm_expert_fmt_name(m->layers[l].ex.fmt));
             check_case(cn, &L, &ws, &io, n, h1, idx, w, mref, ri == 1);
             free(xf); free(f); free(h1); free(mref); free(w); free(idx);
         }
@@ -300,9 +322,87 @@ static void test_made_model(const char *preset, int fmt) {
     }
     io_free(&io);
     sm_cuda_moe_ws_free(&ws);
-    sm_model_free(&m);
-    rm_tree(dir);
-    rmdir(base);
+    made_model_close(&mm);
+}
+
+/* ---- device layout read back vs the checkpoint; synthetic layers vs make-model ---- */
+/* Every row of matrix mat of expert x of device layer L, read back through the dequantizers
+ * (out poisoned with NaN first), against sm_expert_row of layer l of m, bit for bit; returns
+ * the mismatching values (the first few printed), or -1 on a CUDA error. */
+static long cmp_expert(const char *what, const sm_cuda_moe_layer *L, const sm_model *m, int l, int x, int mat, float *dout,
+                       float *hout, float *ref) {
+    sm_err e = {{0}};
+    const int R = mat ? L->Hm : 2 * L->I, K = mat ? L->I : L->Hm;
+    const size_t nb = sizeof(float) * (size_t)R * K;
+    if (cudaMemsetAsync(dout, 0xFF, nb, m_st) != cudaSuccess || sm_cuda_moe_dequant(L, x, mat, dout, m_st, &e) ||
+        cudaMemcpyAsync(hout, dout, nb, cudaMemcpyDeviceToHost, m_st) != cudaSuccess || cudaStreamSynchronize(m_st) != cudaSuccess) {
+        printf("  %s readback: %s %s\n", what, e.msg, cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
+    long bad = 0;
+    for (int r = 0; r < R; r++) {
+        sm_expert_row(m, l, x, mat, r, ref);
+        for (int k = 0; k < K; k++) {
+            const float g = hout[(size_t)r * K + k];
+            if (!memcmp(&g, &ref[k], sizeof g)) continue;
+            if (bad < 4)
+                printf("  %s layer %d expert %d %s [%d, %d]: device %g checkpoint %g\n", what, l, x, mat ? "down" : "gate_up", r, k, g,
+                       ref[k]);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* A make-model checkpoint of a fresh seed in format fmt: its uploaded layers, and the layers
+ * sm_cuda_moe_synth makes from the same seed, hold the checkpoint's expert values bit for bit
+ * (layer 1: fmt, layer 0: BF16; experts 0, E/2, E-1, both matrices, every row), and the
+ * synthetic eff(post_expert_norm) equals the loaded one. */
+static void test_synth_equals_made(const char *preset, int fmt) {
+    char nu[128], ns[128];
+    snprintf(nu, sizeof nu, "moe_upload_readback_equals_checkpoint %s %s", preset, sm_expert_fmt_name((sm_expert_fmt)fmt));
+    snprintf(ns, sizeof ns, "moe_synth_equals_make_model %s %s", preset, sm_expert_fmt_name((sm_expert_fmt)fmt));
+    const uint64_t seed = mrnd64();
+    made_model mm;
+    if (made_model_open(&mm, preset, fmt, seed)) { report(0, nu); report(0, ns); return; }
+    const sm_config *c = &mm.c;
+    const size_t most = (size_t)2 * c->I * c->Hm; /* values of the larger matrix */
+    const int cols = std::max(c->Hm, c->I); /* longest row */
+    float *dout = NULL, *hout = (float *)xmalloc(sizeof(float) * most), *ref = (float *)xmalloc(sizeof(float) * (size_t)cols);
+    float *pn = (float *)xmalloc(sizeof(float) * (size_t)c->Hm);
+    long badu = cudaMalloc((void **)&dout, sizeof(float) * most) == cudaSuccess ? 0 : -1, bads = badu;
+    const int xs[3] = {0, c->E / 2, c->E - 1};
+    for (int l = 0; l < 2 && badu >= 0 && bads >= 0; l++) {
+        sm_err e = {{0}};
+        sm_cuda_moe_layer U, S;
+        if (sm_cuda_moe_upload(&mm.m, l, &U, m_st, &e)) { printf("  upload: %s\n", e.msg); badu = -1; break; }
+        if (sm_cuda_moe_synth(c, l, (int)mm.m.layers[l].ex.fmt, seed, &S, m_st, &e)) {
+            printf("  synth: %s\n", e.msg);
+            sm_cuda_moe_free(&U);
+            bads = -1;
+            break;
+        }
+        for (int xi = 0; xi < 3; xi++)
+            for (int mat = 0; mat < 2; mat++) {
+                const long u = cmp_expert("upload", &U, &mm.m, l, xs[xi], mat, dout, hout, ref);
+                const long v = cmp_expert("synth", &S, &mm.m, l, xs[xi], mat, dout, hout, ref);
+                badu = u < 0 || badu < 0 ? -1 : badu + u;
+                bads = v < 0 || bads < 0 ? -1 : bads + v;
+            }
+        if (cudaMemcpy(pn, S.post_norm, sizeof(float) * (size_t)c->Hm, cudaMemcpyDeviceToHost) != cudaSuccess) bads = -1;
+        else if (memcmp(pn, mm.m.layers[l].post_expert_norm, sizeof(float) * (size_t)c->Hm)) {
+            printf("  synth layer %d: eff(post_expert_norm) differs from the checkpoint's\n", l);
+            if (bads >= 0) bads++;
+        }
+        sm_cuda_moe_free(&U);
+        sm_cuda_moe_free(&S);
+    }
+    if (badu || bads) printf("  seed %llu: %ld upload / %ld synth mismatches (-1: error)\n", (unsigned long long)seed, badu, bads);
+    report(badu == 0, nu);
+    report(bads == 0, ns);
+    cudaFree(dout);
+    free(hout); free(ref); free(pn);
+    made_model_close(&mm);
 }
 
 /* ---- layers built in memory (real widths), reference ref_expert per route ---- */
@@ -422,7 +522,7 @@ static void test_mem(const char *name, int fmt, int Hm, int I, int E, int K, int
     sm_cuda_moe_layer L;
     sm_cuda_moe_ws ws;
     gpu_io io;
-    if (sm_cuda_moe_upload(&ml.m, 0, &L, &e)) { printf("  upload: %s\n", e.msg); report(0, name); mem_layer_free(&ml); return; }
+    if (sm_cuda_moe_upload(&ml.m, 0, &L, m_st, &e)) { printf("  upload: %s\n", e.msg); report(0, name); mem_layer_free(&ml); return; }
     if (sm_cuda_moe_ws_alloc(&ml.m.cfg, maxr, &ws, &e) || io_alloc(&io, maxr, Hm, K)) {
         printf("  %s\n", e.msg); report(0, name); sm_cuda_moe_free(&L); mem_layer_free(&ml); return;
     }
@@ -448,7 +548,7 @@ static void test_mem(const char *name, int fmt, int Hm, int I, int E, int K, int
 
 static void test_selfcheck(void) {
     sm_err e = {{0}};
-    int bad = sm_cuda_moe_selfcheck(&e);
+    int bad = sm_cuda_moe_selfcheck(m_st, &e);
     if (bad) printf("  selfcheck: %d mismatches %s\n", bad, e.msg);
     report(bad == 0, "moe_dequant_selfcheck");
 }
@@ -460,14 +560,14 @@ static void test_errors(void) {
     mem_layer_make(&ml, SM_EXP_MXFP4, 256, 256, 4, 2, 118, 122);
     ((uint8_t *)ml.owned[3 * 4 + 2])[17] = 0xFF; /* expert 2 down scales */
     sm_cuda_moe_layer L;
-    int rc = sm_cuda_moe_upload(&ml.m, 0, &L, &e);
+    int rc = sm_cuda_moe_upload(&ml.m, 0, &L, m_st, &e);
     int ok = rc == -1 && strstr(e.msg, "expert 2") && strstr(e.msg, "down_proj") && strstr(e.msg, "0xFF");
     if (!ok) printf("  NaN scale: rc %d msg '%s'\n", rc, e.msg);
     report(ok, "moe_upload_refuses_nan_scale");
     ((uint8_t *)ml.owned[3 * 4 + 2])[17] = 120;
     sm_cuda_moe_ws ws;
     ok = 0;
-    if (!sm_cuda_moe_upload(&ml.m, 0, &L, &e) && !sm_cuda_moe_ws_alloc(&ml.m.cfg, 4, &ws, &e)) {
+    if (!sm_cuda_moe_upload(&ml.m, 0, &L, m_st, &e) && !sm_cuda_moe_ws_alloc(&ml.m.cfg, 4, &ws, &e)) {
         e.msg[0] = 0;
         rc = sm_cuda_moe_forward(&L, (const uint16_t *)ws.buf, (const int *)ws.buf, (const float *)ws.buf, 5,
                                  (uint16_t *)ws.buf, &ws, m_st, &e);
@@ -508,7 +608,7 @@ static void test_synth(void) {
     int ok = 1;
     for (int v = 0; v < 4; v++) {
         sm_cuda_moe_layer L;
-        if (sm_cuda_moe_synth(&c, 3, fmts[v], 42, &L, &e)) { printf("  synth: %s\n", e.msg); ok = 0; continue; }
+        if (sm_cuda_moe_synth(&c, 3, fmts[v], 42, &L, m_st, &e)) { printf("  synth: %s\n", e.msg); ok = 0; continue; }
         uint16_t *out = o[v == 1 ? 1 : 0];
         int gb = 0;
         if (run_gpu(&L, &ws, &io, n, 0, out, &gb) || gb) ok = 0;
@@ -560,6 +660,9 @@ extern "C" int gpu_test_moe(void) {
         test_mem("moe_odd_widths_bf16", SM_EXP_BF16, 96, 160, 5, 3, 0, 0, rows, modes, 2, 0);
     }
     test_synth();
+    test_synth_equals_made("tiny", SM_EXP_MXFP4);
+    test_synth_equals_made("tiny", SM_EXP_FP8);
+    test_synth_equals_made("mini", SM_EXP_MXFP4);
     cudaStreamDestroy(m_st);
     sm_pool_destroy(m_pool);
     m_pool = NULL;
@@ -625,9 +728,11 @@ static int bench_format(int fmt, int E, int nlayers, const int *rows, int nrows,
     sm_config c;
     memset(&c, 0, sizeof c);
     c.L = nlayers; c.H = 8192; c.Hm = 4096; c.I = 4096; c.E = E; c.K = 8; c.post_eps = 1e-8f;
+    cudaStream_t st;
+    BCHK(cudaStreamCreate(&st));
     sm_cuda_moe_layer L[4];
     for (int l = 0; l < nlayers; l++)
-        if (sm_cuda_moe_synth(&c, l, fmt, 1234, &L[l], &e)) { printf("bench: synth: %s\n", e.msg); return 1; }
+        if (sm_cuda_moe_synth(&c, l, fmt, 1234, &L[l], st, &e)) { printf("bench: synth: %s\n", e.msg); return 1; }
     sm_cuda_moe_ws ws;
     if (sm_cuda_moe_ws_alloc(&c, 128, &ws, &e)) { printf("bench: %s\n", e.msg); return 1; }
     const int NS = 8, ITER = getenv("SM_MOE_BENCH_QUICK") ? 4 : 50;
@@ -644,8 +749,6 @@ static int bench_format(int fmt, int E, int nlayers, const int *rows, int nrows,
     free(hh);
     int *hi = (int *)xmalloc(sizeof(int) * NS * 128 * 8);
     float *hw = (float *)xmalloc(sizeof(float) * NS * 128 * 8);
-    cudaStream_t st;
-    BCHK(cudaStreamCreate(&st));
     cudaEvent_t ea, eb;
     cudaEventCreate(&ea);
     cudaEventCreate(&eb);
@@ -723,7 +826,9 @@ extern "C" int gpu_bench_moe(void) {
     double bw = 0;
     if (bench_bandwidth(&bw)) return 1;
     cudaDeviceProp prop;
-    cudaGetDeviceProperties(&prop, 0);
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaGetDeviceProperties(&prop, dev);
     printf("moe bench: %s, %d SMs, L2 %d MB, read bandwidth %.2f TB/s (streaming read of 4 GiB, median of 10)\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, bw / 1e12);
     printf("Hm = I = 4096, K = 8, uniform random top-8 routing; floor = touched experts' bytes / read bandwidth;\n"

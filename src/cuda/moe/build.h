@@ -1,0 +1,33 @@
+/* build.h: building one layer's experts on the device, shared by the upload of a checkpoint
+ * (repack.cu) and the device synthesizer (synth.cu): the layer allocation (layer.cu) and the
+ * driver that fills a staging buffer with each raw expert matrix and repacks it (repack.cu).
+ * Host functions only; the caller's current device is the one used.
+ * We rejected one driver per source: the two copies of the expert loop, the NaN check and
+ * the stream handling drifted apart before.
+ */
+#ifndef SM_CUDA_MOE_BUILD_H
+#define SM_CUDA_MOE_BUILD_H
+#include "cuda/moe.h"
+
+/* Validate the widths of config c for expert format fmt (moe.h limits); 0 or -1 with e. */
+int moe_check_dims(const sm_config *c, int fmt, sm_err *e);
+/* Allocate blob, desc and post_norm of a layer of config c, format fmt (L zeroed first). */
+int moe_layer_alloc(const sm_config *c, int fmt, sm_cuda_moe_layer *L, sm_err *e);
+
+/* Where a layer's raw (checkpoint-layout) expert matrices come from. */
+typedef struct moe_source {
+    const char *who;          /* error prefix, e.g. "cuda moe upload" */
+    int l;                    /* layer index (messages, synthesis keys) */
+    const void *ctx;          /* the source's own data */
+    /* Write matrix mat (0: gate_up [2I, Hm], 1: down [Hm, I]) of expert x in checkpoint
+     * layout to the device staging buffer (weights at w, scales at s), all work on st. */
+    int (*matrix)(const struct moe_source *src, int x, int mat, uint8_t *w, uint8_t *s, cudaStream_t st, sm_err *e);
+    /* Write eff(post_expert_norm) [Hm] floats to the device array dst, on st. */
+    int (*post_norm)(const struct moe_source *src, float *dst, cudaStream_t st, sm_err *e);
+} moe_source;
+
+/* Allocate layer L of config c, format fmt, and fill it from src on stream st; the layer is
+ * complete on return (st synchronized).  On error L is freed. */
+int moe_build(const sm_config *c, int fmt, const moe_source *src, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e);
+
+#endif

@@ -1,0 +1,71 @@
+/* combine.cuh: the last phase of the MoE expert stage (device body): per row, the post-expert
+ * norm of each of its routes and their route-ordered weighted sum,
+ *   t = r16(y * eff(post_expert_norm)), yn = t * rsqrt(mean(t^2) + eps),
+ *   m[row] = r16(sum_k w[row, k] * yn(row, k)) for k = 0..K-1 in order.
+ * One block per row: the norm needs a block reduction per route and the sum a fixed order, so
+ * the result is the same bits for any grid.  We rejected fusing the norm into the down
+ * matmul's epilogue: a route's sum of squares spans every block's tiles.
+ */
+#ifndef SM_CUDA_MOE_COMBINE_CUH
+#define SM_CUDA_MOE_COMBINE_CUH
+#include "cuda/common.cuh"
+#include "cuda/moe.h"
+
+#define MOE_COMBINE_THREADS 256 /* threads of the stock combine blocks */
+
+typedef struct moe_combine_args {
+    const uint16_t *y;        /* [slots, Hm] bf16: y of each slot (stage 2 of mm.cuh) */
+    const int *route_slot;    /* [n * K]: slot of each route, -1: contributes nothing */
+    const float *w;           /* [n, K] route weights */
+    const float *pn;          /* [Hm] eff(post_expert_norm) */
+    int n, K, Hm;             /* rows, routes per row, width */
+    float eps;                /* post_norm_eps */
+    uint16_t *m_out;          /* [n, Hm] bf16 */
+} moe_combine_args;
+
+/* Row i.  Every thread of the block calls it (blockDim.x a multiple of 32, <= 1024; it holds
+ * barriers); msum: shared [Hm] floats, each element owned by one thread; red: shared [32]. */
+__device__ __forceinline__ void moe_combine_row(const moe_combine_args &a, int i, float *msum, float *red) {
+    const uint16_t *__restrict__ y = a.y;
+    const float *__restrict__ pn = a.pn;
+    const int K = a.K, Hm = a.Hm;
+    for (int x = threadIdx.x; x < Hm; x += blockDim.x) msum[x] = 0.0f;
+    for (int k = 0; k < K; k++) {
+        const int slot = a.route_slot[i * K + k];
+        if (slot < 0) continue; /* invalid expert id: the route contributes nothing */
+        const float wk = a.w[i * K + k];
+        const uint16_t *yr = y + (size_t)slot * Hm;
+        /* t = r16(y * eff(post_expert_norm)); sum of squares */
+        float ss = 0.0f;
+        for (int x = threadIdx.x; x < Hm; x += blockDim.x) {
+            const float tv = sm_r16d(sm_bf(yr[x]) * pn[x]);
+            ss += tv * tv;
+        }
+        ss = sm_block_sum(ss, red);
+        /* yn = t * rsqrt(mean(t^2) + eps); m += w_k * yn */
+        const float r = 1.0f / sqrtf(ss / (float)Hm + a.eps);
+        for (int x = threadIdx.x; x < Hm; x += blockDim.x) {
+            const float tv = sm_r16d(sm_bf(yr[x]) * pn[x]);
+            msum[x] += wk * (tv * r);
+        }
+    }
+    /* m = r16(sum) */
+    for (int x = threadIdx.x; x < Hm; x += blockDim.x) a.m_out[(size_t)i * Hm + x] = sm_tobf(msum[x]);
+}
+
+/* Rows vb, vb + nb, vb + 2 nb, ... < a.n of virtual block vb of nb; same contract as
+ * moe_combine_row.  Needs every item of the matmul's stage 2 (y): a persistent kernel puts a
+ * grid barrier before this phase.  The stock kernel passes (blockIdx.x, gridDim.x = n). */
+__device__ __forceinline__ void moe_combine_rows(const moe_combine_args &a, int vb, int nb, float *msum, float *red) {
+    for (int i = vb; i < a.n; i += nb) moe_combine_row(a, i, msum, red);
+}
+
+/* ---- host side (combine.cu) ---- */
+/* The combine arguments of a forward call: w [n, K] route weights, m_out [n, Hm]. */
+moe_combine_args moe_combine_make(const sm_cuda_moe_layer *L, const float *w, int n, uint16_t *m_out, const sm_cuda_moe_ws *ws);
+/* Kernel attribute (shared memory above 48 KB) of the stock kernel for width Hm. */
+int moe_combine_prepare(int Hm, sm_err *e);
+/* The stock launch: n blocks of MOE_COMBINE_THREADS, Hm floats of shared memory, on st. */
+int moe_combine_launch(const moe_combine_args &ca, cudaStream_t st, sm_err *e);
+
+#endif

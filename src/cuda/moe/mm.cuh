@@ -1,0 +1,348 @@
+/* mm.cuh: the expert matmul of the MoE stage (device body): stage 1 gate_up + SiLU, stage 2
+ * down, over the jobs made by the grouping (group.cuh).  Callable from the stock kernel
+ * (mm.cu: one launch per stage, the grid fixed by the workspace) and from a persistent
+ * kernel that runs a stage as one phase on the range of work it is given.
+ *
+ * Work is a flat list of items (job, group of MOE_WARPS tile pairs): total = njobs * ipj.  A
+ * (virtual) block takes a contiguous range of items; each warp owns one tile pair per item (stage 1:
+ * the 16 gate rows j and the 16 up rows I+j, so silu(gate)*up is formed in registers; stage
+ * 2: 32 down rows).  Weights are the A operand of mma.m16n8k16 (16 weight rows), the job's
+ * routes the B operand (8 columns, staged in shared memory once per job).  The weights are
+ * repacked at upload so that a warp's two tiles form one contiguous stream of 2 KB k-step
+ * blocks (plus 128 bytes of MXFP4 scales) in which every lane reads 16 contiguous bytes
+ * holding exactly its A fragments for several k16 steps: four 512-byte warp loads per step,
+ * two steps in flight in registers (an optional L2 prefetch further ahead, a.pf, measured no
+ * gain).  Dequantization in registers: dequant.cuh.
+ * Per 128-k step and warp the MXFP4 SASS is 16 HMMA, 64 HMUL2, ~89 LOP3 and ~68 SHF: at 8
+ * rows the kernel is bound by these integer ops (ALU pipe ~60% busy) and load latency
+ * (long-scoreboard stalls), not by bytes (bench/moe.md).
+ * We rejected split-K across blocks (atomics make sums nondeterministic), and measured and
+ * dropped one tile per warp in stage 2 (finer items: slower, bench/moe.md).
+ */
+#ifndef SM_CUDA_MOE_MM_CUH
+#define SM_CUDA_MOE_MM_CUH
+#include "cuda/common.cuh"
+#include "cuda/moe/geom.cuh"
+#include "cuda/moe/dequant.cuh"
+
+typedef struct moe_args {
+    const uint8_t *blob;      /* expert weights, moe layout */
+    const moe_desc *desc;     /* [E] */
+    const int *njobs;         /* device scalar from the grouping */
+    const int4 *jobs;         /* [njobs] (expert, first slot, routes, -) */
+    const int *slot_route;    /* [slots] route id (row * K + k) */
+    const uint16_t *in;       /* stage 1: h1 [n, Hm]; stage 2: act [slots, I] */
+    uint16_t *out;            /* stage 1: act [slots, I]; stage 2: y [slots, Hm] */
+    int K;                    /* routes per row */
+    int kin;                  /* valid contraction length = row length of `in` */
+    int Kp, nsteps;           /* padded contraction, k steps */
+    int rows_out;             /* valid outputs per route (I or Hm) = row length of `out` */
+    int tiles;                /* stage 1: gate tiles (Ip/16); stage 2: all tiles (Hp/16) */
+    int pairs;                /* tile pairs of the matrix */
+    int sb;                   /* bytes of one pair-step block */
+    int ipj;                  /* items per job */
+    int pf;                   /* L2 prefetch distance in k steps (0: none) */
+} moe_args;
+
+/* Dynamic shared memory of the body for a stage: the job's routes, [Kp/16][8 routes][4 t]
+ * of uint2. */
+static inline size_t moe_mm_smem(const moe_args &a) { return (size_t)a.Kp * 16; }
+
+typedef struct moe_buf {
+    uint4 w[2][2];            /* [tile][sub]: 16 bytes of this lane */
+    uint2 s[2];               /* [tile]: MXFP4 scale bytes of this lane; FP8: row scales g, g+8 */
+} moe_buf;
+
+typedef struct moe_cur {
+    int it, S;                /* item and k step to load next */
+    const uint8_t *w;         /* the pair-step block of (it, S) */
+    const float *fs;          /* FP8: the pair's row scales */
+} moe_cur;
+
+/* ---- weight loads ---- */
+__device__ __forceinline__ uint4 moe_ldg16(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ uint2 moe_ldg8(const void *p) {
+    uint2 r;
+    asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+/* L2 prefetch of the 128-byte line at p (one per lane: a warp covers a pair-step block in
+ * one instruction; the bulk-copy prefetch needs a warp-uniform address loop instead). */
+__device__ __forceinline__ void moe_prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+/* Point the load cursor at step 0 of item it (past the block's items or the matrix's pairs:
+ * at valid memory whose values are never written out). */
+template <int F, int STAGE>
+__device__ __forceinline__ void moe_set_item(moe_cur &c, int it, int i1, const moe_args &a, int warp) {
+    c.it = it; c.S = 0;
+    c.w = a.blob;
+    c.fs = (const float *)a.blob;
+    if (it >= i1) return;
+    const int job = it / a.ipj, itile = it - job * a.ipj;
+    const moe_desc *d = a.desc + a.jobs[job].x;
+    int p = itile * MOE_WARPS + warp;
+    if (p >= a.pairs) p = 0;
+    c.w = a.blob + d->w[STAGE - 1] + (size_t)p * a.nsteps * a.sb;
+    c.fs = (const float *)(a.blob + d->s[STAGE - 1]) + p * 32;
+}
+
+template <int F>
+__device__ __forceinline__ void moe_load(moe_buf &b, const moe_cur &c, int lane) {
+    const uint8_t *w = c.w + lane * 16;
+    b.w[0][0] = moe_ldg16(w);
+    b.w[0][1] = moe_ldg16(w + 512);
+    b.w[1][0] = moe_ldg16(w + 1024);
+    b.w[1][1] = moe_ldg16(w + 1536);
+    if (F == SM_EXP_MXFP4) {
+        const uint8_t *sp = c.w + 2048 + (lane >> 2) * 8;
+        b.s[0] = moe_ldg8(sp);
+        b.s[1] = moe_ldg8(sp + 64);
+    } else if (F == SM_EXP_FP8) {
+        const int g = lane >> 2;
+        b.s[0] = make_uint2(__float_as_uint(__ldg(c.fs + g)), __float_as_uint(__ldg(c.fs + g + 8)));
+        b.s[1] = make_uint2(__float_as_uint(__ldg(c.fs + 16 + g)), __float_as_uint(__ldg(c.fs + 24 + g)));
+    }
+}
+
+template <int F, int STAGE>
+__device__ __forceinline__ void moe_advance(moe_cur &c, int i1, const moe_args &a, int warp) {
+    c.w += a.sb;
+    if (++c.S == a.nsteps) moe_set_item<F, STAGE>(c, c.it + 1, i1, a, warp);
+}
+
+/* acc[X] += tile X rows (16) x the job's 8 routes over k step S. */
+template <int F>
+__device__ __forceinline__ void moe_compute(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane,
+                                            float (&acc)[2][4]) {
+    const int g = lane >> 2, t = lane & 3;
+    if (F == SM_EXP_MXFP4) {
+        const uint2 *bs = Bs + (size_t)S * 8 * 32 + g * 4 + t;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            uint32_t mg[2], mg8[2];
+#pragma unroll
+            for (int X = 0; X < 2; X++) moe_mx_mults(h ? b.s[X].y : b.s[X].x, mg[X], mg8[X]);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const uint2 bf = bs[(h * 4 + q) * 32];
+#pragma unroll
+                for (int X = 0; X < 2; X++) {
+                    uint32_t r[4];
+                    moe_dq_mx(moe_u4(b.w[X][h], q), mg[X], mg8[X], r);
+                    sm_mma16816(acc[X], r[0], r[1], r[2], r[3], bf.x, bf.y);
+                }
+            }
+        }
+    } else if (F == SM_EXP_FP8) {
+        const uint2 *bs = Bs + (size_t)S * 4 * 32 + g * 4 + t;
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint2 bf = bs[(q * 2 + j) * 32];
+#pragma unroll
+                for (int X = 0; X < 2; X++) {
+                    const float sg = __uint_as_float(b.s[X].x), sg8 = __uint_as_float(b.s[X].y);
+                    const uint32_t w0 = moe_u4(b.w[X][q], 2 * j), w1 = moe_u4(b.w[X][q], 2 * j + 1);
+                    sm_mma16816(acc[X], moe_dq_fp8(w0, sg), moe_dq_fp8(w0 >> 16, sg8), moe_dq_fp8(w1, sg),
+                                moe_dq_fp8(w1 >> 16, sg8), bf.x, bf.y);
+                }
+            }
+        }
+    } else {
+        const uint2 *bs = Bs + (size_t)S * 2 * 32 + g * 4 + t;
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            const uint2 bf = bs[q * 32];
+#pragma unroll
+            for (int X = 0; X < 2; X++)
+                sm_mma16816(acc[X], b.w[X][q].x, b.w[X][q].y, b.w[X][q].z, b.w[X][q].w, bf.x, bf.y);
+        }
+    }
+}
+
+/* Load 16 bytes of an input row: through the read-only data path (RO = 1: the input was
+ * written by an earlier launch) or a plain load (RO = 0: written earlier in the same
+ * persistent launch, ordered by its grid barrier; the read-only path is outside the memory
+ * model and may serve stale lines). */
+template <int RO>
+__device__ __forceinline__ uint4 moe_ld_in(const uint16_t *p) {
+    if (RO) return __ldg((const uint4 *)p);
+    return *(const uint4 *)p;
+}
+
+/* Stage the job's routes (B operand) into shared memory in fragment order:
+ * Bs[ks][r][t] = the 4 bf16 of k16 step ks, route r that lane (g = r, t) feeds to the mma. */
+template <int F, int STAGE, int RO>
+__device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *Bs) {
+    const int4 jb = a.jobs[job];
+    const int s0 = jb.y, cnt = jb.z, nks = a.Kp / 16;
+    for (int u = threadIdx.x; u < nks * MOE_CH; u += MOE_THREADS) {
+        const int ks = u / MOE_CH, r = u % MOE_CH;
+        uint4 A = make_uint4(0, 0, 0, 0), B = A;
+        if (r < cnt) {
+            const int slot = s0 + r;
+            const uint16_t *row = STAGE == 1 ? a.in + (size_t)(a.slot_route[slot] / a.K) * a.kin
+                                             : a.in + (size_t)slot * a.kin;
+            int ka, kb;
+            if (F == SM_EXP_MXFP4) { /* k permuted: lo halves from block 2h, hi halves from 2h+1 */
+                const int S = ks >> 3, s = ks & 7;
+                ka = S * 128 + (2 * (s >> 2)) * 32 + (s & 3) * 8;
+                kb = ka + 32;
+            } else {
+                ka = ks * 16; kb = ka + 8;
+            }
+            if (ka < a.kin) A = moe_ld_in<RO>(row + ka);
+            if (kb < a.kin) B = moe_ld_in<RO>(row + kb);
+        }
+        uint2 o[4];
+        if (F == SM_EXP_MXFP4) {
+            /* lane t: slots 2t, 2t+1, 2t+8, 2t+9 = A[t], B[t], A[t+4], B[t+4] */
+            const uint32_t aw[4] = {A.x, A.y, A.z, A.w}, bw[4] = {B.x, B.y, B.z, B.w};
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const uint32_t a0 = (aw[t >> 1] >> (16 * (t & 1))) & 0xFFFFu, b0 = (bw[t >> 1] >> (16 * (t & 1))) & 0xFFFFu;
+                const uint32_t a4 = (aw[2 + (t >> 1)] >> (16 * (t & 1))) & 0xFFFFu,
+                               b4 = (bw[2 + (t >> 1)] >> (16 * (t & 1))) & 0xFFFFu;
+                o[t] = make_uint2(a0 | (b0 << 16), a4 | (b4 << 16));
+            }
+        } else {
+            /* lane t: slots 2t, 2t+1 from the first 8 values, 2t+8, 2t+9 from the second */
+            o[0] = make_uint2(A.x, B.x); o[1] = make_uint2(A.y, B.y);
+            o[2] = make_uint2(A.z, B.z); o[3] = make_uint2(A.w, B.w);
+        }
+        uint4 *dst = (uint4 *)(Bs + (size_t)(ks * MOE_CH + r) * 4);
+        dst[0] = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
+        dst[1] = make_uint4(o[2].x, o[2].y, o[3].x, o[3].y);
+    }
+}
+
+template <int STAGE>
+__device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp, int lane, const float (&acc)[2][4]) {
+    const int g = lane >> 2, t = lane & 3;
+    const int job = it / a.ipj, itile = it - job * a.ipj;
+    const int4 jb = a.jobs[job];
+    const int s0 = jb.y, cnt = jb.z;
+    const float mul = a.desc[jb.x].mul[STAGE - 1];
+    const int p = itile * MOE_WARPS + warp;
+    if (STAGE == 1) {
+        if (p >= a.tiles) return;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int col = 2 * t + (i & 1), j = p * 16 + g + (i >> 1) * 8;
+            if (col < cnt && j < a.rows_out) {
+                /* gate, up = r16(sums); a = r16(silu(gate) * up) */
+                const float gg = sm_r16d(acc[0][i] * mul), uu = sm_r16d(acc[1][i] * mul);
+                const float v = gg * (1.0f / (1.0f + expf(-gg))) * uu;
+                a.out[(size_t)(s0 + col) * a.rows_out + j] = sm_tobf(v);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int X = 0; X < 2; X++) {
+            const int tile = 2 * p + X;
+            if (tile >= a.tiles) continue;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int col = 2 * t + (i & 1), row = tile * 16 + g + (i >> 1) * 8;
+                /* y = r16(sum) */
+                if (col < cnt && row < a.rows_out) a.out[(size_t)(s0 + col) * a.rows_out + row] = sm_tobf(acc[X][i] * mul);
+            }
+        }
+    }
+}
+
+/* The loop state of one block, and one k step of it: issue the loads two steps ahead (and
+ * an L2 prefetch pf steps further), compute this step, and at an item's end write its
+ * outputs (and restage B on a new job). */
+typedef struct moe_loop {
+    moe_cur lc;               /* load cursor */
+    int it, S, N, i1, job;    /* compute cursor, steps of the block, item end, staged job */
+    float acc[2][4];
+} moe_loop;
+
+template <int F, int STAGE, int RO>
+__device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur, moe_buf &n2, const moe_args &a,
+                                         uint2 *Bs, int warp, int lane) {
+    if (p + 2 < L.N) {
+        moe_load<F>(n2, L.lc, lane);
+        if (lane * 128 < a.sb && a.pf && L.lc.S + a.pf < a.nsteps && L.lc.it < L.i1)
+            moe_prefetch_l2(L.lc.w + (size_t)a.pf * a.sb + lane * 128);
+        moe_advance<F, STAGE>(L.lc, L.i1, a, warp);
+    }
+    moe_compute<F>(cur, L.S, Bs, lane, L.acc);
+    if (++L.S == a.nsteps) {
+        moe_epilogue<STAGE>(a, L.it, warp, lane, L.acc);
+#pragma unroll
+        for (int X = 0; X < 2; X++) L.acc[X][0] = L.acc[X][1] = L.acc[X][2] = L.acc[X][3] = 0.0f;
+        L.S = 0;
+        if (++L.it < L.i1) {
+            const int nj = L.it / a.ipj;
+            if (nj != L.job) {
+                __syncthreads(); /* every warp done with the old routes */
+                moe_stage_b<F, STAGE, RO>(a, nj, Bs);
+                __syncthreads();
+                L.job = nj;
+            }
+        }
+    }
+}
+
+/* Run stage STAGE (1: gate_up + SiLU, 2: down) for weight format F as virtual block vb of
+ * nb (vb < nb): items [vb * total / nb, (vb+1) * total / nb) of total = njobs * ipj.  The
+ * stock kernel passes (blockIdx.x, gridDim.x); a persistent kernel its own block index and
+ * count (unsigned, as the built-ins: the same arithmetic, the same code).
+ * Run by one block of exactly MOE_THREADS threads, all of which call it (it holds barriers);
+ * smem: moe_mm_smem(a) bytes of shared memory, 16-byte aligned.  RO: 1 if a.in was written
+ * by an earlier launch (stock path), 0 if earlier in the same persistent launch.  On return
+ * other warps of the block may still read smem: __syncthreads() before reusing it.  Needs
+ * the grouping complete (a.njobs, a.jobs, a.slot_route) and, for stage 2, every item of
+ * stage 1 (act): a persistent kernel separates the phases by grid barriers.
+ * (One function, not a range body plus a wrapper: the split changed register allocation.) */
+template <int F, int STAGE, int RO>
+__device__ __forceinline__ void moe_mm_block(const moe_args &a, unsigned vb, unsigned nb, void *smem) {
+    uint2 *Bs = (uint2 *)smem; /* [Kp/16][8 routes][4 lanes t] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int total = *a.njobs * a.ipj;
+    const int i0 = (int)((long long)vb * total / nb);
+    const int i1 = (int)((long long)(vb + 1) * total / nb);
+    if (i0 >= i1) return;
+    moe_loop L;
+    L.N = (i1 - i0) * a.nsteps; L.it = i0; L.S = 0; L.i1 = i1; L.job = i0 / a.ipj;
+#pragma unroll
+    for (int X = 0; X < 2; X++) L.acc[X][0] = L.acc[X][1] = L.acc[X][2] = L.acc[X][3] = 0.0f;
+    moe_set_item<F, STAGE>(L.lc, i0, i1, a, warp);
+    if (lane * 128 < a.sb && a.pf) /* the first steps of the first item into L2 */
+        for (int j = 2; j < a.pf + 2 && j < a.nsteps; j++) moe_prefetch_l2(L.lc.w + (size_t)j * a.sb + lane * 128);
+    moe_buf X, Y, Z;
+    moe_load<F>(X, L.lc, lane);
+    moe_advance<F, STAGE>(L.lc, L.i1, a, warp);
+    if (L.N > 1) {
+        moe_load<F>(Y, L.lc, lane);
+        moe_advance<F, STAGE>(L.lc, L.i1, a, warp);
+    }
+    moe_stage_b<F, STAGE, RO>(a, L.job, Bs);
+    __syncthreads();
+    /* three register buffers in rotation: step p computes one while p+1, p+2 are in flight */
+    for (int p = 0; p < L.N; p += 3) {
+        moe_step<F, STAGE, RO>(L, p, X, Z, a, Bs, warp, lane);
+        if (p + 1 < L.N) moe_step<F, STAGE, RO>(L, p + 1, Y, X, a, Bs, warp, lane);
+        if (p + 2 < L.N) moe_step<F, STAGE, RO>(L, p + 2, Z, Y, a, Bs, warp, lane);
+    }
+}
+
+/* ---- host side (mm.cu) ---- */
+/* The arguments of stage `stage` (1, 2) for layer L, input h1 (stage 1) and workspace ws. */
+moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, int stage);
+/* Kernel attributes (shared memory above 48 KB) of the stock kernels of every format and
+ * stage for widths Hm, I; *occ lowered to the fewest resident blocks per SM among them. */
+int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e);
+
+#endif
