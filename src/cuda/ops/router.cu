@@ -10,8 +10,8 @@
  * We rejected a sort-based top-K (bitonic over E): K = 8 rounds of a 256-wide argmax are
  * a few hundred instructions, and the round structure makes the tie rule obvious.
  */
-#include "common.cuh"
-#include "kernels.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
 
 #define TOPK_WARPS 4
 

@@ -15,8 +15,8 @@
  * a verify step, prefill is not graph-captured) and one kernel for both cases (a per-row
  * block re-reads the whole context for every prefill row).
  */
-#include "common.cuh"
-#include "kernels.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
 
 #define ATT_WARPS 4
 #define ATT_THREADS (ATT_WARPS * 32)

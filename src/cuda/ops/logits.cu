@@ -14,8 +14,8 @@
  * We rejected writing all logits and running a separate argmax over [n, V]: that is 800 KB a
  * row of extra traffic when the caller only wants the argmax.
  */
-#include "common.cuh"
-#include "kernels.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
 
 template <int NT>
 __global__ void __launch_bounds__(SM_MM_WARPS * 32)

@@ -8,8 +8,8 @@
  * in shared memory: rows are up to 8192 f32 and re-reading them hits L1/L2, while the kernels
  * are a few microseconds either way.
  */
-#include "common.cuh"
-#include "kernels.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
 
 static inline int norm_threads(int H) { return H >= 4096 ? 512 : (H >= 1024 ? 256 : 128); }
 

@@ -8,8 +8,8 @@
  * does, so the rotation is bit-identical to it.  We rejected separate norm, rope and cache
  * kernels: three launches and three passes over q/k for work that is a few microseconds.
  */
-#include "common.cuh"
-#include "kernels.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
 
 #define ROPE_WARPS 4
 

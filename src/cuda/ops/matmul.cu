@@ -25,8 +25,8 @@
  * grid of tiles x splits either leaves SMs idle or runs a second partial wave), and TMA
  * multicast of x over a cluster (the stream-K blocks do not share k ranges).
  */
-#include "common.cuh"
-#include "kernels.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
