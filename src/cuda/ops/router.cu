@@ -1,61 +1,25 @@
-/* router.cu: MoE routing on the GPU (SPEC.md section 6): router logits, sigmoid scores,
- * top-K with the correction bias, route weights.
- *
- * The logits come from sm_k_mm_f32w (f32 weights, f32 accumulation: the selection must
- * agree with the CPU reference whenever the scores are not within rounding of each other).
- * Top-K: one warp per row; the E scores sit in shared memory, each of the K rounds takes a
- * warp-wide argmax of (score + bias, lowest id on ties) over the experts not yet taken, which
- * reproduces the reference's order (descending, ties to the lowest id).  Weights are the
- * bias-free scores normalized in route order k = 0..K-1, as the reference sums them.
- * We rejected a sort-based top-K (bitonic over E): K = 8 rounds of a 256-wide argmax are
- * a few hundred instructions, and the round structure makes the tie rule obvious.
+/* ops/router.cu: MoE routing on the GPU (SPEC.md section 6): the router logits through
+ * sm_k_mm_f32w (f32 weights, f32 accumulation: the selection must agree with the CPU reference
+ * whenever the scores are not within rounding of each other), then the top-K kernel, one warp
+ * per row calling the body of ops/router.cuh.  We rejected fusing the top-K into the matmul's
+ * epilogue: the logits of a row come from several blocks (split k), and the caller wants them
+ * as an output too.
  */
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
+#include "cuda/ops/router.cuh"
 
 #define TOPK_WARPS 4
 
+/* One warp per row, TOPK_WARPS rows a block; dynamic shared memory float [TOPK_WARPS][2 E]. */
 __global__ void __launch_bounds__(TOPK_WARPS * 32)
 topk_kernel(const float *__restrict__ logits, const float *__restrict__ bias, int n, int E, int K, float m_o,
             float route_scale, int *__restrict__ idx, float *__restrict__ w) {
     extern __shared__ float sh[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const int row = blockIdx.x * TOPK_WARPS + warp;
-    if (row >= n) return; /* warp-uniform; only warp-level sync below */
-    float *scs = sh + (size_t)warp * 2 * E, *sel = scs + E;
-    const float *lg = logits + (size_t)row * E;
-    /* sc = sigmoid(logit * m_o); selection value sc + bias */
-    for (int x = lane; x < E; x += 32) {
-        const float s = 1.0f / (1.0f + expf(-(lg[x] * m_o)));
-        scs[x] = s;
-        sel[x] = s + bias[x];
-    }
-    __syncwarp();
-    /* K rounds of argmax over the experts not taken (lane owns experts lane + 32 t) */
-    uint32_t taken = 0;
-    int mine = -1; /* lane k keeps route k */
-    for (int k = 0; k < K; k++) {
-        float bv = 0.0f;
-        int bi = -1;
-        for (int t = 0, x = lane; x < E; t++, x += 32)
-            if (!((taken >> t) & 1u) && sm_better(sel[x], x, bv, bi)) { bv = sel[x]; bi = x; }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, o);
-            const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
-            if (sm_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
-        }
-        if (bi < 0) bi = 0; /* only with NaN scores: keep the id a valid expert */
-        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-        if (lane == k) mine = bi;
-    }
-    /* w_k = sc[idx_k] / (sum_j sc[idx_j] + 1e-15) * route_scale, sum in route order */
-    float sum = 0.0f;
-    for (int k = 0; k < K; k++) sum += scs[__shfl_sync(0xFFFFFFFFu, mine, k)];
-    if (lane < K) {
-        idx[(size_t)row * K + lane] = mine;
-        w[(size_t)row * K + lane] = scs[mine] / (sum + 1e-15f) * route_scale;
-    }
+    if (row >= n) return; /* warp-uniform; only warp-level sync in the body */
+    sm_route_topk_row(logits, bias, E, K, m_o, route_scale, idx, w, row, sh + (size_t)warp * 2 * E);
 }
 
 int sm_k_route(sm_cuda_ctx *c, const uint16_t *xf, int n, int H, const float *router, const float *bias, int E, int K,
