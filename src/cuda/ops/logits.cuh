@@ -8,35 +8,58 @@
  * (value, id) partial per token (sm_lg_reduce_g over the lanes, sm_lg_tile_best over the
  * warps); sm_lg_argmax_row then reduces a token's partials.  Every step takes the larger value
  * and, on equal values, the lower id, so the result is the reference's argmax whatever the
- * grid.  We rejected writing all logits and running a separate argmax over [n, V]: that is
- * 800 KB a row of extra traffic when the caller only wants the argmax.
+ * grid.  Non-finite guard: a logit of an id < vocab_used that is NaN or +-Inf turns the
+ * partial into the id SM_LG_BAD, which absorbs every other candidate in the same reduction,
+ * and the row's argmax into -1 (one FMA per logit and one warp vote per token, no extra pass).  We rejected writing all
+ * logits and running a separate argmax over [n, V]: that is 800 KB a row of extra traffic when
+ * the caller only wants the argmax.
  */
 #ifndef SM_CUDA_OPS_LOGITS_CUH
 #define SM_CUDA_OPS_LOGITS_CUH
 #include "cuda/common.cuh"
 #include "cuda/ops/matmul.cuh"
 
+/* Argmax partial id meaning "a non-finite logit (NaN, +-Inf) was seen among the ids < vocab_used":
+ * it absorbs every other candidate, and the row's argmax becomes -1 (kernels.h). */
+#define SM_LG_BAD (-2)
+
+/* Fold candidate (v, i) into the running argmax (bv, bi): i == SM_LG_BAD makes the result
+ * SM_LG_BAD for good; otherwise the larger value wins, then the lower id (sm_better). */
+__device__ __forceinline__ void sm_lg_fold(float &bv, int &bi, float v, int i) {
+    if (i == SM_LG_BAD) bi = SM_LG_BAD;
+    else if (bi != SM_LG_BAD && sm_better(v, i, bv, bi)) { bv = v; bi = i; }
+}
+
 /* The logit of id `row` for token `tok` from its raw product: softcap c * tanh(raw * m_o / c)
  * (cap <= 0: raw * m_o), -inf for ids >= vocab_used; stored to logits [n, V] when non-NULL and
- * in range; folded into the running (best, bi) when row < vocab_used. */
+ * in range.  For row < vocab_used it is folded into the running (best, bi) and into the
+ * non-finite detector nf (start 0): nf = v * 0 + nf stays 0 for finite v and becomes NaN for
+ * good once v is NaN or +-Inf (0 * Inf = NaN; c * tanh of a NaN raw is NaN; raw * m_o may be
+ * +-Inf without the softcap): one FMA a logit.  IEEE arithmetic is required (no fast-math
+ * flags, which may fold v * 0 to 0); sm_lg_reduce_g turns a NaN nf into the id SM_LG_BAD. */
 __device__ __forceinline__ void sm_lg_elem(float raw, int row, int tok, int n, int V, int vocab_used, float m_o, float cap,
-                                           float *__restrict__ logits, float &best, int &bi) {
+                                           float *__restrict__ logits, float &best, int &bi, float &nf) {
     const float x = raw * m_o;
     float v = cap > 0.0f ? cap * tanhf(x / cap) : x;
     if (row >= vocab_used) v = -INFINITY;
     if (logits && row < V && tok < n) logits[(size_t)tok * V + row] = v;
-    if (row < vocab_used && sm_better(v, row, best, bi)) { best = v; bi = row; }
+    if (row < vocab_used) {
+        nf = fmaf(v, 0.0f, nf); /* stays 0 unless v is NaN or +-Inf (0 * Inf = NaN) */
+        if (sm_better(v, row, best, bi)) { best = v; bi = row; }
+    }
 }
 
-/* Best (value, id) over the 8 lanes of a fragment column (lane bits 2..4: g = lane >> 2);
- * every lane ends with the column's best. */
-__device__ __forceinline__ void sm_lg_reduce_g(float &best, int &bi) {
+/* Best (value, id) over the 8 lanes of a fragment column (lane bits 2..4: g = lane >> 2), every
+ * lane ending with the column's best; then the id SM_LG_BAD when the detector nf of any lane of
+ * the column is NaN (sm_lg_elem).  All 32 lanes must call it together. */
+__device__ __forceinline__ void sm_lg_reduce_g(float &best, int &bi, float nf) {
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) {
         const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, o);
         const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
         if (sm_better(ov, oi, best, bi)) { best = ov; bi = oi; }
     }
+    if (__ballot_sync(0xFFFFFFFFu, nf != nf) & (0x11111111u << (threadIdx.x & 3))) bi = SM_LG_BAD;
 }
 
 /* Tile partial per token: the best of rv / ri [NW][LD] (one row per warp) for the tokens
@@ -47,8 +70,7 @@ __device__ __forceinline__ void sm_lg_tile_best(const float (*rv)[LD], const int
     for (int tok = tid; tok < n; tok += step) {
         float best = rv[0][tok];
         int bi = ri[0][tok];
-        for (int w = 1; w < NW; w++)
-            if (sm_better(rv[w][tok], ri[w][tok], best, bi)) { best = rv[w][tok]; bi = ri[w][tok]; }
+        for (int w = 1; w < NW; w++) sm_lg_fold(best, bi, rv[w][tok], ri[w][tok]);
         pv[tok] = best;
         pi[tok] = bi;
     }
@@ -75,11 +97,12 @@ __device__ __forceinline__ void sm_lg_sync_tile(const uint16_t *__restrict__ h, 
             const int tok = nt * 8 + 2 * t + e2;
             float best = 0.0f;
             int bi = -1;
+            float nf = 0.0f;
 #pragma unroll
             for (int hh = 0; hh < 2; hh++)
-                sm_lg_elem(acc[nt][2 * hh + e2], row0 + g + 8 * hh, tok, n, V, vocab_used, m_o, cap, logits, best, bi);
+                sm_lg_elem(acc[nt][2 * hh + e2], row0 + g + 8 * hh, tok, n, V, vocab_used, m_o, cap, logits, best, bi, nf);
             /* best of the warp's 16 ids for this token */
-            sm_lg_reduce_g(best, bi);
+            sm_lg_reduce_g(best, bi, nf);
             if (g == 0) { bv_s[warp][tok] = best; bi_s[warp][tok] = bi; }
         }
     }
@@ -103,14 +126,15 @@ __device__ __forceinline__ void sm_lg_wg_epilogue(const sm_wg_args &a, int t, co
             const int tok = j * 8 + 2 * t4 + e2;
             float best = 0.0f;
             int bi = -1;
+            float nf = 0.0f;
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++)
                     sm_lg_elem(acc[mt][4 * j + 2 * hh + e2], rb + mt * 64 + hh * 8, tok, a.n, a.m, a.vocab_used, a.m_o, a.cap,
-                               a.logits, best, bi);
+                               a.logits, best, bi, nf);
             /* best of the warp's rows for this token */
-            sm_lg_reduce_g(best, bi);
+            sm_lg_reduce_g(best, bi, nf);
             if (g == 0) { red_v[warp & (RV - 1)][tok] = best; red_i[warp & (RV - 1)][tok] = bi; }
         }
     sm_wg_cons_sync();
@@ -134,26 +158,24 @@ __device__ __forceinline__ void sm_lg_wg_consume(const sm_wg_args &a, int b, int
 }
 
 /* argmax[tok] = the best of the nb partials pv / pi [nb][n] of token tok, by a block of 256
- * threads (sv / si: shared [8]); no candidate -> 0. */
+ * threads (sv / si: shared [8]): -1 when a partial is SM_LG_BAD, 0 when none has a candidate. */
 __device__ __forceinline__ void sm_lg_argmax_row(const float *__restrict__ pv, const int *__restrict__ pi, int nb, int n, int tok,
                                                  int *__restrict__ argmax, float *sv, int *si) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float best = 0.0f;
     int bi = -1;
-    for (int b = threadIdx.x; b < nb; b += blockDim.x)
-        if (sm_better(pv[(size_t)b * n + tok], pi[(size_t)b * n + tok], best, bi)) { best = pv[(size_t)b * n + tok]; bi = pi[(size_t)b * n + tok]; }
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) sm_lg_fold(best, bi, pv[(size_t)b * n + tok], pi[(size_t)b * n + tok]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, o);
         const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
-        if (sm_better(ov, oi, best, bi)) { best = ov; bi = oi; }
+        sm_lg_fold(best, bi, ov, oi);
     }
     if (lane == 0) { sv[warp] = best; si[warp] = bi; }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; w++)
-            if (sm_better(sv[w], si[w], best, bi)) { best = sv[w]; bi = si[w]; }
-        argmax[tok] = bi < 0 ? 0 : bi;
+        for (int w = 1; w < 8; w++) sm_lg_fold(best, bi, sv[w], si[w]);
+        argmax[tok] = bi == SM_LG_BAD ? -1 : (bi < 0 ? 0 : bi);
     }
 }
 
