@@ -53,6 +53,17 @@ extern "C" {
                            __FILE__, __LINE__, sm_dev_, (int)sm_bs_);                        \
         }                                                                                    \
     } while (0)
+/* Same for cuBLAS calls on free paths: print to stderr instead. */
+#define SM_CUBLAS_CHECK_PRINT(call)                                                          \
+    do {                                                                                     \
+        cublasStatus_t sm_bs_ = (call);                                                      \
+        if (sm_bs_ != CUBLAS_STATUS_SUCCESS) {                                               \
+            int sm_dev_ = -1;                                                                \
+            cudaGetDevice(&sm_dev_);                                                         \
+            fprintf(stderr, "%s failed at %s:%d (device %d): cublas status %d\n", #call,     \
+                    __FILE__, __LINE__, sm_dev_, (int)sm_bs_);                               \
+        }                                                                                    \
+    } while (0)
 /* After a <<<>>> launch: the launch error (configuration, resources), naming the kernel. */
 #define SM_LAUNCH_CHECK(name)                                                                \
     do {                                                                                     \

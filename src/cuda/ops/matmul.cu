@@ -51,6 +51,19 @@ size_t sm_cuda_ws_bytes(const sm_config *c, int max_rows) {
     return b;
 }
 
+/* The cuBLAS handle and the device buffers of c (sizes set); the first failure returns -1
+ * with the check macro's line, leaving what was created for sm_cuda_ctx_free. */
+static int ctx_create(sm_cuda_ctx *c, sm_err *e) {
+    cublasHandle_t h = NULL; /* c->blas stays NULL when creation fails */
+    SM_CUBLAS_CHECK(cublasCreate(&h));
+    c->blas = h;
+    SM_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
+    SM_CUDA_CHECK(cudaMalloc(&c->ws, c->ws_bytes));
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->tile_cnt, (size_t)c->tile_cnt_len * sizeof(unsigned)));
+    SM_CUDA_CHECK(cudaMemset(c->tile_cnt, 0, (size_t)c->tile_cnt_len * sizeof(unsigned)));
+    return 0;
+}
+
 int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e) {
     memset(c, 0, sizeof *c);
     c->device = device;
@@ -58,37 +71,29 @@ int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e) {
     SM_CUDA_CHECK(cudaDeviceGetAttribute(&c->num_sms, cudaDevAttrMultiProcessorCount, device));
     int major = 0;
     SM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
-        c->blas = NULL;
-        return sm_errf(e, "cublasCreate failed (device %d)", device);
-    }
     c->blas_ws_bytes = (size_t)32 << 20;
     c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)64 << 20);
     c->tile_cnt_len = WG_TILE_CNT_LEN;
-    cudaError_t r1 = cudaMalloc(&c->blas_ws, c->blas_ws_bytes);
-    cudaError_t r2 = r1 == cudaSuccess ? cudaMalloc(&c->ws, c->ws_bytes) : r1;
-    cudaError_t r3 = r2 == cudaSuccess ? cudaMalloc((void **)&c->tile_cnt, (size_t)c->tile_cnt_len * sizeof(unsigned)) : r2;
-    if (r3 == cudaSuccess) r3 = cudaMemset(c->tile_cnt, 0, (size_t)c->tile_cnt_len * sizeof(unsigned));
-    if (r3 != cudaSuccess) {
-        size_t want = c->blas_ws_bytes + c->ws_bytes + (size_t)c->tile_cnt_len * sizeof(unsigned);
+    if (ctx_create(c, e)) {
+        const size_t want = c->blas_ws_bytes + c->ws_bytes + (size_t)c->tile_cnt_len * sizeof(unsigned);
         sm_cuda_ctx_free(c);
-        return sm_errf(e, "cudaMalloc of %zu bytes of stock-path workspace failed on device %d: %s",
-                       want, device, cudaGetErrorString(r3));
+        return sm_errprefix(e, "stock-path context (%zu bytes of workspace) on device %d", want, device);
     }
-    /* the wgmma path needs a Hopper device and the driver's tensor-map encoder */
+    /* the wgmma path needs a Hopper device and the driver's tensor-map encoder; this is a
+     * probe (a failure means "no wgmma path", not an error), so its error state is cleared */
     if (major == 9) {
         void *fn = NULL;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
             q == cudaDriverEntryPointSuccess)
             c->tma_encode = fn;
-        cudaGetLastError();
+        (void)cudaGetLastError();
     }
     return 0;
 }
 
 void sm_cuda_ctx_free(sm_cuda_ctx *c) {
-    if (c->blas) cublasDestroy(c->blas);
+    if (c->blas) SM_CUBLAS_CHECK_PRINT(cublasDestroy(c->blas));
     if (c->blas_ws) SM_CUDA_CHECK_PRINT(cudaFree(c->blas_ws));
     if (c->ws) SM_CUDA_CHECK_PRINT(cudaFree(c->ws));
     if (c->tile_cnt) SM_CUDA_CHECK_PRINT(cudaFree(c->tile_cnt));
