@@ -1,15 +1,16 @@
-/* matmul.cu: y = r16(x W^T) for the dense projections, the lm_head product of the logits, and
- * the stock-path context.
+/* ops/matmul.cu: y = r16(x W^T) for the dense projections, the lm_head product of the logits,
+ * and the stock-path context: the stock kernels (thin wrappers of the bodies in
+ * ops/matmul.cuh), their launchers (grid, split counts, tensor maps) and the checked entries.
  *
  * Few rows (decode / verify, n <= 128), two weight-streaming tensor-core kernels:
- *  - the mma.sync core of common.cuh (64 rows of W a block, W straight into registers, k
+ *  - the mma.sync core (64 rows of W a block, W straight into registers, k
  *    split over blocks with an ordered reduce kernel): only where the wgmma path is missing,
  *    or forced (tests).  At 64-128 rows it is bound by mma.sync issue, by each warp re-reading
  *    all of x from shared memory, and by every 64-row block re-reading all of x from L2 (2x
  *    the bytes of W at 128 rows): 18-21% of the read floor at 128 rows (bench/results.md).
- *  - the wgmma stream-K kernel below, the default at every n (62-68% at 128 rows for the
- *    8192-wide matrices, 94% for lm_head at 8 rows): one persistent block per SM (2 consumer warpgroups +
- *    1 producer warp), tiles of 128 * MT rows of W x N tokens (N = n rounded up to 8..128),
+ *  - the wgmma stream-K kernel, the default at every n (62-68% at 128 rows for the 8192-wide
+ *    matrices, 94% for lm_head at 8 rows): one persistent block per SM (2 consumer warpgroups
+ *    + 1 producer warp), tiles of 128 * MT rows of W x N tokens (N = n rounded up to 8..128),
  *    k in stages of 64 (one 128-byte swizzled row) fed by TMA into an mbarrier ring, wgmma
  *    m64nNk16 with both operands in shared memory ("swap AB": W rows are the M side).  The
  *    (tile, k stage) units are cut evenly over the blocks ("stream-K"), so every SM streams

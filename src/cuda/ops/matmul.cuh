@@ -303,7 +303,14 @@ __device__ __forceinline__ void sm_mm_f32w_block(const uint16_t *__restrict__ x,
  * the span of the 128-byte swizzle).  A stage holds W [BM][64] then x [N][64], both as TMA
  * writes them with SWIZZLE_128B, which is the K-major layout wgmma reads (8-row groups of
  * 1024 bytes; the k16 step j starts 32 * j bytes into the row).  Rows of W >= m, tokens >= n
- * and k >= the contraction are zero-filled by TMA and dropped by the epilogue. */
+ * and k >= the contraction are zero-filled by TMA and dropped by the epilogue.
+ * Thread roles (the stock kernel's, which a persistent caller must keep): the consumers are
+ * threads 0..255 of the block (warpgroups 0 and 1: the fragment layout, the partial-tile
+ * layout and named barrier 1 of 256 threads depend on it), the producer is one other thread;
+ * the consumers hold MT * N / 2 accumulators each (setmaxnreg 232 / 40 in the stock kernel).
+ * Per matmul the caller provides an sm_wg_args, the two tensor maps (W boxes of BM rows, x
+ * boxes of N tokens, 64 k, 128-byte swizzle: see wg_map in ops/matmul.cu), 2 G partial
+ * tiles and `tiles` zeroed arrival counters. */
 #define SM_WG_BK 64
 #define SM_WG_THREADS 384              /* warpgroups 0, 1: consumers; warpgroup 2: producer (one thread) */
 #define SM_WG_SMEM_DYN (216 * 1024)    /* dynamic shared memory budget (static adds <= 9 KB) */
