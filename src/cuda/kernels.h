@@ -1,5 +1,7 @@
 /* kernels.h: the extern "C" launchers of the CUDA stock-path kernels (SPEC.md sections 3-6),
- * everything of a step except the MoE expert stage (moe.h).
+ * everything of a step except the MoE expert stage (moe.h).  They are defined in
+ * src/cuda/ops/<family>.cu; the __device__ bodies the kernels run (callable from a persistent
+ * kernel on any row / tile range) are in src/cuda/ops/<family>.cuh.
  *
  * Conventions of every launcher below:
  *  - all array arguments are DEVICE pointers unless the comment says host; bf16 values are
@@ -63,7 +65,7 @@ size_t sm_cuda_ws_bytes(const sm_config *c, int max_rows);
 int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e);
 void sm_cuda_ctx_free(sm_cuda_ctx *c);
 
-/* ---- norms and residual boundaries (norm.cu); one block per row ---- */
+/* ---- norms and residual boundaries (ops/norm.cu); one block per row ---- */
 /* Embedding + first norm: for each row i, v = embed[tokens[i]] (bf16 [V, H]),
  * s[i] = r16(rms(v, -, eps)) (f32 [n, H]), x[i] = r16(rms(s[i], in_norm, eps)) (bf16 [n, H]).
  * in_norm [H] f32 = eff(input_layernorm_0).  A token outside [0, V) gives NaN rows. */
@@ -88,7 +90,7 @@ int sm_k_post_ffn(float *s, const uint16_t *f, const float *post_ffn, const floa
 int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, uint16_t *y,
                   cudaStream_t st, sm_err *e);
 
-/* ---- matmuls (matmul.cu) ---- */
+/* ---- matmuls (ops/matmul.cu) ---- */
 /* y [n, m] = r16(x [n, k] @ W [m, k]^T), bf16 in, f32 accumulation, bf16 out.  n <= 128: the
  * wgmma stream-K kernel (the mma.sync core where the wgmma path is unavailable), whose work
  * split depends on (m, k) only, so a row's bits do not depend on n (speculative == greedy);
@@ -97,14 +99,14 @@ int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, ui
 int sm_k_mm(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
             uint16_t *y, cudaStream_t st, sm_err *e);
 /* The paths of sm_k_mm, callable directly (tests, benchmarks): small (the mma.sync core of
- * common.cuh) requires n <= 128. */
+ * ops/matmul.cuh) requires n <= 128. */
 int sm_k_mm_small(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                   uint16_t *y, cudaStream_t st, sm_err *e);
 int sm_k_mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                  uint16_t *y, cudaStream_t st, sm_err *e);
 /* Path choice for tests and benchmarks (sm_k_mm_path, sm_k_logits_path). */
 #define SM_PATH_AUTO 0  /* what sm_k_mm / sm_k_logits pick */
-#define SM_PATH_SYNC 1  /* mma.sync weight-streaming core (common.cuh), 64-row blocks */
+#define SM_PATH_SYNC 1  /* mma.sync weight-streaming core (ops/matmul.cuh), 64-row blocks */
 #define SM_PATH_WG1 2   /* wgmma stream-K kernel, 128-row tiles (TMA-fed, 2 consumer warpgroups) */
 #define SM_PATH_WG2 3   /* wgmma stream-K kernel, 256-row tiles */
 /* sm_k_mm with the path forced (n <= 128; a WG path fails with one line when c->tma_encode is
@@ -116,7 +118,7 @@ int sm_k_mm_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, cons
 int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W, int m,
                  float *y, cudaStream_t st, sm_err *e);
 
-/* ---- router (router.cu) ---- */
+/* ---- router (ops/router.cu) ---- */
 /* MoE routing of n rows (SPEC.md section 6): logits = xf @ router^T (f32 [n, E], also an
  * output: a scratch the caller owns), sc = sigmoid(logits * m_o), idx [n, K] int32 = top-K of
  * sc + bias (descending, ties to the lowest expert id), w [n, K] f32 =
@@ -126,7 +128,7 @@ int sm_k_route(sm_cuda_ctx *c, const uint16_t *xf, int n, int H, const float *ro
                const float *bias, int E, int K, float m_o, float route_scale, float *logits,
                int *idx, float *w, cudaStream_t st, sm_err *e);
 
-/* ---- QK norm + RoPE + KV insert (rope_kv.cu) ---- */
+/* ---- QK norm + RoPE + KV insert (ops/rope_kv.cu) ---- */
 /* For each row i (position pos[i], cache slot slot[i]; slot -1 = padding row: no write):
  *   q_out[i, h] = rope(r16(rms(q[i, h], -, eps)))      for the nh query heads of D = 64
  *   kh          = rope(r16(rms(k[i, h], -, eps)))      for the nkv KV heads
@@ -143,7 +145,7 @@ int sm_k_qk_rope_kv(const uint16_t *q, int ldq, const uint16_t *k, const uint16_
                     uint16_t *q_out, int ldq_out, uint16_t *kv, int nblocks, cudaStream_t st,
                     sm_err *e);
 
-/* ---- attention (attention.cu) ---- */
+/* ---- attention (ops/attention.cu) ---- */
 /* Decode / verify attention with the fused output gate.  Row i (request row_req[i], position
  * pos[i]) attends to its request's keys p' in [lo, pos[i]] (lo = pos[i] - window + 1 clamped
  * at 0 when window > 0, else 0), read from kv (layout as above) through the block table
@@ -165,12 +167,15 @@ int sm_k_attention_prefill(const uint16_t *q, int ldq, const uint16_t *gate, int
                            int nkv, int window, float scale, float eps, uint16_t *out,
                            cudaStream_t st, sm_err *e);
 
-/* ---- final logits (logits.cu) ---- */
+/* ---- final logits (ops/logits.cu) ---- */
 /* raw [n, V] = h [n, H] (bf16) @ lm_head [V, H]^T (bf16), f32 accumulation, not rounded;
  * logits = softcap * tanh(raw * m_o / softcap) (softcap <= 0: raw * m_o); ids >= vocab_used
  * -> -inf.  logits f32 [n, V] written when non-NULL; argmax int32 [n] = id of the largest
- * logit among ids < vocab_used, ties to the lowest id.  Any n (chunks of 128 rows);
- * H % 32 == 0; 1 <= vocab_used <= V.  Uses c->ws for per-block argmax partials. */
+ * logit among ids < vocab_used, ties to the lowest id.  Non-finite guard (every path): when
+ * any logit of a row among ids < vocab_used is NaN or +-Inf (after the softcap: a NaN raw
+ * gives NaN, an infinite raw gives +-softcap, or +-Inf without a softcap), that row's argmax is
+ * -1; the other rows are unaffected.  Any n (chunks of 128 rows); H % 32 == 0;
+ * 1 <= vocab_used <= V.  Uses c->ws for per-block argmax partials. */
 int sm_k_logits(sm_cuda_ctx *c, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
                 int vocab_used, float m_o, float softcap, float *logits, int *argmax,
                 cudaStream_t st, sm_err *e);
@@ -178,11 +183,12 @@ int sm_k_logits(sm_cuda_ctx *c, const uint16_t *h, int n, int H, const uint16_t 
 int sm_k_logits_path(sm_cuda_ctx *c, int path, const uint16_t *h, int n, int H, const uint16_t *lm_head,
                      int V, int vocab_used, float m_o, float softcap, float *logits, int *argmax,
                      cudaStream_t st, sm_err *e);
-/* Internal to logits.cu (defined in matmul.cu, next to the wgmma kernel it shares with
- * sm_k_mm): the lm_head product of n <= 128 rows with the logits epilogue.  Reads lm_head
+/* Internal to ops/logits.cu (defined in ops/matmul.cu, next to the wgmma kernel it shares
+ * with sm_k_mm): the lm_head product of n <= 128 rows with the logits epilogue.  Reads lm_head
  * once; writes logits (f32 [n, V], when non-NULL) and, per tile of 128 * mt rows of lm_head
  * (mt 1 or 2), the best (value, id) of each row: pv f32 / pi int32 [*ntiles][n], laid out at
- * the start of c->ws (the kernel's partial tiles follow them).  The caller reduces pv / pi. */
+ * the start of c->ws (the kernel's partial tiles follow them); id -2 marks a tile with a
+ * non-finite logit of the row (ops/logits.cuh: SM_LG_BAD).  The caller reduces pv / pi. */
 int sm_k_logits_wg(sm_cuda_ctx *c, int mt, const uint16_t *h, int n, int H, const uint16_t *lm_head,
                    int V, int vocab_used, float m_o, float softcap, float *logits, float **pv,
                    int **pi, int *ntiles, cudaStream_t st, sm_err *e);

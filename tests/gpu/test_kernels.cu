@@ -4,7 +4,8 @@
  * Each case: random inputs, outputs poisoned with NaN, 64 guard elements on each side of
  * every device buffer filled with a byte pattern and checked afterwards, the relative error
  * ||out - ref|| / ||ref|| against a bound (bf16 outputs 1e-2, f32 logits 1e-3, f32 router
- * logits and residual stream 1e-4), any NaN failing.  One "PASS name" / "FAIL name" line per
+ * logits and residual stream 1e-4), any NaN failing.  The argmax's non-finite guard is checked
+ * with planted NaN / Inf values (case_logits_nonfinite).  One "PASS name" / "FAIL name" line per
  * kernel and size.  Device and host buffers of a case are registered in a small arena and
  * freed when the case ends, so a failing case does not leak into the next.  We rejected a
  * comparison by max-abs error: bf16 rounding flips make single elements differ by one ulp
@@ -742,6 +743,81 @@ static void case_logits(int paths, int n, int H, int V, int vu, int want_logits)
     case_end();
 }
 
+/* The non-finite guard of the argmax (kernels.h, sm_k_logits): a row whose logits among ids <
+ * vocab_used hold NaN or +-Inf gets argmax -1, every other row keeps the argmax of the clean
+ * run with the same path (bit for bit: a row's logits do not depend on the other rows).  Per
+ * path: A) one NaN in h row ra (softcap on): ra -> -1; B) softcap off, NaN in row ra and +Inf
+ * in row rb: both -1 (raw +-Inf is not capped); C) NaN in lm_head row vb < vocab_used: every
+ * row -1; D) NaN in a masked lm_head row vm >= vocab_used: every row as clean. */
+#define LG_NAN_BF16 0x7FC0
+#define LG_INF_BF16 0x7F80
+static int lg_run(int p, const uint16_t *dh, int n, int H, const uint16_t *dw, int V, int vu, float cap, int *dam, int *out,
+                  sm_err *e) {
+    if (sm_k_logits_path(&g_ctx, p, dh, n, H, dw, V, vu, 0.17677669529663687f, cap, NULL, dam, g_st, e)) {
+        printf("  %s\n", e->msg);
+        return -1;
+    }
+    if (!sync_ok()) return -1;
+    to_host(out, dam, (size_t)n * 4);
+    return 0;
+}
+/* Rows of got equal to want, except rows bad0 / bad1 (-1: none) which must be -1; all != 0:
+ * every row must be -1.  Prints the first mismatches under `what`. */
+static int lg_expect(const char *what, const int *got, const int *want, int n, int bad0, int bad1, int all) {
+    int wrong = 0;
+    for (int i = 0; i < n; i++) {
+        const int exp = (all || i == bad0 || i == bad1) ? -1 : want[i];
+        if (got[i] != exp) {
+            if (wrong < 3) printf("  %s: row %d argmax %d, expected %d\n", what, i, got[i], exp);
+            wrong++;
+        }
+    }
+    return wrong == 0;
+}
+static void case_logits_nonfinite(int paths, int n, int H, int V, int vu) {
+    sm_err e = {""};
+    uint16_t *hw = (uint16_t *)halloc((size_t)V * H * 2), *hh = (uint16_t *)halloc((size_t)n * H * 2);
+    fill_bf16(hw, (size_t)V * H, 0.3f);
+    fill_bf16(hh, (size_t)n * H, 1.0f);
+    const int ra = rndi(n), rb = n > 1 ? (ra + 1 + rndi(n - 1)) % n : -1;
+    const int vb = rndi(vu), vm = vu < V ? vu + rndi(V - vu) : -1;
+    uint16_t *dh = (uint16_t *)dup_to_dev("h", hh, 2, (size_t)n * H), *dw = (uint16_t *)dup_to_dev("lm_head", hw, 2, (size_t)V * H);
+    /* h with one NaN in row ra (A); then also +Inf in row rb (B) */
+    hh[(size_t)ra * H + rndi(H)] = LG_NAN_BF16;
+    uint16_t *dha = (uint16_t *)dup_to_dev("h NaN", hh, 2, (size_t)n * H);
+    if (rb >= 0) hh[(size_t)rb * H + rndi(H)] = LG_INF_BF16;
+    uint16_t *dhb = (uint16_t *)dup_to_dev("h NaN Inf", hh, 2, (size_t)n * H);
+    /* lm_head with one NaN in row vb (C), another copy with one in the masked row vm (D) */
+    const size_t jb = (size_t)vb * H + rndi(H);
+    const uint16_t keep = hw[jb];
+    hw[jb] = LG_NAN_BF16;
+    uint16_t *dwc = (uint16_t *)dup_to_dev("lm_head NaN", hw, 2, (size_t)V * H);
+    hw[jb] = keep;
+    uint16_t *dwd = NULL;
+    if (vm >= 0) {
+        hw[(size_t)vm * H + rndi(H)] = LG_NAN_BF16;
+        dwd = (uint16_t *)dup_to_dev("lm_head NaN masked", hw, 2, (size_t)V * H);
+    }
+    int *dam = (int *)dalloc("argmax", 4, n);
+    int *capped = (int *)halloc((size_t)n * 4), *plain = (int *)halloc((size_t)n * 4), *got = (int *)halloc((size_t)n * 4);
+    for (int p = SM_PATH_AUTO; p <= SM_PATH_WG2; p++) {
+        if (!(paths & (1 << p))) continue;
+        char name[160];
+        snprintf(name, sizeof name, "logits_nonfinite_%s n=%d H=%d V=%d vocab_used=%d (NaN row %d, Inf row %d, NaN ids %d, %d)",
+                 path_name(p), n, H, V, vu, ra, rb, vb, vm);
+        int ok = lg_run(p, dh, n, H, dw, V, vu, 20.0f, dam, capped, &e) == 0 && lg_run(p, dh, n, H, dw, V, vu, 0.0f, dam, plain, &e) == 0;
+        for (int i = 0; ok && i < n; i++)
+            if (capped[i] < 0 || plain[i] < 0) { printf("  clean row %d has argmax -1\n", i); ok = 0; }
+        if (ok) ok = lg_run(p, dha, n, H, dw, V, vu, 20.0f, dam, got, &e) == 0 && lg_expect("NaN in h", got, capped, n, ra, -1, 0);
+        if (ok) ok = lg_run(p, dhb, n, H, dw, V, vu, 0.0f, dam, got, &e) == 0 && lg_expect("NaN, Inf in h, no softcap", got, plain, n, ra, rb, 0);
+        if (ok) ok = lg_run(p, dh, n, H, dwc, V, vu, 20.0f, dam, got, &e) == 0 && lg_expect("NaN in lm_head", got, capped, n, -1, -1, 1);
+        if (ok && dwd) ok = lg_run(p, dh, n, H, dwd, V, vu, 20.0f, dam, got, &e) == 0 && lg_expect("NaN in a masked lm_head row", got, capped, n, -1, -1, 0);
+        rel_acc a = {0, 0, 0, 0};
+        verdict_keep(name, ok, &a, 1e-3);
+    }
+    case_end();
+}
+
 /* ------------------------------------------------------------------ preconditions */
 
 static void case_preconditions(void) {
@@ -1044,6 +1120,11 @@ int gpu_test_kernels(void) {
     for (int i = 0; i < nn; i++) case_logits(P_AUTO | P_ALL, ns[i], 256, 1000, 990, 1);
     case_logits(P_AUTO | P_ALL, 40, 96, 777, 700, 1);
     case_logits(P_AUTO | P_SYNC | P_WG2, 200, 256, 1000, 990, 1);
+    /* the non-finite guard of the argmax, every path, one and two chunks of 128 rows */
+    case_logits_nonfinite(P_AUTO | P_ALL, 1, 256, 1000, 990);
+    case_logits_nonfinite(P_AUTO | P_ALL, 13, 256, 1000, 990);
+    case_logits_nonfinite(P_AUTO | P_ALL, 128, 1024, 5000, 4990);
+    case_logits_nonfinite(P_AUTO | P_ALL, 200, 256, 1000, 1000);
 
     /* the launchers inside a captured CUDA graph */
     case_graph();

@@ -1,22 +1,22 @@
-/* logits.cu: final logits and greedy argmax (SPEC.md section 4, last lines).
+/* ops/logits.cu: the stock kernels of the final logits and greedy argmax (bodies in
+ * ops/logits.cuh), the path choice and the checked extern "C" entries.
  *
  * lm_head [V, H] is the largest matrix of a step (3.3 GB in the real model); it is streamed
- * once per chunk of up to 128 rows.  Two kernels compute raw = h . lm_head[v]:
- *  - the wgmma stream-K kernel of matmul.cu (sm_k_logits_wg) with its logits epilogue, tiles
- *    of 128 * LG_WG_MT ids: 94% of the read floor at 8 rows, 79% at 128 (measured);
+ * once per chunk of up to 128 rows.  Two paths compute raw = h . lm_head[v]:
+ *  - the wgmma stream-K kernel of ops/matmul.cu (sm_k_logits_wg) with the logits epilogue,
+ *    tiles of 128 * LG_WG_MT ids: 94% of the read floor at 8 rows, 79% at 128 (measured);
  *  - without the wgmma path (not a Hopper device, old driver), or when forced for tests: the
- *    mma.sync swap-AB core of common.cuh, one block per 64 ids (82% at 8 rows, but 30% at 128:
- *    bound by mma.sync issue, and it re-reads all of h from L2 for every 64 ids).
- * Both epilogues apply the softcap and the vocab_used mask, write f32 logits when asked, and
- * reduce each block's (or tile's) ids to one (value, id) per row; argmax_reduce_kernel then
- * reduces those partials per row.  Both reductions take the larger value and, on equal values,
- * the lower id, so the result is the reference's argmax whatever the grid.
- * We rejected writing all logits and running a separate argmax over [n, V]: that is 800 KB a
- * row of extra traffic when the caller only wants the argmax.
+ *    mma.sync swap-AB core, one block per 64 ids (82% at 8 rows, but 30% at 128: bound by
+ *    mma.sync issue, and it re-reads all of h from L2 for every 64 ids).
+ * Both leave one (value, id) partial per tile and row; argmax_reduce_kernel reduces them per
+ * row.  We rejected a last-block-reduces scheme inside the matmul kernels (an arrival counter
+ * per chunk): the reduce kernel is a few microseconds and keeps both paths alike.
  */
-#include "common.cuh"
-#include "kernels.h"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/ops/logits.cuh"
 
+/* One sm_lg_sync_tile per block: blockIdx.x = tile of SM_MM_ROWS ids. */
 template <int NT>
 __global__ void __launch_bounds__(SM_MM_WARPS * 32)
 logits_kernel(const uint16_t *__restrict__ h, int n, int k, const uint16_t *__restrict__ Wl, int V, int vocab_used,
@@ -24,73 +24,15 @@ logits_kernel(const uint16_t *__restrict__ h, int n, int k, const uint16_t *__re
     extern __shared__ uint4 xs[];
     __shared__ float bv_s[SM_MM_WARPS][NT * 8];
     __shared__ int bi_s[SM_MM_WARPS][NT * 8];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * SM_MM_ROWS + warp * 16;
-    float acc[NT][4];
-    /* raw = h . lm_head[v] for this block's 64 ids, f32 */
-    sm_mm_core<NT>(h, n, k, Wl, V, row0, 0, k >> 5, xs, acc);
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-        for (int e2 = 0; e2 < 2; e2++) {
-            const int tok = nt * 8 + 2 * t + e2;
-            float best = 0.0f;
-            int bi = -1;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int row = row0 + g + 8 * hh;
-                /* softcap c * tanh(raw * m_o / c); ids >= vocab_used masked */
-                const float x = acc[nt][2 * hh + e2] * m_o;
-                float v = cap > 0.0f ? cap * tanhf(x / cap) : x;
-                if (row >= vocab_used) v = -INFINITY;
-                if (logits && row < V && tok < n) logits[(size_t)tok * V + row] = v;
-                if (row < vocab_used && sm_better(v, row, best, bi)) { best = v; bi = row; }
-            }
-            /* best of the warp's 16 ids for this token: reduce over g (lane bits 2..4) */
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) {
-                const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, o);
-                const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
-                if (sm_better(ov, oi, best, bi)) { best = ov; bi = oi; }
-            }
-            if (g == 0) { bv_s[warp][tok] = best; bi_s[warp][tok] = bi; }
-        }
-    }
-    __syncthreads();
-    /* best of the block's 64 ids per token */
-    for (int tok = threadIdx.x; tok < n; tok += blockDim.x) {
-        float best = bv_s[0][tok];
-        int bi = bi_s[0][tok];
-        for (int w = 1; w < SM_MM_WARPS; w++)
-            if (sm_better(bv_s[w][tok], bi_s[w][tok], best, bi)) { best = bv_s[w][tok]; bi = bi_s[w][tok]; }
-        pv[(size_t)blockIdx.x * n + tok] = best;
-        pi[(size_t)blockIdx.x * n + tok] = bi;
-    }
+    sm_lg_sync_tile<NT>(h, n, k, Wl, V, vocab_used, m_o, cap, logits, pv, pi, blockIdx.x, xs, bv_s, bi_s);
 }
 
-/* argmax[tok] = best over the nb block partials of token tok (one block per token). */
+/* One sm_lg_argmax_row per block of 256 threads: blockIdx.x = token. */
 __global__ void __launch_bounds__(256)
 argmax_reduce_kernel(const float *__restrict__ pv, const int *__restrict__ pi, int nb, int n, int *__restrict__ argmax) {
     __shared__ float sv[8];
     __shared__ int si[8];
-    const int tok = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float best = 0.0f;
-    int bi = -1;
-    for (int b = threadIdx.x; b < nb; b += blockDim.x)
-        if (sm_better(pv[(size_t)b * n + tok], pi[(size_t)b * n + tok], best, bi)) { best = pv[(size_t)b * n + tok]; bi = pi[(size_t)b * n + tok]; }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xFFFFFFFFu, best, o);
-        const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, o);
-        if (sm_better(ov, oi, best, bi)) { best = ov; bi = oi; }
-    }
-    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; w++)
-            if (sm_better(sv[w], si[w], best, bi)) { best = sv[w]; bi = si[w]; }
-        argmax[tok] = bi < 0 ? 0 : bi;
-    }
+    sm_lg_argmax_row(pv, pi, nb, n, blockIdx.x, argmax, sv, si);
 }
 
 template <int NT>

@@ -1,0 +1,424 @@
+/* ops/matmul.cu: y = r16(x W^T) for the dense projections, the lm_head product of the logits,
+ * and the stock-path context: the stock kernels (thin wrappers of the bodies in
+ * ops/matmul.cuh), their launchers (grid, split counts, tensor maps) and the checked entries.
+ *
+ * Few rows (decode / verify, n <= 128), two weight-streaming tensor-core kernels:
+ *  - the mma.sync core (64 rows of W a block, W straight into registers, k
+ *    split over blocks with an ordered reduce kernel): only where the wgmma path is missing,
+ *    or forced (tests).  At 64-128 rows it is bound by mma.sync issue, by each warp re-reading
+ *    all of x from shared memory, and by every 64-row block re-reading all of x from L2 (2x
+ *    the bytes of W at 128 rows): 18-21% of the read floor at 128 rows (bench/results.md).
+ *  - the wgmma stream-K kernel, the default at every n (62-68% at 128 rows for the 8192-wide
+ *    matrices, 94% for lm_head at 8 rows): one persistent block per SM (2 consumer warpgroups
+ *    + 1 producer warp), tiles of 128 * MT rows of W x N tokens (N = n rounded up to 8..128),
+ *    k in stages of 64 (one 128-byte swizzled row) fed by TMA into an mbarrier ring, wgmma
+ *    m64nNk16 with both operands in shared memory ("swap AB": W rows are the M side).  The
+ *    (tile, k stage) units are cut evenly over the blocks ("stream-K"), so every SM streams
+ *    the same number of bytes whatever the shape; a tile shared by several blocks is summed by
+ *    its last arriving block, in block (= k) order: deterministic, no float atomics, so
+ *    replicated tensors stay bit-identical across ranks.  x is re-read once per tile of W
+ *    rows, not once per 64 rows.
+ * Many rows (prefill): cuBLAS bf16 GEMM with f32 compute and bf16 output, i.e. r16 of an f32
+ * accumulation.  The router's f32-weight matmul is an FFMA kernel, split-k GEMV style (f32 x f32
+ * must stay f32 for exact expert selection).
+ * We rejected cuBLAS for the few-row case (its GEMMs read W at a fraction of bandwidth at n = 8),
+ * a fixed split-K grid for the wgmma kernel (4096- and 8192-row matrices give 16..80 tiles: a
+ * grid of tiles x splits either leaves SMs idle or runs a second partial wave), and TMA
+ * multicast of x over a cluster (the stream-K blocks do not share k ranges).
+ */
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/ops/matmul.cuh"
+#include "cuda/ops/logits.cuh"
+#include <cudaTypedefs.h>
+
+/* ---- context ---- */
+
+#define WG_MAX_SMS 160          /* bound on multiprocessors used to size the default workspace */
+#define WG_TILE_CNT_LEN 65536   /* arrival counters (tiles of one wgmma launch) */
+
+size_t sm_cuda_ws_bytes(const sm_config *c, int max_rows) {
+    size_t b = (size_t)64 << 20;
+    if (c && max_rows > 0) {
+        const size_t r = (size_t)(max_rows < 128 ? max_rows : 128);
+        /* logits argmax partials: (value, id) per 64-row block of lm_head per row of a chunk,
+         * then the wgmma kernel's partial tiles: 2 per block of at most 256 x 128 floats */
+        size_t lg = (size_t)sm_cdiv(c->V, SM_MM_ROWS) * r * 8 + (size_t)2 * WG_MAX_SMS * 256 * 128 * 4 + 256;
+        /* router logits partials: up to 16 splits of [rows, E] */
+        size_t rt = (size_t)16 * max_rows * c->E * 4;
+        if (lg > b) b = lg;
+        if (rt > b) b = rt;
+    }
+    return b;
+}
+
+/* The cuBLAS handle and the device buffers of c (sizes set); the first failure returns -1
+ * with the check macro's line, leaving what was created for sm_cuda_ctx_free. */
+static int ctx_create(sm_cuda_ctx *c, sm_err *e) {
+    cublasHandle_t h = NULL; /* c->blas stays NULL when creation fails */
+    SM_CUBLAS_CHECK(cublasCreate(&h));
+    c->blas = h;
+    SM_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
+    SM_CUDA_CHECK(cudaMalloc(&c->ws, c->ws_bytes));
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->tile_cnt, (size_t)c->tile_cnt_len * sizeof(unsigned)));
+    SM_CUDA_CHECK(cudaMemset(c->tile_cnt, 0, (size_t)c->tile_cnt_len * sizeof(unsigned)));
+    return 0;
+}
+
+int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e) {
+    memset(c, 0, sizeof *c);
+    c->device = device;
+    SM_CUDA_CHECK(cudaSetDevice(device));
+    SM_CUDA_CHECK(cudaDeviceGetAttribute(&c->num_sms, cudaDevAttrMultiProcessorCount, device));
+    int major = 0;
+    SM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    c->blas_ws_bytes = (size_t)32 << 20;
+    c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)64 << 20);
+    c->tile_cnt_len = WG_TILE_CNT_LEN;
+    if (ctx_create(c, e)) {
+        const size_t want = c->blas_ws_bytes + c->ws_bytes + (size_t)c->tile_cnt_len * sizeof(unsigned);
+        sm_cuda_ctx_free(c);
+        return sm_errprefix(e, "stock-path context (%zu bytes of workspace) on device %d", want, device);
+    }
+    /* the wgmma path needs a Hopper device and the driver's tensor-map encoder; this is a
+     * probe (a failure means "no wgmma path", not an error), so its error state is cleared */
+    if (major == 9) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            c->tma_encode = fn;
+        (void)cudaGetLastError();
+    }
+    return 0;
+}
+
+void sm_cuda_ctx_free(sm_cuda_ctx *c) {
+    if (c->blas) SM_CUBLAS_CHECK_PRINT(cublasDestroy(c->blas));
+    if (c->blas_ws) SM_CUDA_CHECK_PRINT(cudaFree(c->blas_ws));
+    if (c->ws) SM_CUDA_CHECK_PRINT(cudaFree(c->ws));
+    if (c->tile_cnt) SM_CUDA_CHECK_PRINT(cudaFree(c->tile_cnt));
+    c->blas = NULL;
+    c->blas_ws = c->ws = NULL;
+    c->tile_cnt = NULL;
+    c->tma_encode = NULL;
+    c->blas_ws_bytes = c->ws_bytes = 0;
+    c->tile_cnt_len = 0;
+}
+
+/* ---- few-row bf16 matmul ---- */
+
+/* One sm_mm_small_tile per block: blockIdx.x = row block, blockIdx.y = k split. */
+template <int NT, int EPI>
+__global__ void __launch_bounds__(SM_MM_WARPS * 32)
+mm_small_kernel(const uint16_t *__restrict__ x, int n, int k, const uint16_t *__restrict__ W,
+                int m, int cps, uint16_t *__restrict__ y, float *__restrict__ part) {
+    extern __shared__ uint4 xs[];
+    sm_mm_small_tile<NT, EPI>(x, n, k, W, m, cps, y, part, blockIdx.x, blockIdx.y, xs);
+}
+
+/* Grid-stride split sums (sm_mm_reduce_range / sm_mm_reduce_f32_range). */
+__global__ void mm_reduce_kernel(const float *__restrict__ part, int S, size_t count, uint16_t *__restrict__ y) {
+    sm_mm_reduce_range(part, S, count, y, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
+}
+__global__ void mm_reduce_f32_kernel(const float *__restrict__ part, int S, size_t count, float *__restrict__ y) {
+    sm_mm_reduce_f32_range(part, S, count, y, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
+}
+
+template <int NT>
+static int mm_small_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                           uint16_t *y, cudaStream_t st, sm_err *e) {
+    const int bm = sm_cdiv(m, SM_MM_ROWS), kc = k / 32;
+    /* split k until the grid holds about `target` blocks, each split >= 2 slabs */
+    const int target = c->num_sms * (NT >= 8 ? 2 : 4);
+    int S = sm_cdiv(target, bm);
+    int smax = sm_cdiv(kc, 2 * SM_MM_CPS);
+    if (S > smax) S = smax;
+    size_t per = (size_t)n * m * sizeof(float);
+    if (S > 1 && (size_t)S * per > c->ws_bytes) S = (int)(c->ws_bytes / per);
+    if (S < 1) S = 1;
+    int cps = sm_cdiv(sm_cdiv(kc, S), SM_MM_CPS) * SM_MM_CPS;
+    S = sm_cdiv(kc, cps); /* every split non-empty */
+    const size_t smem = SM_MM_SMEM(NT);
+    dim3 grid(bm, S);
+    if (S == 1) {
+        SM_CUDA_CHECK(cudaFuncSetAttribute(mm_small_kernel<NT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        mm_small_kernel<NT, 0><<<grid, SM_MM_WARPS * 32, smem, st>>>(x, n, k, W, m, cps, y, NULL);
+        SM_LAUNCH_CHECK("mm_small_kernel");
+        return 0;
+    }
+    float *part = (float *)c->ws;
+    SM_CUDA_CHECK(cudaFuncSetAttribute(mm_small_kernel<NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    mm_small_kernel<NT, 1><<<grid, SM_MM_WARPS * 32, smem, st>>>(x, n, k, W, m, cps, NULL, part);
+    SM_LAUNCH_CHECK("mm_small_kernel");
+    size_t count = (size_t)n * m;
+    int rb = (int)((count + 255) / 256);
+    if (rb > c->num_sms * 8) rb = c->num_sms * 8;
+    mm_reduce_kernel<<<rb, 256, 0, st>>>(part, S, count, y);
+    SM_LAUNCH_CHECK("mm_reduce_kernel");
+    return 0;
+}
+
+/* ---- wgmma stream-K kernel ----
+ * One persistent block per SM (at most): virtual block b = blockIdx.x of G = gridDim.x takes
+ * the units [b U / G, (b + 1) U / G).  Warpgroup 2 gives its registers to the consumers and
+ * one of its threads runs the producer; warpgroups 0 and 1 consume (ops/matmul.cuh) and run
+ * the epilogue EPI of each tile they finish (SM_WG_EPI_LOGITS: ops/logits.cuh). */
+template <int N, int MT, int EPI>
+__global__ void __launch_bounds__(SM_WG_THREADS, 1)
+wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const sm_wg_args a) {
+    constexpr int ST = SM_WG_ST(N, MT);
+    constexpr int RV = EPI == SM_WG_EPI_LOGITS ? 8 : 1;
+    extern __shared__ uint8_t wg_dyn[];
+    __shared__ __align__(8) uint64_t full_bar[ST], empty_bar[ST];
+    __shared__ int last_s;
+    __shared__ float red_v[RV][N];
+    __shared__ int red_i[RV][N];
+    sm_wg_smem sm;
+    sm.base = (sm_wg_u32(wg_dyn) + 1023u) & ~1023u;
+    sm.full = sm_wg_u32(full_bar);
+    sm.empty = sm_wg_u32(empty_bar);
+    sm.last = &last_s;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int G = gridDim.x, b = blockIdx.x;
+    if (threadIdx.x == 0) sm_wg_ring_init<ST>(sm);
+    __syncthreads();
+    int s = 0;
+    unsigned ph = 0;
+    if (warp >= 8) {
+        /* producer warpgroup: gives registers to the consumers; one thread walks the block's
+         * units in order and keeps the ring full */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp == 8 && lane == 0)
+            sm_wg_produce<N, MT>(&tw, &tx, a.ki, sm_wg_unit0(b, G, a.units), sm_wg_unit0(b + 1, G, a.units), 0, sm, s, ph);
+    } else {
+        /* consumers: warps 0-3 = warpgroup 0, 4-7 = warpgroup 1 */
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        const int u0 = sm_wg_unit0(b, G, a.units), u1 = sm_wg_unit0(b + 1, G, a.units);
+        if constexpr (EPI == SM_WG_EPI_MM) sm_wg_consume_mm<N, MT>(a, b, G, u0, u1, sm, s, ph);
+        else sm_lg_wg_consume<N, MT, RV>(a, b, G, u0, u1, sm, s, ph, red_v, red_i);
+    }
+}
+
+/* Tensor map of a row-major bf16 matrix [rows, k]: boxes of 64 k x box_rows rows, 128-byte
+ * swizzle, zero fill outside. */
+static int wg_map(const sm_cuda_ctx *c, CUtensorMap *map, const uint16_t *p, int rows, int k, int box_rows,
+                  const char *what, sm_err *e) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)c->tma_encode;
+    cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
+    cuuint64_t strides[1] = {(cuuint64_t)k * 2};
+    cuuint32_t box[2] = {SM_WG_BK, (cuuint32_t)box_rows};
+    cuuint32_t es[2] = {1, 1};
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return sm_errf(e, "cuTensorMapEncodeTiled failed (error %d) for %s [%d, %d], box %d x %d (device %d)", (int)r, what, rows, k,
+                       box_rows, SM_WG_BK, c->device);
+    return 0;
+}
+
+/* Launch over at most one block per SM; the partial tiles live at c->ws + ws_off. */
+template <int N, int MT, int EPI>
+static int wg_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, sm_wg_args a,
+                     cudaStream_t st, sm_err *e) {
+    const int BM = SM_WG_BM(MT);
+    a.n = n; a.m = m; a.k = k;
+    a.ki = sm_cdiv(k, SM_WG_BK);
+    a.tiles = sm_cdiv(m, BM);
+    const long long units = (long long)a.tiles * a.ki;
+    if (a.tiles > c->tile_cnt_len)
+        return sm_errf(e, "wgmma matmul: %d row tiles of %d > %d counters (m=%d)", a.tiles, BM, c->tile_cnt_len, m);
+    int G = c->num_sms;
+    if ((long long)G > units) G = (int)units;
+    if (units * (G + 1) >= ((long long)1 << 31))
+        return sm_errf(e, "wgmma matmul: %lld tile stages (m=%d, k=%d) overflow the 32-bit work split", units, m, k);
+    a.units = (int)units;
+    const size_t slot = (size_t)BM * N * sizeof(float);
+    ws_off = (ws_off + 255) & ~(size_t)255;
+    const size_t avail = c->ws_bytes > ws_off ? c->ws_bytes - ws_off : 0;
+    /* no fewer blocks when the workspace is short: the work split (hence every row's bits)
+     * must depend on (m, k) only, never on n */
+    if ((size_t)2 * G * slot > avail)
+        return sm_errf(e, "wgmma matmul: workspace of %zu bytes (%zu after offset %zu) below the %zu bytes of partial tiles "
+                       "(n=%d, m=%d, %d blocks)", c->ws_bytes, avail, ws_off, (size_t)2 * G * slot, n, m, G);
+    a.part = (float *)((char *)c->ws + ws_off);
+    a.cnt = c->tile_cnt;
+    CUtensorMap tw, tx;
+    if (wg_map(c, &tw, W, m, k, BM, "W", e) || wg_map(c, &tx, x, n, k, N, "x", e)) return -1;
+    const size_t smem = SM_WG_SMEM(N, MT);
+    SM_CUDA_CHECK(cudaFuncSetAttribute(wg_kernel<N, MT, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    wg_kernel<N, MT, EPI><<<G, SM_WG_THREADS, smem, st>>>(tw, tx, a);
+    SM_LAUNCH_CHECK("wg_kernel");
+    return 0;
+}
+
+/* Token tile N = n rounded up to 8, 16, 32, 64 or 128. */
+template <int MT, int EPI>
+static int wg_rows(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, const sm_wg_args *a,
+                   cudaStream_t st, sm_err *e) {
+    if (n <= 8) return wg_launch<8, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
+    if (n <= 16) return wg_launch<16, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
+    if (n <= 32) return wg_launch<32, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
+    if (n <= 64) return wg_launch<64, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
+    return wg_launch<128, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
+}
+
+int sm_k_logits_wg(sm_cuda_ctx *c, int mt, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V, int vocab_used,
+                   float m_o, float softcap, float *logits, float **pv, int **pi, int *ntiles, cudaStream_t st, sm_err *e) {
+    if (!c->tma_encode) return sm_errf(e, "sm_k_logits: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    if (n < 1 || n > SM_MM_SMALL_MAX || (mt != 1 && mt != 2)) return sm_errf(e, "sm_k_logits_wg: n=%d (1..%d), mt=%d (1, 2)", n, SM_MM_SMALL_MAX, mt);
+    const int tiles = sm_cdiv(V, SM_WG_BM(mt));
+    const size_t pb = (size_t)tiles * n * (sizeof(float) + sizeof(int));
+    if (pb > c->ws_bytes) return sm_errf(e, "sm_k_logits: workspace of %zu bytes below the %zu bytes of argmax partials", c->ws_bytes, pb);
+    sm_wg_args a;
+    memset(&a, 0, sizeof a);
+    a.vocab_used = vocab_used;
+    a.m_o = m_o;
+    a.cap = softcap;
+    a.logits = logits;
+    a.pv = (float *)c->ws;
+    a.pi = (int *)(a.pv + (size_t)tiles * n);
+    *pv = a.pv;
+    *pi = a.pi;
+    *ntiles = tiles;
+    return mt == 2 ? wg_rows<2, SM_WG_EPI_LOGITS>(c, h, n, H, lm_head, V, pb, &a, st, e)
+                   : wg_rows<1, SM_WG_EPI_LOGITS>(c, h, n, H, lm_head, V, pb, &a, st, e);
+}
+
+static int mm_check(const char *who, const uint16_t *x, int n, int k, const void *W, int m, const void *y, sm_err *e) {
+    if (n < 0 || k <= 0 || m <= 0) return sm_errf(e, "%s: bad shape n=%d k=%d m=%d", who, n, k, m);
+    if (k % 32) return sm_errf(e, "%s: k=%d is not a multiple of 32", who, k);
+    if (!x || !W || !y) return sm_errf(e, "%s: NULL pointer (x, W or y)", who);
+    if (!sm_aligned(x, 16) || !sm_aligned(W, 16)) return sm_errf(e, "%s: x or W not 16-byte aligned", who);
+    return 0;
+}
+
+int sm_k_mm_small(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                  uint16_t *y, cudaStream_t st, sm_err *e) {
+    if (mm_check("sm_k_mm_small", x, n, k, W, m, y, e)) return -1;
+    if (n > SM_MM_SMALL_MAX) return sm_errf(e, "sm_k_mm_small: n=%d rows > %d", n, SM_MM_SMALL_MAX);
+    if (n == 0) return 0;
+    if (n <= 8) return mm_small_launch<1>(c, x, n, k, W, m, y, st, e);
+    if (n <= 16) return mm_small_launch<2>(c, x, n, k, W, m, y, st, e);
+    if (n <= 32) return mm_small_launch<4>(c, x, n, k, W, m, y, st, e);
+    if (n <= 64) return mm_small_launch<8>(c, x, n, k, W, m, y, st, e);
+    return mm_small_launch<16>(c, x, n, k, W, m, y, st, e);
+}
+
+int sm_k_mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                 uint16_t *y, cudaStream_t st, sm_err *e) {
+    if (mm_check("sm_k_mm_blas", x, n, k, W, m, y, e)) return -1;
+    if (n == 0) return 0;
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major view: Y^T [m, n] = W [m, k] (row-major = (k x m)^T) x X^T [k, n] */
+    SM_CUBLAS_CHECK(cublasSetStream(c->blas, st));
+    SM_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
+    SM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, W, CUDA_R_16BF, k,
+                                 x, CUDA_R_16BF, k, &zero, y, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+/* The few-row path sm_k_mm takes (bench/results.md, 2026-12-02, `gpu_test --bench-dense`):
+ * the wgmma kernel with 128-row tiles at every n (256-row tiles measured slower at every n).
+ * The choice must NOT depend on n: a row's bits must not depend on the batch it is in
+ * (speculative verify == greedy decoding), and the wgmma kernel's work split depends only on
+ * (m, k).  Measured and dropped for that reason: the mma.sync core for 8 rows of the 4096 x
+ * 8192 / 8192 x 4096 matrices (~1 us faster there, but other bits than the 16-row steps). */
+static int mm_auto_path(const sm_cuda_ctx *c) {
+    return c->tma_encode ? SM_PATH_WG1 : SM_PATH_SYNC;
+}
+
+int sm_k_mm_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                 uint16_t *y, cudaStream_t st, sm_err *e) {
+    if (mm_check("sm_k_mm", x, n, k, W, m, y, e)) return -1;
+    if (n > SM_MM_SMALL_MAX) return sm_errf(e, "sm_k_mm_path: n=%d rows > %d", n, SM_MM_SMALL_MAX);
+    if (n == 0) return 0;
+    if (path == SM_PATH_AUTO) path = mm_auto_path(c);
+    if (path == SM_PATH_SYNC) return sm_k_mm_small(c, x, n, k, W, m, y, st, e);
+    if (path != SM_PATH_WG1 && path != SM_PATH_WG2) return sm_errf(e, "sm_k_mm_path: unknown path %d", path);
+    if (!c->tma_encode)
+        return sm_errf(e, "sm_k_mm: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    sm_wg_args a;
+    memset(&a, 0, sizeof a);
+    a.y = y;
+    return path == SM_PATH_WG2 ? wg_rows<2, SM_WG_EPI_MM>(c, x, n, k, W, m, 0, &a, st, e)
+                               : wg_rows<1, SM_WG_EPI_MM>(c, x, n, k, W, m, 0, &a, st, e);
+}
+
+int sm_k_mm(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+            uint16_t *y, cudaStream_t st, sm_err *e) {
+    if (n <= SM_MM_SMALL_MAX) return sm_k_mm_path(c, SM_PATH_AUTO, x, n, k, W, m, y, st, e);
+    return sm_k_mm_blas(c, x, n, k, W, m, y, st, e);
+}
+
+/* ---- f32-weight matmul (router): bodies in ops/matmul.cuh ---- */
+
+/* One sm_mm_f32w_gemv_block per block: grid (row blocks, token blocks, 512-k splits). */
+template <int NT>
+__global__ void __launch_bounds__(256)
+mm_f32w_gemv_kernel(const uint16_t *__restrict__ x, int n, int k, const float *__restrict__ W, int m, float *__restrict__ out) {
+    __shared__ float4 xs[NT][SM_RG_KL / 4];
+    sm_mm_f32w_gemv_block<NT>(x, n, k, W, m, out, blockIdx.x, blockIdx.y, blockIdx.z, xs);
+}
+
+/* One sm_mm_f32w_block per block: grid (row blocks of 64, token blocks of 32, k splits). */
+__global__ void __launch_bounds__(256)
+mm_f32w_kernel(const uint16_t *__restrict__ x, int n, int k, const float *__restrict__ W, int m,
+               int kps, float *__restrict__ out) {
+    __shared__ float ws_[SM_F32_TM][SM_F32_KS + 1];
+    __shared__ float xs_[SM_F32_TN][SM_F32_KS + 1];
+    sm_mm_f32w_block(x, n, k, W, m, kps, out, blockIdx.x, blockIdx.y, blockIdx.z, ws_, xs_);
+}
+
+int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W, int m,
+                 float *y, cudaStream_t st, sm_err *e) {
+    if (n < 0 || k <= 0 || m <= 0) return sm_errf(e, "sm_k_mm_f32w: bad shape n=%d k=%d m=%d", n, k, m);
+    if (k % 4) return sm_errf(e, "sm_k_mm_f32w: k=%d is not a multiple of 4", k);
+    if (!x || !W || !y) return sm_errf(e, "sm_k_mm_f32w: NULL pointer (x, W or y)");
+    if (!sm_aligned(x, 8) || !sm_aligned(W, 16)) return sm_errf(e, "sm_k_mm_f32w: x not 8-byte or W not 16-byte aligned");
+    if (n == 0) return 0;
+    {
+        /* main kernel: splits of 512 k, then the ordered split sum */
+        const int S = sm_cdiv(k, SM_RG_KL), nt = n <= 8 ? 8 : 16;
+        const size_t need = S > 1 ? (size_t)S * n * m * sizeof(float) : 0;
+        if (need <= c->ws_bytes && S <= 65535 && sm_cdiv(n, nt) <= 65535) {
+            dim3 grid(sm_cdiv(m, SM_RG_ROWS), sm_cdiv(n, nt), S);
+            float *out = S == 1 ? y : (float *)c->ws;
+            if (nt == 8) mm_f32w_gemv_kernel<8><<<grid, 256, 0, st>>>(x, n, k, W, m, out);
+            else mm_f32w_gemv_kernel<16><<<grid, 256, 0, st>>>(x, n, k, W, m, out);
+            SM_LAUNCH_CHECK("mm_f32w_gemv_kernel");
+            if (S > 1) {
+                const size_t count = (size_t)n * m;
+                int rb = (int)((count + 127) / 128);
+                if (rb > c->num_sms * 16) rb = c->num_sms * 16;
+                mm_reduce_f32_kernel<<<rb, 128, 0, st>>>((const float *)c->ws, S, count, y);
+                SM_LAUNCH_CHECK("mm_reduce_f32_kernel");
+            }
+            return 0;
+        }
+    }
+    const int bm = sm_cdiv(m, SM_F32_TM), bn = sm_cdiv(n, SM_F32_TN);
+    /* split k so the grid holds about 2 blocks per SM, each split >= 4 slabs */
+    int S = sm_cdiv(2 * c->num_sms, bm * bn);
+    int smax = sm_cdiv(k, 4 * SM_F32_KS);
+    if (S > smax) S = smax;
+    size_t per = (size_t)n * m * sizeof(float);
+    if (S > 1 && (size_t)S * per > c->ws_bytes) S = (int)(c->ws_bytes / per);
+    if (S > 65535) S = 65535;
+    if (S < 1) S = 1;
+    int kps = sm_cdiv(sm_cdiv(k, S), SM_F32_KS) * SM_F32_KS;
+    S = sm_cdiv(k, kps);
+    dim3 grid(bm, bn, S);
+    float *out = S == 1 ? y : (float *)c->ws;
+    mm_f32w_kernel<<<grid, 256, 0, st>>>(x, n, k, W, m, kps, out);
+    SM_LAUNCH_CHECK("mm_f32w_kernel");
+    if (S > 1) {
+        size_t count = (size_t)n * m;
+        int rb = (int)((count + 255) / 256);
+        if (rb > c->num_sms * 8) rb = c->num_sms * 8;
+        mm_reduce_f32_kernel<<<rb, 256, 0, st>>>((const float *)c->ws, S, count, y);
+        SM_LAUNCH_CHECK("mm_reduce_f32_kernel");
+    }
+    return 0;
+}
