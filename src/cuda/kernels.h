@@ -172,9 +172,9 @@ int sm_k_attention_prefill(const uint16_t *q, int ldq, const uint16_t *gate, int
  * logits = softcap * tanh(raw * m_o / softcap) (softcap <= 0: raw * m_o); ids >= vocab_used
  * -> -inf.  logits f32 [n, V] written when non-NULL; argmax int32 [n] = id of the largest
  * logit among ids < vocab_used, ties to the lowest id.  Non-finite guard (every path): when
- * any logit of a row among ids < vocab_used is NaN or +-Inf (after the softcap: a NaN raw
- * gives NaN, an infinite raw gives +-softcap, or +-Inf without a softcap), that row's argmax is
- * -1; the other rows are unaffected.  Any n (chunks of 128 rows); H % 32 == 0;
+ * any raw logit of a row among ids < vocab_used is NaN or +-Inf, that row's argmax is -1 and
+ * its logits there are NaN (a non-finite raw value is never capped to a finite +-softcap); the
+ * other rows are unaffected.  Any n (chunks of 128 rows); H % 32 == 0;
  * 1 <= vocab_used <= V.  Uses c->ws for per-block argmax partials. */
 int sm_k_logits(sm_cuda_ctx *c, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
                 int vocab_used, float m_o, float softcap, float *logits, int *argmax,

@@ -746,8 +746,8 @@ static void case_logits(int paths, int n, int H, int V, int vu, int want_logits)
 /* The non-finite guard of the argmax (kernels.h, sm_k_logits): a row whose logits among ids <
  * vocab_used hold NaN or +-Inf gets argmax -1, every other row keeps the argmax of the clean
  * run with the same path (bit for bit: a row's logits do not depend on the other rows).  Per
- * path: A) one NaN in h row ra (softcap on): ra -> -1; B) softcap off, NaN in row ra and +Inf
- * in row rb: both -1 (raw +-Inf is not capped); C) NaN in lm_head row vb < vocab_used: every
+ * path: A) one NaN in h row ra (softcap on): ra -> -1; B) NaN in row ra and +Inf in row rb,
+ * softcap off and on: both -1 (an infinite raw logit is NaN, never capped to +-20); C) NaN in lm_head row vb < vocab_used: every
  * row -1; D) NaN in a masked lm_head row vm >= vocab_used: every row as clean. */
 #define LG_NAN_BF16 0x7FC0
 #define LG_INF_BF16 0x7F80
@@ -810,6 +810,7 @@ static void case_logits_nonfinite(int paths, int n, int H, int V, int vu) {
             if (capped[i] < 0 || plain[i] < 0) { printf("  clean row %d has argmax -1\n", i); ok = 0; }
         if (ok) ok = lg_run(p, dha, n, H, dw, V, vu, 20.0f, dam, got, &e) == 0 && lg_expect("NaN in h", got, capped, n, ra, -1, 0);
         if (ok) ok = lg_run(p, dhb, n, H, dw, V, vu, 0.0f, dam, got, &e) == 0 && lg_expect("NaN, Inf in h, no softcap", got, plain, n, ra, rb, 0);
+        if (ok) ok = lg_run(p, dhb, n, H, dw, V, vu, 20.0f, dam, got, &e) == 0 && lg_expect("NaN, Inf in h, softcap on", got, capped, n, ra, rb, 0);
         if (ok) ok = lg_run(p, dh, n, H, dwc, V, vu, 20.0f, dam, got, &e) == 0 && lg_expect("NaN in lm_head", got, capped, n, -1, -1, 1);
         if (ok && dwd) ok = lg_run(p, dh, n, H, dwd, V, vu, 20.0f, dam, got, &e) == 0 && lg_expect("NaN in a masked lm_head row", got, capped, n, -1, -1, 0);
         rel_acc a = {0, 0, 0, 0};

@@ -40,7 +40,9 @@ __device__ __forceinline__ void sm_lg_fold(float &bv, int &bi, float v, int i) {
 __device__ __forceinline__ void sm_lg_elem(float raw, int row, int tok, int n, int V, int vocab_used, float m_o, float cap,
                                            float *__restrict__ logits, float &best, int &bi, float &nf) {
     const float x = raw * m_o;
-    float v = cap > 0.0f ? cap * tanhf(x / cap) : x;
+    /* softcap; a non-finite raw value gives NaN (raw * 0 is NaN for +-Inf), not the finite
+     * +-cap that tanh would make of it, so the guard below sees it */
+    float v = cap > 0.0f ? fmaf(raw, 0.0f, cap * tanhf(x / cap)) : x;
     if (row >= vocab_used) v = -INFINITY;
     if (logits && row < V && tok < n) logits[(size_t)tok * V + row] = v;
     if (row < vocab_used) {
