@@ -338,8 +338,8 @@ static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, i
                 continue;
             }
             /* row of the cycle id after prev = the bf16 embedding row of prev, normalized to
-             * RMS 1 and scaled by CYCLE_LOGIT / H: its dot product with that row, normalized,
-             * is CYCLE_LOGIT */
+             * RMS 1 and scaled by CYCLE_LOGIT / H: the normalized row (norm sqrt(H)) dotted
+             * with it gives CYCLE_LOGIT */
             int64_t prev = t->cyc[(lo + t->ncyc - 1) % t->ncyc];
             gen_normals(t->src_key, prev * H, H, z);
             double ss = 0;
