@@ -80,9 +80,9 @@ echo "   step until the output repeats once (the drafter has nothing to copy yet
 echo "   drafter copies what followed the last occurrence of the latest tokens, and all 7 drafts"
 echo "   are right.  On the random model: $r_dr (its output never repeats)."
 echo "3. Speed-up: ${c_up}x ($c_ts tokens/s speculative vs $c_tp plain, best of 3 runs each).  A"
-echo "   verify step of 8 rows took $c_ms ms, a plain step $c_mp ms: $(ratio "$c_ms" "$c_mp") times as long for up to 8"
-echo "   tokens, because the rows share one pass over the weights (on a GPU, where a step is bound"
-echo "   by reading the weights, the ratio is closer to 1).  On the random model the speed-up is"
+echo "   verify step of 8 rows took $c_ms ms, a plain step $c_mp ms: $(ratio "$c_ms" "$c_mp") times as long, for up to 8"
+echo "   tokens instead of 1 (the rows share one pass over the weights; on a GPU, where a step is"
+echo "   bound by reading the weights, the ratio is closer to 1).  On the random model the speed-up is"
 echo "   ${r_up}x: wrong drafts cost time and buy nothing."
 if [ "$c_same" = identical ] && [ "$r_same" = identical ]; then
     echo "identical: speculative and plain generation emitted the same tokens on both models"
