@@ -65,8 +65,16 @@ typedef enum gen_kind {
     G_MX_W,    /* one expert's MXFP4 codes [rows, cols/2] */
     G_MX_S,    /* one expert's e8m0 scales [rows, cols/32] */
     G_FP8_W,   /* one expert's e4m3 codes [rows, cols] */
-    G_FP8_S    /* one expert's f32 per-row scales [rows] */
+    G_FP8_S,   /* one expert's f32 per-row scales [rows] */
+    G_CYCLE_HEAD /* lm_head of a cycle model [rows = V, cols = H]: cycle rows from the embedding,
+                  the others as G_NORMAL */
 } gen_kind;
+
+/* Cycle models (makemodel.h) */
+#define CYCLE_LOGIT 32.0       /* raw logit of the cycle's next id: softcapped 20 tanh(32 * 2^-2.5 / 20) = 5.5 */
+#define CYCLE_OTHER_STD 0.0625f /* std of the other lm_head rows, times 1/sqrt(H) (1/16 of the random model's) */
+#define CYCLE_GATE_MEAN -1.0f  /* residual gates ~ N(-1, 0.1): beta = sigmoid(g / 0.3) ~ 0.03 */
+#define CYCLE_GATE_STD 0.1f
 
 typedef struct mm_tensor {
     char name[128];           /* full tensor name */
@@ -78,7 +86,10 @@ typedef struct mm_tensor {
     uint64_t key;             /* G_NORMAL: stream of (seed, name) */
     float mean, std;          /* G_NORMAL: value = mean + std * z; experts: std only */
     int layer, expert, proj;  /* experts: layer, expert (-1: all E, consolidated), 0 gate_up / 1 down */
-    int64_t rows, cols;       /* experts: one expert's logical matrix [rows, cols] */
+    int64_t rows, cols;       /* experts: one expert's logical matrix [rows, cols]; G_CYCLE_HEAD [V, H] */
+    uint64_t src_key;         /* G_CYCLE_HEAD: the embedding's stream, value src_mean + src_std * z */
+    float src_mean, src_std;
+    const int *cyc; int ncyc; /* G_CYCLE_HEAD: [ncyc] cycle ids, increasing */
     int shard;                /* file index */
 } mm_tensor;
 
@@ -155,7 +166,7 @@ static int quantized_layer(const sm_config *c, const sm_make_opts *o, int l) {
 }
 
 /* Build the list: F32 tensors first, then BF16, then U8 / F8 (so every view is aligned). */
-static int build_list(const sm_config *c, const sm_make_opts *o, mm_list *ls, sm_err *e) {
+static int build_list(const sm_config *c, const sm_make_opts *o, const int *cyc, mm_list *ls, sm_err *e) {
     uint64_t s = o->seed;
     int64_t H = c->H, Hm = c->Hm, I = c->I, E = c->E, Q = (int64_t)c->nH * c->D, KV = (int64_t)c->nKV * c->D;
     char nm[128];
@@ -176,6 +187,8 @@ static int build_list(const sm_config *c, const sm_make_opts *o, mm_list *ls, sm
     }
     /* bf16: embedding, dense layers, norms, consolidated experts, lm_head */
     if (add_normal(ls, s, P_ "embed_tokens.weight", ST_BF16, 2, c->V, H, 0, 1.0f, e)) return -1;
+    /* residual gates: N(0, 0.5) (a random model), or residual-dominant for a cycle model */
+    float gm = o->cycle ? CYCLE_GATE_MEAN : 0.0f, gs = o->cycle ? CYCLE_GATE_STD : 0.5f;
     for (int l = 0; l < c->L; l++) {
         float sh = 1.0f / sqrtf((float)H), so = 1.0f / sqrtf((float)Q);
         if (add_normal(ls, s, LN("input_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
@@ -184,10 +197,10 @@ static int build_list(const sm_config *c, const sm_make_opts *o, mm_list *ls, sm
             add_normal(ls, s, LN("self_attn.v_proj.weight"), ST_BF16, 2, KV, H, 0, sh, e) ||
             add_normal(ls, s, LN("self_attn.gate_proj.weight"), ST_BF16, 2, Q, H, 0, sh, e) ||
             add_normal(ls, s, LN("self_attn.o_proj.weight"), ST_BF16, 2, H, Q, 0, so, e) ||
-            add_normal(ls, s, LN("post_attention_residual_gate.gate"), ST_BF16, 1, H, 0, 0, 0.5f, e) ||
+            add_normal(ls, s, LN("post_attention_residual_gate.gate"), ST_BF16, 1, H, 0, gm, gs, e) ||
             add_normal(ls, s, LN("pre_feedforward_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
             add_normal(ls, s, LN("post_feedforward_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("post_feedforward_residual_gate.gate"), ST_BF16, 1, H, 0, 0, 0.5f, e) ||
+            add_normal(ls, s, LN("post_feedforward_residual_gate.gate"), ST_BF16, 1, H, 0, gm, gs, e) ||
             add_normal(ls, s, LN("mlp.pre_expert_proj.weight"), ST_BF16, 2, Hm, H, 0, sh, e) ||
             add_normal(ls, s, LN("mlp.pre_expert_norm.weight"), ST_BF16, 1, Hm, 0, 0, 0.02f, e) ||
             add_normal(ls, s, LN("mlp.experts.post_expert_norm.weight"), ST_BF16, 1, Hm, 0, 0, 0.02f, e) ||
@@ -200,8 +213,23 @@ static int build_list(const sm_config *c, const sm_make_opts *o, mm_list *ls, sm
     }
     /* final norm used as is: gain near 1 */
     if (add_normal(ls, s, P_ "norm.weight", ST_BF16, 1, H, 0, 1.0f, 0.02f, e) ||
-        add_normal(ls, s, "lm_head.weight", ST_BF16, 2, c->V, H, 0, 1.0f / sqrtf((float)H), e))
+        add_normal(ls, s, "lm_head.weight", ST_BF16, 2, c->V, H, 0,
+                   (o->cycle ? CYCLE_OTHER_STD : 1.0f) / sqrtf((float)H), e))
         return -1;
+    if (o->cycle) { /* lm_head rows of the cycle ids from the embedding (found by name) */
+        mm_tensor *hd = &ls->t[ls->n - 1], *emb = NULL;
+        for (int i = 0; i < ls->n; i++)
+            if (!strcmp(ls->t[i].name, P_ "embed_tokens.weight")) emb = &ls->t[i];
+        if (!emb) return sm_errf(e, "make-model: internal: no embedding in the tensor list");
+        hd->kind = G_CYCLE_HEAD;
+        hd->rows = c->V;
+        hd->cols = H;
+        hd->src_key = emb->key;
+        hd->src_mean = emb->mean;
+        hd->src_std = emb->std;
+        hd->cyc = cyc;
+        hd->ncyc = o->cycle;
+    }
     /* u8 / f8: per-expert quantized weights (MXFP4 weight then its scale, adjacent) */
     for (int l = 0; l < c->L; l++) {
         if (!quantized_layer(c, o, l)) continue;
@@ -292,6 +320,41 @@ static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, i
         }
         break;
     }
+    case G_CYCLE_HEAD: {
+        int64_t H = t->cols, rb = 2 * H; /* whole rows */
+        for (int64_t v = b0 / rb; v < b1 / rb; v++, out += rb) {
+            int lo = 0, hi = t->ncyc; /* binary search of v among the cycle ids */
+            while (lo < hi) {
+                int mid = (lo + hi) / 2;
+                if (t->cyc[mid] < v) lo = mid + 1;
+                else hi = mid;
+            }
+            if (lo == t->ncyc || t->cyc[lo] != v) { /* not a cycle id: as G_NORMAL */
+                gen_normals(t->key, v * H, H, z);
+                for (int64_t j = 0; j < H; j++) {
+                    uint16_t h = sm_f32_to_bf16(t->mean + t->std * z[j]);
+                    memcpy(out + 2 * j, &h, 2);
+                }
+                continue;
+            }
+            /* row of the cycle id after prev = the bf16 embedding row of prev, normalized to
+             * RMS 1 and scaled by CYCLE_LOGIT / H: the normalized row (norm sqrt(H)) dotted
+             * with it gives CYCLE_LOGIT */
+            int64_t prev = t->cyc[(lo + t->ncyc - 1) % t->ncyc];
+            gen_normals(t->src_key, prev * H, H, z);
+            double ss = 0;
+            for (int64_t j = 0; j < H; j++) {
+                z[j] = sm_r16(t->src_mean + t->src_std * z[j]);
+                ss += (double)z[j] * z[j];
+            }
+            float a = ss > 0 ? (float)(CYCLE_LOGIT / sqrt(ss * (double)H)) : 0.0f;
+            for (int64_t j = 0; j < H; j++) {
+                uint16_t h = sm_f32_to_bf16(a * z[j]);
+                memcpy(out + 2 * j, &h, 2);
+            }
+        }
+        break;
+    }
     case G_FP8_W:
     case G_FP8_S: {
         int64_t rsz = t->kind == G_FP8_W ? t->cols : 4; /* bytes per row in this tensor */
@@ -322,6 +385,7 @@ static int64_t unit_of(const mm_tensor *t) {
     case G_MX_S: return 1;
     case G_FP8_W: return t->cols;
     case G_FP8_S: return 4;
+    case G_CYCLE_HEAD: return 2 * t->cols;
     }
     return 1;
 }
@@ -475,11 +539,35 @@ static int write_index(const char *tmpdir, const mm_list *ls, char (*fnames)[64]
     return 0;
 }
 
+int sm_make_cycle_ids(const sm_config *c, int n, int *ids, sm_err *e) {
+    if (n < 2 || n > SM_MAKE_MAX_CYCLE) return sm_errf(e, "make-model: cycle of %d ids is not in [2, %d]", n, SM_MAKE_MAX_CYCLE);
+    int k = 0;
+    for (int v = 0; v < c->vocab_used && k < n; v++) {
+        int special = v == c->bos || v == c->pad;
+        for (int i = 0; i < c->n_eos; i++) special |= v == c->eos[i];
+        if (!special) ids[k++] = v;
+    }
+    if (k < n)
+        return sm_errf(e, "make-model: a cycle of %d ids needs %d ids below vocab_used = %d that are not bos, eos or pad; there are %d",
+                       n, n, c->vocab_used, k);
+    return 0;
+}
+
+static int stopped(const sm_make_opts *o) { return o->stop && *o->stop; }
+
 int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir, sm_err *e) {
     if (sm_config_validate(c, "make-model", e)) return -1;
     if (o->experts != SM_EXP_BF16 && o->experts != SM_EXP_FP8 && o->experts != SM_EXP_MXFP4)
         return sm_errf(e, "make-model: unknown expert format %d", (int)o->experts);
     if (o->shards < 1) return sm_errf(e, "make-model: shards must be >= 1 (got %d)", o->shards);
+    int *cyc = NULL; /* [o->cycle] cycle ids */
+    if (o->cycle) {
+        if (o->cycle < 2 || o->cycle > SM_MAKE_MAX_CYCLE)
+            return sm_errf(e, "make-model: cycle of %d ids is not in [2, %d]", o->cycle, SM_MAKE_MAX_CYCLE);
+        cyc = malloc(sizeof(int) * (size_t)o->cycle);
+        if (!cyc) return sm_errf(e, "make-model: out of memory");
+        if (sm_make_cycle_ids(c, o->cycle, cyc, e)) { free(cyc); return -1; }
+    }
     /* output directory: refuse a non-empty one; write under <out>.tmp.<pid> */
     char out[3900], tmp[4000];
     size_t ol = strlen(outdir);
@@ -487,9 +575,9 @@ int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir,
     if (ol == 0 || ol >= sizeof out) return sm_errf(e, "make-model: bad output path '%s'", outdir);
     memcpy(out, outdir, ol);
     out[ol] = 0;
-    if (dir_state(out) == 1) return sm_errf(e, "%s: output exists and is not an empty directory", out);
+    if (dir_state(out) == 1) { free(cyc); return sm_errf(e, "%s: output exists and is not an empty directory", out); }
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
-    if (mkdir(tmp, 0755) != 0) return sm_errf(e, "%s: cannot create directory: %s", tmp, strerror(errno));
+    if (mkdir(tmp, 0755) != 0) { free(cyc); return sm_errf(e, "%s: cannot create directory: %s", tmp, strerror(errno)); }
 
     mm_list ls = {0};
     char (*fnames)[64] = NULL;
@@ -505,7 +593,7 @@ int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir,
 
     snprintf(path, sizeof path, "%s/config.json", tmp);
     if (sm_config_save(c, path, e)) goto fail;
-    if (build_list(c, o, &ls, e)) goto fail;
+    if (build_list(c, o, cyc, &ls, e)) goto fail;
     /* shards: contiguous runs of about total/K bytes, every shard non-empty */
     int K = o->shards;
     if (K > ls.n) { sm_errf(e, "make-model: --shards %d exceeds the %d tensors", K, ls.n); goto fail; }
@@ -589,6 +677,7 @@ int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir,
             }
             for (int64_t b = 0; b < t->nbytes; b += ch) {
                 int64_t n = t->nbytes - b < ch ? t->nbytes - b : ch;
+                if (stopped(o)) goto interrupted; /* no job in flight here */
                 pool_submit(&p, t, b, b + n, buf[cur]);
                 if (have_prev) {
                     if (st_writer_write(&w, buf[cur ^ 1], (size_t)prev_n, e)) { pool_wait(&p); goto fail; }
@@ -613,6 +702,7 @@ int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir,
         ti = t1;
     }
     if (K > 1 && write_index(tmp, &ls, fnames, total, e)) goto fail;
+    if (stopped(o)) goto interrupted;
     progress_show(&pr, written, 1);
     progress_end(&pr);
     if (rename(tmp, out) != 0) {
@@ -621,6 +711,8 @@ int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir,
     }
     rc = 0;
     goto done;
+interrupted:
+    sm_errf(e, "make-model: interrupted; removed the partial output %s", tmp);
 fail:
     progress_end(&pr);
     if (wopen) st_writer_abort(&w);
@@ -642,5 +734,6 @@ done:
     free(buf[1]);
     free(fnames);
     free(ls.t);
+    free(cyc);
     return rc;
 }

@@ -7,11 +7,11 @@
  * header is one snprintf.
  */
 #include "npy.h"
+#include "outfile.h"
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static int host_is_le(void) {
     const uint16_t one = 1;
@@ -64,17 +64,11 @@ int sm_npy_write_f32(const char *path, const float *data, int ndim, const int64_
     int hl = npy_header(ndim, shape, hdr, sizeof hdr);
     if (hl < 0) return sm_errf(e, "%s: npy header too long", path);
 
-    /* temp file next to the target, renamed when complete */
-    size_t pl = strlen(path) + 32;
-    char *tmp = malloc(pl);
-    if (!tmp) return sm_errf(e, "%s: out of memory", path);
-    snprintf(tmp, pl, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        sm_errf(e, "%s: cannot create '%s': %s", path, tmp, strerror(errno));
-        free(tmp);
-        return -1;
-    }
+    /* temp file next to the target, fsync'd and renamed onto it when complete (outfile.h) */
+    sm_outfile of;
+    if (sm_outfile_open(&of, path, e)) return -1;
+    FILE *f = of.f;
+    errno = 0;
     int ok = fwrite(hdr, 1, (size_t)hl, f) == (size_t)hl;
     if (ok && host_is_le()) {
         ok = fwrite(data, sizeof(float), (size_t)numel, f) == (size_t)numel;
@@ -88,18 +82,13 @@ int sm_npy_write_f32(const char *path, const float *data, int ndim, const int64_
             ok = fwrite(chunk, 4, (size_t)m, f) == (size_t)m;
         }
     }
-    int err = ok ? 0 : errno;
-    if (fflush(f) != 0 && ok) { ok = 0; err = errno; }
-    if (fclose(f) != 0 && ok) { ok = 0; err = errno; }
-    if (ok && rename(tmp, path) != 0) { ok = 0; err = errno; }
     if (!ok) {
-        unlink(tmp);
+        int err = errno;
         sm_errf(e, "%s: write failed: %s", path, err ? strerror(err) : "short write");
-        free(tmp);
+        sm_outfile_abort(&of);
         return -1;
     }
-    free(tmp);
-    return 0;
+    return sm_outfile_commit(&of, e);
 }
 
 /* Skip spaces. */

@@ -13,7 +13,7 @@ pass make_model
 PROMPT=5,6,7,8,5,6,7,8,5,6
 "$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 12 --threads 2 >"$T/spec.out" 2>"$T/spec.err"; rc1=$?
 "$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 12 --threads 2 --no-spec >"$T/plain.out" 2>"$T/plain.err"; rc2=$?
-"$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 12 --threads 2 --rows 4 >"$T/r4.out" 2>"$T/r4.err"; rc3=$?
+"$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 12 --threads 2 --request-rows 4 >"$T/r4.out" 2>"$T/r4.err"; rc3=$?
 a=$(grep '^ids: ' "$T/spec.out"); b=$(grep '^ids: ' "$T/plain.out"); c=$(grep '^ids: ' "$T/r4.out")
 if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ]; then
     pass generate_spec_equals_plain
@@ -42,9 +42,9 @@ bad bad_id_negative generate --model "$T/tiny" --prompt-ids 1,-1 --max-tokens 4
 bad bad_too_long generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 100 --max-len 64
 bad bad_missing_dir generate --model "$T/no-such-model" --prompt-ids 1,2,3 --max-tokens 4
 bad bad_unknown_flag generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --bogus
-bad bad_rows_zero generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --rows 0
-bad bad_rows_text generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --rows eight
-bad bad_rows_and_nospec generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --rows 4 --no-spec
+bad bad_rows_zero generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows 0
+bad bad_rows_text generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows eight
+bad bad_rows_and_nospec generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows 4 --no-spec
 bad bad_prompt_list generate --model "$T/tiny" --prompt-ids 1,,3 --max-tokens 4
 bad bad_no_max_tokens generate --model "$T/tiny" --prompt-ids 1,2,3
 bad bad_backend generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --backend tpu

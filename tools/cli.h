@@ -1,38 +1,86 @@
 /* cli.h: the sparkmono command line: one dispatcher (sparkmono.c), one file per command
  * (cmd_<name>.c), and a small strict option parser shared by all of them.
  *
- * Every bad flag or value is one line on stderr naming the flag, and exit status 2.  We
- * rejected getopt_long: its messages do not name our commands and it permutes argv.
+ * Each command declares its options once, in a table of cli_opt (name, value placeholder,
+ * default, one-line description); the parser, the defaults the commands read and the
+ * per-command --help are all driven by that table, so a flag cannot be documented one way and
+ * parsed another.  Every bad flag or value is one line on stderr naming the flag, and exit
+ * status 2.  We rejected getopt_long: its messages do not name our commands, it permutes argv
+ * and it knows nothing of defaults or help text.
  */
 #ifndef SM_CLI_H
 #define SM_CLI_H
 #include "err.h"
 
+#define SM_VERSION "0.2.0" /* `sparkmono --version` */
+
 typedef struct cli_opt {
     const char *name;        /* without the leading "--" */
-    int takes_value;         /* 1: "--name VALUE"; 0: a switch */
-    const char *value;       /* out: the value (or NULL) */
+    const char *arg;         /* value placeholder in help ("DIR", "N"); NULL: a switch */
+    const char *dflt;        /* default when absent (read by cli_str / cli_int, shown by --help);
+                                NULL: none.  A default not starting with a digit describes an
+                                automatic value ("online cores") and reads as 0 in cli_int. */
+    const char *help;        /* one line for --help; NULL for a retired name */
+    const char *renamed;     /* retired name: the error printed when it is used, else NULL */
+    const char *value;       /* out: the value given (or NULL) */
     int present;             /* out: seen on the command line */
 } cli_opt;
 
+#define CLI_OPT(name, arg, dflt, help) {name, arg, dflt, help, NULL, NULL, 0}
+#define CLI_SWITCH(name, help) {name, NULL, NULL, help, NULL, NULL, 0}
+#define CLI_RENAMED(name, msg) {name, "X", NULL, NULL, msg, NULL, 0}
+
+/* The fixed text of one command's --help (its options come from the cli_opt table).  Each
+ * cmd_<name>.c defines one (cli_help_<name>); the dispatcher lists their summaries. */
+typedef struct cli_cmd {
+    const char *name;        /* "generate" */
+    const char *summary;     /* one line: what the command does */
+    const char *synopsis;    /* after "sparkmono <name> " */
+    const char *example;     /* one example command line */
+    const char *notes;       /* lines printed after the options ('\n'-separated), or NULL */
+} cli_cmd;
+
 /* Parse argv[0..argc) (the words after the command name) against opts; positional words go
- * to pos[0..maxpos).  Unknown flag, missing value, repeated flag or too many positional
- * words -> error naming it. */
-int cli_parse(const char *cmd, int argc, char **argv, cli_opt *opts, int nopts,
-              const char **pos, int maxpos, int *npos, sm_err *e);
-/* Find an option by name in the parsed table. */
+ * to pos[0..maxpos).  "--name VALUE" and "--name=VALUE" are the same.  Returns 0 when parsed,
+ * 1 when -h or --help was given (the help is printed on stdout; the command exits 0), -1 on
+ * an unknown, retired or repeated flag, a missing value, a value given to a switch or too
+ * many positional words (error naming it). */
+int cli_parse(const cli_cmd *c, int argc, char **argv, cli_opt *opts, int nopts, const char **pos, int maxpos,
+              int *npos, sm_err *e);
+/* Find an option by name in the parsed table (NULL when the table has none). */
 cli_opt *cli_find(cli_opt *opts, int nopts, const char *name);
-/* Integer value of an option within [lo, hi]; `dflt` when absent. */
-int cli_int(const char *cmd, const cli_opt *o, long lo, long hi, long dflt, long *out, sm_err *e);
+/* The option's value, else its default (NULL when neither). */
+const char *cli_str(const cli_opt *o);
+/* Integer value (or numeric default) of an option within [lo, hi]; 0 when absent with no
+ * numeric default. */
+int cli_int(const char *cmd, const cli_opt *o, long lo, long hi, long *out, sm_err *e);
 /* Comma-separated integers ("1,2,3") within [lo, hi]; *out malloc'd. */
 int cli_int_list(const char *what, const char *s, long lo, long hi, int **out, int *n, sm_err *e);
+/* The value of a string option (or its default) must be one of the '|'-separated words of
+ * `choices` ("cpu|cuda"). */
+int cli_choice(const char *cmd, const cli_opt *o, const char *choices, sm_err *e);
+/* --threads: as cli_int over [0, 4096]; a value above the online cores prints one warning
+ * line on stderr (once per process) and is kept. */
+int cli_threads(const char *cmd, const cli_opt *o, long *out, sm_err *e);
+/* --world W / --moe ep|tp: --moe without --world is an error.  *world >= 1, *moe_tp 0 or 1. */
+int cli_world(const char *cmd, const cli_opt *world, const cli_opt *moe, int *nworld, int *moe_tp, sm_err *e);
+
+/* The prompt of generate / logits: exactly one of --prompt-ids LIST and --prompt-file FILE
+ * (token ids separated by whitespace and/or single commas; "-" reads stdin).  *ids malloc'd
+ * [*n], n >= 1; *src names where they came from ("--prompt-ids" or "--prompt-file FILE") for
+ * later messages.  Errors name the file, token index (0-based) and line of the bad word. */
+int cli_prompt(const char *cmd, const cli_opt *ids, const cli_opt *file, int **out, int *n, const char **src,
+               sm_err *e);
+/* Every id in [0, vocab): else an error naming src and the token index. */
+int cli_prompt_check(const char *cmd, const char *src, const int *ids, int n, int vocab, sm_err *e);
 
 /* Commands: argc/argv are the words after the command name; return the exit status
- * (0 ok, 2 bad input, 1 internal failure). */
+ * (0 ok, 2 bad input, 1 internal failure; make-model: 128 + signal when interrupted). */
 int cmd_make_model(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+extern const cli_cmd cli_help_make_model, cli_help_check, cli_help_generate, cli_help_logits, cli_help_bench;
 
 #endif

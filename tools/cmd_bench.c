@@ -1,7 +1,7 @@
 /* cmd_bench.c: `sparkmono bench`: verify-step timing of the CUDA stock path beside its memory
  * floor.
  *
- * For each row count N of --rows, a verify step of N rows = N / R requests of R rows each
+ * For each row count N of --step-rows, a verify step of N rows = N / R requests of R rows each
  * (R = 8, the engine's default verify width: the last token and 7 drafts; --requests Q makes
  * it Q requests of N / Q rows; a row count below 8 is one request), every request with --ctx
  * tokens already in the cache (random bf16 pages, never zeros) and random tokens.  After a
@@ -59,7 +59,7 @@ static int parse_fmt(const char *s, int *fmt, sm_err *e) {
 static int split_rows(const bench_args *a, int n, int *nreq, int *R, sm_err *e) {
     if (a->requests > 0) {
         if (n % a->requests)
-            return sm_errf(e, "bench: --rows %d is not a multiple of --requests %d", n, a->requests);
+            return sm_errf(e, "bench: --step-rows %d is not a multiple of --requests %d", n, a->requests);
         *nreq = a->requests;
         *R = n / a->requests;
     } else if (n <= B_DEFAULT_R) {
@@ -67,55 +67,74 @@ static int split_rows(const bench_args *a, int n, int *nreq, int *R, sm_err *e) 
         *R = n;
     } else {
         if (n % B_DEFAULT_R)
-            return sm_errf(e, "bench: --rows %d is not a multiple of %d (or give --requests)", n, B_DEFAULT_R);
+            return sm_errf(e, "bench: --step-rows %d is not a multiple of %d (or give --requests)", n, B_DEFAULT_R);
         *nreq = n / B_DEFAULT_R;
         *R = B_DEFAULT_R;
     }
-    if (*R > 16) return sm_errf(e, "bench: %d rows a request (--rows %d): a verify step takes at most 16", *R, n);
+    if (*R > 16) return sm_errf(e, "bench: %d rows a request (--step-rows %d): a verify step takes at most 16", *R, n);
     return 0;
 }
 
+const cli_cmd cli_help_bench = {
+    "bench",
+    "verify-step benchmark of the CUDA stock path beside its memory floor (GPU)",
+    "(--preset P | --model DIR) [options]",
+    "sparkmono bench --preset spark1x-l4 --experts mxfp4 --step-rows 8,16,32,64,128 --ctx 1024",
+    "A step of N rows is N / 8 requests of 8 rows (the last token + 7 drafts), or --requests Q\n"
+    "requests of N / Q rows; below 8 rows it is one request.  Each step is replayed as a CUDA\n"
+    "graph and its median printed beside the bytes it must read and the floor they set; then a\n"
+    "per-layer table and a summary.  See bench/README.md.",
+};
+
 static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     cli_opt opts[] = {
-        {"preset", 1, 0, 0}, {"model", 1, 0, 0}, {"experts", 1, 0, 0}, {"online-mxfp4", 0, 0, 0},
-        {"rows", 1, 0, 0}, {"ctx", 1, 0, 0}, {"iters", 1, 0, 0}, {"warmup", 1, 0, 0},
-        {"requests", 1, 0, 0}, {"sets", 1, 0, 0}, {"layers", 1, 0, 0}, {"seed", 1, 0, 0},
-        {"bw-gib", 1, 0, 0},
+        CLI_OPT("preset", "P", NULL, "synthesize this preset's weights on the device (tiny, mini, spark1x, spark1x-l4)"),
+        CLI_OPT("model", "DIR", NULL, "load a checkpoint instead"),
+        CLI_OPT("experts", "mxfp4|bf16|fp8", "mxfp4", "with --preset: expert format of layers 1..L-2"),
+        CLI_SWITCH("online-mxfp4", "with --model: round BF16 experts of layers 1..L-2 to MXFP4 at load"),
+        CLI_OPT("step-rows", "LIST", "8,16,32,64,128", "rows per verify step (all requests together), one timing each"),
+        CLI_OPT("ctx", "N", "1024", "tokens already in every request's KV cache"),
+        CLI_OPT("iters", "N", "50", "timed steps per row count, at least 20 (the median is reported)"),
+        CLI_OPT("warmup", "N", "5", "untimed steps first"),
+        CLI_OPT("requests", "Q", "step-rows / 8", "requests per step, each of step-rows / Q rows"),
+        CLI_OPT("sets", "N", "2", "input sets rotated between timed steps"),
+        CLI_OPT("layers", "N", "the preset's", "with --preset: number of layers"),
+        CLI_OPT("seed", "N", "1", "seed of the synthesized weights, cache and tokens"),
+        CLI_OPT("bw-gib", "N", "4", "GiB read by the bandwidth probe"),
+        CLI_RENAMED("rows", "--rows is now --step-rows LIST (rows per verify step, all requests together)"),
     };
     int no = (int)(sizeof opts / sizeof opts[0]), npos;
     const char *pos[1];
     memset(a, 0, sizeof *a);
-    if (cli_parse("bench", argc, argv, opts, no, pos, 0, &npos, e)) return -1;
+    int pr = cli_parse(&cli_help_bench, argc, argv, opts, no, pos, 0, &npos, e);
+    if (pr) return pr;
     cli_opt *o;
     a->preset = (o = cli_find(opts, no, "preset"))->present ? o->value : NULL;
     a->model = (o = cli_find(opts, no, "model"))->present ? o->value : NULL;
     if (!a->preset == !a->model) return sm_errf(e, "bench: give exactly one of --preset P and --model DIR");
-    a->fmt = SM_EXP_MXFP4;
-    if ((o = cli_find(opts, no, "experts"))->present) {
-        if (a->model) return sm_errf(e, "bench: --experts applies to --preset (a checkpoint has its own; see --online-mxfp4)");
-        if (parse_fmt(o->value, &a->fmt, e)) return -1;
-    }
+    o = cli_find(opts, no, "experts");
+    if (o->present && a->model) return sm_errf(e, "bench: --experts applies to --preset (a checkpoint has its own; see --online-mxfp4)");
+    if (parse_fmt(cli_str(o), &a->fmt, e)) return -1;
     a->online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
     if (a->online_mxfp4 && !a->model) return sm_errf(e, "bench: --online-mxfp4 applies to --model");
-    const char *rl = (o = cli_find(opts, no, "rows"))->present ? o->value : "8,16,32,64,128";
-    if (cli_int_list("bench: --rows", rl, 1, 128, &a->rows, &a->nrows, e)) return -1;
+    if (cli_int_list("bench: --step-rows", cli_str(cli_find(opts, no, "step-rows")), 1, 128, &a->rows, &a->nrows, e)) return -1;
     long v;
-    if (cli_int("bench", cli_find(opts, no, "ctx"), 0, 1 << 22, 1024, &v, e)) return -1;
+    if (cli_int("bench", cli_find(opts, no, "ctx"), 0, 1 << 22, &v, e)) return -1;
     a->ctx = (int)v;
-    if (cli_int("bench", cli_find(opts, no, "iters"), 20, 100000, 50, &v, e)) return -1;
+    if (cli_int("bench", cli_find(opts, no, "iters"), 20, 100000, &v, e)) return -1;
     a->iters = (int)v;
-    if (cli_int("bench", cli_find(opts, no, "warmup"), 1, 10000, 5, &v, e)) return -1;
+    if (cli_int("bench", cli_find(opts, no, "warmup"), 1, 10000, &v, e)) return -1;
     a->warmup = (int)v;
-    if (cli_int("bench", cli_find(opts, no, "requests"), 1, 128, 0, &v, e)) return -1;
+    if (cli_int("bench", cli_find(opts, no, "requests"), 1, 128, &v, e)) return -1;
     a->requests = (int)v;
-    if (cli_int("bench", cli_find(opts, no, "sets"), 2, 64, 2, &v, e)) return -1;
+    if (cli_int("bench", cli_find(opts, no, "sets"), 2, 64, &v, e)) return -1;
     a->sets = (int)v;
-    if (cli_int("bench", cli_find(opts, no, "layers"), 1, SM_MAX_LAYERS, 0, &v, e)) return -1;
+    if (cli_int("bench", cli_find(opts, no, "layers"), 1, SM_MAX_LAYERS, &v, e)) return -1;
     a->layers = (int)v;
     if (a->layers && !a->preset) return sm_errf(e, "bench: --layers applies to --preset");
-    if (cli_int("bench", cli_find(opts, no, "seed"), 0, 0x7FFFFFFFL, 1, &v, e)) return -1;
+    if (cli_int("bench", cli_find(opts, no, "seed"), 0, 0x7FFFFFFFL, &v, e)) return -1;
     a->seed = (uint64_t)v;
-    if (cli_int("bench", cli_find(opts, no, "bw-gib"), 1, 64, 4, &v, e)) return -1;
+    if (cli_int("bench", cli_find(opts, no, "bw-gib"), 1, 64, &v, e)) return -1;
     a->bw_gib = (double)v;
     for (int i = 0; i < a->nrows; i++) {
         int q, r;
@@ -386,8 +405,10 @@ out:
 int cmd_bench(int argc, char **argv) {
     bench_args a;
     sm_err e = {{0}};
-    if (parse_args(argc, argv, &a, &e)) {
+    int r = parse_args(argc, argv, &a, &e);
+    if (r) {
         free(a.rows);
+        if (r > 0) return 0; /* --help */
         fprintf(stderr, "%s\n", e.msg);
         return 2;
     }

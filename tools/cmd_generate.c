@@ -1,12 +1,13 @@
 /* cmd_generate.c: `sparkmono generate`: greedy generation of one prompt through the public
- * API, with speculative verify steps (n-gram drafts, R rows) or plain decoding (--no-spec).
+ * API, with speculative verify steps (n-gram drafts, R rows a request) or plain decoding
+ * (--no-spec).
  *
  * Prints three lines on stdout: the generated ids (comma-separated, so they can be fed back as
- * --prompt-ids), the acceptance length (tokens emitted) of every verify step, and tokens/s.
- * It drives add / prefill / verify itself rather than sparkmono_generate so it can print the
- * per-step acceptance; we rejected a callback in the public API for this one use.
+ * --prompt-ids), the tokens emitted by every verify step (accepted drafts + 1), and tokens/s
+ * with the mean accepted drafts a step.  It drives add / prefill / verify itself rather than
+ * sparkmono_generate so it can print the per-step acceptance; we rejected a callback in the
+ * public API for this one use.
  */
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,60 +15,79 @@
 #include "cli.h"
 #include "sparkmono.h"
 
+const cli_cmd cli_help_generate = {
+    "generate",
+    "greedy generation with speculative verify steps (n-gram drafts)",
+    "--model DIR (--prompt-ids LIST | --prompt-file FILE) --max-tokens N [options]",
+    "sparkmono generate --model build/models/tiny --prompt-ids 11,12,13,11,12 --max-tokens 32",
+    "Prints three lines: 'ids: ...' (the generated ids, comma-separated), 'accept: ...' (tokens\n"
+    "emitted by each verify step: accepted drafts + 1) and 'tokens/s: ...' (with the mean\n"
+    "accepted drafts a step).  Speculative and plain (--no-spec) runs emit the same ids.",
+};
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int usage_err(const char *msg) {
-    fprintf(stderr, "%s\n", msg);
-    return 2;
-}
-
 int cmd_generate(int argc, char **argv) {
+    const char *cmd = "generate";
     cli_opt opts[] = {
-        {"model", 1, NULL, 0},      {"prompt-ids", 1, NULL, 0}, {"max-tokens", 1, NULL, 0},
-        {"rows", 1, NULL, 0},       {"no-spec", 0, NULL, 0},    {"backend", 1, NULL, 0},
-        {"threads", 1, NULL, 0},    {"online-mxfp4", 0, NULL, 0}, {"max-len", 1, NULL, 0},
-        {"world", 1, NULL, 0},      {"moe", 1, NULL, 0},
+        CLI_OPT("model", "DIR", NULL, "checkpoint directory (required)"),
+        CLI_OPT("prompt-ids", "LIST", NULL, "prompt token ids, comma-separated: 1,2,3"),
+        CLI_OPT("prompt-file", "FILE", NULL, "prompt token ids from FILE, separated by whitespace and/or commas; - reads stdin"),
+        CLI_OPT("max-tokens", "N", NULL, "tokens to generate (required; fewer when an eos id is emitted)"),
+        CLI_OPT("request-rows", "R", "8", "rows per request in a verify step: the last token + R-1 n-gram drafts"),
+        CLI_SWITCH("no-spec", "plain greedy decoding, one token a step (R = 1)"),
+        CLI_OPT("backend", "cpu|cuda", "cpu", "where the steps run"),
+        CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
+        CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
+        CLI_OPT("max-len", "L", "prompt + max-tokens", "max model length the KV cache is sized for"),
+        CLI_OPT("world", "W", "1", "CPU backend as W tensor + expert parallel ranks (threads)"),
+        CLI_OPT("moe", "ep|tp", "ep", "with --world: experts split across ranks (ep) or each along its width (tp)"),
+        CLI_RENAMED("rows", "--rows is now --request-rows R (rows per request: the last token + R-1 drafts)"),
     };
-    const int nopts = (int)(sizeof opts / sizeof opts[0]);
-    const char *pos[1];
-    int npos;
+    const int no = (int)(sizeof opts / sizeof opts[0]);
+    const char *pos[1], *src = "";
+    int npos, *prompt = NULL, n = 0, nworld = 1, moe_tp = 0;
     sm_err e = {{0}};
-    if (cli_parse("generate", argc, argv, opts, nopts, pos, 0, &npos, &e)) return usage_err(e.msg);
-    cli_opt *model = cli_find(opts, nopts, "model"), *ids = cli_find(opts, nopts, "prompt-ids");
-    if (!model->present) return usage_err("generate: --model DIR is required");
-    if (!ids->present) return usage_err("generate: --prompt-ids 1,2,3 is required");
-    if (!cli_find(opts, nopts, "max-tokens")->present) return usage_err("generate: --max-tokens N is required");
-    long max_tokens, rows, threads, max_len, world;
-    if (cli_int("generate", cli_find(opts, nopts, "max-tokens"), 1, 1 << 24, 0, &max_tokens, &e) ||
-        cli_int("generate", cli_find(opts, nopts, "rows"), 1, 256, 8, &rows, &e) ||
-        cli_int("generate", cli_find(opts, nopts, "threads"), 0, 4096, 0, &threads, &e) ||
-        cli_int("generate", cli_find(opts, nopts, "max-len"), 1, 1 << 24, 4096, &max_len, &e) ||
-        cli_int("generate", cli_find(opts, nopts, "world"), 1, 64, 1, &world, &e))
-        return usage_err(e.msg);
-    const char *moe = cli_find(opts, nopts, "moe")->value;
-    if (moe && strcmp(moe, "ep") && strcmp(moe, "tp")) return usage_err("generate: --moe must be ep or tp");
-    if (cli_find(opts, nopts, "no-spec")->present) {
-        if (cli_find(opts, nopts, "rows")->present) return usage_err("generate: give --rows or --no-spec, not both");
+    int r = cli_parse(&cli_help_generate, argc, argv, opts, no, pos, 0, &npos, &e);
+    if (r > 0) return 0;
+    if (r < 0) goto bad;
+    cli_opt *model = cli_find(opts, no, "model"), *mt = cli_find(opts, no, "max-tokens"),
+            *rows_o = cli_find(opts, no, "request-rows"), *backend = cli_find(opts, no, "backend");
+    if (!model->present) { sm_errf(&e, "%s: --model DIR is required", cmd); goto bad; }
+    if (!mt->present) { sm_errf(&e, "%s: --max-tokens N is required", cmd); goto bad; }
+    long max_tokens, rows, threads, max_len;
+    if (cli_int(cmd, mt, 1, 1 << 24, &max_tokens, &e) || cli_int(cmd, rows_o, 1, 256, &rows, &e) ||
+        cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
+        cli_int(cmd, cli_find(opts, no, "max-len"), 1, 1 << 24, &max_len, &e) ||
+        cli_world(cmd, cli_find(opts, no, "world"), cli_find(opts, no, "moe"), &nworld, &moe_tp, &e) ||
+        cli_choice(cmd, backend, "cpu|cuda", &e))
+        goto bad;
+    if (cli_find(opts, no, "no-spec")->present) {
+        if (rows_o->present) { sm_errf(&e, "%s: give --request-rows or --no-spec, not both", cmd); goto bad; }
         rows = 1;
     }
-    const char *backend = cli_find(opts, nopts, "backend")->value;
-    if (backend && strcmp(backend, "cpu") && strcmp(backend, "cuda"))
-        return usage_err("generate: --backend must be cpu or cuda");
-    int *prompt = NULL, n = 0;
-    if (cli_int_list("generate: --prompt-ids", ids->value, INT_MIN, INT_MAX, &prompt, &n, &e)) return usage_err(e.msg);
+    if (cli_prompt(cmd, cli_find(opts, no, "prompt-ids"), cli_find(opts, no, "prompt-file"), &prompt, &n, &src, &e))
+        goto bad;
+    if (!max_len) max_len = (long)n + max_tokens; /* the default: exactly this request */
 
     sparkmono_model *m = NULL;
     sparkmono_engine *g = NULL;
     int *ntok = NULL, *toks = NULL, *acc = NULL, rc = 2, req;
     sparkmono_model_opts mo = {0};
-    mo.online_mxfp4 = cli_find(opts, nopts, "online-mxfp4")->present;
+    mo.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
     if (sparkmono_model_open(model->value, &mo, &m)) goto fail;
+    sparkmono_model_info info;
+    if (sparkmono_model_get_info(m, &info)) goto fail;
+    if (cli_prompt_check(cmd, src, prompt, n, info.vocab_size, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        goto out;
+    }
     sparkmono_engine_opts eo = {0};
-    eo.backend = backend;
+    eo.backend = cli_str(backend);
     eo.rows = (int)rows;
     eo.max_requests = 1;
     eo.max_len = (int)max_len;
@@ -75,15 +95,15 @@ int cmd_generate(int argc, char **argv) {
     long need = (long)n + max_tokens < max_len ? (long)n + max_tokens : max_len;
     eo.kv_blocks = (int)((need + 15) / 16);
     eo.threads = (int)threads;
-    eo.world = (int)world;
-    eo.moe_tp = moe && !strcmp(moe, "tp");
+    eo.world = nworld;
+    eo.moe_tp = moe_tp;
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
     if (sparkmono_add(g, prompt, n, (int)max_tokens, &req)) goto fail;
     ntok = calloc(1, sizeof(int));
     toks = calloc((size_t)rows, sizeof(int));
     acc = calloc((size_t)max_tokens + 1, sizeof(int));
     if (!ntok || !toks || !acc) {
-        fprintf(stderr, "generate: out of memory\n");
+        fprintf(stderr, "%s: out of memory\n", cmd);
         goto out;
     }
     double t0 = now_s();
@@ -106,12 +126,13 @@ int cmd_generate(int argc, char **argv) {
         printf(" %d", acc[i]);
         sum += acc[i];
     }
-    printf("\ntokens/s: %.2f (%d tokens in %.3f s; %d verify steps of %ld rows, mean acceptance %.2f)\n",
-           dt > 0 ? nout / dt : 0.0, nout, dt, nsteps, rows, nsteps ? (double)sum / nsteps : 0.0);
+    double mean = nsteps ? (double)sum / nsteps : 0.0;
+    printf("\ntokens/s: %.2f (%d tokens in %.3f s; %d verify steps of %ld rows, %.2f tokens a step = %.2f accepted drafts + 1)\n",
+           dt > 0 ? nout / dt : 0.0, nout, dt, nsteps, rows, mean, nsteps ? mean - 1 : 0.0);
     rc = 0;
     goto out;
 fail:
-    fprintf(stderr, "generate: %s\n", sparkmono_errmsg());
+    fprintf(stderr, "%s: %s\n", cmd, sparkmono_errmsg());
 out:
     free(ntok);
     free(toks);
@@ -120,4 +141,8 @@ out:
     sparkmono_engine_destroy(g);
     sparkmono_model_close(m);
     return rc;
+bad:
+    free(prompt);
+    fprintf(stderr, "%s\n", e.msg);
+    return 2;
 }

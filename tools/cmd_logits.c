@@ -1,85 +1,104 @@
 /* cmd_logits.c: `sparkmono logits`: the f32 logits [T, V] of a prefill of the prompt, written
- * as a .npy file (v1.0, '<f4', C order) through a temp file and rename, for cross-checks
- * against other implementations (numpy.load reads it directly).  We rejected printing text:
+ * as a .npy file (v1.0, '<f4', C order) for cross-checks against other implementations
+ * (numpy.load reads it directly).  The file is written through a temporary file in the same
+ * directory, fsync'd and renamed onto --out (src/outfile.h); a target that exists and is not
+ * a regular file is refused before the model is even loaded.  We rejected printing text:
  * V is 202048 for the real model.
  */
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
 #include "npy.h"
+#include "outfile.h"
 #include "sparkmono.h"
 
+const cli_cmd cli_help_logits = {
+    "logits",
+    "prefill logits of a prompt to a .npy file",
+    "--model DIR (--prompt-ids LIST | --prompt-file FILE) --out FILE.npy [options]",
+    "sparkmono logits --model build/models/tiny --prompt-ids 11,12,13 --out logits.npy",
+    "Writes f32 [T, V] (T prompt tokens, V = vocab_size; ids >= vocab_used are -inf) as .npy v1.0.\n"
+    "--out is written through a temporary file in its directory, fsync'd, then renamed onto it:\n"
+    "a reader never sees half a file, and on any error the old file is left as it was.  Only a\n"
+    "regular file is replaced: a target that is a device (/dev/null), FIFO, directory or a\n"
+    "symbolic link (to anything) is refused.",
+};
+
 int cmd_logits(int argc, char **argv) {
+    const char *cmd = "logits";
     cli_opt opts[] = {
-        {"model", 1, NULL, 0}, {"prompt-ids", 1, NULL, 0}, {"out", 1, NULL, 0},
-        {"backend", 1, NULL, 0}, {"threads", 1, NULL, 0}, {"online-mxfp4", 0, NULL, 0},
-        {"world", 1, NULL, 0}, {"moe", 1, NULL, 0},
+        CLI_OPT("model", "DIR", NULL, "checkpoint directory (required)"),
+        CLI_OPT("prompt-ids", "LIST", NULL, "prompt token ids, comma-separated: 1,2,3"),
+        CLI_OPT("prompt-file", "FILE", NULL, "prompt token ids from FILE, separated by whitespace and/or commas; - reads stdin"),
+        CLI_OPT("out", "FILE.npy", NULL, "output file (required; a new or regular file, not a symbolic link)"),
+        CLI_OPT("backend", "cpu|cuda", "cpu", "where the prefill runs"),
+        CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
+        CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
+        CLI_OPT("world", "W", "1", "CPU backend as W tensor + expert parallel ranks (threads)"),
+        CLI_OPT("moe", "ep|tp", "ep", "with --world: experts split across ranks (ep) or each along its width (tp)"),
     };
-    const int nopts = (int)(sizeof opts / sizeof opts[0]);
-    const char *pos[1];
-    int npos;
+    const int no = (int)(sizeof opts / sizeof opts[0]);
+    const char *pos[1], *src = "";
+    int npos, *prompt = NULL, n = 0, nworld = 1, moe_tp = 0;
+    long threads;
     sm_err e = {{0}};
-    if (cli_parse("logits", argc, argv, opts, nopts, pos, 0, &npos, &e)) goto bad;
-    cli_opt *model = cli_find(opts, nopts, "model"), *ids = cli_find(opts, nopts, "prompt-ids"),
-            *outp = cli_find(opts, nopts, "out");
-    if (!model->present) { sm_errf(&e, "logits: --model DIR is required"); goto bad; }
-    if (!ids->present) { sm_errf(&e, "logits: --prompt-ids 1,2,3 is required"); goto bad; }
-    if (!outp->present || !*outp->value) { sm_errf(&e, "logits: --out FILE.npy is required"); goto bad; }
-    long threads, world;
-    if (cli_int("logits", cli_find(opts, nopts, "threads"), 0, 4096, 0, &threads, &e) ||
-        cli_int("logits", cli_find(opts, nopts, "world"), 1, 64, 1, &world, &e))
+    int r = cli_parse(&cli_help_logits, argc, argv, opts, no, pos, 0, &npos, &e);
+    if (r > 0) return 0;
+    if (r < 0) goto bad;
+    cli_opt *model = cli_find(opts, no, "model"), *outp = cli_find(opts, no, "out"),
+            *backend = cli_find(opts, no, "backend");
+    if (!model->present) { sm_errf(&e, "%s: --model DIR is required", cmd); goto bad; }
+    if (!outp->present || !*outp->value) { sm_errf(&e, "%s: --out FILE.npy is required", cmd); goto bad; }
+    if (cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
+        cli_world(cmd, cli_find(opts, no, "world"), cli_find(opts, no, "moe"), &nworld, &moe_tp, &e) ||
+        cli_choice(cmd, backend, "cpu|cuda", &e))
         goto bad;
-    const char *moe = cli_find(opts, nopts, "moe")->value;
-    if (moe && strcmp(moe, "ep") && strcmp(moe, "tp")) {
-        sm_errf(&e, "logits: --moe must be ep or tp");
+    /* refuse a bad target now, not after the prefill (checked again when writing) */
+    if (sm_outfile_check(outp->value, &e)) { sm_errprefix(&e, "%s: --out", cmd); goto bad; }
+    if (cli_prompt(cmd, cli_find(opts, no, "prompt-ids"), cli_find(opts, no, "prompt-file"), &prompt, &n, &src, &e))
         goto bad;
-    }
-    const char *backend = cli_find(opts, nopts, "backend")->value;
-    if (backend && strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
-        sm_errf(&e, "logits: --backend must be cpu or cuda");
-        goto bad;
-    }
-    int *prompt = NULL, n = 0;
-    if (cli_int_list("logits: --prompt-ids", ids->value, INT_MIN, INT_MAX, &prompt, &n, &e)) goto bad;
 
     sparkmono_model *m = NULL;
     sparkmono_engine *g = NULL;
     float *logits = NULL;
     int rc = 2, req;
     sparkmono_model_opts mo = {0};
-    mo.online_mxfp4 = cli_find(opts, nopts, "online-mxfp4")->present;
+    mo.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
     if (sparkmono_model_open(model->value, &mo, &m)) goto fail;
     sparkmono_model_info info;
     if (sparkmono_model_get_info(m, &info)) goto fail;
+    if (cli_prompt_check(cmd, src, prompt, n, info.vocab_size, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        goto out;
+    }
     /* one request, prefill only: the cache holds exactly the prompt */
     sparkmono_engine_opts eo = {0};
-    eo.backend = backend;
+    eo.backend = cli_str(backend);
     eo.rows = 1;
     eo.max_requests = 1;
     eo.max_len = n;
     eo.threads = (int)threads;
-    eo.world = (int)world;
-    eo.moe_tp = moe && !strcmp(moe, "tp");
+    eo.world = nworld;
+    eo.moe_tp = moe_tp;
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
     if (sparkmono_add(g, prompt, n, 0, &req)) goto fail;
     logits = malloc((size_t)n * (size_t)info.vocab_size * sizeof(float));
     if (!logits) {
-        fprintf(stderr, "logits: out of memory for [%d, %d] logits\n", n, info.vocab_size);
+        fprintf(stderr, "%s: out of memory for [%d, %d] logits\n", cmd, n, info.vocab_size);
         goto out;
     }
     if (sparkmono_prefill(g, req, logits)) goto fail;
     int64_t shape[2] = {n, info.vocab_size};
     if (sm_npy_write_f32(outp->value, logits, 2, shape, &e)) {
-        fprintf(stderr, "logits: %s\n", e.msg);
+        fprintf(stderr, "%s: %s\n", cmd, e.msg);
         goto out;
     }
     printf("wrote %s: f32 [%d, %d]\n", outp->value, n, info.vocab_size);
     rc = 0;
     goto out;
 fail:
-    fprintf(stderr, "logits: %s\n", sparkmono_errmsg());
+    fprintf(stderr, "%s: %s\n", cmd, sparkmono_errmsg());
 out:
     free(logits);
     free(prompt);
@@ -87,6 +106,7 @@ out:
     sparkmono_model_close(m);
     return rc;
 bad:
+    free(prompt);
     fprintf(stderr, "%s\n", e.msg);
     return 2;
 }

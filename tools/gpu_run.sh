@@ -5,7 +5,7 @@
 # and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full log under
 # $OUT (default ./out) and prints a short table last.  Environment knobs:
 #   BENCH_FORMATS  expert formats to bench, space separated (default "mxfp4")
-#   BENCH_ROWS     row counts (default 8,16,32,64,128)
+#   BENCH_ROWS     rows per verify step, bench --step-rows (default 8,16,32,64,128)
 #   BENCH_CTX      context tokens per request (default 1024)
 #   BENCH_ITERS    timed steps per row count (default 50)
 #   SKIP_TESTS=1   skip build/gpu_test;  SKIP_BENCH=1  skip the bench
@@ -53,7 +53,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     for f in $FORMATS; do
         echo "== bench spark1x-l4 experts $f (log: $OUT/bench_$f.log)"
         t0=$(date +%s)
-        ./build/sparkmono bench --preset spark1x-l4 --experts "$f" --rows "$ROWS" --ctx "$CTX" --iters "$ITERS" \
+        ./build/sparkmono bench --preset spark1x-l4 --experts "$f" --step-rows "$ROWS" --ctx "$CTX" --iters "$ITERS" \
             >"$OUT/bench_$f.log" 2>&1
         rc=$?
         [ "$rc" -eq 0 ] || status=1

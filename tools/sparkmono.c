@@ -1,35 +1,37 @@
-/* sparkmono.c: the CLI dispatcher: `sparkmono <command> [options]`.
- * Each command lives in tools/cmd_<name>.c; this file only maps names to them. */
+/* sparkmono.c: the CLI dispatcher: `sparkmono <command> [options]`, `sparkmono --help`,
+ * `sparkmono --version`.  Each command lives in tools/cmd_<name>.c with its own help text
+ * (cli_help_<name>); this file only maps names to them and lists their summaries. */
 #include "cli.h"
 #include <stdio.h>
 #include <string.h>
 
-
-typedef struct { const char *name; int (*fn)(int, char **); const char *help; } command;
+typedef struct command {
+    const cli_cmd *help;           /* name, summary */
+    int (*run)(int, char **);      /* the words after the command name */
+} command;
 
 static void usage(FILE *f, const command *c, int n) {
     fprintf(f, "usage: sparkmono <command> [options]\ncommands:\n");
-    for (int i = 0; i < n; i++) fprintf(f, "  %-11s %s\n", c[i].name, c[i].help);
+    for (int i = 0; i < n; i++) fprintf(f, "  %-11s %s\n", c[i].help->name, c[i].help->summary);
+    fprintf(f, "'sparkmono <command> --help' lists a command's options; 'sparkmono --version' prints the version.\n");
 }
 
 int main(int argc, char **argv) {
     const command cmds[] = {
-        {"make-model", cmd_make_model, "write a random checkpoint: --preset P --experts bf16|mxfp4|fp8 --seed N --out DIR"},
-        {"check", cmd_check, "validate a checkpoint directory and print a summary"},
-        {"generate", cmd_generate, "greedy generation with speculative verify steps"},
-        {"logits", cmd_logits, "prefill logits of a prompt to a .npy file"},
-        {"bench", cmd_bench, "verify-step benchmark with the memory floor"},
+        {&cli_help_make_model, cmd_make_model}, {&cli_help_check, cmd_check},  {&cli_help_generate, cmd_generate},
+        {&cli_help_logits, cmd_logits},         {&cli_help_bench, cmd_bench},
     };
     int n = (int)(sizeof cmds / sizeof cmds[0]);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout, cmds, n);
         return argc < 2 ? 2 : 0;
     }
-    for (int i = 0; i < n; i++) {
-        if (strcmp(argv[1], cmds[i].name) == 0) {
-            return cmds[i].fn(argc - 2, argv + 2);
-        }
+    if (!strcmp(argv[1], "--version")) {
+        printf("sparkmono %s\n", SM_VERSION);
+        return 0;
     }
+    for (int i = 0; i < n; i++)
+        if (strcmp(argv[1], cmds[i].help->name) == 0) return cmds[i].run(argc - 2, argv + 2);
     fprintf(stderr, "sparkmono: unknown command '%s' (try 'sparkmono --help')\n", argv[1]);
     return 2;
 }
