@@ -4,7 +4,7 @@
  * sparkmono_errmsg() gives one line naming the problem (the argument, tensor or file).
  * The engine runs greedy decoding with speculative verify steps: each step feeds, per live
  * request, its last token and R-1 drafts from an n-gram drafter, and accepts drafts while
- * they match the model's argmax (SPEC.md section 8), so the output is token for token that
+ * they match the model's argmax (docs/model.md section 8), so the output is token for token that
  * of one-token-at-a-time greedy decoding.  C11, no CUDA types; one engine is used by one
  * thread at a time.  We rejected exposing the internal structs (sm_model, sm_kv): the GPU
  * and multi-rank layouts will change behind this header.

@@ -1,6 +1,6 @@
 /* check.h: the summary `sparkmono check` prints for a loaded checkpoint: configuration, layer
  * kinds, expert format per layer, bytes per component, and the weight bytes one GPU holds in a
- * TP = EP deployment of W ranks (SPEC.md section 9); and the scan of every stored value for NaN
+ * TP = EP deployment of W ranks (docs/model.md section 9); and the scan of every stored value for NaN
  * and infinities (sm_check_finite), which the loader does not do (a 400 GB load stays a map).  Byte counts are computed from the
  * configuration and each layer's expert format (what the files store, or the online-MXFP4
  * copies when the model was loaded that way), not from file sizes, so they describe what a
@@ -29,7 +29,7 @@ typedef struct sm_bytes {
 
 /* Bytes per component of m. */
 void sm_model_bytes(const sm_model *m, sm_bytes *b);
-/* Weight bytes one rank holds with W ranks (SPEC.md section 9: heads, experts, pooler rows
+/* Weight bytes one rank holds with W ranks (docs/model.md section 9: heads, experts, pooler rows
  * and unpooler rows split by W; router and norms replicated; embedding and lm_head split by
  * vocab rows, ceil(V/W)).  -1 when W does not divide nH, nKV, E, Hm and H. */
 int64_t sm_rank_bytes(const sm_model *m, int W);

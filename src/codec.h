@@ -1,4 +1,4 @@
-/* codec.h: number formats shared by CPU and GPU code (SPEC.md sections 3 and 7).
+/* codec.h: number formats shared by CPU and GPU code (docs/model.md sections 3 and 7).
  *
  * bf16 <-> f32 (round to nearest even), fp8 e4m3 (OCP "fn": no infinities, 0x7F/0xFF NaN,
  * max 448), e2m1 (4-bit float: 0, .5, 1, 1.5, 2, 3, 4, 6 and negatives), e8m0 (power-of-two
@@ -34,7 +34,7 @@ SM_HD uint16_t sm_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 SM_HD float sm_bf16_to_f32(uint16_t h) { return sm_bits_f32((uint32_t)h << 16); }
-/* r16(x): round to bf16 and back (SPEC.md section 3). */
+/* r16(x): round to bf16 and back (docs/model.md section 3). */
 SM_HD float sm_r16(float f) { return sm_bf16_to_f32(sm_f32_to_bf16(f)); }
 
 /* ---- fp8 e4m3 (OCP E4M3FN): bias 7, 3 mantissa bits, subnormals, no inf ---- */

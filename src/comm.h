@@ -1,4 +1,4 @@
-/* comm.h: the cross-rank communication a sharded forward needs (SPEC.md section 9), named
+/* comm.h: the cross-rank communication a sharded forward needs (docs/model.md section 9), named
  * after what the model does at each point, not after the collective that implements it.
  *
  * Every operation is collective: all W ranks call the same operations in the same order with

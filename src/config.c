@@ -1,4 +1,4 @@
-/* config.c: config.json parsing, validation, presets and saving (SPEC.md section 1).
+/* config.c: config.json parsing, validation, presets and saving (docs/model.md section 1).
  *
  * Parsing reads the `text_config` object when present, else the top level, with jansson
  * (duplicate keys refused).  Each field goes through one typed getter that names the field on
@@ -26,7 +26,7 @@
 /* config.json is a few KiB; anything past this is not a config. */
 #define SM_CONFIG_MAX_BYTES (16 << 20)
 
-/* Real-model defaults of the optional fields (SPEC.md section 1). */
+/* Real-model defaults of the optional fields (docs/model.md section 1). */
 #define DEF_RMS_EPS 1e-5
 #define DEF_POST_EPS 1e-8
 #define DEF_GATE_TEMP 0.3
@@ -468,7 +468,7 @@ int sm_config_preset(const char *name, sm_config *out, sm_err *e) {
         c->window = 256;
         c->bos = 1, c->pad = 0, c->n_eos = 1, c->eos[0] = 2;
     } else if (name && (!strcmp(name, "spark1x") || !strcmp(name, "spark1x-l4"))) {
-        /* the real model (SPEC.md section 1); -l4: the same widths with 4 layers */
+        /* the real model (docs/model.md section 1); -l4: the same widths with 4 layers */
         set_sizes(c, name[7] ? 4 : 62, 8192, 4096, 4096, 256, 8, 128, 16, 202048);
         c->vocab_used = 201818;
         c->bos = 200000, c->pad = 200018, c->n_eos = 2, c->eos[0] = 200001, c->eos[1] = 200008;

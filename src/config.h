@@ -1,7 +1,7 @@
-/* config.h: the model configuration (SPEC.md section 1).
+/* config.h: the model configuration (docs/model.md section 1).
  *
  * Parsed from config.json with jansson (top level, or the `text_config` object when present),
- * or built from a named preset for test and benchmark models.  Every requirement of SPEC.md
+ * or built from a named preset for test and benchmark models.  Every requirement of docs/model.md
  * section 1 is checked at parse time so later code can trust the struct.  We rejected a
  * generic key/value store: the engine reads these fields in hot setup paths and the compiler
  * should see every name.

@@ -5,7 +5,7 @@
  * ids).  Positions 0 .. nhist-2 of a generating request have committed K/V; its last token is
  * the first row of its next verify step, followed by R-1 n-gram drafts.  We rejected keeping
  * the drafts' K/V bookkeeping separate from the committed length: rejected rows are simply
- * overwritten by the next step, as in SPEC.md section 8.
+ * overwritten by the next step, as in docs/model.md section 8.
  */
 #ifndef SM_ENGINE_H
 #define SM_ENGINE_H
@@ -58,7 +58,7 @@ struct sparkmono_engine {
     void *draft_arg;       /* passed to draft_fn */
 };
 
-/* Greedy acceptance of one request's verify rows (SPEC.md section 8): t [r] the rows' input
+/* Greedy acceptance of one request's verify rows (docs/model.md section 8): t [r] the rows' input
  * tokens (t[0] the last accepted token, t[1..r) drafts), a [r] the rows' argmax.  Accepts
  * draft j while t[j] == a[j-1]; writes the accepted drafts and then a[k] (k = drafts accepted)
  * to out [r]; returns k + 1. */

@@ -1,4 +1,4 @@
-/* kvcache.h: paged KV cache bookkeeping (SPEC.md section 5), shared by every backend.
+/* kvcache.h: paged KV cache bookkeeping (docs/model.md section 5), shared by every backend.
  *
  * The host side owns the block tables, the free list and request lengths; each backend owns
  * the pages themselves (per layer bf16 [nblocks][nKV_local][16][K(64) | V(64)]) in its own

@@ -1,4 +1,4 @@
-/* makemodel.h: random checkpoints in the real tensor names (SPEC.md section 2), for tests and
+/* makemodel.h: random checkpoints in the real tensor names (docs/model.md section 2), for tests and
  * benchmarks.  Deterministic per seed: every tensor is generated from (seed, tensor name) alone,
  * so any tensor can be regenerated without the others, and the writer streams (a spark1x
  * checkpoint is never held in memory).  Magnitudes are realistic (DESIGN.md "Numbers"):

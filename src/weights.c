@@ -1,4 +1,4 @@
-/* weights.c: checkpoint loader (SPEC.md section 2): names -> plain structs of views.
+/* weights.c: checkpoint loader (docs/model.md section 2): names -> plain structs of views.
  *
  * One pass over the archive classifies every tensor name into a slot (fixed per-model,
  * fixed per-layer, consolidated experts, per-expert weight/scale); an unparseable or unknown

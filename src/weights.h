@@ -1,4 +1,4 @@
-/* weights.h: a loaded checkpoint as plain structs (SPEC.md section 2).
+/* weights.h: a loaded checkpoint as plain structs (docs/model.md section 2).
  *
  * Matrices are views into the mmapped safetensors files (bf16 as uint16_t bits, f32 as float),
  * never copies, except where a copy is unavoidable: a view not aligned for its type, experts

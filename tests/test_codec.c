@@ -1,4 +1,4 @@
-/* test_codec.c: the number formats of src/codec.h against SPEC.md section 7.
+/* test_codec.c: the number formats of src/codec.h against docs/model.md section 7.
  *
  * Exhaustive where the format is small (all 16 e2m1 codes, all 256 e8m0 and e4m3 bytes, all
  * 65536 bf16 patterns), hand-picked points for every tie and saturation rule, and independent

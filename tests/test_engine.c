@@ -1,7 +1,7 @@
 /* test_engine.c: the engine (include/sparkmono.h), the n-gram drafter, greedy acceptance and
  * the .npy writer.
  *
- * The central check is SPEC.md section 8's invariant: greedy generation with speculative
+ * The central check is docs/model.md section 8's invariant: greedy generation with speculative
  * verify steps (R = 4, 8) emits exactly the tokens of plain decoding (R = 1), and several
  * requests batched in one verify step emit exactly what each does alone.  Both follow from
  * row independence (the CPU backend is bit-exact across row counts), so equality is exact.

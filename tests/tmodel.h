@@ -71,7 +71,7 @@ static inline int tmodel_make(tmodel *t, const char *prefix, const sm_config *cf
     return 0;
 }
 
-/* ||a - ref|| / ||ref|| over n values (SPEC.md section 10): a NaN in a counts as an infinite
+/* ||a - ref|| / ||ref|| over n values (docs/model.md section 10): a NaN in a counts as an infinite
  * difference (so it fails every bound); positions where ref is infinite (masked logits) count
  * only when a differs there. */
 static inline double tm_rel_err(const float *a, const float *ref, int64_t n) {

@@ -1,11 +1,11 @@
-/* kernels.h: the extern "C" launchers of the CUDA stock-path kernels (SPEC.md sections 3-6),
+/* kernels.h: the extern "C" launchers of the CUDA stock-path kernels (docs/model.md sections 3-6),
  * everything of a step except the MoE expert stage (moe.h).  They are defined in
  * src/cuda/ops/<family>.cu; the __device__ bodies the kernels run (callable from a persistent
  * kernel on any row / tile range) are in src/cuda/ops/<family>.cuh.
  *
  * Conventions of every launcher below:
  *  - all array arguments are DEVICE pointers unless the comment says host; bf16 values are
- *    uint16_t bits (the residual stream s stays f32; every value SPEC.md rounds with r16 is
+ *    uint16_t bits (the residual stream s stays f32; every value docs/model.md rounds with r16 is
  *    stored as bf16);
  *  - the launch goes on `st` and is CUDA-graph capturable: no synchronization, no allocation,
  *    no host read of device data; workspaces come from the sm_cuda_ctx;
@@ -119,7 +119,7 @@ int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W
                  float *y, cudaStream_t st, sm_err *e);
 
 /* ---- router (ops/router.cu) ---- */
-/* MoE routing of n rows (SPEC.md section 6): logits = xf @ router^T (f32 [n, E], also an
+/* MoE routing of n rows (docs/model.md section 6): logits = xf @ router^T (f32 [n, E], also an
  * output: a scratch the caller owns), sc = sigmoid(logits * m_o), idx [n, K] int32 = top-K of
  * sc + bias (descending, ties to the lowest expert id), w [n, K] f32 =
  * sc[idx] / (sum_k sc[idx_k] + 1e-15) * route_scale.  xf bf16 [n, H]; router f32 [E, H];

@@ -1,4 +1,4 @@
-/* moe.h: the MoE expert stage on the GPU (SPEC.md section 6, from h1 to m), shared by the
+/* moe.h: the MoE expert stage on the GPU (docs/model.md section 6, from h1 to m), shared by the
  * stock backend and (later) the monokernel.  Included by .cu files only (CUDA types allowed).
  *
  * Given h1 [n, Hm] (bf16, after pooler + pre-expert norm) and the routing of each row

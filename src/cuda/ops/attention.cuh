@@ -1,5 +1,5 @@
 /* ops/attention.cuh: the device bodies of paged attention with the fused output norm and gate
- * (SPEC.md section 5): decode / verify work items (split-K) and their combine, prefill tiles.
+ * (docs/model.md section 5): decode / verify work items (split-K) and their combine, prefill tiles.
  *
  * Decode / verify: the unit is one (row, KV head, split) for one block of SM_ATT_THREADS
  * threads; the G = nh/nkv query heads of the group share every K/V row the block reads.

@@ -1,4 +1,4 @@
-/* ops/logits.cuh: the device bodies of the final logits and greedy argmax (SPEC.md section 4,
+/* ops/logits.cuh: the device bodies of the final logits and greedy argmax (docs/model.md section 4,
  * last lines): the lm_head epilogue of both matmul paths and the argmax reduction.
  *
  * raw = h . lm_head[v] comes from the mma.sync core (sm_lg_sync_tile: one tile of SM_MM_ROWS

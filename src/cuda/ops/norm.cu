@@ -1,5 +1,5 @@
 /* ops/norm.cu: the stock kernels of the norm family (embedding + first norm, residual
- * boundaries, plain row norms; SPEC.md section 4) and their checked extern "C" entries.
+ * boundaries, plain row norms; docs/model.md section 4) and their checked extern "C" entries.
  *
  * Each kernel is one block of sm_norm_threads(H) threads per row calling the row body of
  * ops/norm.cuh with row = blockIdx.x; the entries check shapes and pointers and launch on the

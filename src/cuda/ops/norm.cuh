@@ -1,4 +1,4 @@
-/* ops/norm.cuh: the device bodies of the norm family (SPEC.md section 4): embedding gather +
+/* ops/norm.cuh: the device bodies of the norm family (docs/model.md section 4): embedding gather +
  * first norm, the post-attention and post-FFN residual boundaries, and the plain bf16 row norm.
  *
  * Each body computes ONE row and is executed by every thread of the calling block (blockDim.x

@@ -1,5 +1,5 @@
 /* ops/rope_kv.cuh: the device body of the fused per-head QK rms norm, RoPE and KV-cache insert
- * (SPEC.md sections 4-5).
+ * (docs/model.md sections 4-5).
  *
  * The unit of work is one (row, head) for one warp: heads hh < nh are query heads, then nkv key
  * heads, then nkv value heads.  Lane j holds the rotate-half pair (j, j + 32) of D = 64, so norm

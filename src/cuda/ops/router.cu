@@ -1,4 +1,4 @@
-/* ops/router.cu: MoE routing on the GPU (SPEC.md section 6): the router logits through
+/* ops/router.cu: MoE routing on the GPU (docs/model.md section 6): the router logits through
  * sm_k_mm_f32w (f32 weights, f32 accumulation: the selection must agree with the CPU reference
  * whenever the scores are not within rounding of each other), then the top-K kernel, one warp
  * per row calling the body of ops/router.cuh.  We rejected fusing the top-K into the matmul's

@@ -1,4 +1,4 @@
-/* ops/router.cuh: the device body of the MoE route selection (SPEC.md section 6): sigmoid
+/* ops/router.cuh: the device body of the MoE route selection (docs/model.md section 6): sigmoid
  * scores, top-K with the correction bias, route weights, for one row by one warp.
  *
  * The E scores sit in the warp's shared scratch; each of the K rounds takes a warp-wide argmax
