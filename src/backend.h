@@ -36,6 +36,8 @@ typedef struct sm_backend {
     void *ctx;
     int (*step)(void *ctx, const sm_step *s, sm_err *e);
     void (*destroy)(void *ctx);
+    int max_verify_rows;     /* most rows of one request a verify step may have (0 = any); a
+                                longer run of one request is a prefill (cuda: eager) */
 } sm_backend;
 
 typedef struct sm_backend_opts {
@@ -43,6 +45,9 @@ typedef struct sm_backend_opts {
     int world;               /* ranks (tensor + expert parallel), 1 = none */
     int moe_tp;              /* 1: TP without EP (experts split along I); 0: EP */
     int max_rows;            /* most rows one step may carry */
+    int verify_rows;         /* rows of one request in a verify step (the engine's R), checked
+                                against the backend's max_verify_rows at creation; 0 = unchecked */
+    int device;              /* cuda: device ordinal of rank 0 (default 0); rank r uses device + r */
 } sm_backend_opts;
 
 /* The CPU reference backend (src/cpu/). kv gives the page count to allocate. */
@@ -53,8 +58,9 @@ int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_o
 int sm_world_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 
 #ifdef SM_HAVE_CUDA
-/* The CUDA stock backend (src/cuda/), one GPU: weights uploaded from the mapped checkpoint,
- * paged KV cache on the device, verify steps graph-captured per row bucket. */
+/* The CUDA stock backend (src/cuda/stock/), one GPU (o->device): rank 0 of world 1's shard
+ * uploaded from the mapped checkpoint, paged KV cache on the device, verify steps
+ * graph-captured per row bucket.  Refuses o->verify_rows above its max_verify_rows (16). */
 int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 #endif
 

@@ -92,21 +92,27 @@ void sm_shard_free(sm_shard *s) {
     memset(s, 0, sizeof *s);
 }
 
-int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e) {
+int sm_shard_plan(const sm_config *c, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e) {
     memset(s, 0, sizeof *s);
-    const sm_config *c = &m->cfg;
-    if (sm_shard_check(m, world, moe, e)) return -1;
+    if (sm_shard_check_config(c, world, moe, e)) return -1;
     if (rank < 0 || rank >= world) return sm_errf(e, "world %d: rank %d is not in [0, %d)", world, rank, world);
-    int D = c->D, H = c->H, Hm = c->Hm, I = c->I;
-    s->m = m;
     s->rank = rank;
     s->world = world;
     s->moe = moe;
     s->nHl = c->nH / world, s->h0 = rank * s->nHl;
     s->nKVl = c->nKV / world, s->kv0 = rank * s->nKVl;
-    s->np = Hm / world, s->p0 = rank * s->np;
-    s->nu = H / world, s->u0 = rank * s->nu;
+    s->np = c->Hm / world, s->p0 = rank * s->np;
+    s->nu = c->H / world, s->u0 = rank * s->nu;
     s->nv = c->V / world, s->v0 = rank * s->nv;
+    return 0;
+}
+
+int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e) {
+    memset(s, 0, sizeof *s);
+    const sm_config *c = &m->cfg;
+    if (sm_shard_check(m, world, moe, e) || sm_shard_plan(c, world, rank, moe, s, e)) return -1;
+    int D = c->D, H = c->H, Hm = c->Hm, I = c->I;
+    s->m = m;
     /* vocabulary rows of the embedding and lm_head */
     s->embed = m->embed + (int64_t)s->v0 * H;
     s->lm_head = m->lm_head + (int64_t)s->v0 * H;

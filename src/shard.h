@@ -85,6 +85,10 @@ const char *sm_moe_layout_name(sm_moe_layout l); /* "ep", "tp" */
 int sm_shard_check_config(const sm_config *c, int world, sm_moe_layout moe, sm_err *e);
 /* sm_shard_check_config plus, in TP mode, I/W a multiple of 32 on every MXFP4 layer. */
 int sm_shard_check(const sm_model *m, int world, sm_moe_layout moe, sm_err *e);
+/* The ranges alone: fill rank, world, moe and the index ranges (h0/nHl .. v0/nv) of rank
+ * `rank` of a model of config c; m, every view and layers stay NULL (a device backend sizes
+ * its buffers from them before, or without, a loaded model).  Checks the config first. */
+int sm_shard_plan(const sm_config *c, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e);
 /* Fill *s with rank `rank`'s views of m (checks first).  On error *s is zeroed. */
 int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e);
 void sm_shard_free(sm_shard *s);

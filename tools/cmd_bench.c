@@ -27,6 +27,7 @@
 #include <time.h>
 #ifdef SM_HAVE_CUDA
 #include "cuda/synth.h"
+#include "cuda/stock/bench.h"
 #endif
 
 #define B_DEFAULT_R 8
@@ -206,7 +207,7 @@ typedef struct bench_row {
 
 static int run(const bench_args *a, sm_err *e) {
     sm_cuda_devinfo dv;
-    if (sm_cuda_device_info(&dv, e)) return sm_errprefix(e, "bench");
+    if (sm_cuda_device_info(0, &dv, e)) return sm_errprefix(e, "bench");
     printf("device: %s (cc %d.%d, %d SMs, %.1f GB, L2 %.0f MB)\n", dv.name, dv.cc_major, dv.cc_minor, dv.sms,
            dv.mem_total / 1e9, dv.l2_bytes / 1048576.0);
     if (dv.cc_major != 9)
@@ -225,7 +226,7 @@ static int run(const bench_args *a, sm_err *e) {
 
     /* read bandwidth first, while the device is empty */
     double bw = 0;
-    if (sm_cuda_read_bandwidth(a->bw_gib, 5, &bw, e)) return sm_errprefix(e, "bench");
+    if (sm_cuda_read_bandwidth(0, a->bw_gib, 5, &bw, e)) return sm_errprefix(e, "bench");
     printf("read bandwidth: %.0f GB/s (read-only streaming kernel over %.0f GiB, best of 5)\n", bw / 1e9, a->bw_gib);
 
     double t_load = wall_s();

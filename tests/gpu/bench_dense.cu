@@ -24,7 +24,7 @@ extern "C" {
 #include "err.h"
 }
 #include "cuda/kernels.h"
-#include "cuda/synth.h"
+#include "cuda/stock/bench.h"
 #include "gpu_tests.h"
 
 #define BD_ITERS 50
@@ -93,7 +93,7 @@ static const char *bd_path(int p) {
 extern "C" int gpu_bench_dense(void) {
     sm_err e = {""};
     double bw = 0;
-    if (sm_cuda_read_bandwidth(4.0, 5, &bw, &e)) { printf("bench-dense: %s\n", e.msg); return 1; }
+    if (sm_cuda_read_bandwidth(0, 4.0, 5, &bw, &e)) { printf("bench-dense: %s\n", e.msg); return 1; }
     cudaDeviceProp prop;
     BD_CHECK(cudaGetDeviceProperties(&prop, 0));
     sm_cuda_ctx c;

@@ -23,6 +23,7 @@
 #include "weights.h"
 #include "sparkmono.h"
 #include "cuda/synth.h"
+#include "cuda/stock/bench.h"
 #include "../condition.h"
 #include <ftw.h>
 #include <math.h>

@@ -1,0 +1,304 @@
+/* ctx.cu: the device context of one rank (stock.h: sm_cuda_dev): device checks, creation of
+ * everything but the weights, the carving of weight allocations, destruction.
+ *
+ * Few large allocations, carved: one per layer for its dense weights, one for embed /
+ * lm_head / final norm, one for the activations, one packed metadata buffer (device) with its
+ * pinned host twin.  The device comes from the backend options (sm_backend_opts.device) and
+ * is made current at every entry; the stream is non-blocking, and every memset of the setup
+ * runs on it.  We rejected one cudaMalloc per tensor (thousands of calls on the real model,
+ * and scattered pointers a future peer mapping would have to export one by one) and the
+ * legacy default stream (it serializes with every other rank's work on the same host).
+ */
+#include "stock.h"
+#include "cuda/stock/bench.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CB_ALIGN 256
+static size_t cb_al(size_t x) { return (x + CB_ALIGN - 1) / CB_ALIGN * CB_ALIGN; }
+
+int cb_device_check(int device, int hopper, const char *who, sm_err *e) {
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess || n == 0)
+        return sm_errf(e, "%s: no CUDA device available (%s)", who, r != cudaSuccess ? cudaGetErrorString(r) : "0 devices");
+    if (device < 0 || device >= n)
+        return sm_errf(e, "%s: device %d does not exist (%d CUDA device%s: 0..%d)", who, device, n, n == 1 ? "" : "s", n - 1);
+    if (!hopper) return 0;
+    cudaDeviceProp p;
+    SM_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    if (p.major != 9)
+        return sm_errf(e, "%s: device %d (%s) has compute capability %d.%d; this build targets sm_90a (Hopper)", who, device,
+                       p.name, p.major, p.minor);
+    return 0;
+}
+
+/* ---- weight allocations ---------------------------------------------------------------- */
+
+/* Byte offsets of the parts of one layer's dense allocation (the rank's widths). */
+typedef struct cb_dense_layout {
+    size_t wqkvg, wo, vec, router, bias, pooler, pen, unpooler, total; /* byte offsets; total */
+} cb_dense_layout;
+
+static cb_dense_layout cb_layout(const sm_cuda_dev *c) {
+    const sm_config *cf = &c->cfg;
+    cb_dense_layout d;
+    size_t H = (size_t)cf->H, QD = (size_t)c->plan.nHl * cf->D, KD = (size_t)c->plan.nKVl * cf->D;
+    size_t o = 0;
+    d.wqkvg = o; o += cb_al((2 * QD + 2 * KD) * H * 2);
+    d.wo = o; o += cb_al(H * QD * 2);
+    d.vec = o; o += 7 * cb_al(H * 4);
+    d.router = o; o += cb_al((size_t)cf->E * H * 4);
+    d.bias = o; o += cb_al((size_t)cf->E * 4);
+    d.pooler = o; o += cb_al((size_t)c->plan.np * H * 2);
+    d.pen = o; o += cb_al((size_t)cf->Hm * 4);
+    d.unpooler = o; o += cb_al((size_t)c->plan.nu * cf->Hm * 2);
+    d.total = o;
+    return d;
+}
+
+size_t cb_layer_bytes(const sm_cuda_dev *c) { return cb_layout(c).total; }
+
+int cb_layer_alloc(sm_cuda_dev *c, cb_layer *L, sm_err *e) {
+    cb_dense_layout d = cb_layout(c);
+    SM_CUDA_CHECK(cudaMalloc(&L->dense, d.total));
+    L->dense_bytes = d.total;
+    char *b = (char *)L->dense;
+    size_t hv = cb_al((size_t)c->cfg.H * 4);
+    L->wqkvg = (uint16_t *)(b + d.wqkvg);
+    L->wo = (uint16_t *)(b + d.wo);
+    L->in_norm = (float *)(b + d.vec + 0 * hv);
+    L->att_alpha = (float *)(b + d.vec + 1 * hv);
+    L->att_beta = (float *)(b + d.vec + 2 * hv);
+    L->pre_ffn_norm = (float *)(b + d.vec + 3 * hv);
+    L->post_ffn_norm = (float *)(b + d.vec + 4 * hv);
+    L->ffn_alpha = (float *)(b + d.vec + 5 * hv);
+    L->ffn_beta = (float *)(b + d.vec + 6 * hv);
+    L->router = (float *)(b + d.router);
+    L->router_bias = (float *)(b + d.bias);
+    L->pooler = (uint16_t *)(b + d.pooler);
+    L->pre_expert_norm = (float *)(b + d.pen);
+    L->unpooler = (uint16_t *)(b + d.unpooler);
+    c->weight_bytes += (double)d.total;
+    return 0;
+}
+
+int cb_glob_alloc(sm_cuda_dev *c, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    size_t vh = cb_al((size_t)c->plan.nv * cf->H * 2);
+    size_t tot = 2 * vh + cb_al((size_t)cf->H * 4);
+    SM_CUDA_CHECK(cudaMalloc(&c->glob, tot));
+    c->embed = (uint16_t *)c->glob;
+    c->lm_head = (uint16_t *)((char *)c->glob + vh);
+    c->final_norm = (float *)((char *)c->glob + 2 * vh);
+    c->weight_bytes += (double)tot;
+    return 0;
+}
+
+/* ---- the rest of the context --------------------------------------------------------------- */
+
+/* Activations for cap rows, one allocation; the routes start valid (expert 0, weight 0) so a
+ * bench read before any step is harmless. */
+static int cb_act_alloc(sm_cuda_dev *c, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    size_t R = (size_t)c->cap, H = (size_t)cf->H, QD = (size_t)cf->nH * cf->D, KD = (size_t)cf->nKV * cf->D;
+    size_t NQ = 2 * QD + 2 * KD, L = (size_t)cf->L, K = (size_t)cf->K;
+    size_t off[13], o = 0;
+    off[0] = o; o += cb_al(R * H * 4);               /* s */
+    off[1] = o; o += cb_al(R * H * 2);               /* x */
+    off[2] = o; o += cb_al(R * NQ * 2);              /* qkvg */
+    off[3] = o; o += cb_al(R * QD * 2);              /* att */
+    off[4] = o; o += cb_al(R * H * 2);               /* a */
+    off[5] = o; o += cb_al(R * H * 2);               /* xf */
+    off[6] = o; o += cb_al(R * (size_t)cf->E * 4);   /* rlog */
+    off[7] = o; o += cb_al(L * R * K * 4);           /* idx */
+    off[8] = o; o += cb_al(L * R * K * 4);           /* rw */
+    off[9] = o; o += cb_al(R * (size_t)cf->Hm * 2);  /* h1 */
+    off[10] = o; o += cb_al(R * (size_t)cf->Hm * 2); /* mo */
+    off[11] = o; o += cb_al(R * H * 2);              /* f */
+    off[12] = o; o += cb_al(R * 4);                  /* am */
+    SM_CUDA_CHECK(cudaMalloc(&c->act, o));
+    char *ab = (char *)c->act;
+    c->s = (float *)(ab + off[0]);
+    c->x = (uint16_t *)(ab + off[1]);
+    c->qkvg = (uint16_t *)(ab + off[2]);
+    c->att = (uint16_t *)(ab + off[3]);
+    c->a = (uint16_t *)(ab + off[4]);
+    c->xf = (uint16_t *)(ab + off[5]);
+    c->rlog = (float *)(ab + off[6]);
+    c->idx = (int *)(ab + off[7]);
+    c->rw = (float *)(ab + off[8]);
+    c->h1 = (uint16_t *)(ab + off[9]);
+    c->mo = (uint16_t *)(ab + off[10]);
+    c->f = (uint16_t *)(ab + off[11]);
+    c->am = (int *)(ab + off[12]);
+    SM_CUDA_CHECK(cudaMemsetAsync(c->idx, 0, L * R * K * 4, c->st));
+    SM_CUDA_CHECK(cudaMemsetAsync(c->rw, 0, L * R * K * 4, c->st));
+    return 0;
+}
+
+/* Packed metadata: slot int64 [cap] | tok [cap] | pos [cap] | rreq [cap] | tables, on the
+ * device and in pinned host staging; pinned argmax staging. */
+static int cb_meta_alloc(sm_cuda_dev *c, sm_err *e) {
+    size_t R = (size_t)c->cap;
+    size_t m0 = 0, m1 = m0 + cb_al(R * 8), m2 = m1 + cb_al(R * 4), m3 = m2 + cb_al(R * 4), m4 = m3 + cb_al(R * 4);
+    c->off_tab = m4;
+    c->meta_bytes = m4 + (size_t)c->ntab * (size_t)c->kvs.max_bpr * 4;
+    SM_CUDA_CHECK(cudaMalloc(&c->meta_d, c->meta_bytes));
+    SM_CUDA_CHECK(cudaMallocHost(&c->meta_h, c->meta_bytes));
+    SM_CUDA_CHECK(cudaMallocHost((void **)&c->h_am, R * 4));
+    char *mb = (char *)c->meta_d;
+    c->d_slot = (int64_t *)(mb + m0);
+    c->d_tok = (int *)(mb + m1);
+    c->d_pos = (int *)(mb + m2);
+    c->d_rreq = (int *)(mb + m3);
+    c->d_tab = (int *)(mb + m4);
+    return 0;
+}
+
+/* KV pages of every layer (the rank's KV heads), plus the zero page nblocks, all zero. */
+static int cb_kv_alloc(sm_cuda_dev *c, sm_err *e) {
+    size_t page = (size_t)c->plan.nKVl * SM_KV_BLOCK * 2 * c->cfg.D * 2;
+    size_t bytes = page * ((size_t)c->kvs.nblocks + 1);
+    for (int l = 0; l < c->cfg.L; l++) {
+        SM_CUDA_CHECK(cudaMalloc(&c->layers[l].kv, bytes));
+        SM_CUDA_CHECK(cudaMemsetAsync(c->layers[l].kv, 0, bytes, c->st));
+    }
+    return 0;
+}
+
+/* The checks that need no device, then the host part of the context. */
+static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, sm_cuda_dev **out, sm_err *e) {
+    int world = o && o->world > 1 ? o->world : 1, device = o ? o->device : 0;
+    if (world > 1) return sm_errf(e, "cuda backend: world %d: tensor/expert parallelism is not implemented yet", world);
+    if (o && o->verify_rows > CB_GRAPH_REQ_ROWS)
+        return sm_errf(e, "cuda backend: --rows %d > %d: the CUDA backend captures verify steps of at most %d rows a request",
+                       o->verify_rows, CB_GRAPH_REQ_ROWS, CB_GRAPH_REQ_ROWS);
+    if (!kv || kv->nblocks <= 0 || kv->max_len <= 0 || kv->max_req <= 0)
+        return sm_errf(e, "cuda backend: a kv cache with pages and request slots is required");
+    if (cfg->D != 64) return sm_errf(e, "cuda backend: head_dim %d: the kernels support 64 only", cfg->D);
+    if (cfg->L > SM_MAX_LAYERS) return sm_errf(e, "cuda backend: %d layers, more than %d", cfg->L, SM_MAX_LAYERS);
+    if (cb_device_check(device, 1, "cuda backend", e)) return -1;
+    sm_cuda_dev *c = (sm_cuda_dev *)calloc(1, sizeof *c);
+    if (!c) return sm_errf(e, "cuda backend: out of host memory");
+    *out = c;
+    c->cfg = *cfg;
+    c->device = device;
+    c->rank = 0;
+    c->world = world;
+    if (sm_shard_plan(cfg, world, c->rank, o && o->moe_tp ? SM_MOE_TP : SM_MOE_EP, &c->plan, e))
+        return sm_errprefix(e, "cuda backend");
+    c->kvs = sm_kv_shape_of(kv);
+    /* rows per eager chunk: at least a full graph chunk; at most what the MoE stage takes
+     * (max_rows * K <= 4096, moe.h); longer steps run in chunks */
+    int cap = o && o->max_rows > 0 ? o->max_rows : 256;
+    if (cap > 4096 / cfg->K) cap = 4096 / cfg->K;
+    if (cap < CB_GRAPH_ROWS) cap = CB_GRAPH_ROWS;
+    c->cap = cap;
+    c->ntab = (cap < kv->max_req ? cap : kv->max_req) + 1;
+    c->layers = (cb_layer *)calloc((size_t)cfg->L, sizeof(cb_layer));
+    c->tab_of_req = (int *)malloc(sizeof(int) * (size_t)kv->max_req);
+    if (!c->layers || !c->tab_of_req) return sm_errf(e, "cuda backend: out of host memory");
+    for (int r = 0; r < kv->max_req; r++) c->tab_of_req[r] = -1;
+    for (int l = 0; l < cfg->L; l++) c->layers[l].full = cfg->full[l];
+    return 0;
+}
+
+/* The device part: kernel context, stream, activations, metadata, KV, MoE workspace. */
+static int cb_dev_setup(sm_cuda_dev *c, sm_err *e) {
+    if (cb_enter(c, e)) return -1;
+    if (sm_cuda_ctx_init(&c->kc, c->device, sm_cuda_ws_bytes(&c->cfg, c->cap), e)) return -1;
+    c->have_kc = 1;
+    SM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
+    if (cb_act_alloc(c, e) || cb_meta_alloc(c, e) || cb_kv_alloc(c, e)) return -1;
+    if (sm_cuda_moe_ws_alloc(&c->cfg, c->cap, &c->mws, e)) return -1;
+    /* the memsets above ran on c->st; sm_cuda_ctx_init's ran on the legacy stream, which a
+     * non-blocking stream does not wait for: wait for the whole device once */
+    SM_CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
+
+int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, sm_cuda_dev **out, sm_err *e) {
+    *out = NULL;
+    sm_cuda_dev *c = NULL;
+    if (cb_dev_new(cfg, kv, o, &c, e)) { /* its messages name the backend */
+        cb_dev_destroy(c);
+        return -1;
+    }
+    if (cb_dev_setup(c, e)) {
+        cb_dev_destroy(c);
+        return sm_errprefix(e, "cuda backend");
+    }
+    *out = c;
+    return 0;
+}
+
+void cb_dev_destroy(sm_cuda_dev *c) {
+    if (!c) return;
+    SM_CUDA_CHECK_PRINT(cudaSetDevice(c->device));
+    if (c->st) SM_CUDA_CHECK_PRINT(cudaStreamSynchronize(c->st));
+    cb_graphs_drop(c, 0);
+    if (c->layers) {
+        for (int l = 0; l < c->cfg.L; l++) {
+            cb_layer *L = &c->layers[l];
+            if (L->have_moe) sm_cuda_moe_free(&L->moe);
+            if (L->dense) SM_CUDA_CHECK_PRINT(cudaFree(L->dense));
+            if (L->kv) SM_CUDA_CHECK_PRINT(cudaFree(L->kv));
+        }
+        free(c->layers);
+    }
+    if (c->glob) SM_CUDA_CHECK_PRINT(cudaFree(c->glob));
+    if (c->act) SM_CUDA_CHECK_PRINT(cudaFree(c->act));
+    if (c->logits) SM_CUDA_CHECK_PRINT(cudaFree(c->logits));
+    if (c->aux) SM_CUDA_CHECK_PRINT(cudaFree(c->aux));
+    if (c->meta_d) SM_CUDA_CHECK_PRINT(cudaFree(c->meta_d));
+    if (c->meta_h) SM_CUDA_CHECK_PRINT(cudaFreeHost(c->meta_h));
+    if (c->h_am) SM_CUDA_CHECK_PRINT(cudaFreeHost(c->h_am));
+    free(c->tab_of_req);
+    if (c->mws.buf) sm_cuda_moe_ws_free(&c->mws);
+    if (c->st) SM_CUDA_CHECK_PRINT(cudaStreamDestroy(c->st));
+    if (c->have_kc) sm_cuda_ctx_free(&c->kc);
+    free(c);
+}
+
+static void cb_destroy(void *vctx) { cb_dev_destroy((sm_cuda_dev *)vctx); }
+
+void cb_backend_fill(sm_cuda_dev *c, sm_backend *b) {
+    memset(b, 0, sizeof *b);
+    b->name = "cuda";
+    b->ctx = c;
+    b->step = cb_step;
+    b->destroy = cb_destroy;
+    b->max_verify_rows = CB_GRAPH_REQ_ROWS;
+}
+
+sm_cuda_dev *cb_from_backend(const sm_backend *b, const char *who, sm_err *e) {
+    if (!b || b->step != cb_step || !b->ctx) {
+        sm_errf(e, "%s: the backend is not a CUDA backend", who);
+        return NULL;
+    }
+    sm_cuda_dev *c = (sm_cuda_dev *)b->ctx;
+    if (cb_enter(c, e)) return NULL;
+    return c;
+}
+
+/* ---- device info (stock/bench.h) ---------------------------------------------------------- */
+
+extern "C" int sm_cuda_device_info(int device, sm_cuda_devinfo *d, sm_err *e) {
+    memset(d, 0, sizeof *d);
+    if (cb_device_check(device, 0, "cuda", e)) return -1;
+    cudaDeviceProp p;
+    SM_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    SM_CUDA_CHECK(cudaSetDevice(device));
+    snprintf(d->name, sizeof d->name, "%s", p.name);
+    d->cc_major = p.major;
+    d->cc_minor = p.minor;
+    d->sms = p.multiProcessorCount;
+    d->l2_bytes = (double)p.l2CacheSize;
+    size_t fr = 0, tot = 0;
+    SM_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    d->mem_total = (double)tot;
+    d->mem_free = (double)fr;
+    return 0;
+}

@@ -1,0 +1,138 @@
+/* forward.cu: the math of a step on the context's stream (SPEC.md sections 3-6): embedding,
+ * the decoder layers (stock kernels of kernels.h + the MoE stage of moe.h) and the logits,
+ * for the rows whose metadata sits in the context's metadata buffer.
+ *
+ * The same enqueue serves the eager path and graph capture: nothing here synchronizes,
+ * allocates or reads device data on the host, and every pointer is a field of the context,
+ * so a capture bakes in addresses that stay valid for the context's life.  What differs
+ * between the two is only the attention plan (eager: per-run calls, prefill kernel for long
+ * runs of one request; graph: one generic call) and where the logits go.  We rejected two
+ * copies of the layer loop (eager and graph): they would drift apart.
+ */
+#include "stock.h"
+#include <math.h>
+
+/* Copy the residual stream entering layer j into every aux entry that asks for it. */
+static int cb_aux_copy(sm_cuda_dev *c, const cb_run *r, int j, sm_err *e) {
+    for (int a = 0; a < r->naux; a++)
+        if (r->aux[a] == j)
+            SM_CUDA_CHECK(cudaMemcpyAsync(c->aux + (size_t)a * c->cap * c->cfg.H, c->s, (size_t)r->n * c->cfg.H * 4,
+                                          cudaMemcpyDeviceToDevice, c->st));
+    return 0;
+}
+
+/* Paged attention + output norm + sigmoid gate of layer l: one generic call over every row,
+ * or the eager plan's calls. */
+static int cb_attention(sm_cuda_dev *c, const cb_run *r, int l, const uint16_t *q, const uint16_t *g, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    const cb_layer *L = &c->layers[l];
+    const int nH = cf->nH, nKV = cf->nKV, QD = nH * cf->D, NQ = 2 * QD + 2 * nKV * cf->D;
+    const int window = L->full ? 0 : cf->window, bpr = c->kvs.max_bpr;
+    const float scale = cf->qk_scale_factor / sqrtf((float)cf->D);
+    if (!r->att) {
+        if (sm_k_attention(&c->kc, q, NQ, g, NQ, L->kv, c->d_tab, bpr, c->d_rreq, c->d_pos, r->n, nH, nKV, window, scale,
+                           cf->rms_eps, c->kvs.max_len, c->att, c->st, e))
+            return sm_errprefix(e, "cuda step: layer %d attention", l);
+        return 0;
+    }
+    for (int i = 0; i < r->natt; i++) {
+        const cb_att_item *it = &r->att[i];
+        size_t ro = (size_t)it->r0;
+        int rc = it->kind == 0
+            ? sm_k_attention(&c->kc, q + ro * NQ, NQ, g + ro * NQ, NQ, L->kv, c->d_tab, bpr, c->d_rreq + ro, c->d_pos + ro,
+                             it->cnt, nH, nKV, window, scale, cf->rms_eps, it->max_ctx, c->att + ro * QD, c->st, e)
+            : sm_k_attention_prefill(q + ro * NQ, NQ, g + ro * NQ, NQ, L->kv, c->d_tab + (size_t)it->tab * bpr, it->pos0,
+                                     it->cnt, nH, nKV, window, scale, cf->rms_eps, c->att + ro * QD, c->st, e);
+        if (rc) return sm_errprefix(e, "cuda step: layer %d attention (rows %d..%d)", l, it->r0, it->r0 + it->cnt - 1);
+    }
+    return 0;
+}
+
+/* Decoder layer l over the n rows of r: x (its normed input) -> s updated, x = the next
+ * layer's normed input (after the last layer: h). */
+static int cb_layer_fwd(sm_cuda_dev *c, const cb_run *r, int l, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    const cb_layer *L = &c->layers[l];
+    const int n = r->n, H = cf->H, QD = cf->nH * cf->D, KD = cf->nKV * cf->D, NQ = 2 * QD + 2 * KD, K = cf->K;
+    cudaStream_t st = c->st;
+    sm_cuda_ctx *kc = &c->kc;
+    uint16_t *q = c->qkvg, *k = q + QD, *v = k + KD, *g = v + KD;
+    int *idx = c->idx + (size_t)l * c->cap * K;
+    float *w = c->rw + (size_t)l * c->cap * K;
+    /* q | k | v | gate = x @ Wqkvg^T */
+    if (sm_k_mm(kc, c->x, n, H, L->wqkvg, NQ, c->qkvg, st, e)) return sm_errprefix(e, "cuda step: layer %d qkvg projection", l);
+    /* per-head QK norm, RoPE on sliding layers, K (normed, roped) and V (raw) into the cache */
+    if (sm_k_qk_rope_kv(q, NQ, k, v, NQ, n, cf->nH, cf->nKV, c->d_pos, c->d_slot, L->full ? 0.0 : cf->rope_theta, cf->rms_eps,
+                        q, NQ, L->kv, c->kvs.nblocks, st, e))
+        return sm_errprefix(e, "cuda step: layer %d qk norm / rope / kv insert", l);
+    /* paged attention + output norm + sigmoid gate */
+    if (cb_attention(c, r, l, q, g, e)) return -1;
+    /* a = mm(o, Wo) */
+    if (sm_k_mm(kc, c->att, n, QD, L->wo, H, c->a, st, e)) return sm_errprefix(e, "cuda step: layer %d o_proj", l);
+    /* post-attention boundary, then xf = r16(rms(s, eff(pre_feedforward_layernorm))) */
+    if (sm_k_post_attn(c->s, c->a, L->att_alpha, L->att_beta, L->pre_ffn_norm, n, H, cf->post_eps, cf->rms_eps, c->xf, st, e))
+        return sm_errprefix(e, "cuda step: layer %d post-attention boundary", l);
+    /* router + top-K */
+    if (sm_k_route(kc, c->xf, n, H, L->router, L->router_bias, cf->E, K, cf->out_mult, cf->route_scale, c->rlog, idx, w, st, e))
+        return sm_errprefix(e, "cuda step: layer %d router", l);
+    /* h1 = r16(rms(mm(xf, Wpre), eff(pre_expert_norm))) */
+    if (sm_k_mm(kc, c->xf, n, H, L->pooler, cf->Hm, c->h1, st, e)) return sm_errprefix(e, "cuda step: layer %d pooler", l);
+    if (sm_k_rms_bf16(c->h1, n, cf->Hm, L->pre_expert_norm, cf->rms_eps, c->h1, st, e))
+        return sm_errprefix(e, "cuda step: layer %d pre-expert norm", l);
+    /* m = r16(sum_k w_k yn_k) over the routed experts */
+    if (sm_cuda_moe_forward(&L->moe, c->h1, idx, w, n, c->mo, &c->mws, st, e)) return sm_errprefix(e, "cuda step: layer %d moe", l);
+    /* f = mm(m, Wpost) */
+    if (sm_k_mm(kc, c->mo, n, cf->Hm, L->unpooler, H, c->f, st, e)) return sm_errprefix(e, "cuda step: layer %d unpooler", l);
+    /* post-FFN boundary + the next layer's input norm (the final norm after the last layer) */
+    int last = l == cf->L - 1;
+    const float *nw = last ? c->final_norm : c->layers[l + 1].in_norm;
+    if (sm_k_post_ffn(c->s, c->f, L->post_ffn_norm, L->ffn_alpha, L->ffn_beta, nw, last, n, H, cf->post_eps, cf->rms_eps, c->x,
+                      st, e))
+        return sm_errprefix(e, "cuda step: layer %d post-FFN boundary", l);
+    return 0;
+}
+
+/* logits = c * tanh(h . lm_head * m_o / c), masked; argmax.  Into the device buffer (graph
+ * form) or, eager, in chunks of CB_LOGIT_ROWS copied to the host buffer. */
+static int cb_head(sm_cuda_dev *c, const cb_run *r, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    const int n = r->n, H = cf->H;
+    if (!r->logits_host) {
+        if (sm_k_logits(&c->kc, c->x, n, H, c->lm_head, cf->V, cf->vocab_used, cf->out_mult, cf->softcap, r->logits_dev, c->am,
+                        c->st, e))
+            return sm_errprefix(e, "cuda step: logits");
+        return 0;
+    }
+    for (int c0 = 0; c0 < n; c0 += CB_LOGIT_ROWS) {
+        int nc = n - c0 < CB_LOGIT_ROWS ? n - c0 : CB_LOGIT_ROWS;
+        if (sm_k_logits(&c->kc, c->x + (size_t)c0 * H, nc, H, c->lm_head, cf->V, cf->vocab_used, cf->out_mult, cf->softcap,
+                        c->logits, c->am + c0, c->st, e))
+            return sm_errprefix(e, "cuda step: logits");
+        SM_CUDA_CHECK(cudaMemcpyAsync(r->logits_host + (size_t)c0 * cf->V, c->logits, (size_t)nc * cf->V * 4,
+                                      cudaMemcpyDeviceToHost, c->st));
+    }
+    return 0;
+}
+
+int cb_enqueue(sm_cuda_dev *c, const cb_run *r, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    if (r->moe_only) {
+        const int K = cf->K;
+        const int *idx = c->idx + (size_t)r->l0 * c->cap * K;
+        const float *w = c->rw + (size_t)r->l0 * c->cap * K;
+        if (sm_cuda_moe_forward(&c->layers[r->l0].moe, c->h1, idx, w, r->n, c->mo, &c->mws, c->st, e))
+            return sm_errprefix(e, "cuda step: layer %d moe", r->l0);
+        return 0;
+    }
+    if (r->embed) {
+        /* s = r16(rms(embed[tok])); x = r16(rms(s, eff(input_layernorm_0))) */
+        if (sm_k_embed(c->embed, cf->V, cf->H, c->d_tok, r->n, c->layers[0].in_norm, cf->rms_eps, c->s, c->x, c->st, e))
+            return sm_errprefix(e, "cuda step: embedding");
+        if (cb_aux_copy(c, r, 0, e)) return -1;
+    }
+    for (int l = r->l0; l < r->l1; l++) {
+        if (cb_layer_fwd(c, r, l, e) || cb_aux_copy(c, r, l + 1, e)) return -1;
+    }
+    if (r->head && cb_head(c, r, e)) return -1;
+    return 0;
+}

@@ -1,0 +1,124 @@
+/* graph.cu: CUDA graphs of verify / decode steps, one per row bucket (and logits wanted).
+ *
+ * A chunk of at most CB_GRAPH_ROWS rows is padded to the smallest bucket of
+ * 8 16 24 32 48 64 96 128 rows and replays that bucket's graph, captured the first time the
+ * bucket is seen (the chunk then runs eagerly once, which also warms every launcher up).  A
+ * graph reads only the fixed metadata buffer, so a replay needs one metadata copy before it.
+ * Padding rows get slot -1 (no KV write), position 0 and a block table of the zero page, so
+ * their attention reads zeros and stays finite.  A graph that copies aux entries is bound to
+ * their layer ids and to the aux buffer: another aux request, or a larger aux buffer, drops
+ * it.  We rejected one graph per exact row count (too many captures, each costing a few ms)
+ * and re-capturing per step with new pointers (capture costs more than the step it saves).
+ */
+#include "stock.h"
+#include <string.h>
+
+static const int cb_buckets[CB_NBUCKETS] = {8, 16, 24, 32, 48, 64, 96, 128};
+
+static int cb_bucket(int n) {
+    for (int b = 0; b < CB_NBUCKETS; b++)
+        if (n <= cb_buckets[b]) return b;
+    return -1;
+}
+
+int cb_bucket_rows(int n) { return cb_buckets[cb_bucket(n)]; }
+
+int cb_graph_form(const sm_step *s) {
+    int run = 0;
+    for (int i = 0; i < s->nrows; i++) {
+        run = (i > 0 && s->req[i] == s->req[i - 1]) ? run + 1 : 1;
+        if (run > CB_GRAPH_REQ_ROWS) return 0;
+    }
+    return 1;
+}
+
+void cb_graphs_drop(sm_cuda_dev *c, int aux_only) {
+    for (int b = 0; b < CB_NBUCKETS; b++)
+        for (int w = 0; w < 2; w++) {
+            cb_graph *G = &c->graphs[b][w];
+            if (G->exec && (!aux_only || G->naux > 0)) {
+                SM_CUDA_CHECK_PRINT(cudaGraphExecDestroy(G->exec));
+                G->exec = NULL;
+            }
+        }
+}
+
+int cb_reserve_outputs(sm_cuda_dev *c, int naux, int want_logits, sm_err *e) {
+    if (naux > c->aux_cap) {
+        SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+        cb_graphs_drop(c, 1); /* they hold the old aux pointer */
+        if (c->aux) SM_CUDA_CHECK(cudaFree(c->aux));
+        c->aux = NULL;
+        c->aux_cap = 0;
+        SM_CUDA_CHECK(cudaMalloc(&c->aux, (size_t)naux * c->cap * c->cfg.H * 4));
+        c->aux_cap = naux;
+    }
+    if (want_logits && !c->logits) SM_CUDA_CHECK(cudaMalloc(&c->logits, (size_t)CB_LOGIT_ROWS * c->cfg.V * 4));
+    return 0;
+}
+
+int cb_capture(sm_cuda_dev *c, const cb_run *r, cudaGraphExec_t *out, sm_err *e) {
+    *out = NULL;
+    SM_CUDA_CHECK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeRelaxed));
+    int rc = cb_enqueue(c, r, e);
+    cudaGraph_t g = NULL;
+    cudaError_t ce = cudaStreamEndCapture(c->st, &g);
+    if (rc) {
+        if (g) cudaGraphDestroy(g);
+        return sm_errprefix(e, "cuda graph capture (%d rows)", r->n);
+    }
+    if (ce != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        return sm_errf(e, "cuda graph capture (%d rows, device %d): cudaStreamEndCapture: %s", r->n, c->device,
+                       cudaGetErrorString(ce));
+    }
+    ce = cudaGraphInstantiate(out, g, 0);
+    cudaGraphDestroy(g);
+    if (ce != cudaSuccess) {
+        *out = NULL;
+        return sm_errf(e, "cuda graph capture (%d rows, device %d): cudaGraphInstantiate: %s", r->n, c->device,
+                       cudaGetErrorString(ce));
+    }
+    return 0;
+}
+
+static int cb_same_aux(const cb_graph *g, const sm_step *s) {
+    if (g->naux != s->naux) return 0;
+    for (int a = 0; a < s->naux; a++)
+        if (g->aux[a] != s->aux_layers[a]) return 0;
+    return 1;
+}
+
+int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e) {
+    int bi = cb_bucket(nb), wl = s->logits != NULL;
+    cb_graph *G = &c->graphs[bi][wl];
+    *fresh = 0;
+    if (G->exec && !cb_same_aux(G, s)) {
+        SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+        SM_CUDA_CHECK(cudaGraphExecDestroy(G->exec));
+        G->exec = NULL;
+    }
+    SM_CUDA_CHECK(cudaMemcpyAsync(c->meta_d, c->meta_h, bytes, cudaMemcpyHostToDevice, c->st));
+    if (G->exec) {
+        SM_CUDA_CHECK(cudaGraphLaunch(G->exec, c->st));
+        return 0;
+    }
+    cb_run r;
+    memset(&r, 0, sizeof r);
+    r.n = nb;
+    r.l0 = 0;
+    r.l1 = c->cfg.L;
+    r.embed = 1;
+    r.head = 1;
+    r.logits_dev = wl ? c->logits : NULL;
+    r.naux = s->naux;
+    r.aux = s->aux_layers;
+    /* first use: run eagerly (warms every launcher up), then capture for the next steps */
+    if (cb_enqueue(c, &r, e)) return -1;
+    if (cb_capture(c, &r, &G->exec, e)) return -1;
+    G->naux = s->naux;
+    for (int a = 0; a < s->naux; a++) G->aux[a] = s->aux_layers[a];
+    *fresh = 1;
+    return 0;
+}

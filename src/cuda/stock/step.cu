@@ -1,0 +1,168 @@
+/* step.cu: the backend's step entry (backend.h: sm_backend.step) on one rank's context.
+ *
+ * A step is: check it (step.h: the one validator), pack its metadata (tokens, positions,
+ * slots, per-row block-table index, the block tables of its requests) into the pinned
+ * staging buffer, copy it with one async copy into the fixed device buffer, enqueue the math
+ * (forward.cu), copy argmax (logits, aux) back and wait.  Two forms, chosen from the shape:
+ *  - verify / decode (no run of one request longer than CB_GRAPH_REQ_ROWS = 16 rows): chunks
+ *    of at most CB_GRAPH_ROWS = 128 rows, each replaying its bucket's graph (graph.cu);
+ *  - prefill (a longer run of one request): eager, in chunks of `cap` rows, the prefill
+ *    attention kernel for each long run, cuBLAS (inside sm_k_mm) when a chunk has many rows.
+ * A chunk's K/V writes land before the next chunk's attention (one stream), so a request
+ * split across chunks sees all its earlier rows.  The engine never sends a verify step wider
+ * than the backend's max_verify_rows (16) a request: the backend refuses such an engine at
+ * creation (sm_backend_opts.verify_rows), so no verify step falls onto the eager path.
+ * We rejected eager execution of wide verify steps: it is several times slower than a replay
+ * and would be a silent slow path.
+ */
+#include "stock.h"
+#include <stdlib.h>
+#include <string.h>
+
+size_t cb_pack(sm_cuda_dev *c, const sm_step *s, int r0, int n, int nb) {
+    char *h = (char *)c->meta_h;
+    char *d = (char *)c->meta_d;
+    int64_t *slot = (int64_t *)(h + ((char *)c->d_slot - d));
+    int *tok = (int *)(h + ((char *)c->d_tok - d));
+    int *pos = (int *)(h + ((char *)c->d_pos - d));
+    int *rreq = (int *)(h + ((char *)c->d_rreq - d));
+    int *tab = (int *)(h + c->off_tab);
+    const sm_kv *kv = s->kv;
+    const int bpr = c->kvs.max_bpr;
+    int nt = 0;
+    for (int i = 0; i < n; i++) {
+        int r = s->req[r0 + i], p = s->pos[r0 + i];
+        if (c->tab_of_req[r] < 0) {
+            c->tab_of_req[r] = nt;
+            memcpy(tab + (size_t)nt * bpr, kv->tables + (size_t)r * kv->max_bpr, sizeof(int) * (size_t)bpr);
+            nt++;
+        }
+        tok[i] = s->tokens[r0 + i];
+        pos[i] = p;
+        slot[i] = sm_kv_slot(kv, r, p);
+        rreq[i] = c->tab_of_req[r];
+    }
+    for (int i = 0; i < n; i++) c->tab_of_req[s->req[r0 + i]] = -1;
+    if (nb > n) {
+        /* padding rows: token 0 at position 0, no KV write, a table of zero pages */
+        for (int b = 0; b < bpr; b++) tab[(size_t)nt * bpr + b] = c->kvs.nblocks;
+        for (int i = n; i < nb; i++) { tok[i] = 0; pos[i] = 0; slot[i] = -1; rreq[i] = nt; }
+        nt++;
+    }
+    return c->off_tab + (size_t)nt * bpr * 4;
+}
+
+/* Attention plan of rows [r0, r0 + n) of s: long runs of one request -> prefill kernel,
+ * the rows between them -> generic calls. */
+static int cb_plan(const sm_step *s, int r0, int n, cb_att_item *att) {
+    int na = 0, i = 0;
+    while (i < n) {
+        int j = i + 1;
+        while (j < n && s->req[r0 + j] == s->req[r0 + i] && s->pos[r0 + j] == s->pos[r0 + j - 1] + 1) j++;
+        if (j - i > CB_GRAPH_REQ_ROWS) {
+            cb_att_item *it = &att[na++];
+            it->kind = 1;
+            it->r0 = i;
+            it->cnt = j - i;
+            it->pos0 = s->pos[r0 + i];
+            it->tab = -1; /* filled by the caller from the packed rreq */
+            it->max_ctx = 0;
+        } else {
+            int mx = 0;
+            for (int t = i; t < j; t++) if (s->pos[r0 + t] + 1 > mx) mx = s->pos[r0 + t] + 1;
+            if (na > 0 && att[na - 1].kind == 0 && att[na - 1].r0 + att[na - 1].cnt == i) {
+                att[na - 1].cnt += j - i;
+                if (mx > att[na - 1].max_ctx) att[na - 1].max_ctx = mx;
+            } else {
+                cb_att_item *it = &att[na++];
+                it->kind = 0;
+                it->r0 = i;
+                it->cnt = j - i;
+                it->pos0 = 0;
+                it->tab = -1;
+                it->max_ctx = mx;
+            }
+        }
+        i = j;
+    }
+    return na;
+}
+
+/* Enqueue rows [r0, r0 + n) of s eagerly (metadata copy included). */
+static int cb_launch_eager(sm_cuda_dev *c, const sm_step *s, int r0, int n, cb_att_item *att, sm_err *e) {
+    size_t bytes = cb_pack(c, s, r0, n, n);
+    int na = cb_plan(s, r0, n, att);
+    const int *rreq_h = (const int *)((char *)c->meta_h + ((char *)c->d_rreq - (char *)c->meta_d));
+    for (int i = 0; i < na; i++)
+        if (att[i].kind == 1) att[i].tab = rreq_h[att[i].r0];
+    SM_CUDA_CHECK(cudaMemcpyAsync(c->meta_d, c->meta_h, bytes, cudaMemcpyHostToDevice, c->st));
+    cb_run r;
+    memset(&r, 0, sizeof r);
+    r.n = n;
+    r.l0 = 0;
+    r.l1 = c->cfg.L;
+    r.embed = 1;
+    r.head = 1;
+    r.logits_host = s->logits ? s->logits + (size_t)r0 * c->cfg.V : NULL;
+    r.naux = s->naux;
+    r.aux = s->aux_layers;
+    r.att = att;
+    r.natt = na;
+    return cb_enqueue(c, &r, e);
+}
+
+/* Copy argmax (and aux, and graph logits) of rows [r0, r0 + n) back and wait for the step. */
+static int cb_collect(sm_cuda_dev *c, const sm_step *s, int r0, int n, int graph_logits, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    SM_CUDA_CHECK(cudaMemcpyAsync(c->h_am, c->am, (size_t)n * 4, cudaMemcpyDeviceToHost, c->st));
+    if (graph_logits)
+        SM_CUDA_CHECK(cudaMemcpyAsync(s->logits + (size_t)r0 * cf->V, c->logits, (size_t)n * cf->V * 4,
+                                      cudaMemcpyDeviceToHost, c->st));
+    for (int a = 0; a < s->naux; a++)
+        SM_CUDA_CHECK(cudaMemcpyAsync(s->aux + ((size_t)a * s->nrows + r0) * cf->H, c->aux + (size_t)a * c->cap * cf->H,
+                                      (size_t)n * cf->H * 4, cudaMemcpyDeviceToHost, c->st));
+    cudaError_t r = cudaStreamSynchronize(c->st);
+    if (r != cudaSuccess) return sm_errf(e, "cuda step: the step failed on device %d: %s", c->device, cudaGetErrorString(r));
+    if (s->argmax) memcpy(s->argmax + r0, c->h_am, (size_t)n * 4);
+    return 0;
+}
+
+/* Verify / decode form: chunks of at most CB_GRAPH_ROWS rows, each a graph replay. */
+static int cb_step_graphs(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
+    for (int r0 = 0; r0 < s->nrows; r0 += CB_GRAPH_ROWS) {
+        int n = s->nrows - r0 < CB_GRAPH_ROWS ? s->nrows - r0 : CB_GRAPH_ROWS;
+        int nb = cb_bucket_rows(n), fresh;
+        size_t bytes = cb_pack(c, s, r0, n, nb);
+        if (cb_launch_graph(c, s, bytes, nb, &fresh, e) || cb_collect(c, s, r0, n, s->logits != NULL, e)) return -1;
+        c->last_nb = nb;
+        c->last_graph = 1;
+    }
+    return 0;
+}
+
+/* Prefill form: eager chunks of cap rows. */
+static int cb_step_eager(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
+    cb_att_item *att = (cb_att_item *)malloc(sizeof(cb_att_item) * (size_t)c->cap);
+    if (!att) return sm_errf(e, "cuda step: out of host memory");
+    int rc = 0;
+    for (int r0 = 0; r0 < s->nrows && !rc; r0 += c->cap) {
+        int n = s->nrows - r0 < c->cap ? s->nrows - r0 : c->cap;
+        rc = cb_launch_eager(c, s, r0, n, att, e) || cb_collect(c, s, r0, n, 0, e) ? -1 : 0;
+        if (!rc) {
+            c->last_nb = n;
+            c->last_graph = 0;
+        }
+    }
+    free(att);
+    return rc;
+}
+
+int cb_step(void *vctx, const sm_step *s, sm_err *e) {
+    sm_cuda_dev *c = (sm_cuda_dev *)vctx;
+    if (sm_step_check(&c->cfg, &c->kvs, s, "cuda step", e)) return -1;
+    if (s->nrows == 0) return 0;
+    if (cb_enter(c, e) || cb_reserve_outputs(c, s->naux, s->logits != NULL, e)) return -1;
+    int rc = cb_graph_form(s) ? cb_step_graphs(c, s, e) : cb_step_eager(c, s, e);
+    if (rc) cudaStreamSynchronize(c->st); /* leave nothing of a failed step in flight */
+    return rc;
+}

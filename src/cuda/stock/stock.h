@@ -1,0 +1,222 @@
+/* stock.h: the device context of one rank of the CUDA stock backend, shared by the files of
+ * src/cuda/stock/ (ctx: create / destroy / allocation, upload: a rank's shard, forward: the
+ * math of a step on the stream, graph: buckets and capture, step: the backend's step entry,
+ * synth: weights made on the device, bench and check_dense: hooks).  CUDA types allowed:
+ * included by .cu files only.
+ *
+ * All device state of a rank lives in one plain struct, sm_cuda_dev: its device ordinal, its
+ * stream, the stock-kernel context (cuBLAS, workspace), the rank's weights (dense matrices
+ * carved from one allocation per layer, experts in moe.cu's layout), the paged KV cache,
+ * fixed activation buffers for `cap` rows, one packed metadata buffer that every kernel of a
+ * step reads, and the captured graphs.  Every call that touches it first makes its device
+ * current (cb_enter) and runs on its stream: another rank's context may have switched the
+ * device of this host thread.  We rejected file statics and the implicit device 0: W ranks
+ * on W GPUs need W contexts side by side; and per-step allocations or pointer arguments that
+ * change between steps: a graph bakes its pointers in, so everything it touches lives at a
+ * fixed address for the context's life.
+ */
+#ifndef SM_CUDA_STOCK_H
+#define SM_CUDA_STOCK_H
+#include <cuda_runtime.h>
+#include <stdint.h>
+extern "C" { /* C headers without their own extern "C" guards: include them first */
+#include "err.h"
+#include "backend.h"
+#include "shard.h"
+}
+#include "step.h"
+#include "cuda/kernels.h"
+#include "cuda/moe.h"
+#include "cuda/common.cuh"
+
+#define CB_NBUCKETS 8          /* graph row buckets: 8 16 24 32 48 64 96 128 */
+#define CB_GRAPH_ROWS 128      /* most rows of one graph replay (wider steps run in chunks) */
+#define CB_GRAPH_REQ_ROWS 16   /* most rows of one request in a graph-captured (verify) step */
+#define CB_LOGIT_ROWS 128      /* rows of the device logits buffer (lm_head runs in chunks) */
+#define CB_MAX_AUX SM_STEP_MAX_AUX
+
+/* One layer of the rank on the device.  Dense fields are carved from `dense` (one cudaMalloc);
+ * widths are the rank's (nHl, nKVl, np, nu of its plan; all global when world = 1). */
+typedef struct cb_layer {
+    int full;                  /* 1: full attention (NoPE), 0: sliding window + RoPE */
+    uint16_t *wqkvg;           /* [(2 nHl + 2 nKVl) D, H] bf16: rows q | k | v | gate */
+    uint16_t *wo;              /* [H, nHl D] bf16 */
+    float *in_norm;            /* [H] eff(input_layernorm) */
+    float *att_alpha, *att_beta; /* [H] post-attention residual gate */
+    float *pre_ffn_norm;       /* [H] eff(pre_feedforward_layernorm) */
+    float *post_ffn_norm;      /* [H] eff(post_feedforward_layernorm) */
+    float *ffn_alpha, *ffn_beta; /* [H] post-FFN residual gate */
+    float *router;             /* [E, H] f32 */
+    float *router_bias;        /* [E] f32 */
+    uint16_t *pooler;          /* [np, H] bf16 */
+    float *pre_expert_norm;    /* [Hm] eff(pre_expert_norm) */
+    uint16_t *unpooler;        /* [nu, Hm] bf16 */
+    sm_cuda_moe_layer moe;     /* experts (moe.cu layout) */
+    int have_moe;              /* moe holds device memory */
+    void *dense;               /* the allocation the dense fields live in */
+    size_t dense_bytes;        /* its size */
+    uint16_t *kv;              /* [nblocks + 1][nKVl][16][2 D] bf16; page nblocks stays zero
+                                  (the page of padding rows) */
+} cb_layer;
+
+/* A captured step graph: one per (row bucket, logits wanted). */
+typedef struct cb_graph {
+    cudaGraphExec_t exec;      /* NULL: not captured */
+    int naux;                  /* aux entries it copies */
+    int aux[CB_MAX_AUX];       /* [naux] their layer ids, in the step's order */
+} cb_graph;
+
+/* The device context of one rank. */
+typedef struct sm_cuda_dev {
+    /* where it runs */
+    int device;                /* CUDA device ordinal: every call below runs with it current */
+    int rank, world;           /* this rank of world ranks (world = 1 in this build) */
+    sm_shard plan;             /* the rank's ranges (sm_shard_plan: h0/nHl, kv0/nKVl, p0/np,
+                                  u0/nu, v0/nv); no views: those live only during the upload */
+    sm_config cfg;             /* the model configuration (global widths) */
+    cudaStream_t st;           /* [1] non-blocking stream: every launch, copy and memset */
+    sm_cuda_ctx kc;            /* stock-kernel context (cuBLAS handle, workspace) */
+    int have_kc;               /* kc initialized */
+    /* the rank's weights */
+    cb_layer *layers;          /* [L] */
+    uint16_t *embed;           /* [nv, H] bf16 */
+    uint16_t *lm_head;         /* [nv, H] bf16 */
+    float *final_norm;         /* [H] final norm weight as is */
+    void *glob;                /* allocation holding embed, lm_head, final_norm */
+    double weight_bytes;       /* bytes of weights on the device */
+    /* KV cache and step geometry */
+    sm_kv_shape kvs;           /* the sm_kv geometry the context was made for (page nblocks of
+                                  every layer's cache is the zero page) */
+    int cap;                   /* rows the activation buffers hold (eager steps are chunked) */
+    int ntab;                  /* block tables the metadata buffer holds */
+    /* activations */
+    float *s;                  /* [cap, H] residual stream f32 */
+    uint16_t *x;               /* [cap, H] layer input (after the last layer: h) */
+    uint16_t *qkvg;            /* [cap, (2 nH + 2 nKV) D] projections; q normed/roped in place */
+    uint16_t *att;             /* [cap, nH D] gated attention output */
+    uint16_t *a;               /* [cap, H] o_proj output */
+    uint16_t *xf;              /* [cap, H] pre-FFN normed input */
+    float *rlog;               /* [cap, E] router logits scratch */
+    int *idx;                  /* [L, cap, K] routes of every layer (kept for the bench) */
+    float *rw;                 /* [L, cap, K] route weights */
+    uint16_t *h1;              /* [cap, Hm] pooled + normed expert input */
+    uint16_t *mo;              /* [cap, Hm] MoE stage output */
+    uint16_t *f;               /* [cap, H] unpooler output */
+    int *am;                   /* [cap] argmax */
+    float *logits;             /* [CB_LOGIT_ROWS, V] f32, allocated on first use */
+    float *aux;                /* [aux_cap, cap, H] f32, allocated on first use */
+    int aux_cap;               /* aux entries aux holds */
+    sm_cuda_moe_ws mws;        /* MoE workspace for cap rows */
+    void *act;                 /* allocation holding the activations above */
+    /* per-step metadata: device buffer and pinned host staging, same packed layout */
+    void *meta_d, *meta_h;     /* [meta_bytes] */
+    size_t meta_bytes;
+    int64_t *d_slot;           /* [cap] cache slot of each row, -1 for padding */
+    int *d_tok, *d_pos, *d_rreq; /* [cap] token, position, block-table index of each row */
+    int *d_tab;                /* [ntab, max_bpr] block tables of the step's requests */
+    size_t off_tab;            /* byte offset of d_tab in the packed layout */
+    int *h_am;                 /* [cap] pinned argmax staging */
+    int *tab_of_req;           /* [max_req] host scratch: table index of a request, -1 */
+    /* graphs */
+    cb_graph graphs[CB_NBUCKETS][2]; /* [bucket][logits wanted] */
+    int last_nb;               /* rows (padded) of the last step's final chunk */
+    int last_graph;            /* that chunk ran through a graph */
+} sm_cuda_dev;
+
+/* One attention call of an eager step: a run of rows through sm_k_attention (kind 0) or one
+ * request's long run through sm_k_attention_prefill (kind 1). */
+typedef struct cb_att_item {
+    int kind;                  /* 0 generic, 1 prefill */
+    int r0, cnt;               /* rows [r0, r0 + cnt) of the chunk */
+    int pos0, tab;             /* prefill: first position, block-table index */
+    int max_ctx;               /* generic: max position + 1 over its rows */
+} cb_att_item;
+
+/* What cb_enqueue runs. */
+typedef struct cb_run {
+    int n;                     /* rows (a graph bucket: padded) */
+    int l0, l1;                /* layers [l0, l1) */
+    int embed;                 /* run the embedding before l0 */
+    int head;                  /* run the logits after l1 - 1 (l1 must be L) */
+    float *logits_dev;         /* head: device logits [n, V] (n <= CB_LOGIT_ROWS), or NULL */
+    float *logits_host;        /* head, eager: host logits [n, V] written in chunks, or NULL */
+    int naux;                  /* aux entries */
+    const int *aux;            /* [naux] layer ids */
+    const cb_att_item *att;    /* [natt] eager attention plan; NULL: one generic call */
+    int natt;
+    int moe_only;              /* bench: only layer l0's MoE stage */
+} cb_run;
+
+/* Make c's device current on this host thread (every entry that touches c calls it first). */
+static inline int cb_enter(const sm_cuda_dev *c, sm_err *e) {
+    SM_CUDA_CHECK(cudaSetDevice(c->device));
+    return 0;
+}
+
+/* A host <-> device copy of one dense tensor of a rank: `rows` rows of `row_bytes`, contiguous
+ * on the device, row i at host + i * pitch on the host (pitch > row_bytes: a column slice). */
+typedef struct cb_xfer {
+    const char *what;          /* the tensor's name in messages */
+    void *dev;                 /* device [rows, row_bytes] */
+    const void *host;          /* host view (NULL: missing in the model) */
+    size_t rows, row_bytes;    /* shape in bytes */
+    size_t pitch;              /* host bytes between rows */
+} cb_xfer;
+#define CB_MAX_XFER 17         /* dense tensors of one layer */
+
+/* ---- ctx.cu ---- */
+/* 0 when `device` exists (and, hopper != 0, is a compute capability 9.x device); else one
+ * line "<who>: ..." naming the device. */
+int cb_device_check(int device, int hopper, const char *who, sm_err *e);
+/* A context on o->device for rank 0 of world 1 with everything but the weights (stream,
+ * kernel context, activations, metadata, KV); cfg, cap and the kv geometry come from the
+ * arguments.  Refuses world > 1, o->verify_rows > CB_GRAPH_REQ_ROWS and a missing or
+ * non-Hopper device, each with one line. */
+int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, sm_cuda_dev **out, sm_err *e);
+/* Free everything (safe on a partly built context; makes its device current). */
+void cb_dev_destroy(sm_cuda_dev *c);
+/* Bytes of one layer's dense allocation (the rank's widths). */
+size_t cb_layer_bytes(const sm_cuda_dev *c);
+/* Carve one layer's dense allocation (fills every dense pointer of L). */
+int cb_layer_alloc(sm_cuda_dev *c, cb_layer *L, sm_err *e);
+/* Allocate embed / lm_head / final_norm. */
+int cb_glob_alloc(sm_cuda_dev *c, sm_err *e);
+/* Fill the sm_backend table once every weight is on the device. */
+void cb_backend_fill(sm_cuda_dev *c, sm_backend *b);
+/* The context of a CUDA backend with its device made current, or NULL (with an error) for
+ * any other backend. */
+sm_cuda_dev *cb_from_backend(const sm_backend *b, const char *who, sm_err *e);
+
+/* ---- upload.cu ---- */
+/* The dense tensors of layer l of shard sh (l = -1: embedding, lm_head, final norm) as
+ * copies to / from c's buffers; returns their count (<= CB_MAX_XFER). */
+int cb_dense_xfers(const sm_cuda_dev *c, const sm_shard *sh, int l, cb_xfer *t);
+
+/* ---- forward.cu ---- */
+/* Enqueue the work of r on c->st (capturable when r->logits_host is NULL). */
+int cb_enqueue(sm_cuda_dev *c, const cb_run *r, sm_err *e);
+
+/* ---- graph.cu ---- */
+/* Padded rows of the smallest bucket holding n <= CB_GRAPH_ROWS rows. */
+int cb_bucket_rows(int n);
+/* 1 when no run of one request in s is longer than CB_GRAPH_REQ_ROWS (a verify / decode
+ * step: its chunks of CB_GRAPH_ROWS rows replay graphs); 0: a prefill (eager). */
+int cb_graph_form(const sm_step *s);
+/* Make room for naux aux entries and (if wanted) the logits buffer, before any capture. */
+int cb_reserve_outputs(sm_cuda_dev *c, int naux, int want_logits, sm_err *e);
+/* Capture run r (on the metadata buffer) as a graph. */
+int cb_capture(sm_cuda_dev *c, const cb_run *r, cudaGraphExec_t *out, sm_err *e);
+/* Enqueue a graph-form chunk already packed (bytes of metadata, nb padded rows): metadata
+ * copy + graph replay, capturing on first use (*fresh = 1: it then ran eagerly once). */
+int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e);
+/* Destroy every graph (aux_only: only those that copy aux entries). */
+void cb_graphs_drop(sm_cuda_dev *c, int aux_only);
+
+/* ---- step.cu ---- */
+/* The sm_backend step entry (backend.h). */
+int cb_step(void *vctx, const sm_step *s, sm_err *e);
+/* Pack rows [r0, r0 + n) of s into the pinned staging buffer, padded to nb rows; returns the
+ * number of bytes to copy. */
+size_t cb_pack(sm_cuda_dev *c, const sm_step *s, int r0, int n, int nb);
+
+#endif
