@@ -70,7 +70,8 @@ sm_status sparkmono_model_get_info(const sparkmono_model *m, sparkmono_model_inf
 /* Zero in any field means its default. */
 typedef struct sparkmono_engine_opts {
     const char *backend;     /* "cpu" (default) or "cuda" */
-    int rows;                /* R, verify width: last token + R-1 drafts (default 8; 1 = no speculation) */
+    int request_rows;        /* R, rows per request in a verify step: last token + R-1 drafts
+                                (default 8; 1 = no speculation; the CUDA backend takes at most 16) */
     int max_requests;        /* live requests at once (default 1) */
     int max_len;             /* max model length: prompt + generated tokens (default 4096) */
     int kv_blocks;           /* KV pages of 16 tokens (default max_requests * ceil(max_len / 16)) */

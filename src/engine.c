@@ -22,7 +22,7 @@
 #include "drafter.h"
 #include "shard.h"
 
-#define ENG_MAX_ROWS 256          /* most verify rows per request */
+#define ENG_MAX_ROWS 256          /* most rows per request in a verify step (a backend may take fewer) */
 #define ENG_DEFAULT_ROWS 8
 #define ENG_DEFAULT_MAX_LEN 4096
 #define ENG_DEFAULT_CHUNK 512
@@ -156,7 +156,7 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
 
     int R = 0, max_req = 0, max_len = 0, chunk = 0, nblocks = 0;
     sm_status s;
-    if ((s = opt_int("rows", o->rows, ENG_DEFAULT_ROWS, 1, ENG_MAX_ROWS, &R))) return s;
+    if ((s = opt_int("request_rows", o->request_rows, ENG_DEFAULT_ROWS, 1, ENG_MAX_ROWS, &R))) return s;
     if ((s = opt_int("max_requests", o->max_requests, 1, 1, 65536, &max_req))) return s;
     if ((s = opt_int("max_len", o->max_len, ENG_DEFAULT_MAX_LEN, 1, 1 << 24, &max_len))) return s;
     if ((s = opt_int("prefill_chunk", o->prefill_chunk, ENG_DEFAULT_CHUNK, 1, 1 << 20, &chunk))) return s;
@@ -200,6 +200,7 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     bo.world = o->world > 1 ? o->world : 1;
     bo.moe_tp = o->moe_tp;
     bo.max_rows = g->max_rows;
+    bo.verify_rows = R;      /* a backend that captures fewer rows a request refuses here */
     int rc;
     if (strcmp(bname, "cpu") == 0) {
         /* world > 1: W rank threads on per-rank shards (src/cpu/world.c) */

@@ -182,7 +182,7 @@ static void oracle_draft(void *arg, int req, const int *hist, int nhist, int nd,
 static sm_status gen_batch(sparkmono_model *m, int R, int chunk, int nprompt, int *const *prompts, const int *plen,
                            int max_tokens, int *out, int *nout, int *accepted, oracle *orcs) {
     sparkmono_engine_opts o = {0};
-    o.rows = R;
+    o.request_rows = R;
     o.max_requests = nprompt;
     o.max_len = 128;
     o.prefill_chunk = chunk;
@@ -304,7 +304,7 @@ static void test_batched_equals_alone(void) {
 
 static void test_lengths(void) {
     sparkmono_engine_opts o = {0};
-    o.rows = 8;
+    o.request_rows = 8;
     o.max_requests = 2;
     o.max_len = 100;
     sparkmono_engine *g;
@@ -374,7 +374,7 @@ static void test_prefill_logits(void) {
     float *l1 = malloc((size_t)n * g_V * sizeof(float)), *l2 = malloc((size_t)n * g_V * sizeof(float));
     for (int chunk = 0; chunk <= 6; chunk += 6) {
         sparkmono_engine_opts o = {0};
-        o.rows = 1;
+        o.request_rows = 1;
         o.max_len = 64;
         o.prefill_chunk = chunk;
         sparkmono_engine *g;
@@ -407,7 +407,7 @@ static void test_aux(void) {
     /* aux layer 0 is the residual stream entering layer 0: r16(rms(embed[tok])) */
     int layers[3] = {0, 2, 4}; /* 4 = L: the stream after the last layer */
     sparkmono_engine_opts o = {0};
-    o.rows = 4;
+    o.request_rows = 4;
     o.max_len = 64;
     o.naux = 3;
     o.aux_layers = layers;
@@ -479,9 +479,9 @@ static void test_bad_input(void) {
     o.backend = "tpu";
     CHECK(sparkmono_engine_create(g_model, &o, &g) == SM_E_INVALID && !g && strstr(sparkmono_errmsg(), "tpu"), "backend: %s", sparkmono_errmsg());
     o.backend = NULL;
-    o.rows = -1;
+    o.request_rows = -1;
     CHECK(sparkmono_engine_create(g_model, &o, &g) == SM_E_INVALID && strstr(sparkmono_errmsg(), "rows"), "rows: %s", sparkmono_errmsg());
-    o.rows = 0;
+    o.request_rows = 0;
     int bad_layer = 99;
     o.naux = 1;
     o.aux_layers = &bad_layer;

@@ -763,7 +763,7 @@ static void t_engine_world(void) {
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int out[2][3][12], nout[2][3], accepted = 0;
         for (int spec = 0; spec < 2; spec++) {
-            sparkmono_engine_opts eo = {.rows = spec ? 4 : 1, .max_requests = 3, .max_len = 64, .threads = 2,
+            sparkmono_engine_opts eo = {.request_rows = spec ? 4 : 1, .max_requests = 3, .max_len = 64, .threads = 2,
                                         .world = cases[ci].W, .moe_tp = cases[ci].tp};
             sparkmono_engine *g = NULL;
             int req[3], ok = sparkmono_engine_create(mo, &eo, &g) == SM_OK;

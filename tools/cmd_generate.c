@@ -88,7 +88,7 @@ int cmd_generate(int argc, char **argv) {
     }
     sparkmono_engine_opts eo = {0};
     eo.backend = cli_str(backend);
-    eo.rows = (int)rows;
+    eo.request_rows = (int)rows;
     eo.max_requests = 1;
     eo.max_len = (int)max_len;
     /* KV pages for this one request only */

@@ -75,7 +75,7 @@ int cmd_logits(int argc, char **argv) {
     /* one request, prefill only: the cache holds exactly the prompt */
     sparkmono_engine_opts eo = {0};
     eo.backend = cli_str(backend);
-    eo.rows = 1;
+    eo.request_rows = 1;
     eo.max_requests = 1;
     eo.max_len = n;
     eo.threads = (int)threads;

@@ -293,7 +293,7 @@ static int tm_generate(const char *dir, const char *backend, int rows, int np, i
     sparkmono_engine_opts o;
     memset(&o, 0, sizeof o);
     o.backend = backend;
-    o.rows = rows;
+    o.request_rows = rows;
     o.max_requests = np;
     o.max_len = 256;
     int rc = 0;
@@ -360,7 +360,19 @@ static int tm_spec(const char *root, uint64_t seed) {
     for (int i = 0; i < NP; i++) { free(o1[i]); free(o8[i]); free(oc[i]); }
     printf("%s spec_equals_greedy\n", tm_fail ? "FAIL" : "PASS");
     fflush(stdout);
-    return tm_fail ? 1 : 0;
+    int fails = tm_fail ? 1 : 0;
+    /* one limit, no silent slow path: 16 rows a request run through graphs, 17 are refused at
+     * engine creation with the flag named */
+    tm_fail = 0;
+    int *o16[NP] = {0}, n16[NP] = {0}, acc16, *o17[NP] = {0}, n17[NP] = {0}, acc17;
+    TM_CHECK(tm_generate(dir, "cuda", 16, NP, prompts, plen, 8, o16, n16, &acc16) == 0, "R 16 must run");
+    int r17 = tm_generate(dir, "cuda", 17, NP, prompts, plen, 8, o17, n17, &acc17);
+    TM_CHECK(r17 != 0 && strstr(sparkmono_errmsg(), "--request-rows 17"), "R 17 must be refused naming --request-rows: '%s'",
+             sparkmono_errmsg());
+    for (int i = 0; i < NP; i++) { free(o16[i]); free(o17[i]); }
+    printf("%s request_rows_limit\n", tm_fail ? "FAIL" : "PASS");
+    fflush(stdout);
+    return fails + (tm_fail ? 1 : 0);
 }
 
 /* ---- speculative == greedy with our own loop and an oracle drafter ---- */

@@ -173,7 +173,7 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
     int world = o && o->world > 1 ? o->world : 1, device = o ? o->device : 0;
     if (world > 1) return sm_errf(e, "cuda backend: world %d: tensor/expert parallelism is not implemented yet", world);
     if (o && o->verify_rows > CB_GRAPH_REQ_ROWS)
-        return sm_errf(e, "cuda backend: --rows %d > %d: the CUDA backend captures verify steps of at most %d rows a request",
+        return sm_errf(e, "cuda backend: --request-rows %d > %d: the CUDA backend captures verify steps of at most %d rows a request",
                        o->verify_rows, CB_GRAPH_REQ_ROWS, CB_GRAPH_REQ_ROWS);
     if (!kv || kv->nblocks <= 0 || kv->max_len <= 0 || kv->max_req <= 0)
         return sm_errf(e, "cuda backend: a kv cache with pages and request slots is required");
