@@ -30,7 +30,7 @@ CU_OBJ   := $(CU_SRC:%.cu=$(B)/%.o)
 CU_LIB   := $(B)/libsparkmono_cuda.a
 CFLAGS   += -DSM_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++
-GPU_TEST_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu)
+GPU_TEST_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu bench/gpu/*.c bench/gpu/*.cu)
 endif
 
 .PHONY: all test test-asan demo gpu-test clean
