@@ -16,7 +16,7 @@
 #include "check.h"
 #include "tmodel.h"
 #include "../src/check.h"
-#include "cpu/ops.h"
+#include "cpu/debug.h"
 #include "engine.h"
 #include "sparkmono.h"
 #include <fcntl.h>
