@@ -252,7 +252,10 @@ void ref_expert_row(const sm_model *m, int l, int e, int which, int row, float *
 /* ==== logits (ops_logits.c) ============================================================== */
 
 /* The logits epilogue of one raw logit (spec section 4): c * tanh(raw * m_o / c), or raw * m_o
- * without a softcap (c <= 0). */
+ * without a softcap (c <= 0).  Non-finite rule (ours): a raw logit that is NaN or +-Inf gives
+ * a NaN logit, softcap or not: c * tanh(+-Inf) would be a finite +-c and hide an Inf that
+ * reached the lm_head (a weight or a final-norm value), so the row's argmax would not be -1.
+ * The GPU logits epilogue (src/cuda/ops/logits.cuh) must apply the same rule. */
 float ref_logit(const sm_config *c, float raw);
 /* Logits of the lm_head rows [v0, v0 + nv) (a rank's vocabulary block; v0 = 0, nv = V: all):
  * logits [n, nv] column j = ref_logit(h . lm_rows[j]) (raw f32, not rounded), -inf for ids

@@ -1,11 +1,15 @@
 /* ops_logits.c: the logits ops of the CPU reference (ops.h): the lm_head product with its
- * epilogue (softcap, vocabulary mask) and the greedy argmax with its non-finite guard
- * (docs/model.md section 4, "Final norm and logits").
+ * epilogue (softcap, vocabulary mask, non-finite rule) and the greedy argmax with its
+ * non-finite guard (docs/model.md section 4, "Final norm and logits").
  *
  * The vocabulary rows are split over the threads, each lm_head row decoded once for all the
- * step's rows; a rank of W computes the rows of its vocabulary block with the same op.
- * We rejected a logits op per rank layout: the single-rank backend is the rank holding the
- * whole vocabulary.
+ * step's rows; a rank of W computes the rows of its vocabulary block with the same op.  A
+ * raw logit that is not finite becomes NaN (ref_logit), so that one +-Inf reaching the
+ * lm_head cannot be squashed by the softcap into a finite +-c, and the argmax guard, which
+ * answers -1 for any row with a NaN or +-Inf among ids < vocab_used, catches every bad row.
+ * We rejected scanning the raw logits separately for the guard: the epilogue already sees
+ * every raw value once, and a second pass over [n, V] would double the logits' memory
+ * traffic.
  */
 #include "cpu/ops.h"
 #include "cpu/pool.h"
@@ -13,6 +17,8 @@
 #include <string.h>
 
 float ref_logit(const sm_config *c, float raw) {
+    /* non-finite rule (ours): NaN, so the argmax guard sees it whatever the softcap */
+    if (!isfinite(raw)) return NAN;
     /* softcap: c * tanh(raw * m_o / c) */
     float x = raw * c->out_mult;
     return c->softcap > 0.0f ? c->softcap * tanhf(x / c->softcap) : x;
