@@ -1,13 +1,13 @@
 /* ops.h: the CPU reference, ONE family of ops: one op per GPU kernel (fused ones included),
  * each the oracle of that kernel's test, and the steps the CPU layer loop (layer.c) composes.
  *
- * Every op states its math (citing docs/model.md, "the spec" below), its shapes and its
- * rounding points.  Activations are f32 arrays holding the values the spec names; where the
- * spec rounds (r16), the op rounds, so an output marked "bf16-exact" holds values exactly
+ * Every op states its math (citing "docs/model.md section N", "the spec" below), its shapes
+ * and its rounding points.  Activations are f32 arrays holding the values the spec names;
+ * where the spec rounds (r16), the op rounds, so an output marked "bf16-exact" holds values exactly
  * representable in bf16.  Weights are bf16 bits (uint16_t) as in the checkpoint, or expert
  * views (shard.h) in their storage format.  Every sum of products is ref_dot's fixed order
- * (spec section 3, ours), so an output never depends on how rows are batched, which other
- * rows share a step, the page layout of the cache, or the thread count.  Ops taking a pool
+ * (docs/model.md section 3, ours), so an output never depends on how rows are batched, which
+ * other rows share a step, the page layout of the cache, or the thread count.  Ops taking a pool
  * split OUTPUT elements (weight rows, experts, (row, head) items) over its threads, never a
  * sum: their results are bit-identical for any thread count.  Ops taking an item range
  * [lo, hi) let the caller's pool split them (same guarantee).
@@ -44,7 +44,7 @@ struct sm_pool; /* thread pool (src/cpu/pool.h); NULL = run on the calling threa
 
 /* ==== dot products, weight rows, matmuls (ops_mm.c) ===================================== */
 
-/* The one f32 dot product of the reference (spec section 3, ours): 8 lanes, lane u sums
+/* The one f32 dot product of the reference (docs/model.md section 3, ours): 8 lanes, lane u sums
  * a[i]*b[i] for i = u mod 8 in increasing i, lanes combined ((0+1)+(2+3))+((4+5)+(6+7)), then
  * the n % 8 tail in order.  Every product below equals it bit for bit. */
 float ref_dot(const float *a, const float *b, int n);
@@ -53,15 +53,15 @@ float ref_dot(const float *a, const float *b, int n);
 enum { REF_W_BF16, REF_W_F32, REF_W_FP8, REF_W_MXFP4 };
 typedef struct ref_wrow {
     int kind;          /* REF_W_* */
-    const void *w;     /* the row: uint16_t [k] | float [k] | uint8_t e4m3 [k] | uint8_t [k/2] codes */
+    const void *w;     /* the row: uint16_t [k] | float [k] | uint8_t e4m3 [k] | MXFP4 codes [k/2] */
     const uint8_t *s;  /* MXFP4: e8m0 scales [k/32] of the row; else NULL */
     float scale;       /* FP8: the row's scale; else unused */
 } ref_wrow;
 
 /* out[o_r * ldo] = ref_dot(x_r, dequant(w), k), not rounded, for nx activation rows
  * x_r = x + (rows ? rows[r] : r) * ldx and o_r = orows ? orows[r] : r.  The weight row is
- * decoded once for every 16 activation rows.  Dequantized values (spec section 7): bf16 and
- * f32 as stored, FP8 r16(e4m3 * scale), MXFP4 e2m1 * 2^(s - 127) (exact). */
+ * decoded once for every 16 activation rows.  Dequantized values (docs/model.md section 7):
+ * bf16 and f32 as stored, FP8 r16(e4m3 * scale), MXFP4 e2m1 * 2^(s - 127) (exact). */
 void ref_wrow_dot(const ref_wrow *w, int k, const float *x, int64_t ldx, const int *rows, int nx, float *out,
                   int64_t ldo, const int *orows);
 /* out [k] = the dequantized values of weight row w (those ref_wrow_dot multiplies). */
@@ -69,15 +69,16 @@ void ref_wrow_decode(const ref_wrow *w, int k, float *out);
 /* Row `row` of an expert matrix view (shard.h) of format fmt, as a ref_wrow. */
 ref_wrow ref_wrow_view(sm_expert_fmt fmt, const sm_shard_mat *v, int row);
 
-/* sm_k_mm (every path): y [n, m] = mm(x, W) = r16(sum_k bf16(x[i,k]) * W[j,k]) (spec section 3),
- * f32 accumulation.  x [n, k] f32 (bf16-exact, else rounded first as bf16(x)); W [m, k] bf16.
- * One rounding point: the output. */
+/* sm_k_mm (every path), docs/model.md section 3:
+ * y [n, m] = mm(x, W) = r16(sum_k bf16(x[i,k]) * W[j,k]), f32 accumulation.
+ * x [n, k] f32 (bf16-exact, else rounded first as bf16(x)); W [m, k] bf16.  One rounding
+ * point: the output. */
 void ref_mm(struct sm_pool *p, const float *x, int n, int k, const uint16_t *W, int m, float *y);
 /* sm_k_mm_f32w (the router product): y [n, m] = x [n, k] @ W [m, k]^T, f32 weights, f32
- * accumulation, NOT rounded (spec section 6: router logits). */
+ * accumulation, NOT rounded (docs/model.md section 6: router logits). */
 void ref_mm_f32(struct sm_pool *p, const float *x, int n, int k, const float *W, int m, float *y);
-/* A rank's partial product (spec section 9, o_proj over its heads' columns): y [n, m] =
- * bf16(x) [n, k] @ W^T with W row j at W + j*ldw (bf16, k of its values used), f32, NOT
+/* A rank's partial product (docs/model.md section 9, o_proj over its heads' columns):
+ * y [n, m] = bf16(x) [n, k] @ W^T with W row j at W + j*ldw (bf16, k of its values used), f32, NOT
  * rounded (the caller sums the ranks' partials, then rounds: r16 of the sum is ref_mm). */
 void ref_mm_partial(struct sm_pool *p, const float *x, int n, int k, const uint16_t *W, int64_t ldw, int m, float *y);
 /* x[i] = r16(x[i]) for i in [0, n): a rounding point of the spec applied to a whole tensor. */
@@ -85,22 +86,24 @@ void ref_round(float *x, int64_t n);
 
 /* ==== embedding, norms, residual boundaries (ops_norm.c) ================================ */
 
-/* rms (spec section 3): out [n, d] = x * rsqrt(mean(x^2) + eps) * (w ? w : 1) per row of
- * x [n, d], f32; round != 0: r16 of each output (sm_k_rms_bf16: the pre-expert norm).
+/* rms (docs/model.md section 3): out [n, d] = x * rsqrt(mean(x^2) + eps) * (w ? w : 1) per
+ * row of x [n, d], f32; round != 0: r16 of each output (sm_k_rms_bf16: the pre-expert norm).
  * out == x allowed. */
 void ref_rms(const float *x, int n, int d, const float *w, float eps, int round, float *out);
-/* Embedding rows (spec section 4, "Embedding"; section 9: vocabulary-sharded): s [n, H] row i
- * = embed row tokens[i] - v0 (bf16 -> f32, exact) when that token lies in [v0, v0 + nv), else
- * zeros (a rank fills the rows of its vocabulary block).  embed [nv, H] bf16: rows v0.. . */
+/* Embedding rows (docs/model.md section 4, "Embedding"; section 9: vocabulary-sharded):
+ * s [n, H] row i = embed row tokens[i] - v0 (bf16 -> f32, exact) when that token lies in
+ * [v0, v0 + nv), else zeros (a rank fills the rows of its vocabulary block).  embed [nv, H]
+ * bf16: rows v0.. . */
 void ref_embed_rows(const uint16_t *embed, int v0, int nv, int H, const int *tokens, int n, float *s);
-/* The embedding norms (spec section 4): s = r16(rms(s, -, eps)) in place (weightless), then
- * x = r16(rms(s, in_norm, eps)).  s, x [n, H] (x != s); in_norm [H] = eff(input_layernorm_0). */
+/* The embedding norms (docs/model.md section 4): s = r16(rms(s, -, eps)) in place
+ * (weightless), then x = r16(rms(s, in_norm, eps)).  s, x [n, H] (x != s);
+ * in_norm [H] = eff(input_layernorm_0). */
 void ref_embed_norm(float *s, int n, int H, const float *in_norm, float eps, float *x);
 /* sm_k_embed: ref_embed_rows of the whole vocabulary (embed [V, H]) then ref_embed_norm.
  * Rounding points: s and x. */
 void ref_embed(const uint16_t *embed, int V, int H, const int *tokens, int n, const float *in_norm, float eps,
                float *s, float *x);
-/* sm_k_post_attn, the post-attention boundary (spec section 4), per row of n:
+/* sm_k_post_attn, the post-attention boundary (docs/model.md section 4), per row:
  *   s  = alpha * s + beta * r16(a * rsqrt(mean(a^2) + post_eps))     (s f32 [n, H], in place)
  *   xf = r16(rms(s, pre_ffn, eps))                                   (xf [n, H], bf16-exact)
  * a [n, H] bf16-exact (o_proj output); alpha, beta [H] (post_attention_residual_gate);
@@ -108,7 +111,7 @@ void ref_embed(const uint16_t *embed, int V, int H, const int *tokens, int n, co
  * xf must not alias s or a. */
 void ref_post_attn(float *s, const float *a, const float *alpha, const float *beta, const float *pre_ffn, int n,
                    int H, float post_eps, float eps, float *xf);
-/* sm_k_post_ffn, the post-FFN boundary and the next norm (spec section 4), per row of n:
+/* sm_k_post_ffn, the post-FFN boundary and the next norm (docs/model.md section 4), per row:
  *   t = r16(f * post_ffn)                                            (gain BEFORE the norm)
  *   s = alpha * s + beta * r16(t * rsqrt(mean(t^2) + post_eps))      (s f32 [n, H], in place)
  *   last == 0: x = r16(rms(s, norm, eps))        norm = eff(input_layernorm of layer l + 1)
@@ -121,11 +124,11 @@ void ref_post_ffn(float *s, const float *f, const float *post_ffn, const float *
 
 /* ==== attention (ops_attn.c) ============================================================= */
 
-/* RoPE (spec section 4, "RoPE"), rotate-half in place on h heads of D values at position pos:
- * inv_freq[j] = theta^(-2j/D) in double rounded to f32, angle = pos * inv_freq[j] (f32), cos
- * and sin in double of the angle rounded to f32; out = r16 of the rotated pair. */
+/* RoPE (docs/model.md section 4, "RoPE"), rotate-half in place on h heads of D values at
+ * position pos: inv_freq[j] = theta^(-2j/D) in double rounded to f32, angle = pos * inv_freq[j]
+ * (f32), cos and sin in double of the angle rounded to f32; out = r16 of the rotated pair. */
 void ref_rope(float *x, int h, int D, int pos, double theta);
-/* sm_k_qk_rope_kv, for each row i of n (spec sections 4 and 5):
+/* sm_k_qk_rope_kv, for each row i of n (docs/model.md sections 4 and 5):
  *   q[i, h] = rope(r16(rms(q[i, h], -, eps)), pos[i])    for the nh query heads, in place
  *   k[i, h] = rope(r16(rms(k[i, h], -, eps)), pos[i])    for the nkv KV heads, in place
  *   kv[slot[i]][h] = (bf16(k[i, h]) | bf16(v[i, h]))     (skipped for slot < 0 or outside)
@@ -149,8 +152,8 @@ typedef struct ref_att {
     int window;                     /* keys a query sees, itself included; 0 = all (full) */
     float scale, eps;               /* score scale qk_scale_factor / sqrt(D); output-norm eps */
 } ref_att;
-/* Attention with its output norm and gate (spec sections 4 and 5) for the items [lo, hi) of
- * the n * nh (row i = t / nh, head h = t % nh) pairs:
+/* Attention with its output norm and gate (docs/model.md sections 4 and 5) for the items
+ * [lo, hi) of the n * nh (row i = t / nh, head h = t % nh) pairs:
  *   score_t = (q . k_t) * scale over the keys t in [max(0, pos - window + 1), pos] (f32)
  *   o       = sum_t softmax(score)_t v_t, softmax as exp(score - max) / sum (f32, key order)
  *   out     = r16(rms(o, -, eps) * sigmoid(gate))                       (per head of D)
@@ -166,10 +169,10 @@ void ref_attention(struct sm_pool *p, const ref_att *a, int n, float *scores, in
 
 /* ==== MoE (ops_moe.c) ==================================================================== */
 
-/* Routing of one row from its router logits [E] (spec section 6): sc = sigmoid(logit * m_o);
- * idx [K] = top-K of sc + bias in selection order (descending, ties to the lowest id);
- * w [K] = sc[idx_k] / (sum_j sc[idx_j] + 1e-15) * route_scale, the sum in route order, f32.
- * The bias selects, never weighs.  No rounding point. */
+/* Routing of one row from its router logits [E] (docs/model.md section 6):
+ * sc = sigmoid(logit * m_o); idx [K] = top-K of sc + bias in selection order (descending,
+ * ties to the lowest id); w [K] = sc[idx_k] / (sum_j sc[idx_j] + 1e-15) * route_scale, the
+ * sum in route order, f32.  The bias selects, never weighs.  No rounding point. */
 void ref_topk(const sm_config *c, const float *logits, const float *bias, int *idx, float *w);
 /* sm_k_route: logits [n, E] = xf [n, H] @ router [E, H]^T (ref_mm_f32), then ref_topk per row
  * into idx, w [n, K].  bias [E]. */
@@ -213,33 +216,33 @@ void ref_moe_ws_free(ref_moe_ws *ws);
  * (a counting sort, stable in route id): fills ws's slots, off, active, nact; routes of other
  * experts (another rank's, or an invalid id) get no slot.  Returns the slots filled. */
 int ref_moe_group(ref_moe_ws *ws, const int *idx, int nroutes, int K, int e0, int ne);
-/* The expert FFN of every grouped slot (spec section 6), experts split over the pool:
+/* The expert FFN of every grouped slot (docs/model.md section 6), experts split over the pool:
  *   gu = mm(h1[row], gate_up[e]) (gate, up: [ni] each)
  *   a  = r16(silu(gate) * up)
  *   y[route] = h1-row's a . down[e] rows, f32 NOT rounded ([Hm]; with a TP slice a partial
  *              sum over its ni columns: the caller sums the ranks, then ref_expert_norm)
  * h1 [rows, Hm] bf16-exact (the pre-expert norm output).  Rounding points: gate, up, a. */
 void ref_moe_ffn(struct sm_pool *p, const ref_experts *X, const float *h1, int Hm, ref_moe_ws *ws);
-/* The post-expert norm of one complete route output y [Hm], in place (spec section 6):
+/* The post-expert norm of one complete route output y [Hm], in place (docs/model.md section 6):
  * t = r16(r16(y) * pn) (the mm rounding of y, then the gain BEFORE the norm);
  * yn = t * rsqrt(mean(t^2) + post_eps), f32.  pn [Hm] = eff(post_expert_norm). */
 void ref_expert_norm(const float *pn, int Hm, float post_eps, float *y);
 /* m [n, Hm] row i = sum over k = 0..K-1 of w[i*K + k] * yn[i*K + k] in route order, f32, NOT
- * rounded (spec section 6; section 9: with idx given, only the routes of experts [e0, e0 + ne)
- * count: a rank's partial m; idx NULL: every route).  yn [n*K, Hm] by route id. */
+ * rounded (docs/model.md section 6; section 9: with idx given, only the routes of experts
+ * [e0, e0 + ne) count: a rank's partial m; idx NULL: every route).  yn [n*K, Hm] by route id. */
 void ref_route_sum(const float *yn, const float *w, const int *idx, int e0, int ne, int n, int K, int Hm, float *m);
-/* sm_cuda_moe_forward (spec section 6, from h1 to m) on whole experts of layer l of m:
+/* sm_cuda_moe_forward (docs/model.md section 6, from h1 to m) on whole experts of layer l of m:
  * m_out [n, Hm] = r16(sum_k w_k * yn_k) in route order from h1 [n, Hm] (bf16-exact), routes
  * idx [n, K] (ids outside [0, E) contribute nothing) and weights w [n, K].  Uses
  * m->cfg (E, K, Hm, I, post_eps), m->layers[l].ex and .post_expert_norm only.  0, or -1 with
  * e filled (out of memory). */
 int ref_moe_experts(struct sm_pool *p, const sm_model *m, int l, const float *h1, const int *idx, const float *w,
                     int n, float *m_out, sm_err *e);
-/* One route alone (spec section 6): h1 [Hm] (bf16-exact) through whole expert e of layer l:
- * yn [Hm] = the post-expert-normed output, f32 (ref_moe_ffn of one slot, ref_expert_norm).
+/* One route alone (docs/model.md section 6): h1 [Hm] (bf16-exact) through whole expert e of
+ * layer l: yn [Hm] = the post-expert-normed output, f32 (ref_moe_ffn of one slot, ref_expert_norm).
  * What ref_moe_experts weighs and sums; tests check the grouping against it. */
 void ref_expert(const sm_model *m, int l, int e, const float *h1, float *yn);
-/* The whole MoE branch of layer l (spec section 6), f = moe(xf): ref_route, h1 =
+/* The whole MoE branch of layer l (docs/model.md section 6), f = moe(xf): ref_route, h1 =
  * r16(rms(mm(xf, pooler), pre_expert_norm)), ref_moe_experts, f = mm(m, unpooler).
  * xf, f [n, H] bf16-exact; idx, w [n, K], h1, m_out [n, Hm] are also returned when non-NULL
  * (GPU tests feed their stages with them).  On out of memory f is NaN. */
@@ -251,11 +254,11 @@ void ref_expert_row(const sm_model *m, int l, int e, int which, int row, float *
 
 /* ==== logits (ops_logits.c) ============================================================== */
 
-/* The logits epilogue of one raw logit (spec section 4): c * tanh(raw * m_o / c), or raw * m_o
- * without a softcap (c <= 0).  Non-finite rule (ours): a raw logit that is NaN or +-Inf gives
- * a NaN logit, softcap or not: c * tanh(+-Inf) would be a finite +-c and hide an Inf that
- * reached the lm_head (a weight or a final-norm value), so the row's argmax would not be -1.
- * The GPU logits epilogue (src/cuda/ops/logits.cuh) must apply the same rule. */
+/* The logits epilogue of one raw logit (docs/model.md section 4): c * tanh(raw * m_o / c), or
+ * raw * m_o without a softcap (c <= 0).  Non-finite rule (ours): a raw logit that is NaN or
+ * +-Inf gives a NaN logit, softcap or not: c * tanh(+-Inf) would be a finite +-c and hide an
+ * Inf that reached the lm_head (a weight or a final-norm value), so the row's argmax would not
+ * be -1.  The GPU logits epilogue (src/cuda/ops/logits.cuh) must apply the same rule. */
 float ref_logit(const sm_config *c, float raw);
 /* Logits of the lm_head rows [v0, v0 + nv) (a rank's vocabulary block; v0 = 0, nv = V: all):
  * logits [n, nv] column j = ref_logit(h . lm_rows[j]) (raw f32, not rounded), -inf for ids
@@ -263,9 +266,9 @@ float ref_logit(const sm_config *c, float raw);
  * Vocabulary rows are split over the pool. */
 void ref_logits_rows(struct sm_pool *p, const sm_config *c, const float *h, int n, const uint16_t *lm_rows, int v0,
                      int nv, float *logits);
-/* Greedy id of one logits row l [n] (spec section 4): the lowest id among the maxima; -1 when
- * any l[v] is NaN or +-Inf, or n < 1.  The argmax of every backend answers -1 for such a row
- * (backend.h), and the engine turns it into an error naming the step. */
+/* Greedy id of one logits row l [n] (docs/model.md section 4): the lowest id among the maxima;
+ * -1 when any l[v] is NaN or +-Inf, or n < 1.  The argmax of every backend answers -1 for such
+ * a row (backend.h), and the engine turns it into an error naming the step. */
 int ref_argmax_row(const float *l, int n);
 /* sm_k_logits: ref_logits_rows over the whole vocabulary of m (logits [n, V]), then argmax [n]
  * (ref_argmax_row over ids < vocab_used) when non-NULL. */

@@ -47,7 +47,8 @@ void ref_route(struct sm_pool *p, const sm_config *c, const float *xf, int n, co
                float *logits, int *idx, float *w) {
     /* router logits: f32 x f32, f32 accumulation, not rounded */
     ref_mm_f32(p, xf, n, c->H, router, c->E, logits);
-    for (int i = 0; i < n; i++) ref_topk(c, logits + (int64_t)i * c->E, bias, idx + (int64_t)i * c->K, w + (int64_t)i * c->K);
+    for (int i = 0; i < n; i++)
+        ref_topk(c, logits + (int64_t)i * c->E, bias, idx + (int64_t)i * c->K, w + (int64_t)i * c->K);
 }
 
 /* ---------------------------------------------------------------- expert views, workspace */
