@@ -102,8 +102,8 @@ static int rank_reserve(cpu_rank *r, int n, sm_err *e) {
     ALLOC(r->q, R * QD); ALLOC(r->g, R * QD); ALLOC(r->att, R * QD); ALLOC(r->o, R * QD);
     ALLOC(r->k, R * KD); ALLOC(r->v, R * KD); ALLOC(r->slot, R);
     ALLOC(r->rl, R * (size_t)c->E); ALLOC(r->idx, RK); ALLOC(r->rw, RK); ALLOC(r->hp, R * (size_t)sh->np);
-    ALLOC(r->h1, R * Hm); ALLOC(r->mo, R * Hm); ALLOC(r->fp, R * (size_t)sh->nu); ALLOC(r->ymine, RK * Hm);
-    ALLOC(r->mmine, R * Hm);
+    ALLOC(r->h1, R * Hm); ALLOC(r->mo, R * Hm); ALLOC(r->fp, R * (size_t)sh->nu);
+    if (sh->moe == SM_MOE_TP) { ALLOC(r->ymine, RK * Hm); ALLOC(r->mmine, R * Hm); }
     ALLOC(r->lg, R * (size_t)sh->nv); ALLOC(r->best, R); ALLOC(r->best_id, R); ALLOC(r->am, R); ALLOC(r->tr, RK);
 #undef ALLOC
     if (!ok) {
@@ -192,7 +192,8 @@ static int rank_attention(cpu_rank *r, const sm_step *st, int l, sm_err *e) {
     /* paged attention of the local heads with the output norm and gate, one (row, head) a task */
     ref_att at = {r->q, QD, r->g, QD, kvl, st->kv->tables, st->kv->max_bpr, st->req, st->pos, sh->nHl, sh->nKVl, D,
                   SL->full->full ? 0 : c->window, c->qk_scale_factor / sqrtf((float)D), c->rms_eps};
-    ref_attention(r->pool, &at, n, r->scores, r->made.max_len, r->att, r->o);
+    int keep = r->trace && (r->trace_kinds & CPU_TRACE_LOCAL); /* the pre-norm output, for the trace */
+    ref_attention(r->pool, &at, n, r->scores, r->made.max_len, keep ? r->att : NULL, r->o);
     TRACE(CPU_TRACE_LOCAL, l, "att", r->att, n, QD);
     TRACE(CPU_TRACE_LOCAL, l, "o", r->o, n, QD);
     /* a = r16(sum over ranks of o_local @ Wo[:, local columns]^T), partials in rank order */

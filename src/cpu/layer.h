@@ -45,8 +45,8 @@ typedef struct cpu_rank {
     float *scores;               /* [nthreads, max_len] attention score scratch per thread */
     int cap;                     /* rows the activation buffers hold */
     float *s, *x, *a, *xf, *f;   /* [cap, H] residual, normed input, attention out, MoE in, MoE out */
-    float *q, *g, *att, *o;      /* [cap, nHl*D] local queries, gates, attention before / after
-                                    its output norm and gate */
+    float *q, *g, *att, *o;      /* [cap, nHl*D] local queries, gates, attention before (kept
+                                    for the trace only) / after its output norm and gate */
     float *k, *v;                /* [cap, nKVl*D] local K, V */
     int64_t *slot;               /* [cap] cache slot of each row */
     float *rl;                   /* [cap, E] router logits */
@@ -56,8 +56,9 @@ typedef struct cpu_rank {
     float *h1;                   /* [cap, Hm] pooled, normed expert input */
     float *mo;                   /* [cap, Hm] weighted route sum m */
     float *fp;                   /* [cap, nu] this rank's unpooler rows */
-    float *ymine;                /* [cap*K, Hm] token-sharded finalize: this rank's routes, summed */
-    float *mmine;                /* [cap, Hm] token-sharded finalize: this rank's rows of m */
+    float *ymine;                /* [cap*K, Hm] token-sharded finalize (TP only): this rank's
+                                    routes, summed */
+    float *mmine;                /* [cap, Hm] token-sharded finalize (TP only): its rows of m */
     ref_moe_ws ws;               /* the expert ops' workspace (y by route id, slots) */
     float *lg;                   /* [cap, nv] logits of this rank's vocabulary rows */
     float *best;                 /* [cap] this rank's best logit per row */
