@@ -2,21 +2,22 @@
  * first non-finite value (tensor, flat index, coordinates, kind) for every floating dtype, in
  * file order whatever the thread count, and pass the largest finite codes; the engine must
  * fail a step whose logits hold a NaN or Inf (argmax -1, backend.h) with a line naming the
- * step, request and row, and never emit an id from such a row.
+ * step, request and row, and never emit an id from such a row; an Inf that reaches a raw
+ * logit must not be hidden by the softcap.
  *
  * Poisons are written into a fresh tiny checkpoint in place (pwrite at the tensor's offset,
  * then a reload) and undone after each case.  For the engine the property tested is exact:
  * row i's argmax is -1 iff our own scan of its logits finds a non-finite value, and the prefill
  * fails iff some row does, naming the first.  Poisons that must reach the logits (q_proj,
- * embedding row of a prompt token, final norm, lm_head row, an FP8 expert that row 0 routes
- * to) are also required to fail; router and bias poisons saturate in the sigmoid or only
+ * embedding row of a prompt token, final norm, lm_head row (NaN or +Inf), an FP8 expert that
+ * row 0 routes to) are also required to fail; router and bias poisons saturate in the sigmoid or only
  * select, so only the property is required there.  We rejected comparing against stored
  * outputs: the property holds for any seed.
  */
 #include "check.h"
 #include "tmodel.h"
 #include "../src/check.h"
-#include "cpu/ops.h"
+#include "cpu/debug.h"
 #include "engine.h"
 #include "sparkmono.h"
 #include <fcntl.h>
@@ -293,6 +294,26 @@ static void test_lm_head_nan(void) {
     patch_undo(&g_bf16, &p);
 }
 
+/* One +Inf in lm_head row 100 (ids < vocab_used; rank 0 of 2): its raw logit is +-Inf (or
+ * NaN) in every row, which the softcap c * tanh(x / c) would turn into a finite +-c.  The
+ * non-finite rule of the logits (ops.h, ref_logit) makes it NaN, so every row's argmax is -1
+ * and the prefill fails, with 1 and 2 ranks. */
+static void test_lm_head_inf(void) {
+    const sm_config *c = &g_bf16.m.cfg;
+    patch p;
+    CHECK(100 < c->vocab_used && c->softcap > 0.0f, "vocab_used %d, softcap %g", c->vocab_used, (double)c->softcap);
+    if (patch_apply(&g_bf16, &p, "lm_head.weight", 100LL * c->H + 17, 1, 2, 0x7F80) == 0) {
+        expect_found(&g_bf16, 2, "lm_head.weight", 100LL * c->H + 17, "100, 17", "+Inf");
+        run_out o;
+        for (int w = 1; w <= 2; w++) {
+            run_prefill(&g_bf16, w, k_prompt, 8, &o, NULL);
+            CHECK(o.first_bad == 0 && o.nbad == 8 && o.st == SM_E_MODEL, "lm_head +Inf, world %d: first bad row %d, %d bad, status %d",
+                  w, o.first_bad, o.nbad, o.st);
+        }
+    }
+    patch_undo(&g_bf16, &p);
+}
+
 /* -Inf in the f32 router; NaN in the router bias. */
 static void test_router(void) {
     const sm_config *c = &g_bf16.m.cfg;
@@ -492,6 +513,7 @@ int main(void) {
     RUN(test_embed_nan);
     RUN(test_final_norm_inf);
     RUN(test_lm_head_nan);
+    RUN(test_lm_head_inf);
     RUN(test_router);
     RUN(test_fp8_nan);
     RUN(test_verify_step);

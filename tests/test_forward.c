@@ -364,8 +364,9 @@ static void t_moe_grouping(void) {
         int bad = 0;
         for (int i = 0; i < n; i++) {
             int id2[64];
-            float w2[64];
-            ref_route(c, xf + (int64_t)i * H, m->layers[l].router, m->layers[l].router_bias, id2, w2);
+            float w2[64], lg2[1024];
+            if (c->E > 1024 || K > 64) break;
+            ref_route(NULL, c, xf + (int64_t)i * H, 1, m->layers[l].router, m->layers[l].router_bias, lg2, id2, w2);
             bad += memcmp(id2, idx + i * K, sizeof(int) * K) != 0 || memcmp(w2, w + i * K, sizeof(float) * K) != 0;
             /* m = r16(sum_k w_k yn_k) from one-route experts */
             float acc[1024];

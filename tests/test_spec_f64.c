@@ -1,8 +1,8 @@
-/* test_spec_f64.c: the CPU backend against an independent f64 evaluation of SPEC.md.
+/* test_spec_f64.c: the CPU backend against an independent f64 evaluation of docs/model.md.
  *
  * The evaluation below shares no code with src/cpu/: it reads the model (raw tensors through
  * the archive, expert rows through sm_expert_row) and codec.h, keeps every r16 rounding point
- * of SPEC.md sections 4-6 (r16 of a double: nearest bf16, ties to even) and computes
+ * of docs/model.md sections 4-6 (r16 of a double: nearest bf16, ties to even) and computes
  * everything else in double, with its own contiguous cache.  Models: tiny with 2 layers
  * (layer 0 sliding, layer 1 full), window 8, BF16 experts; and 3-layer variants whose middle
  * layer holds MXFP4 or FP8 experts.  A 20-token prefill crosses the window, then verify steps
@@ -13,7 +13,7 @@
  * the random model amplifies it ~10x a layer (sharp QK-normed attention, K/V read by later
  * rows), so an end-to-end f64 chain lands 4e-3..2e-2 away from ANY f32 implementation, a
  * correct one included: perturbing the f64 chain's own roundings by 1e-7 moves it by more.
- * So the 1e-4 bound of SPEC.md section 10 is checked per stage: every stage of every layer is
+ * So the 1e-4 bound of docs/model.md section 10 is checked per stage: every stage of every layer is
  * evaluated in f64 from the CPU's own inputs to that stage (the CPU backend's debug trace), so
  * a flip cannot cascade; the logits are evaluated from the CPU's final residual.  The
  * end-to-end chain is still run, and bounded loosely (0.1) with its argmax agreement printed.
@@ -23,7 +23,7 @@
 #include "backend.h"
 #include "codec.h"
 #include "makemodel.h"
-#include "cpu/ops.h" /* only for the debug trace hook, sm_cpu_backend_trace */
+#include "cpu/debug.h" /* the debug trace hook, sm_cpu_backend_trace */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,7 +146,7 @@ static void mm_d(const double *x, int k, const uint16_t *W, int m, double *y) {
     }
 }
 
-/* ---- the stages of one row (SPEC.md sections 4-6), each from its inputs alone ---- */
+/* ---- the stages of one row (docs/model.md sections 4-6), each from its inputs alone ---- */
 
 /* s = r16(rms(embed[tok], -, eps)) */
 static void st_embed(const f64_ref *r, int tok, double *s) {
@@ -629,7 +629,7 @@ static void compare(const sm_model *m, int nthreads, uint64_t seed, errs *E) {
  * G_F32:   f32 output, no rounding point after its inputs: rel err < 1e-5;
  * G_BF16:  bf16 output: at most 0.1% of elements differ from the f64 value's r16, by <= 2 ulp
  *          (the f32/f64 flips; a bug shows as many elements or many ulps);
- * G_MIXED: f32 residual with r16 points inside (the boundaries): rel err < 1e-4 (SPEC.md 10);
+ * G_MIXED: f32 residual with r16 points inside (the boundaries): rel err < 1e-4 (docs/model.md 10);
  * G_CHAIN: m, four rounding points per route and a sum with cancellation: rel err < 1e-3 and
  *          at most 1% of elements differ. */
 enum { G_UNKNOWN, G_F32, G_BF16, G_MIXED, G_CHAIN };

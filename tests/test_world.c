@@ -1,5 +1,5 @@
 /* test_world.c: tensor + expert parallelism in the CPU reference (src/shard.c, src/comm.h,
- * src/cpu/comm_cpu.c, src/cpu/world.c; SPEC.md section 9, docs/parallelism.md).
+ * src/cpu/comm_cpu.c, src/cpu/world.c; docs/model.md section 9, docs/parallelism.md).
  *
  * Properties: shards refuse world sizes that do not divide a dimension (naming it) and their
  * views tile every tensor; the CPU communicator's operations equal serial rank-ordered
@@ -24,7 +24,7 @@
 #include "makemodel.h"
 #include "sparkmono.h"
 #include "engine.h"
-#include "cpu/ops.h"
+#include "cpu/debug.h"
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -601,7 +601,7 @@ static double rel_margin(const float *l, int n) {
  * Summation order moves a bf16 rounding now and then, and on a random model such a move
  * grows layer after layer and can flip a discrete choice lying within noise of a tie (a
  * route, an argmax): a failure here first says whether a route flipped.  Greedy tokens are
- * compared on rows whose W = 1 top-2 margin is at least 2% of the row's RMS (SPEC.md
+ * compared on rows whose W = 1 top-2 margin is at least 2% of the row's RMS (docs/model.md
  * section 10: identical on well-separated logits); this model has no closer row. */
 static float *g_w_lg[3][2];       /* [log2(W) - 1][tp] logits of the schedule, [SCHED, V] */
 
@@ -725,7 +725,7 @@ static void t_world_errors(void) {
 
 /* The public API and the engine plumb world / moe_tp through to the world backend.  With W
  * ranks, speculative generation (verify steps of 4 rows, 3 requests batched) must emit
- * exactly the tokens of plain one-token greedy decoding with W ranks (SPEC.md section 8):
+ * exactly the tokens of plain one-token greedy decoding with W ranks (docs/model.md section 8):
  * the world backend, like the single-rank one, computes a row independently of the rows
  * sharing its step.  (Against W = 1 the free-running streams agree only while no argmax lies
  * within rounding noise of a tie; t_world_vs_single compares them token by token instead.) */

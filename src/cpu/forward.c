@@ -1,15 +1,15 @@
-/* forward.c: the CPU reference backend (backend.h): SPEC.md section 4 for every row of a step,
- * on one rank.
+/* forward.c: the CPU reference backend (backend.h): docs/model.md section 4 for every row of
+ * a step, on one rank.
  *
  * It is the W = 1 case of the rank loop of layer.c: a shard of the whole model, the built-in
- * single-rank communicator (every sum and gather an identity), ops.c's grouped kernels for
- * o_proj, the MoE branch and the lm_head, and the caller's thread with a pool of helpers.
- * Every number comes from the fixed-order ops of ops.h, so a row's result does not depend on
- * which other rows share its step, on the page layout of the cache, or on the thread count.
- * The KV pages live in host memory, per layer bf16 [nblocks][nKV][16][K(64) | V(64)].
- * Scratch is allocated at create for max_rows and grown (never per row) if a larger step
- * comes.  One step at a time per backend (the threads are inside a step).  An optional trace
- * (ops.h) sees every stage's activations, the per-head ones included.
+ * single-rank communicator (every sum and gather an identity), and the caller's thread with
+ * a pool of helpers.  Every number comes from the fixed-order ops of ops.h, so a row's result
+ * does not depend on which other rows share its step, on the page layout of the cache, or on
+ * the thread count.  The KV pages live in host memory, per layer bf16
+ * [nblocks][nKV][16][K(64) | V(64)].  Scratch is allocated at create for max_rows and grown
+ * (never per row) if a larger step comes.  One step at a time per backend (the threads are
+ * inside a step).  An optional trace (debug.h) sees every stage's activations, the per-head
+ * ones included.  Steps are checked by the one validator of every backend (step.h).
  * We rejected running W = 1 through the world backend's rank threads and comm_cpu.c: a thread
  * handoff per step and a barrier per collective buy nothing with one rank.
  */
@@ -47,7 +47,7 @@ static void cpu_destroy(void *vctx) {
 
 static int cpu_step(void *vctx, const sm_step *s, sm_err *e) {
     cpu_ctx *c = vctx;
-    if (cpu_step_check(&c->r, s, "cpu step", e)) return -1;
+    if (sm_step_check(&c->r.m->cfg, &c->r.made, s, "cpu step", e)) return -1;
     if (s->nrows == 0) return 0;
     return cpu_rank_step(&c->r, s, e);
 }
@@ -63,8 +63,7 @@ int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_o
     cpu_ctx *c = calloc(1, sizeof *c);
     if (!c) return sm_errf(e, "cpu backend: out of memory");
     int rows = o && o->max_rows > 0 ? o->max_rows : 64;
-    if (cpu_rank_init(&c->r, "cpu backend", m, 1, 0, SM_MOE_EP, NULL, CPU_KERNELS_GROUPED, kv, o ? o->nthreads : 0, rows,
-                      e)) {
+    if (cpu_rank_init(&c->r, "cpu backend", m, 1, 0, SM_MOE_EP, NULL, kv, o ? o->nthreads : 0, rows, e)) {
         free(c);
         return -1;
     }

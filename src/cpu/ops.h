@@ -1,131 +1,277 @@
-/* ops.h: the CPU reference, one function per step of SPEC.md sections 3-6.
+/* ops.h: the CPU reference, ONE family of ops: one op per GPU kernel (fused ones included),
+ * each the oracle of that kernel's test, and the steps the CPU layer loop (layer.c) composes.
  *
- * These are the oracle: the CPU layer loop (layer.c) is built from them, and every GPU kernel
- * test compares against them.  Activations are f32 arrays holding the values the spec names;
- * where the spec rounds (r16), the function rounds, so outputs marked "bf16-exact" hold values
- * that are exactly representable in bf16.  Weights are bf16 bits (uint16_t) as in the
- * checkpoint.  All functions are single-threaded and deterministic except where a `pool`
- * argument is taken (then results are still bit-identical for any thread count: each output
- * element is computed by exactly one thread with a fixed summation order).
- * We rejected a generic tensor type: each op states its shapes in its comment.
+ * Every op states its math (citing "docs/model.md section N", "the spec" below), its shapes
+ * and its rounding points.  Activations are f32 arrays holding the values the spec names;
+ * where the spec rounds (r16), the op rounds, so an output marked "bf16-exact" holds values exactly
+ * representable in bf16.  Weights are bf16 bits (uint16_t) as in the checkpoint, or expert
+ * views (shard.h) in their storage format.  Every sum of products is ref_dot's fixed order
+ * (docs/model.md section 3, ours), so an output never depends on how rows are batched, which
+ * other rows share a step, the page layout of the cache, or the thread count.  Ops taking a pool
+ * split OUTPUT elements (weight rows, experts, (row, head) items) over its threads, never a
+ * sum: their results are bit-identical for any thread count.  Ops taking an item range
+ * [lo, hi) let the caller's pool split them (same guarantee).
+ *
+ * The files, one family each: ops_mm.c (dot, weight rows, matmuls), ops_norm.c (embedding,
+ * norms, residual boundaries), ops_attn.c (QK norm + RoPE + KV insert, attention + output
+ * gate), ops_moe.c (router, experts, route sum, the MoE branch), ops_logits.c (lm_head,
+ * softcap, argmax).
+ *
+ * GPU kernel (src/cuda/kernels.h, moe.h)   CPU op
+ *   sm_k_embed                             ref_embed (= ref_embed_rows + ref_embed_norm)
+ *   sm_k_post_attn                         ref_post_attn
+ *   sm_k_post_ffn                          ref_post_ffn
+ *   sm_k_rms_bf16                          ref_rms (round = 1)
+ *   sm_k_mm, _small, _blas, _path          ref_mm
+ *   sm_k_mm_f32w                           ref_mm_f32
+ *   sm_k_route                             ref_route (= ref_mm_f32 + ref_topk per row)
+ *   sm_k_qk_rope_kv                        ref_qk_rope_kv
+ *   sm_k_attention, _prefill               ref_attention (= ref_attention_items over all items)
+ *   sm_k_logits, _path                     ref_logits_h (= ref_logits_rows + ref_argmax_row)
+ *   sm_cuda_moe_forward                    ref_moe_experts (= ref_moe_group, ref_moe_ffn,
+ *                                          ref_expert_norm, ref_route_sum, ref_round)
+ * The stock MoE branch (route, pooler, pre-expert norm, experts, unpooler) is ref_moe.
+ * We rejected a generic tensor type: each op states its shapes, and a kernel test reads its
+ * reference off the op's argument list.
  */
 #ifndef SM_CPU_OPS_H
 #define SM_CPU_OPS_H
 #include <stdint.h>
+#include "shard.h"
 #include "weights.h"
 
 struct sm_pool; /* thread pool (src/cpu/pool.h); NULL = run on the calling thread */
 
-/* out [n, d] = x * rsqrt(mean(x^2) + eps) * (w ? w : 1) per row of x [n, d]; if round, r16. */
-void ref_rms(const float *x, int n, int d, const float *w, float eps, int round, float *out);
-/* y [n, m] = r16(sum_k bf16(x[i,k]) * W[j,k]), f32 accumulation in k order; W [m, k] bf16. */
-void ref_mm(struct sm_pool *p, const float *x, int n, int k, const uint16_t *W, int m, float *y);
-/* Same with an f32 matrix and no rounding (router logits): y [n, m] = x [n, k] @ W [m, k]^T. */
-void ref_mm_f32(struct sm_pool *p, const float *x, int n, int k, const float *W, int m, float *y);
-/* RoPE (rotate-half) in place on h heads of D values at position pos, r16 output. */
-void ref_rope(float *x, int h, int D, int pos, double theta);
-/* Attention of one query row: q [nH, D] (bf16-exact) at position pos over keys 0..pos of the
- * request (k > pos - window when window > 0), K/V read from the paged cache
- * kv_layer [nblocks][nKV][16][128] bf16 through table (the request's block table).
- * out [nH, D] f32 (unnormalized attention output, before the output norm). */
-void ref_attention(const float *q, int nH, int nKV, int D, const uint16_t *kv_layer,
-                   const int *table, int pos, int window, float scale, float *out);
-/* Router + top-K: sc = sigmoid(logits * m_o); idx = top-K of sc + bias, ties to the lowest id;
- * w = sc[idx] / (sum sc[idx] + 1e-15) * route_scale.  xf [H] f32, router [E, H] f32. */
-void ref_route(const sm_config *c, const float *xf, const float *router, const float *bias,
-               int *idx, float *w);
-/* One route of one row: h1 [Hm] (bf16-exact) through expert e of layer l:
- * gu = mm(h1, gate_up), a = r16(silu(gate) * up), y = mm(a, down),
- * t = r16(y * post_norm), yn [Hm] = t * rsqrt(mean(t^2) + 1e-8) (f32, not rounded). */
-void ref_expert(const sm_model *m, int l, int e, const float *h1, float *yn);
-/* MoE branch of n rows (SPEC.md section 6) from xf [n, H] (bf16-exact) to f [n, H] (bf16-exact);
- * also returns idx [n, K], w [n, K], h1 [n, Hm] and m [n, Hm] (= r16(sum_k w_k yn_k)) when
- * those pointers are non-NULL (tests compare GPU stages against them). */
-void ref_moe(struct sm_pool *p, const sm_model *m, int l, const float *xf, int n, float *f,
-             int *idx, float *w, float *h1, float *mm_out);
-/* Final logits of n rows from the residual stream s [n, H]: h = r16(rms(r16(s), final_norm)),
- * raw = h . lm_head[v] (f32), logits = c * tanh(raw * m_o / c); ids >= vocab_used -> -inf.
- * logits [n, V]; argmax [n] (ref_argmax_row of each row's ids < vocab_used) when non-NULL. */
-void ref_logits(struct sm_pool *p, const sm_model *m, const float *s, int n, float *logits, int *argmax);
+/* ==== dot products, weight rows, matmuls (ops_mm.c) ===================================== */
 
-/* ---- Additions (CPU engine): the building blocks the functions above are made of. ---- */
-
-/* The one f32 dot product of the reference: 8 lanes, lane u sums a[i]*b[i] for i = u mod 8 in
- * increasing i, lanes combined ((0+1)+(2+3))+((4+5)+(6+7)), then the n % 8 tail in order.
- * Every mm / attention score / rms sum of squares above uses it (so gcc vectorizes it). */
+/* The one f32 dot product of the reference (docs/model.md section 3, ours): 8 lanes, lane u sums
+ * a[i]*b[i] for i = u mod 8 in increasing i, lanes combined ((0+1)+(2+3))+((4+5)+(6+7)), then
+ * the n % 8 tail in order.  Every product below equals it bit for bit. */
 float ref_dot(const float *a, const float *b, int n);
-/* Routing from router logits [E] (= xf @ router^T): the second half of ref_route. */
+
+/* One weight row in its storage format, decoded on the fly by ref_wrow_dot. */
+enum { REF_W_BF16, REF_W_F32, REF_W_FP8, REF_W_MXFP4 };
+typedef struct ref_wrow {
+    int kind;          /* REF_W_* */
+    const void *w;     /* the row: uint16_t [k] | float [k] | uint8_t e4m3 [k] | MXFP4 codes [k/2] */
+    const uint8_t *s;  /* MXFP4: e8m0 scales [k/32] of the row; else NULL */
+    float scale;       /* FP8: the row's scale; else unused */
+} ref_wrow;
+
+/* out[o_r * ldo] = ref_dot(x_r, dequant(w), k), not rounded, for nx activation rows
+ * x_r = x + (rows ? rows[r] : r) * ldx and o_r = orows ? orows[r] : r.  The weight row is
+ * decoded once for every 16 activation rows.  Dequantized values (docs/model.md section 7):
+ * bf16 and f32 as stored, FP8 r16(e4m3 * scale), MXFP4 e2m1 * 2^(s - 127) (exact). */
+void ref_wrow_dot(const ref_wrow *w, int k, const float *x, int64_t ldx, const int *rows, int nx, float *out,
+                  int64_t ldo, const int *orows);
+/* out [k] = the dequantized values of weight row w (those ref_wrow_dot multiplies). */
+void ref_wrow_decode(const ref_wrow *w, int k, float *out);
+/* Row `row` of an expert matrix view (shard.h) of format fmt, as a ref_wrow. */
+ref_wrow ref_wrow_view(sm_expert_fmt fmt, const sm_shard_mat *v, int row);
+
+/* sm_k_mm (every path), docs/model.md section 3:
+ * y [n, m] = mm(x, W) = r16(sum_k bf16(x[i,k]) * W[j,k]), f32 accumulation.
+ * x [n, k] f32 (bf16-exact, else rounded first as bf16(x)); W [m, k] bf16.  One rounding
+ * point: the output. */
+void ref_mm(struct sm_pool *p, const float *x, int n, int k, const uint16_t *W, int m, float *y);
+/* sm_k_mm_f32w (the router product): y [n, m] = x [n, k] @ W [m, k]^T, f32 weights, f32
+ * accumulation, NOT rounded (docs/model.md section 6: router logits). */
+void ref_mm_f32(struct sm_pool *p, const float *x, int n, int k, const float *W, int m, float *y);
+/* A rank's partial product (docs/model.md section 9, o_proj over its heads' columns):
+ * y [n, m] = bf16(x) [n, k] @ W^T with W row j at W + j*ldw (bf16, k of its values used), f32, NOT
+ * rounded (the caller sums the ranks' partials, then rounds: r16 of the sum is ref_mm). */
+void ref_mm_partial(struct sm_pool *p, const float *x, int n, int k, const uint16_t *W, int64_t ldw, int m, float *y);
+/* x[i] = r16(x[i]) for i in [0, n): a rounding point of the spec applied to a whole tensor. */
+void ref_round(float *x, int64_t n);
+
+/* ==== embedding, norms, residual boundaries (ops_norm.c) ================================ */
+
+/* rms (docs/model.md section 3): out [n, d] = x * rsqrt(mean(x^2) + eps) * (w ? w : 1) per
+ * row of x [n, d], f32; round != 0: r16 of each output (sm_k_rms_bf16: the pre-expert norm).
+ * out == x allowed. */
+void ref_rms(const float *x, int n, int d, const float *w, float eps, int round, float *out);
+/* Embedding rows (docs/model.md section 4, "Embedding"; section 9: vocabulary-sharded):
+ * s [n, H] row i = embed row tokens[i] - v0 (bf16 -> f32, exact) when that token lies in
+ * [v0, v0 + nv), else zeros (a rank fills the rows of its vocabulary block).  embed [nv, H]
+ * bf16: rows v0.. . */
+void ref_embed_rows(const uint16_t *embed, int v0, int nv, int H, const int *tokens, int n, float *s);
+/* The embedding norms (docs/model.md section 4): s = r16(rms(s, -, eps)) in place
+ * (weightless), then x = r16(rms(s, in_norm, eps)).  s, x [n, H] (x != s);
+ * in_norm [H] = eff(input_layernorm_0). */
+void ref_embed_norm(float *s, int n, int H, const float *in_norm, float eps, float *x);
+/* sm_k_embed: ref_embed_rows of the whole vocabulary (embed [V, H]) then ref_embed_norm.
+ * Rounding points: s and x. */
+void ref_embed(const uint16_t *embed, int V, int H, const int *tokens, int n, const float *in_norm, float eps,
+               float *s, float *x);
+/* sm_k_post_attn, the post-attention boundary (docs/model.md section 4), per row:
+ *   s  = alpha * s + beta * r16(a * rsqrt(mean(a^2) + post_eps))     (s f32 [n, H], in place)
+ *   xf = r16(rms(s, pre_ffn, eps))                                   (xf [n, H], bf16-exact)
+ * a [n, H] bf16-exact (o_proj output); alpha, beta [H] (post_attention_residual_gate);
+ * pre_ffn [H] = eff(pre_feedforward_layernorm).  Rounding points: the normed branch, xf.
+ * xf must not alias s or a. */
+void ref_post_attn(float *s, const float *a, const float *alpha, const float *beta, const float *pre_ffn, int n,
+                   int H, float post_eps, float eps, float *xf);
+/* sm_k_post_ffn, the post-FFN boundary and the next norm (docs/model.md section 4), per row:
+ *   t = r16(f * post_ffn)                                            (gain BEFORE the norm)
+ *   s = alpha * s + beta * r16(t * rsqrt(mean(t^2) + post_eps))      (s f32 [n, H], in place)
+ *   last == 0: x = r16(rms(s, norm, eps))        norm = eff(input_layernorm of layer l + 1)
+ *   last != 0: x = r16(rms(r16(s), norm, eps))   norm = the final norm weight as is: x = h
+ * f [n, H] bf16-exact (unpooler output); post_ffn [H] = eff(post_feedforward_layernorm);
+ * alpha, beta [H] (post_feedforward_residual_gate); x [n, H] bf16-exact, used as the scratch of
+ * t (x must not alias s or f).  Rounding points: t, the normed branch, r16(s) (last), x. */
+void ref_post_ffn(float *s, const float *f, const float *post_ffn, const float *alpha, const float *beta,
+                  const float *norm, int last, int n, int H, float post_eps, float eps, float *x);
+
+/* ==== attention (ops_attn.c) ============================================================= */
+
+/* RoPE (docs/model.md section 4, "RoPE"), rotate-half in place on h heads of D values at
+ * position pos: inv_freq[j] = theta^(-2j/D) in double rounded to f32, angle = pos * inv_freq[j]
+ * (f32), cos and sin in double of the angle rounded to f32; out = r16 of the rotated pair. */
+void ref_rope(float *x, int h, int D, int pos, double theta);
+/* sm_k_qk_rope_kv, for each row i of n (docs/model.md sections 4 and 5):
+ *   q[i, h] = rope(r16(rms(q[i, h], -, eps)), pos[i])    for the nh query heads, in place
+ *   k[i, h] = rope(r16(rms(k[i, h], -, eps)), pos[i])    for the nkv KV heads, in place
+ *   kv[slot[i]][h] = (bf16(k[i, h]) | bf16(v[i, h]))     (skipped for slot < 0 or outside)
+ * theta <= 0: no RoPE (full-attention layers, NoPE).  q [n, ldq], k and v [n, ldkv] f32
+ * (bf16-exact: the projections), heads of D at columns h*D; kv bf16 pages
+ * [nblocks][nkv][16][2D] (K | V), slot = page * 16 + pos % 16 (int64 [n]).  Rounding points:
+ * the QK norm and RoPE outputs; K and V are stored bf16-exact. */
+void ref_qk_rope_kv(float *q, int ldq, float *k, const float *v, int ldkv, int n, int nh, int nkv, int D,
+                    const int *pos, const int64_t *slot, double theta, float eps, uint16_t *kv, int nblocks);
+
+/* The inputs of attention over the rows of a step (sm_k_attention's arguments, host side). */
+typedef struct ref_att {
+    const float *q; int ldq;        /* [n, ldq] queries (QK-normed, roped, bf16-exact), head h
+                                       at columns h*D */
+    const float *gate; int ldg;     /* [n, ldg] output gates g (bf16-exact), head h at h*D */
+    const uint16_t *kv;             /* the layer's pages [nblocks][nkv][16][2D] bf16 (K | V) */
+    const int *tables; int max_bpr; /* block tables [requests, max_bpr]: page of block p / 16 */
+    const int *row_req, *pos;       /* [n] table row (request) and position of each row */
+    int nh, nkv, D;                 /* query heads, KV heads (head h reads h / (nh/nkv)), head
+                                       dim (<= 256) */
+    int window;                     /* keys a query sees, itself included; 0 = all (full) */
+    float scale, eps;               /* score scale qk_scale_factor / sqrt(D); output-norm eps */
+} ref_att;
+/* Attention with its output norm and gate (docs/model.md sections 4 and 5) for the items
+ * [lo, hi) of the n * nh (row i = t / nh, head h = t % nh) pairs:
+ *   score_t = (q . k_t) * scale over the keys t in [max(0, pos - window + 1), pos] (f32)
+ *   o       = sum_t softmax(score)_t v_t, softmax as exp(score - max) / sum (f32, key order)
+ *   out     = r16(rms(o, -, eps) * sigmoid(gate))                       (per head of D)
+ * att [n, nh*D] (NULL: not kept) receives o before its norm (f32, for traces); out
+ * [n, nh*D] bf16-exact.  scores: scratch of more than pos floats for the item's row.
+ * Rounding point: out. */
+void ref_attention_items(const ref_att *a, int64_t lo, int64_t hi, float *scores, float *att, float *out);
+/* sm_k_attention / sm_k_attention_prefill: ref_attention_items over all n * nh items, split
+ * over the pool.  scores: per-thread scratch [sm_pool_nthreads(p), ld_scores], ld_scores >
+ * every pos; NULL: allocated here (on out of memory every output is NaN). */
+void ref_attention(struct sm_pool *p, const ref_att *a, int n, float *scores, int64_t ld_scores, float *att,
+                   float *out);
+
+/* ==== MoE (ops_moe.c) ==================================================================== */
+
+/* Routing of one row from its router logits [E] (docs/model.md section 6):
+ * sc = sigmoid(logit * m_o); idx [K] = top-K of sc + bias in selection order (descending,
+ * ties to the lowest id); w [K] = sc[idx_k] / (sum_j sc[idx_j] + 1e-15) * route_scale, the
+ * sum in route order, f32.  The bias selects, never weighs.  No rounding point. */
 void ref_topk(const sm_config *c, const float *logits, const float *bias, int *idx, float *w);
-/* Dequantize row `row` of expert matrix `which` (0: gate_up, 1: down) of expert e of layer l
- * into out [Hm or I]: the same values as sm_expert_row (bf16-exact), our own fast path. */
-void ref_expert_row(const sm_model *m, int l, int e, int which, int row, float *out);
-/* Attention of ONE query head: q [D] (bf16-exact) of query head h, reading KV head kvh, keys
- * lo..pos (lo = max(0, pos - window + 1) when window > 0, else 0).  scores: scratch of at
- * least pos + 1 floats.  out [D] f32 unnormalized.  ref_attention loops this over heads. */
-void ref_attention_head(const float *q, int nKV, int kvh, int D, const uint16_t *kv_layer,
-                        const int *table, int pos, int window, float scale, float *scores, float *out);
+/* sm_k_route: logits [n, E] = xf [n, H] @ router [E, H]^T (ref_mm_f32), then ref_topk per row
+ * into idx, w [n, K].  bias [E]. */
+void ref_route(struct sm_pool *p, const sm_config *c, const float *xf, int n, const float *router, const float *bias,
+               float *logits, int *idx, float *w);
 
-/* Workspace of ref_moe_ws_run (buffers grow to the largest n seen; free with ref_moe_ws_free).
- * Zero-initialize before first use. */
+/* The experts an op reads: expert j (global id e0 + j) has gate rows [0, ni) of gate[j], up
+ * rows [up0, up0 + ni) of up[j] (each [*, Hm]) and down [Hm, ni] in down[j], as views in format
+ * fmt.  ni = I for whole experts, I / W for a rank's TP slice (then y is a partial sum). */
+typedef struct ref_experts {
+    sm_expert_fmt fmt;                    /* storage format of every expert */
+    int e0, ne;                           /* global expert ids [e0, e0 + ne) held */
+    int ni;                               /* I columns held */
+    const sm_shard_mat *gate, *up, *down; /* [ne] each */
+    int up0;                              /* first up row in up[j] (I when up[j] is the whole
+                                             gate_up matrix, 0 for a shard's up view) */
+} ref_experts;
+/* A rank's experts (EP: whole, TP: slices along I). */
+ref_experts ref_experts_of_shard(const sm_shard_experts *X);
+
+/* Workspace of the expert ops (sized by ref_moe_ws_reserve; zero-initialize before first use;
+ * free with ref_moe_ws_free).  Slots are the routes grouped by expert, each expert's slots in
+ * route id order (route id r = row * K + k). */
 typedef struct ref_moe_ws {
-    int cap;        /* rows the buffers hold */
-    int E, K, Hm, I;/* dims the buffers were sized for */
-    float *logits;  /* [cap, E] router logits */
-    int *idx;       /* [cap, K] routes (used when the caller passes idx == NULL) */
-    float *w;       /* [cap, K] route weights (idem) */
-    float *h1;      /* [cap, Hm] pooled, normed expert input */
-    float *m;       /* [cap, Hm] weighted sum of routes */
-    float *gu;      /* [cap*K, 2I] gate_up outputs, by expert-sorted slot */
-    float *a;       /* [cap*K, I] silu(gate) * up */
-    float *y;       /* [cap*K, Hm] down outputs, then yn in place */
-    int *off;       /* [E + 1] first slot of each expert */
-    int *route_slot;/* [cap*K] slot of each route id */
-    int *active;    /* [E] experts with at least one route */
-    int *cur;       /* [E] placement cursor of each expert */
-    int *slot_row;  /* [cap*K] row of each slot */
+    int cap;         /* routes the buffers hold */
+    int ne, ni, Hm;  /* experts, I columns and Hm the buffers were sized for */
+    float *gu;       /* [cap, 2*ni] gate | up outputs by slot (r16 applied when read) */
+    float *act;      /* [cap, ni] r16(silu(gate) * up) by slot */
+    float *y;        /* [cap, Hm] down outputs by ROUTE ID (then yn in place) */
+    int *slot_route; /* [cap] route id of each slot */
+    int *slot_row;   /* [cap] row (route id / K) of each slot */
+    int *off;        /* [ne + 1] first slot of each held expert */
+    int *cur;        /* [ne] placement cursor */
+    int *active;     /* [ne] held experts with at least one route, ascending */
+    int nact;        /* entries of active */
 } ref_moe_ws;
-/* ref_moe with a caller-owned workspace (the CPU backend keeps one for its lifetime). */
-int ref_moe_ws_run(struct sm_pool *p, const sm_model *m, int l, const float *xf, int n, float *f,
-                   int *idx, float *w, float *h1, float *mm_out, ref_moe_ws *ws, sm_err *e);
-/* Size ws for n rows of m's config (done by ref_moe_ws_run too). */
-int ref_moe_ws_reserve(ref_moe_ws *ws, const sm_config *c, int n, sm_err *e);
+int ref_moe_ws_reserve(ref_moe_ws *ws, int routes, int ne, int ni, int Hm, sm_err *e);
 void ref_moe_ws_free(ref_moe_ws *ws);
-/* Greedy id of one logits row l [n]: the lowest id among the maxima; -1 when any l[v] is NaN
- * or +-Inf, or n < 1.  The argmax of every backend answers -1 for such a row (backend.h), and
- * the engine turns it into an error naming the step. */
+
+/* Group the routes idx [nroutes] (K per row) whose expert lies in [e0, e0 + ne) by expert
+ * (a counting sort, stable in route id): fills ws's slots, off, active, nact; routes of other
+ * experts (another rank's, or an invalid id) get no slot.  Returns the slots filled. */
+int ref_moe_group(ref_moe_ws *ws, const int *idx, int nroutes, int K, int e0, int ne);
+/* The expert FFN of every grouped slot (docs/model.md section 6), experts split over the pool:
+ *   gu = mm(h1[row], gate_up[e]) (gate, up: [ni] each)
+ *   a  = r16(silu(gate) * up)
+ *   y[route] = h1-row's a . down[e] rows, f32 NOT rounded ([Hm]; with a TP slice a partial
+ *              sum over its ni columns: the caller sums the ranks, then ref_expert_norm)
+ * h1 [rows, Hm] bf16-exact (the pre-expert norm output).  Rounding points: gate, up, a. */
+void ref_moe_ffn(struct sm_pool *p, const ref_experts *X, const float *h1, int Hm, ref_moe_ws *ws);
+/* The post-expert norm of one complete route output y [Hm], in place (docs/model.md section 6):
+ * t = r16(r16(y) * pn) (the mm rounding of y, then the gain BEFORE the norm);
+ * yn = t * rsqrt(mean(t^2) + post_eps), f32.  pn [Hm] = eff(post_expert_norm). */
+void ref_expert_norm(const float *pn, int Hm, float post_eps, float *y);
+/* m [n, Hm] row i = sum over k = 0..K-1 of w[i*K + k] * yn[i*K + k] in route order, f32, NOT
+ * rounded (docs/model.md section 6; section 9: with idx given, only the routes of experts
+ * [e0, e0 + ne) count: a rank's partial m; idx NULL: every route).  yn [n*K, Hm] by route id. */
+void ref_route_sum(const float *yn, const float *w, const int *idx, int e0, int ne, int n, int K, int Hm, float *m);
+/* sm_cuda_moe_forward (docs/model.md section 6, from h1 to m) on whole experts of layer l of m:
+ * m_out [n, Hm] = r16(sum_k w_k * yn_k) in route order from h1 [n, Hm] (bf16-exact), routes
+ * idx [n, K] (ids outside [0, E) contribute nothing) and weights w [n, K].  Uses
+ * m->cfg (E, K, Hm, I, post_eps), m->layers[l].ex and .post_expert_norm only.  0, or -1 with
+ * e filled (out of memory). */
+int ref_moe_experts(struct sm_pool *p, const sm_model *m, int l, const float *h1, const int *idx, const float *w,
+                    int n, float *m_out, sm_err *e);
+/* One route alone (docs/model.md section 6): h1 [Hm] (bf16-exact) through whole expert e of
+ * layer l: yn [Hm] = the post-expert-normed output, f32 (ref_moe_ffn of one slot, ref_expert_norm).
+ * What ref_moe_experts weighs and sums; tests check the grouping against it. */
+void ref_expert(const sm_model *m, int l, int e, const float *h1, float *yn);
+/* The whole MoE branch of layer l (docs/model.md section 6), f = moe(xf): ref_route, h1 =
+ * r16(rms(mm(xf, pooler), pre_expert_norm)), ref_moe_experts, f = mm(m, unpooler).
+ * xf, f [n, H] bf16-exact; idx, w [n, K], h1, m_out [n, Hm] are also returned when non-NULL
+ * (GPU tests feed their stages with them).  On out of memory f is NaN. */
+void ref_moe(struct sm_pool *p, const sm_model *m, int l, const float *xf, int n, float *f, int *idx, float *w,
+             float *h1, float *m_out);
+/* Row `row` of matrix `which` (0: gate_up [2I, Hm], 1: down [Hm, I]) of expert e of layer l,
+ * dequantized into out [Hm or I]: the values ref_wrow_dot multiplies (= sm_expert_row). */
+void ref_expert_row(const sm_model *m, int l, int e, int which, int row, float *out);
+
+/* ==== logits (ops_logits.c) ============================================================== */
+
+/* The logits epilogue of one raw logit (docs/model.md section 4): c * tanh(raw * m_o / c), or
+ * raw * m_o without a softcap (c <= 0).  Non-finite rule (ours): a raw logit that is NaN or
+ * +-Inf gives a NaN logit, softcap or not: c * tanh(+-Inf) would be a finite +-c and hide an
+ * Inf that reached the lm_head (a weight or a final-norm value), so the row's argmax would not
+ * be -1.  The GPU logits epilogue (src/cuda/ops/logits.cuh) must apply the same rule. */
+float ref_logit(const sm_config *c, float raw);
+/* Logits of the lm_head rows [v0, v0 + nv) (a rank's vocabulary block; v0 = 0, nv = V: all):
+ * logits [n, nv] column j = ref_logit(h . lm_rows[j]) (raw f32, not rounded), -inf for ids
+ * v0 + j >= vocab_used.  h [n, H] bf16-exact (the final norm output); lm_rows [nv, H] bf16.
+ * Vocabulary rows are split over the pool. */
+void ref_logits_rows(struct sm_pool *p, const sm_config *c, const float *h, int n, const uint16_t *lm_rows, int v0,
+                     int nv, float *logits);
+/* Greedy id of one logits row l [n] (docs/model.md section 4): the lowest id among the maxima;
+ * -1 when any l[v] is NaN or +-Inf, or n < 1.  The argmax of every backend answers -1 for such
+ * a row (backend.h), and the engine turns it into an error naming the step. */
 int ref_argmax_row(const float *l, int n);
-/* ref_logits from h [n, H] = r16(rms(r16(s), final_norm)) already computed (no allocation). */
+/* sm_k_logits: ref_logits_rows over the whole vocabulary of m (logits [n, V]), then argmax [n]
+ * (ref_argmax_row over ids < vocab_used) when non-NULL. */
 void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, float *logits, int *argmax);
-
-/* ---- CPU backend debug trace (src/cpu/forward.c) ---- */
-/* Called after each stage of a step with the stage's activations for all rows: data [n, width]
- * f32 (route ids as exact floats).  layer = -1 for the embedding, L for the final norm.  Stages,
- * per layer: "x" (input norm), "q" "k" "v" "g" (projections), "qn" "kn" (QK norm + RoPE),
- * "att" (attention output, f32, before its norm), "o" (gated, r16), "a" (o_proj), "s_att"
- * (residual after the attention boundary), "xf", "route_idx" "route_w" [n, K], "h1" "m" [n, Hm],
- * "f", "s_ffn" (residual leaving the layer); "s" at layer -1 (after the embedding norm) and
- * "h" at layer L (final norm output).  Tests compare each stage against an f64 evaluation fed
- * with the CPU's own inputs to that stage, so a bf16 rounding that flips between f32 and f64
- * cannot cascade. */
-typedef void (*sm_cpu_trace_fn)(void *arg, int layer, const char *stage, const float *data, int n, int width);
-/* Install (fn != NULL) or remove the trace of a backend made by sm_cpu_backend_create. */
-void sm_cpu_backend_trace(void *backend_ctx, sm_cpu_trace_fn fn, void *arg);
-
-/* ---- CPU world backend debug hooks (src/cpu/world.c, sm_world_backend_create) ---- */
-/* Called by every rank thread after each replicated stage (concurrently across ranks; one
- * rank's calls are sequential): rank, then as sm_cpu_trace_fn.  Stages: "s" at layer -1;
- * per layer "x", "a" (attention output after the cross-rank sum, r16), "s_att", "xf",
- * "route_idx" "route_w" [n, K], "h1" "m" [n, Hm], "f", "s_ffn"; "h" and "argmax" [n, 1] at
- * layer L.  Every one must be bit-identical on every rank. */
-typedef void (*sm_world_trace_fn)(void *arg, int rank, int layer, const char *stage, const float *data, int n, int width);
-void sm_world_backend_trace(void *backend_ctx, sm_world_trace_fn fn, void *arg);
-/* Randomize the order in which ranks arrive at every communication (comm.h jitter): sleeps
- * of up to max_us drawn from seed; seed 0 = off.  Outputs must not change. */
-void sm_world_backend_jitter(void *backend_ctx, uint64_t seed, int max_us);
-/* TP layout: steps of at least `rows` rows finalize the experts token-sharded (reduce-scatter
- * of the per-route y partials by rows, norm + weight + sum of each rank's rows, all-gather of
- * m); smaller steps all-reduce every route's y.  rows <= 0 restores the default (64).  The
- * two paths are bit-identical; the threshold only moves work and traffic. */
-void sm_world_backend_finalize_rows(void *backend_ctx, int rows);
 
 #endif

@@ -132,3 +132,8 @@ void sm_pool_for(sm_pool *p, int64_t n, int64_t grain, sm_pool_fn fn, void *arg)
     while (p->busy > 0) pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
+
+int64_t sm_pool_grain(const sm_pool *p, int64_t n) {
+    int64_t g = n / (8 * sm_pool_nthreads(p));
+    return g < 1 ? 1 : g > 64 ? 64 : g;
+}

@@ -23,6 +23,9 @@ int sm_pool_create(int nthreads, sm_pool **out, sm_err *e);
 void sm_pool_destroy(sm_pool *p);
 /* Threads of the pool (1 for a NULL pool). */
 int sm_pool_nthreads(const sm_pool *p);
+/* The grain of a parallel-for over n output features (weight rows): about 1/8 of a thread's
+ * share, clamped to [1, 64] (chunks small enough to balance, large enough to amortize). */
+int64_t sm_pool_grain(const sm_pool *p, int64_t n);
 /* Run fn over [0, n) in chunks of grain (>= 1); p == NULL runs inline with tid 0. */
 void sm_pool_for(sm_pool *p, int64_t n, int64_t grain, sm_pool_fn fn, void *arg);
 

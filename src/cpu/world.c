@@ -1,14 +1,11 @@
 /* world.c: the CPU world backend: W rank threads, each running the rank loop of layer.c on
- * its shard (shard.h) and exchanging partial results through comm.h (SPEC.md section 9).  It
- * is the oracle of multi-GPU tensor + expert parallelism; docs/parallelism.md gives the
- * sequence of local products and collectives of one step.
- * Its ranks always use the sharded kernels of layer.c, W = 1 included, so the W = 1 world
- * backend reproducing the single-rank backend (ops.c's grouped kernels) bit for bit checks
- * the sharded products.
+ * its shard (shard.h) and exchanging partial results through comm.h (docs/model.md section
+ * 9).  It is the oracle of multi-GPU tensor + expert parallelism; docs/parallelism.md gives
+ * the sequence of local products and collectives of one step.
  * The caller's thread hands a step to the W rank threads and waits; rank 0 writes the
  * outputs.  A rank that fails aborts the communicator, so its peers fail instead of waiting.
  * With W = 1 the caller's thread runs the one rank through layer.c's single-rank
- * communicator: then the single-rank backend and this one differ only in their kernels.
+ * communicator, exactly as the single-rank backend does.
  * We rejected running the ranks one after another on one thread (no real concurrency: the
  * arrival-order and deadlock behaviour a GPU deployment has would never be exercised), and
  * one process per rank (the reference needs no isolation, and tests want one address space).
@@ -74,7 +71,7 @@ static void *rank_main(void *arg) {
 static int world_step(void *vctx, const sm_step *s, sm_err *e) {
     world_ctx *w = vctx;
     /* every row checked before any rank starts (the ranks share the cache geometry) */
-    if (cpu_step_check(&w->rk[0].r, s, "cpu world step", e)) return -1;
+    if (sm_step_check(&w->m->cfg, &w->rk[0].r.made, s, "cpu world step", e)) return -1;
     if (s->nrows == 0) return 0;
     if (w->W == 1) return cpu_rank_step(&w->rk[0].r, s, e);
     /* hand the step to every rank thread and wait for all of them */
@@ -145,7 +142,7 @@ int sm_world_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend
         snprintf(name, sizeof name, "cpu world rank %d", q);
         w->rk[q].w = w;
         sm_comm *comm = W > 1 ? sm_comm_cpu_rank(w->cw, q) : NULL;
-        if (cpu_rank_init(&w->rk[q].r, name, m, W, q, moe, comm, CPU_KERNELS_SHARDED, kv, per, rows, e)) {
+        if (cpu_rank_init(&w->rk[q].r, name, m, W, q, moe, comm, kv, per, rows, e)) {
             world_destroy(w);
             return -1;
         }

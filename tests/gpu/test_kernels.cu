@@ -1,7 +1,8 @@
 /* test_kernels.cu: every stock-path kernel of src/cuda/kernels.h against its CPU reference
  * (src/cpu/ops.h) on fresh random inputs (seeded per run from the clock; the seed is printed).
  *
- * Each case: random inputs, outputs poisoned with NaN, 64 guard elements on each side of
+ * Every reference is the kernel's CPU op (ops.h lists the pairs), called on the same inputs;
+ * the test holds no math of its own.  Each case: random inputs, outputs poisoned with NaN, 64 guard elements on each side of
  * every device buffer filled with a byte pattern and checked afterwards, the relative error
  * ||out - ref|| / ||ref|| against a bound (bf16 outputs 1e-2, f32 logits 1e-3, f32 router
  * logits and residual stream 1e-4), any NaN failing.  The argmax's non-finite guard is checked
@@ -308,9 +309,7 @@ static void case_embed(int n, int H, int V) {
     fill_eff(w, H);
     /* reference: s = r16(rms(embed[tok])), x = r16(rms(s, w)) */
     float *s = (float *)halloc((size_t)n * H * 4), *x = (float *)halloc((size_t)n * H * 4);
-    for (int i = 0; i < n; i++) bf16_to_f32(hemb + (size_t)tok[i] * H, s + (size_t)i * H, H);
-    ref_rms(s, n, H, NULL, eps, 1, s);
-    ref_rms(s, n, H, w, eps, 1, x);
+    ref_embed(hemb, V, H, tok, n, w, eps, s, x);
     uint16_t *demb = (uint16_t *)dup_to_dev("embed", hemb, 2, (size_t)V * H);
     int *dtok = (int *)dup_to_dev("tokens", tok, 4, n);
     float *dw = (float *)dup_to_dev("in_norm", w, 4, H);
@@ -345,11 +344,9 @@ static void case_post_attn(int n, int H) {
     float *dw = (float *)dup_to_dev("pre_ffn", w, 4, H);
     uint16_t *dxf = (uint16_t *)dalloc("xf", 2, (size_t)n * H);
     /* reference: s = alpha s + beta r16(rms(a, -, 1e-8)); xf = r16(rms(s, w)) */
-    float *b = (float *)halloc((size_t)n * H * 4), *xf = (float *)halloc((size_t)n * H * 4);
-    bf16_to_f32(ha, b, (size_t)n * H);
-    ref_rms(b, n, H, NULL, peps, 1, b);
-    for (size_t i = 0; i < (size_t)n * H; i++) s[i] = al[i % H] * s[i] + be[i % H] * b[i];
-    ref_rms(s, n, H, w, eps, 1, xf);
+    float *a = (float *)halloc((size_t)n * H * 4), *xf = (float *)halloc((size_t)n * H * 4);
+    bf16_to_f32(ha, a, (size_t)n * H);
+    ref_post_attn(s, a, al, be, w, n, H, peps, eps, xf);
     if (sm_k_post_attn(ds, da, dal, dbe, dw, n, H, peps, eps, dxf, g_st, &e)) { fail_line(name, e.msg); return; }
     if (!sync_ok()) { fail_line(name, "kernel failed"); return; }
     rel_acc as = {0, 0, 0, 0}, ax = {0, 0, 0, 0};
@@ -384,12 +381,9 @@ static void case_post_ffn(int n, int H, int last) {
     float *dpf = (float *)dup_to_dev("post_ffn", pf, 4, H), *dw = (float *)dup_to_dev("norm", w, 4, H);
     uint16_t *dx = (uint16_t *)dalloc("x", 2, (size_t)n * H);
     /* reference: t = r16(f pf); s = alpha s + beta r16(rms(t, -, 1e-8)); x = r16(rms(s | r16(s), w)) */
-    float *t = (float *)halloc((size_t)n * H * 4), *x = (float *)halloc((size_t)n * H * 4);
-    for (size_t i = 0; i < (size_t)n * H; i++) t[i] = sm_r16(sm_bf16_to_f32(hf[i]) * pf[i % H]);
-    ref_rms(t, n, H, NULL, peps, 1, t);
-    for (size_t i = 0; i < (size_t)n * H; i++) s[i] = al[i % H] * s[i] + be[i % H] * t[i];
-    for (size_t i = 0; i < (size_t)n * H; i++) x[i] = last ? sm_r16(s[i]) : s[i];
-    ref_rms(x, n, H, w, eps, 1, x);
+    float *f = (float *)halloc((size_t)n * H * 4), *x = (float *)halloc((size_t)n * H * 4);
+    bf16_to_f32(hf, f, (size_t)n * H);
+    ref_post_ffn(s, f, pf, al, be, w, last, n, H, peps, eps, x);
     if (sm_k_post_ffn(ds, df, dpf, dal, dbe, dw, last, n, H, peps, eps, dx, g_st, &e)) { fail_line(name, e.msg); return; }
     if (!sync_ok()) { fail_line(name, "kernel failed"); return; }
     rel_acc as = {0, 0, 0, 0}, ax = {0, 0, 0, 0};
@@ -441,10 +435,9 @@ static void case_route(int n, int H, int E, int K) {
     /* reference: logits, then top-K and weights per row */
     float *xf = (float *)halloc((size_t)n * H * 4), *lg = (float *)halloc((size_t)n * E * 4);
     bf16_to_f32(hx, xf, (size_t)n * H);
-    ref_mm_f32(g_pool, xf, n, H, hr, E, lg);
     int *ridx = (int *)halloc((size_t)n * K * 4);
     float *rw = (float *)halloc((size_t)n * K * 4);
-    for (int i = 0; i < n; i++) ref_topk(&c, lg + (size_t)i * E, hb, ridx + (size_t)i * K, rw + (size_t)i * K);
+    ref_route(g_pool, &c, xf, n, hr, hb, lg, ridx, rw);
     uint16_t *dx = (uint16_t *)dup_to_dev("xf", hx, 2, (size_t)n * H);
     float *dr = (float *)dup_to_dev("router", hr, 4, (size_t)E * H), *db = (float *)dup_to_dev("bias", hb, 4, E);
     float *dl = (float *)dalloc("logits", 4, (size_t)n * E), *dw = (float *)dalloc("w", 4, (size_t)n * K);
@@ -520,28 +513,13 @@ static void case_rope_kv(int n, int nh, int nkv, double theta) {
         pos[i] = rndi(i % 3 == 0 ? 200000 : 5000);
         slot[i] = (n > 1 && i == n - 1) ? -1 : perm[i];
     }
-    /* reference */
-    float *q = (float *)halloc((size_t)nh * D * 4), *k = (float *)halloc((size_t)nkv * D * 4);
-    float *qref = (float *)halloc((size_t)n * nh * D * 4);
+    /* reference: the fused rows as f32, q and k normed and roped in place, K/V into kvref */
+    float *qkvg = (float *)halloc((size_t)n * ld * 4);
     uint16_t *kvref = (uint16_t *)halloc(kvn * 2);
+    bf16_to_f32(hq, qkvg, (size_t)n * ld);
     memcpy(kvref, hkv, kvn * 2);
-    for (int i = 0; i < n; i++) {
-        const uint16_t *row = hq + (size_t)i * ld;
-        bf16_to_f32(row, q, (size_t)nh * D);
-        bf16_to_f32(row + nh * D, k, (size_t)nkv * D);
-        ref_rms(q, nh, D, NULL, eps, 1, q);
-        ref_rms(k, nkv, D, NULL, eps, 1, k);
-        if (theta > 0) { ref_rope(q, nh, D, pos[i], theta); ref_rope(k, nkv, D, pos[i], theta); }
-        memcpy(qref + (size_t)i * nh * D, q, (size_t)nh * D * 4);
-        if (slot[i] < 0) continue;
-        for (int h = 0; h < nkv; h++) {
-            uint16_t *dst = kvref + (((slot[i] / 16) * nkv + h) * 16 + slot[i] % 16) * 128;
-            for (int d = 0; d < D; d++) {
-                dst[d] = sm_f32_to_bf16(k[h * D + d]);
-                dst[64 + d] = row[(nh + nkv) * D + h * D + d];
-            }
-        }
-    }
+    ref_qk_rope_kv(qkvg, ld, qkvg + nh * D, qkvg + (nh + nkv) * D, ld, n, nh, nkv, D, pos, slot, theta, eps, kvref,
+                   nblocks);
     uint16_t *dq = (uint16_t *)dup_to_dev("qkvg", hq, 2, (size_t)n * ld);
     uint16_t *dkv = (uint16_t *)dup_to_dev("kv", hkv, 2, kvn);
     int *dpos = (int *)dup_to_dev("pos", pos, 4, n);
@@ -567,7 +545,7 @@ static void case_rope_kv(int n, int nh, int nkv, double theta) {
     float *gf = (float *)halloc((size_t)nh * D * 4);
     for (int i = 0; i < n; i++) {
         bf16_to_f32(gq + (size_t)i * ld, gf, (size_t)nh * D);
-        rel_add(&a, gf, qref + (size_t)i * nh * D, (size_t)nh * D);
+        rel_add(&a, gf, qkvg + (size_t)i * ld, (size_t)nh * D);
     }
     /* cache: written slots vs the reference, everything else bit-identical */
     float *c1 = (float *)halloc(kvn * 4), *c2 = (float *)halloc(kvn * 4);
@@ -624,32 +602,6 @@ static void att_make(att_setup *s, int nkv, int nreq, const int *R, const int *p
     fill_bf16(s->kv, kvn, 1.0f);
 }
 
-typedef struct att_job {
-    const att_setup *s;
-    const uint16_t *qkvg; int ld, nh, nkv, window;
-    float scale, eps;
-    float *out;           /* [n, nh*64] reference (bf16-exact) */
-} att_job;
-
-static void att_ref_rows(void *arg, int64_t lo, int64_t hi, int tid) {
-    (void)tid;
-    const att_job *j = (const att_job *)arg;
-    const int D = 64, QD = j->nh * D;
-    float *q = (float *)malloc((size_t)QD * 4);
-    for (int64_t i = lo; i < hi; i++) {
-        const uint16_t *row = j->qkvg + (size_t)i * j->ld;
-        float *o = j->out + (size_t)i * QD;
-        bf16_to_f32(row, q, QD);
-        ref_attention(q, j->nh, j->nkv, D, j->s->kv, j->s->tables + (size_t)j->s->row_req[i] * j->s->max_bpr,
-                      j->s->pos[i], j->window, j->scale, o);
-        /* o = r16(rms_per_head(o) * sigmoid(gate)) */
-        ref_rms(o, j->nh, D, NULL, j->eps, 0, o);
-        const uint16_t *g = row + (j->nh + 2 * j->nkv) * D;
-        for (int x = 0; x < QD; x++) o[x] = sm_r16(o[x] * (1.0f / (1.0f + expf(-sm_bf16_to_f32(g[x])))));
-    }
-    free(q);
-}
-
 /* prefill: 1 = sm_k_attention_prefill on the single request (nreq must be 1) */
 static void case_attention(const char *label, int nh, int nkv, int window, int nreq, const int *R, const int *p0,
                            int prefill, int hint0) {
@@ -663,9 +615,12 @@ static void case_attention(const char *label, int nh, int nkv, int window, int n
     const float scale = 5.4730064863875f / 8.0f, eps = 1e-5f;
     uint16_t *hq = (uint16_t *)halloc((size_t)n * ld * 2);
     fill_bf16(hq, (size_t)n * ld, 1.0f);
-    float *ref = (float *)halloc((size_t)n * nh * D * 4);
-    att_job j = {&s, hq, ld, nh, nkv, window, scale, eps, ref};
-    sm_pool_for(g_pool, n, 1, att_ref_rows, &j);
+    /* reference: attention of the q columns, output norm and gate of the gate columns */
+    float *qkvg = (float *)halloc((size_t)n * ld * 4), *ref = (float *)halloc((size_t)n * nh * D * 4);
+    bf16_to_f32(hq, qkvg, (size_t)n * ld);
+    ref_att ra = {qkvg, ld, qkvg + (nh + 2 * nkv) * D, ld, s.kv, s.tables, s.max_bpr, s.row_req, s.pos, nh, nkv, D,
+                  window, scale, eps};
+    ref_attention(g_pool, &ra, n, NULL, 0, NULL, ref);
     size_t kvn = (size_t)s.nblocks * nkv * 16 * 128;
     uint16_t *dq = (uint16_t *)dup_to_dev("qkvg", hq, 2, (size_t)n * ld);
     uint16_t *dkv = (uint16_t *)dup_to_dev("kv", s.kv, 2, kvn);

@@ -12,8 +12,8 @@
  * layout read back through the dequantizers (sm_cuda_moe_dequant) against the rows of a
  * make-model checkpoint, for its uploaded layers and for the layers sm_cuda_moe_synth makes
  * from the same seed (bit for bit: the synthesizer and make-model share src/rng.h).  The
- * reference of the in-memory layers is ref_expert per route plus the route-ordered sum of
- * ref_moe.  Every output is poisoned with NaN before the run and has
+ * reference of the stage is its CPU op, ref_moe_experts (ref_moe's m for the made models).
+ * Every output is poisoned with NaN before the run and has
  * guard elements on both sides; the bound is rel err <= 1e-2.  Inputs are fresh random per
  * run (the seed is printed).  We rejected comparing against a dequantized cuBLAS product:
  * it would share our own rounding assumptions instead of the reference's.
@@ -405,7 +405,7 @@ static void test_synth_equals_made(const char *preset, int fmt) {
     made_model_close(&mm);
 }
 
-/* ---- layers built in memory (real widths), reference ref_expert per route ---- */
+/* ---- layers built in memory (real widths), reference ref_moe_experts ---- */
 typedef struct mem_layer {
     sm_model m;
     sm_layer layer;
@@ -476,41 +476,6 @@ static void mem_layer_free(mem_layer *ml) {
     memset(ml, 0, sizeof *ml);
 }
 
-typedef struct ref_job {
-    const sm_model *m;
-    const float *h1;
-    const int *idx;
-    float *yn;       /* [n*K, Hm] */
-} ref_job;
-static void ref_route_chunk(void *arg, int64_t lo, int64_t hi, int tid) {
-    (void)tid;
-    const ref_job *j = (const ref_job *)arg;
-    const sm_config *c = &j->m->cfg;
-    for (int64_t r = lo; r < hi; r++) {
-        const int x = j->idx[r];
-        if (x < 0 || x >= c->E) continue;
-        ref_expert(j->m, 0, x, j->h1 + (r / c->K) * c->Hm, j->yn + r * c->Hm);
-    }
-}
-/* mref = r16(sum_k w_k yn_k) in route order (ref_moe's m), invalid expert ids skipped. */
-static void mem_reference(const mem_layer *ml, int n, const float *h1, const int *idx, const float *w, float *mref) {
-    const sm_config *c = &ml->m.cfg;
-    float *yn = (float *)xmalloc(sizeof(float) * (size_t)n * c->K * c->Hm);
-    ref_job j = {&ml->m, h1, idx, yn};
-    sm_pool_for(m_pool, (int64_t)n * c->K, 1, ref_route_chunk, &j);
-    for (int i = 0; i < n; i++) {
-        float *mi = mref + (size_t)i * c->Hm;
-        for (int x = 0; x < c->Hm; x++) mi[x] = 0.0f;
-        for (int k = 0; k < c->K; k++) {
-            const int r = i * c->K + k;
-            if (idx[r] < 0 || idx[r] >= c->E) continue;
-            for (int x = 0; x < c->Hm; x++) mi[x] += w[r] * yn[(size_t)r * c->Hm + x];
-        }
-        for (int x = 0; x < c->Hm; x++) mi[x] = sm_r16(mi[x]);
-    }
-    free(yn);
-}
-
 /* One in-memory layer, several (rows, routing mode) cases; bad_route: make route 0 invalid. */
 static void test_mem(const char *name, int fmt, int Hm, int I, int E, int K, int s_lo, int s_hi, const int *rows,
                      const int *modes, int ncase, int bad_route) {
@@ -534,7 +499,10 @@ static void test_mem(const char *name, int fmt, int Hm, int I, int E, int K, int
         for (size_t i = 0; i < (size_t)n * Hm; i++) h1[i] = sm_r16(mrndn());
         make_routing(n, E, K, modes[ci], idx, w);
         if (bad_route) idx[0] = E; /* out of range: contributes nothing */
-        mem_reference(&ml, n, h1, idx, w, mref);
+        if (ref_moe_experts(m_pool, &ml.m, 0, h1, idx, w, n, mref, &e)) {
+            printf("  reference: %s\n", e.msg);
+            for (size_t i = 0; i < (size_t)n * Hm; i++) mref[i] = NAN;
+        }
         char cn[200];
         snprintf(cn, sizeof cn, "%s E=%d K=%d routing=%s", name, E, K, modes[ci] ? "same-experts" : "random");
         check_case(cn, &L, &ws, &io, n, h1, idx, w, mref, ci == 0);
