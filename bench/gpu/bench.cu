@@ -99,7 +99,7 @@ double bh_floor_us(const bh_run *r, double bytes, double flops) {
 
 void bh_head(const char *title, const char *counts) {
     printf("\n== %s\n   floor = max(bytes / read bandwidth, FLOPs / bf16 rate); bytes: %s\n", title, counts);
-    printf("%-10s %-16s %4s %9s %9s %7s %9s %9s %8s\n", "op", "case", "rows", "us", "MB", "GB/s", "floor_B", "floor_F",
+    printf("%-10s %-20s %4s %9s %9s %7s %9s %9s %8s\n", "op", "case", "rows", "us", "MB", "GB/s", "floor_B", "floor_F",
            "%floor");
 }
 
@@ -117,7 +117,7 @@ void bh_row(bh_run *r, const char *op, const char *what, int rows, float us, dou
     const double fb = bytes / r->bw * 1e6, ff = flops / r->rate * 1e6, fl = bh_floor_us(r, bytes, flops);
     char fs[32] = "-";
     if (flops > 0) snprintf(fs, sizeof fs, "%.2f", ff);
-    printf("%-10s %-16s %4d %9.2f %9.2f %7.0f %9.2f %9s %7.1f%%%s%s\n", op, what, rows, us, bytes / 1e6,
+    printf("%-10s %-20s %4d %9.2f %9.2f %7.0f %9.2f %9s %7.1f%%%s%s\n", op, what, rows, us, bytes / 1e6,
            bytes / (us * 1e-6) / 1e9, fb, fs, 100.0 * fl / us, extra ? "  " : "", extra ? extra : "");
     fflush(stdout);
     if (summary) {

@@ -85,7 +85,8 @@ static int nm_run(bh_run *r, nm_case *c, sm_err *e) {
     } else {
         c->htok = (int *)malloc(S * c->n * sizeof(int));
         if (!c->htok) return sm_errf(e, "norm: out of host memory");
-        const uint64_t key = sm_rng_key(r->seed, "bench.norm.embed.tokens");
+        snprintf(nm, sizeof nm, "bench.norm.embed.tokens.%d", c->n); /* other rows than the last case's */
+        const uint64_t key = sm_rng_key(r->seed, nm);
         for (size_t i = 0; i < S * c->n; i++) c->htok[i] = (int)(bh_bits(key, i) % (uint64_t)r->cfg.V);
         SM_CUDA_CHECK(cudaMalloc((void **)&c->tok, S * c->n * sizeof(int)));
         SM_CUDA_CHECK(cudaMemcpy(c->tok, c->htok, S * c->n * sizeof(int), cudaMemcpyHostToDevice));
