@@ -1,13 +1,15 @@
 #!/bin/sh
 # gpu_run.sh: the one script to run on the GPU machine (an H200): build, every GPU test, the benchmarks.
 #
-# Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model)
-# and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full log under
-# $OUT (default ./out) and prints a short table last.  Environment knobs:
+# Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model),
+# the per-op microbenchmarks (`gpu_test --bench all`: norm, router, attention, matmul, moe,
+# logits) and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full
+# log under $OUT (default ./out) and prints a short table last.  Environment knobs:
 #   BENCH_FORMATS  expert formats to bench, space separated (default "mxfp4")
 #   BENCH_ROWS     rows per verify step, bench --step-rows (default 8,16,32,64,128)
 #   BENCH_CTX      context tokens per request (default 1024)
 #   BENCH_ITERS    timed steps per row count (default 50)
+#   BENCH_OPS      ops of the per-op microbenchmarks, gpu_test --bench (default all)
 #   SKIP_TESTS=1   skip build/gpu_test;  SKIP_BENCH=1  skip the bench
 #   SKIP_BUILD=1   use the binaries already in build/ (built elsewhere with the same nvcc)
 # Exit status: 0 when the build, the tests and every bench run succeeded.
@@ -21,6 +23,7 @@ FORMATS=${BENCH_FORMATS:-mxfp4}
 ROWS=${BENCH_ROWS:-8,16,32,64,128}
 CTX=${BENCH_CTX:-1024}
 ITERS=${BENCH_ITERS:-50}
+OPS=${BENCH_OPS:-all}
 status=0
 
 { nvidia-smi; nvcc --version; } >"$OUT/device.txt" 2>&1
@@ -48,8 +51,13 @@ fi
 
 brcs=""
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    echo "== MoE stage microbenchmark (log: $OUT/bench_moe.log)"
-    ./build/gpu_test --bench-moe >"$OUT/bench_moe.log" 2>&1 || status=1
+    echo "== per-op microbenchmarks, gpu_test --bench $OPS (log: $OUT/bench_ops.log)"
+    t0=$(date +%s)
+    ./build/gpu_test --bench "$OPS" >"$OUT/bench_ops.log" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] || status=1
+    brcs="$brcs ops:$rc"
+    echo "per-op benchmarks exit $rc in $(( $(date +%s) - t0 )) s"
     for f in $FORMATS; do
         echo "== bench spark1x-l4 experts $f (log: $OUT/bench_$f.log)"
         t0=$(date +%s)
@@ -79,8 +87,12 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
             tail -n 5 "$OUT/bench_$f.log"
         fi
     done
-    echo "-- MoE stage alone (full table in $OUT/bench_moe.log)"
-    tail -n 12 "$OUT/bench_moe.log"
+    echo "-- per-op microbenchmarks (every table in $OUT/bench_ops.log)"
+    if grep -q '^op summary' "$OUT/bench_ops.log"; then
+        sed -n '/^op summary/,$p' "$OUT/bench_ops.log"
+    else
+        tail -n 5 "$OUT/bench_ops.log"
+    fi
     echo "bench exits:$brcs"
 fi
 exit $status

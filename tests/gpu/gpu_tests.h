@@ -9,9 +9,11 @@ extern "C" {
 int gpu_test_kernels(void);  /* per-op kernels vs the CPU reference ops (tests/gpu/test_kernels.cu) */
 int gpu_test_moe(void);      /* MoE expert stage vs the CPU reference (tests/gpu/test_moe.cu) */
 int gpu_test_model(void);    /* whole-model logits and generation vs the CPU backend (tests/gpu/test_model.c) */
-/* Microbenchmark of the dense few-row kernels (lm_head logits, dense matmuls) at 8..128 rows,
- * each path, % of the weight-read floor (tests/gpu/bench_dense.cu).  0, or 1 on a CUDA error. */
-int gpu_bench_dense(void);
+/* Per-op microbenchmarks (bench/gpu/, `gpu_test --bench OP`): ops is a comma-separated list of
+ * norm, router, attention, matmul, moe, logits or all.  Prints each op's table (median time,
+ * floor, % of floor at the real widths and 8..128 rows), then a summary table.  0; 1 on a CUDA
+ * error; 2 (one line on stderr, nothing run) on an unknown op. */
+int gpu_bench(const char *ops);
 #ifdef __cplusplus
 }
 #endif

@@ -13,7 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 #include "gpu_tests.h"
-#include "moe_bench.h"
 
 typedef struct tee {
     int fd;      /* read end of the pipe */
@@ -91,11 +90,14 @@ static void run_group(group *g) {
     g->secs = now_s() - t0;
 }
 
-/* `gpu_test` runs every group, `gpu_test GROUP` one of them; `gpu_test --bench-moe` runs the
- * MoE microbenchmark only, `gpu_test --bench-dense` the dense-kernel microbenchmark only. */
+/* `gpu_test` runs every group, `gpu_test GROUP` one of them; `gpu_test --bench OP[,OP..]` runs
+ * per-op microbenchmarks only (bench/gpu/; OP norm, router, attention, matmul, moe, logits or
+ * all); `--bench-moe` and `--bench-dense` are the former names of `--bench moe` and
+ * `--bench matmul,logits`. */
 int main(int argc, char **argv) {
-    if (argc == 2 && !strcmp(argv[1], "--bench-moe")) return gpu_bench_moe();
-    if (argc == 2 && !strcmp(argv[1], "--bench-dense")) return gpu_bench_dense();
+    if (argc == 3 && !strcmp(argv[1], "--bench")) return gpu_bench(argv[2]);
+    if (argc == 2 && !strcmp(argv[1], "--bench-moe")) return gpu_bench("moe");
+    if (argc == 2 && !strcmp(argv[1], "--bench-dense")) return gpu_bench("matmul,logits");
     group gs[] = {
         {"kernels", gpu_test_kernels, 0, 0, 0, 0.0},
         {"moe", gpu_test_moe, 0, 0, 0, 0.0},
@@ -107,7 +109,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < ng; i++)
             if (!strcmp(argv[1], gs[i].name)) only = i;
     if (argc > 2 || (argc == 2 && only < 0)) {
-        fprintf(stderr, "usage: gpu_test [kernels|moe|model|--bench-moe|--bench-dense]\n");
+        fprintf(stderr, "usage: gpu_test [kernels|moe|model] | gpu_test --bench norm|router|attention|matmul|moe|logits|all[,...]"
+                        " (got '%s'%s)\n", argv[1], argc > 2 ? " and more" : "");
         return 2;
     }
     int pass = 0, fail = 0;

@@ -1,9 +1,10 @@
 #!/bin/sh
 # moe_only.sh build|run [test|bench|all]: the MoE stage's GPU tests and microbenchmark as one
 # small program, independent of the other GPU test groups (which may be mid-edit).
-#   build: on the development machine (nvcc + the CPU library from `make`): compiles
-#          src/cuda/moe/*.cu and tests/gpu/test_moe.cu with a generated main into
-#          $B/moe_only/moe_only (B defaults to build).
+#   build: on the development machine (nvcc + the libraries from `make`): compiles
+#          src/cuda/moe/*.cu (for the ptxas report), tests/gpu/test_moe.cu and the benchmark
+#          drivers bench/gpu/*.cu with a generated main into $B/moe_only/moe_only (B defaults
+#          to build); the bench is `gpu_test --bench moe`.
 #   run:   on the GPU machine: runs that binary (`test`, `bench` or `all`, default all), with
 #          the device name and driver first.
 set -e
@@ -13,17 +14,17 @@ NVCC=${NVCC:-nvcc}
 case "${1:-}" in
 build)
     mkdir -p "$O"
-    make -s "$B/libsparkmono.a"
+    make -s "$B/libsparkmono.a" "$B/libsparkmono_cuda.a"
     cat >"$O/main.c" <<'EOF'
 #include <stdio.h>
 #include <string.h>
 int gpu_test_moe(void);
-int gpu_bench_moe(void);
+int gpu_bench(const char *ops);
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "all";
     int f = 0;
     if (strcmp(what, "bench")) f += gpu_test_moe();
-    if (strcmp(what, "test")) f += gpu_bench_moe();
+    if (strcmp(what, "test")) f += gpu_bench("moe");
     printf("moe_only: %d failed\n", f);
     return f != 0;
 }
@@ -36,10 +37,16 @@ EOF
         MOE_O="$MOE_O $O/moe_$(basename "$f" .cu).o"
     done
     $NVCC $FL -c tests/gpu/test_moe.cu -o "$O/test_moe.o"
+    BENCH_O=
+    for f in bench/gpu/*.cu; do
+        $NVCC $FL -c "$f" -o "$O/bench_$(basename "$f" .cu).o"
+        BENCH_O="$BENCH_O $O/bench_$(basename "$f" .cu).o"
+    done
     gcc -std=c11 -O2 -c "$O/main.c" -o "$O/main.o"
     CUDA_HOME=$(dirname "$(dirname "$(command -v "$NVCC")")")
-    gcc "$O/main.o" "$O/test_moe.o" $MOE_O "$B/libsparkmono.a" -l:libjansson.a -lm -lpthread \
-        -L"$CUDA_HOME/lib64" -lcudart_static -ldl -lrt -lstdc++ -o "$O/moe_only"
+    gcc "$O/main.o" "$O/test_moe.o" $MOE_O $BENCH_O -Wl,--start-group "$B/libsparkmono.a" "$B/libsparkmono_cuda.a" \
+        -Wl,--end-group -l:libjansson.a -lm -lpthread \
+        -L"$CUDA_HOME/lib64" -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++ -o "$O/moe_only"
     echo "built $O/moe_only"
     ;;
 run)

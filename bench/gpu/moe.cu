@@ -1,0 +1,215 @@
+/* moe.cu: microbenchmark of the MoE expert stage (`gpu_test --bench moe`): sm_cuda_moe_forward
+ * (route grouping, gate_up + SiLU, down, post-norm and weighted sum: 4 launches) at the real
+ * widths Hm = I = 4096, K = 8, with synthetic experts (sm_cuda_moe_synth): MXFP4 (E = 256,
+ * 2 layers of 6.8 GB, n = 8 .. 128 rows, L2 prefetch 0, 2, 4, 8 steps), FP8 (E = 128) and
+ * BF16 (E = 64) (1 layer, n = 8 and 32, prefetch 0 and 4); uniform random top-8 routing.
+ *
+ * Each case is timed twice: plain stream launches ("ms stream") and a CUDA graph per (routing
+ * set, layer) replayed ("ms graph", the form a step runs), rotating 8 routing sets and the
+ * layers, so no call finds its experts in L2.  Floor = bytes of the distinct experts the rows
+ * touch (weights + scales, read once; the mean over the 8 sets) / read bandwidth; the FLOP
+ * floor (6 Hm I per route) is far lower and only enters the summary's max.  The summary takes
+ * the graph time of every prefetch-0 case.  Knobs (environment): SM_MOE_BENCH_PREFETCH=P times
+ * that prefetch distance only; SM_MOE_BENCH_QUICK=1 one MXFP4 layer at 8 rows, 4 timed calls
+ * (for profilers).  We rejected the routing of a synthetic router here: uniform routing is the
+ * stage's own worst case of distinct experts, and `sparkmono bench` times model routing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda/common.cuh"
+#include "cuda/moe.h"
+#include "bench.h"
+
+#define MB_SETS 8            /* routing sets */
+#define MB_MAX_LAYERS 2      /* layers of a format */
+
+typedef struct mb_case {
+    int nlayers;                         /* layers rotated */
+    int n;                               /* rows of the call */
+    sm_cuda_moe_layer L[MB_MAX_LAYERS];  /* [nlayers] synthetic layers (fmt 0 = not made) */
+    int made;                            /* layers made */
+    sm_cuda_moe_ws ws;                   /* workspace for 128 rows */
+    uint16_t *h1;                        /* device [BH_MAX_ROWS][Hm] bf16 */
+    uint16_t *mo;                        /* device [BH_MAX_ROWS][Hm] bf16 */
+    int *idx;                            /* device [MB_SETS][BH_MAX_ROWS][K] */
+    float *w;                            /* device [MB_SETS][BH_MAX_ROWS][K] */
+    int *hi;                             /* host, as idx */
+    float *hw;                           /* host, as w */
+    cudaGraphExec_t ge[MB_SETS * MB_MAX_LAYERS]; /* [set * nlayers + layer] */
+} mb_case;
+
+/* Set `set` = routing set set % MB_SETS of layer set / MB_SETS: the rotation of the former
+ * loop (sets fastest, then layers). */
+static int mb_stream(bh_run *r, void *arg, int set, sm_err *e) {
+    mb_case *c = (mb_case *)arg;
+    const int s = set % MB_SETS, l = set / MB_SETS, K = c->L[0].K;
+    return sm_cuda_moe_forward(&c->L[l], c->h1, c->idx + (size_t)s * BH_MAX_ROWS * K, c->w + (size_t)s * BH_MAX_ROWS * K,
+                               c->n, c->mo, &c->ws, r->st, e);
+}
+static int mb_graph(bh_run *r, void *arg, int set, sm_err *e) {
+    mb_case *c = (mb_case *)arg;
+    const int s = set % MB_SETS, l = set / MB_SETS;
+    SM_CUDA_CHECK(cudaGraphLaunch(c->ge[s * c->nlayers + l], r->st));
+    return 0;
+}
+
+/* Uniform random top-K of n rows (distinct experts of E a row), weights 0.1 + u normalized to
+ * sum 1 a row; returns the distinct experts the rows touch. */
+static int mb_routing(uint64_t key, int n, int E, int K, int *idx, float *w) {
+    uint64_t k64 = 0;
+    char seen[4096];
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < n; i++) {
+        int *row = idx + (size_t)i * K;
+        float s = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int x, dup;
+            do {
+                x = (int)(bh_bits(key, k64++) % (uint64_t)E);
+                dup = 0;
+                for (int j = 0; j < k; j++) dup |= row[j] == x;
+            } while (dup);
+            row[k] = x;
+            seen[x] = 1;
+            w[(size_t)i * K + k] = 0.1f + (float)((double)(bh_bits(key, k64++) >> 40) * (1.0 / 16777216.0));
+            s += w[(size_t)i * K + k];
+        }
+        for (int k = 0; k < K; k++) w[(size_t)i * K + k] /= s;
+    }
+    int d = 0;
+    for (int x = 0; x < E; x++) d += seen[x];
+    return d;
+}
+
+/* Capture one graph per (routing set, layer) of the current row count. */
+static int mb_capture(bh_run *r, mb_case *c, sm_err *e) {
+    for (int s = 0; s < MB_SETS; s++)
+        for (int l = 0; l < c->nlayers; l++) {
+            cudaGraph_t g;
+            SM_CUDA_CHECK(cudaStreamBeginCapture(r->st, cudaStreamCaptureModeGlobal));
+            const int rc = mb_stream(r, c, l * MB_SETS + s, e);
+            SM_CUDA_CHECK(cudaStreamEndCapture(r->st, &g));
+            if (rc) {
+                SM_CUDA_CHECK_PRINT(cudaGraphDestroy(g));
+                return sm_errprefix(e, "capture");
+            }
+            const cudaError_t inst = cudaGraphInstantiate(&c->ge[s * c->nlayers + l], g, 0);
+            SM_CUDA_CHECK(cudaGraphDestroy(g));
+            if (inst != cudaSuccess) return sm_errf(e, "cudaGraphInstantiate: %s", cudaGetErrorString(inst));
+        }
+    return 0;
+}
+
+static void mb_graphs_free(mb_case *c) {
+    for (int i = 0; i < MB_SETS * MB_MAX_LAYERS; i++)
+        if (c->ge[i]) {
+            SM_CUDA_CHECK_PRINT(cudaGraphExecDestroy(c->ge[i]));
+            c->ge[i] = NULL;
+        }
+}
+
+/* One format: its layers, then every (prefetch, rows) case.  Buffers freed by the caller. */
+static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int nrows, const int *pfs, int npf,
+                     sm_err *e) {
+    sm_config cf = r->cfg;
+    cf.E = E;
+    cf.L = c->nlayers;
+    for (; c->made < c->nlayers; c->made++)
+        if (sm_cuda_moe_synth(&cf, c->made, fmt, r->seed, &c->L[c->made], r->st, e)) return sm_errprefix(e, "synth");
+    if (sm_cuda_moe_ws_alloc(&cf, BH_MAX_ROWS, &c->ws, e)) return -1;
+    const size_t rk = (size_t)MB_SETS * BH_MAX_ROWS * cf.K;
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->h1, (size_t)BH_MAX_ROWS * cf.Hm * 2));
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->mo, (size_t)BH_MAX_ROWS * cf.Hm * 2));
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->idx, rk * sizeof(int)));
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->w, rk * sizeof(float)));
+    c->hi = (int *)malloc(rk * sizeof(int));
+    c->hw = (float *)malloc(rk * sizeof(float));
+    if (!c->hi || !c->hw) return sm_errf(e, "out of host memory");
+    if (bh_normal_bf16(r, c->h1, (size_t)BH_MAX_ROWS * cf.Hm, "bench.moe.h1", 0.0f, 1.0f, e)) return -1;
+    const char *fname = sm_expert_fmt_name((sm_expert_fmt)fmt);
+    printf("%-6s %3s %5s %8s %9s %10s %10s %9s %9s %8s\n", "format", "pf", "rows", "experts", "MB", "ms stream", "ms graph",
+           "TB/s", "floor ms", "of floor");
+    for (int vi = 0; vi < npf; vi++)
+        for (int ri = 0; ri < nrows; ri++) {
+            c->n = rows[ri];
+            c->ws.prefetch = pfs[vi];
+            char nm[64];
+            snprintf(nm, sizeof nm, "bench.moe.%s.routing.%d.%d", fname, pfs[vi], c->n);
+            const uint64_t key = sm_rng_key(r->seed, nm);
+            double touched = 0;
+            for (int s = 0; s < MB_SETS; s++) {
+                const size_t o = (size_t)s * BH_MAX_ROWS * cf.K;
+                touched += mb_routing(bh_bits(key, (uint64_t)s), c->n, E, cf.K, c->hi + o, c->hw + o);
+            }
+            touched /= MB_SETS;
+            SM_CUDA_CHECK(cudaMemcpy(c->idx, c->hi, rk * sizeof(int), cudaMemcpyHostToDevice));
+            SM_CUDA_CHECK(cudaMemcpy(c->w, c->hw, rk * sizeof(float), cudaMemcpyHostToDevice));
+            const int nsets = MB_SETS * c->nlayers;
+            float us_s = 0, us_g = 0;
+            if (bh_time(r, mb_stream, c, nsets, 1, &us_s, e)) return sm_errprefix(e, "%s n=%d stream", fname, c->n);
+            const int rc = mb_capture(r, c, e) || bh_time(r, mb_graph, c, nsets, 1, &us_g, e);
+            mb_graphs_free(c);
+            if (rc) return sm_errprefix(e, "%s n=%d graph", fname, c->n);
+            const double ms = us_s * 1e-3, mg = us_g * 1e-3;
+            const double bytes = touched * (double)c->L[0].touched_bytes;
+            const double floor_ms = bytes / r->bw * 1e3;
+            printf("%-6s %3d %5d %8.1f %9.1f %10.3f %10.3f %9.2f %9.3f %7.1f%%\n", fname, c->ws.prefetch, c->n, touched,
+                   bytes / 1e6, ms, mg, bytes / (mg * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / mg);
+            fflush(stdout);
+            if (pfs[vi] == 0) {
+                char op[40];
+                snprintf(op, sizeof op, "moe %s", fname);
+                const double flops = 6.0 * c->n * cf.K * (double)cf.Hm * cf.I;
+                bh_add(r, op, c->n, us_g, bh_floor_us(r, bytes, flops));
+            }
+        }
+    return 0;
+}
+
+static void mb_free(mb_case *c) {
+    mb_graphs_free(c);
+    if (c->h1) SM_CUDA_CHECK_PRINT(cudaFree(c->h1));
+    if (c->mo) SM_CUDA_CHECK_PRINT(cudaFree(c->mo));
+    if (c->idx) SM_CUDA_CHECK_PRINT(cudaFree(c->idx));
+    if (c->w) SM_CUDA_CHECK_PRINT(cudaFree(c->w));
+    free(c->hi);
+    free(c->hw);
+    if (c->ws.buf) sm_cuda_moe_ws_free(&c->ws);
+    for (int l = 0; l < c->made; l++) sm_cuda_moe_free(&c->L[l]);
+    memset(c, 0, sizeof *c);
+}
+
+static int mb_one(bh_run *r, int fmt, int E, int nlayers, const int *rows, int nrows, const int *pfs, int npf, sm_err *e) {
+    mb_case *c = (mb_case *)calloc(1, sizeof *c);
+    if (!c) return sm_errf(e, "out of host memory");
+    c->nlayers = nlayers;
+    const int rc = mb_format(r, c, fmt, E, rows, nrows, pfs, npf, e);
+    mb_free(c);
+    free(c);
+    return rc;
+}
+
+int bench_moe(bh_run *r, sm_err *e) {
+    printf("\n== moe: expert stage sm_cuda_moe_forward, Hm = I = 4096, K = 8, uniform random top-8 routing\n"
+           "   floor = touched experts' bytes / read bandwidth; median of %d calls (after %d), rotating %d routing sets and "
+           "the layers (each layer >> L2)\n",
+           r->iters, BH_WARM, MB_SETS);
+    int pfs[4] = {0, 2, 4, 8}, npf = 4;
+    const int fpf[2] = {0, 4};
+    const char *vs = getenv("SM_MOE_BENCH_PREFETCH"); /* one L2 prefetch distance only */
+    if (vs) {
+        pfs[0] = atoi(vs);
+        npf = 1;
+    }
+    if (getenv("SM_MOE_BENCH_QUICK")) {
+        r->iters = 4;
+        return mb_one(r, SM_EXP_MXFP4, 256, 1, r->rows, 1, pfs, npf, e);
+    }
+    const int rows_small[2] = {8, 32};
+    if (mb_one(r, SM_EXP_MXFP4, 256, 2, r->rows, BH_NROWS, pfs, npf, e) ||
+        mb_one(r, SM_EXP_FP8, 128, 1, rows_small, 2, vs ? pfs : fpf, vs ? 1 : 2, e) ||
+        mb_one(r, SM_EXP_BF16, 64, 1, rows_small, 2, vs ? pfs : fpf, vs ? 1 : 2, e))
+        return -1;
+    return 0;
+}
