@@ -12,6 +12,8 @@
 #   BENCH_OPS      ops of the per-op microbenchmarks, gpu_test --bench (default all)
 #   SKIP_TESTS=1   skip build/gpu_test;  SKIP_BENCH=1  skip the bench
 #   SKIP_BUILD=1   use the binaries already in build/ (built elsewhere with the same nvcc)
+#   BASELINE=BIN   also run the whole-step bench with an older sparkmono binary, in the same run,
+#                  so old and new are compared on the same machine and bandwidth
 # Exit status: 0 when the build, the tests and every bench run succeeded.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -67,6 +69,12 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
         [ "$rc" -eq 0 ] || status=1
         brcs="$brcs $f:$rc"
         echo "bench $f exit $rc in $(( $(date +%s) - t0 )) s"
+        if [ -n "${BASELINE:-}" ]; then
+            rflag=--step-rows
+            "$BASELINE" bench --help 2>&1 | grep -q -- --step-rows || rflag=--rows  # before the rename
+            "$BASELINE" bench --preset spark1x-l4 --experts "$f" $rflag "$ROWS" --ctx "$CTX" --iters "$ITERS" \
+                >"$OUT/bench_${f}_baseline.log" 2>&1 || status=1
+        fi
     done
 fi
 
@@ -85,6 +93,10 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
             sed -n '/^summary/,$p' "$OUT/bench_$f.log"
         else
             tail -n 5 "$OUT/bench_$f.log"
+        fi
+        if [ -n "${BASELINE:-}" ]; then
+            echo "-- the same with the baseline binary $BASELINE"
+            sed -n '/^summary/,$p' "$OUT/bench_${f}_baseline.log" | head -n 8
         fi
     done
     echo "-- per-op microbenchmarks (every table in $OUT/bench_ops.log)"
