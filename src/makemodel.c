@@ -162,7 +162,7 @@ static int add_expert(mm_list *l, const char *name, gen_kind k, st_dtype dt, int
 }
 
 static int quantized_layer(const sm_config *c, const sm_make_opts *o, int l) {
-    return o->experts != SM_EXP_BF16 && l >= 1 && l <= c->L - 2;
+    return o->experts != SM_EXP_BF16 && !sm_layer_keeps_bf16(c, l);
 }
 
 /* Build the list: F32 tensors first, then BF16, then U8 / F8 (so every view is aligned). */

@@ -31,6 +31,8 @@ const char *sm_expert_fmt_name(sm_expert_fmt f) {
     return "?";
 }
 
+int sm_layer_keeps_bf16(const sm_config *c, int l) { return l == 0 || l == c->L - 1; }
+
 void sm_residual_gate(const uint16_t *g, int n, float T_g, float *alpha, float *beta) {
     for (int i = 0; i < n; i++) {
         float u = sm_bf16_to_f32(g[i]) / T_g;           /* gate logit over the temperature */
@@ -389,8 +391,8 @@ static int online_mxfp4(sm_model *m, int threads, sm_err *e) {
     const sm_config *c = &m->cfg;
     int64_t E = c->E, I2 = 2 * (int64_t)c->I, Hm = c->Hm, I = c->I;
     int lay[SM_MAX_LAYERS], n = 0;
-    for (int l = 1; l < c->L - 1; l++)
-        if (m->layers[l].ex.fmt == SM_EXP_BF16) lay[n++] = l;
+    for (int l = 0; l < c->L; l++)
+        if (!sm_layer_keeps_bf16(c, l) && m->layers[l].ex.fmt == SM_EXP_BF16) lay[n++] = l;
     if (n == 0) return 0;
     onl_job j;
     memset(&j, 0, sizeof j);

@@ -21,6 +21,11 @@ extern "C" {
 typedef enum sm_expert_fmt { SM_EXP_BF16 = 0, SM_EXP_FP8 = 1, SM_EXP_MXFP4 = 2 } sm_expert_fmt;
 const char *sm_expert_fmt_name(sm_expert_fmt f); /* "bf16", "fp8", "mxfp4" */
 
+/* 1 when layer l keeps BF16 experts although the other layers are quantized: layers 0 and
+ * L-1, as the Quark OCP-MX export does (docs/model.md section 2).  The one statement of the
+ * rule: make-model, online MXFP4 at load and the device-synthesized models follow it. */
+int sm_layer_keeps_bf16(const sm_config *c, int l);
+
 /* One layer's experts, all in one format.  Per expert e (views or owned):
  *   gu[e]:  gate_up [2I, Hm]  rows 0..I-1 gate, I..2I-1 up
  *           BF16: uint16_t [2I, Hm] | FP8: uint8_t e4m3 [2I, Hm] | MXFP4: uint8_t [2I, Hm/2]

@@ -87,7 +87,7 @@ static void test_shapes_and_formats(void) {
         CHECK(c->L == cfg.L && c->H == cfg.H && c->E == cfg.E && c->V == cfg.V && c->Hm == cfg.Hm && c->I == cfg.I,
               "config of %s differs from the preset", dirs[k]);
         for (int l = 0; l < c->L; l++) {
-            sm_expert_fmt want = (l == 0 || l == c->L - 1) ? SM_EXP_BF16 : mid[k];
+            sm_expert_fmt want = sm_layer_keeps_bf16(c, l) ? SM_EXP_BF16 : mid[k];
             CHECK(m.layers[l].ex.fmt == want, "%s layer %d: format %s, want %s", dirs[k], l,
                   sm_expert_fmt_name(m.layers[l].ex.fmt), sm_expert_fmt_name(want));
             CHECK(m.layers[l].full == c->full[l], "layer %d kind", l);
@@ -109,6 +109,18 @@ static void test_shapes_and_formats(void) {
     }
 }
 
+/* ---- which layers keep BF16 experts: 0 and L-1 (docs/model.md section 2) ---- */
+static void test_keeps_bf16_rule(void) {
+    static const int want4[4] = {1, 0, 0, 1}, want2[2] = {1, 1};
+    sm_config c = cfg;
+    c.L = 4;
+    for (int l = 0; l < 4; l++) CHECK(sm_layer_keeps_bf16(&c, l) == want4[l], "L = 4, layer %d", l);
+    c.L = 2;
+    for (int l = 0; l < 2; l++) CHECK(sm_layer_keeps_bf16(&c, l) == want2[l], "L = 2, layer %d", l);
+    c.L = 1;
+    CHECK(sm_layer_keeps_bf16(&c, 0) == 1, "L = 1, layer 0");
+}
+
 /* ---- quantized rows vs the BF16 model of the same seed ---- */
 static void compare_rows(const char *qdir, double bound) {
     sm_model a, q;
@@ -127,7 +139,7 @@ static void compare_rows(const char *qdir, double bound) {
                     sm_expert_row(&q, l, ex, w, row, x + (int64_t)row * cols);
                 }
                 double re = relerr(x, r, (int64_t)rows * cols);
-                if (l == 0 || l == c->L - 1) {
+                if (sm_layer_keeps_bf16(c, l)) {
                     CHECK(re == 0, "%s layer %d expert %d: BF16 layer differs (rel %g)", qdir, l, ex, re);
                 } else {
                     CHECK(re < bound && re > 0, "%s layer %d expert %d matrix %d: rel err %g (bound %g)", qdir, l, ex, w,
@@ -765,6 +777,7 @@ int main(void) {
         tm_rmtree(base);
         return 1;
     }
+    RUN(test_keeps_bf16_rule);
     RUN(test_shapes_and_formats);
     RUN(test_mxfp4_rows);
     RUN(test_fp8_rows);

@@ -128,14 +128,14 @@ static int sy_glob(sm_cuda_dev *c, uint64_t seed, sy_scratch *w, sm_err *e) {
     return 0;
 }
 
-/* Layer l: dense allocation and tensors, then its experts (BF16 on layers 0 and L-1 when the
- * others are quantized: make-model's rule). */
+/* Layer l: dense allocation and tensors, then its experts (BF16 where sm_layer_keeps_bf16,
+ * make-model's rule). */
 static int sy_layer_all(sm_cuda_dev *c, int l, int expert_fmt, uint64_t seed, sy_scratch *w, sm_err *e) {
     const sm_config *cf = &c->cfg;
     cb_layer *L = &c->layers[l];
     if (cb_layer_alloc(c, L, e)) return sm_errprefix(e, "synthetic model: layer %d", l);
     if (sy_layer(c, l, seed, w, e)) return -1;
-    int fmt = (expert_fmt != SM_EXP_BF16 && l >= 1 && l <= cf->L - 2) ? expert_fmt : SM_EXP_BF16;
+    int fmt = sm_layer_keeps_bf16(cf, l) ? SM_EXP_BF16 : expert_fmt;
     if (sm_cuda_moe_synth(cf, l, fmt, seed, &L->moe, c->st, e)) return sm_errprefix(e, "synthetic model: layer %d experts", l);
     L->have_moe = 1;
     c->weight_bytes += (double)L->moe.blob_bytes;
