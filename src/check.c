@@ -24,16 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int64_t expert_bytes(const sm_config *c, sm_expert_fmt f) {
-    int64_t n = 2 * (int64_t)c->I * c->Hm + (int64_t)c->Hm * c->I; /* weights of one expert */
-    switch (f) {
-    case SM_EXP_BF16: return 2 * n;
-    case SM_EXP_FP8: return n + 4 * (2 * (int64_t)c->I + c->Hm);  /* e4m3 + f32 per-row scales */
-    case SM_EXP_MXFP4: return n / 2 + n / 32;                       /* e2m1 pairs + e8m0 per 32 */
-    }
-    return 0;
-}
-
 void sm_model_bytes(const sm_model *m, sm_bytes *b) {
     const sm_config *c = &m->cfg;
     memset(b, 0, sizeof *b);
@@ -44,7 +34,7 @@ void sm_model_bytes(const sm_model *m, sm_bytes *b) {
         b->attn += 2 * (3 * Q * H + 2 * KV * H);          /* q, gate, o + k, v */
         b->router += 4 * ((int64_t)c->E * H + c->E);
         b->pool += 2 * (2 * Hm * H);
-        b->experts[m->layers[l].ex.fmt] += (int64_t)c->E * expert_bytes(c, m->layers[l].ex.fmt);
+        b->experts[m->layers[l].ex.fmt] += (int64_t)c->E * (int64_t)sm_expert_bytes(c, m->layers[l].ex.fmt);
         b->norms += 2 * (5 * H + 2 * Hm);                  /* 3 norms + 2 gates [H], 2 norms [Hm] */
     }
     b->norms += 2 * H;                                     /* final norm */

@@ -149,13 +149,16 @@ static int add_expert(mm_list *l, const char *name, gen_kind k, st_dtype dt, int
     t->rows = rows;
     t->cols = cols;
     t->std = 1.0f / sqrtf((float)cols); /* N(0, 1/fan_in), fan_in = cols */
+    size_t wb, sb; /* one expert matrix: weight and scale bytes in the tensor's format */
+    sm_expert_mat_bytes(k == G_MX_W || k == G_MX_S ? SM_EXP_MXFP4 : k == G_EXP_BF16 ? SM_EXP_BF16 : SM_EXP_FP8, rows, cols,
+                        &wb, &sb);
     switch (k) {
     case G_EXP_BF16: t->ndim = 3; t->shape[0] = E; t->shape[1] = rows; t->shape[2] = cols;
-        t->nbytes = E * rows * cols * 2; break;
-    case G_MX_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 2; t->nbytes = rows * cols / 2; break;
-    case G_MX_S: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 32; t->nbytes = rows * cols / 32; break;
-    case G_FP8_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols; t->nbytes = rows * cols; break;
-    case G_FP8_S: t->ndim = 1; t->shape[0] = rows; t->nbytes = rows * 4; break;
+        t->nbytes = E * (int64_t)wb; break;
+    case G_MX_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 2; t->nbytes = (int64_t)wb; break;
+    case G_MX_S: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 32; t->nbytes = (int64_t)sb; break;
+    case G_FP8_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols; t->nbytes = (int64_t)wb; break;
+    case G_FP8_S: t->ndim = 1; t->shape[0] = rows; t->nbytes = (int64_t)sb; break;
     default: break;
     }
     return 0;

@@ -61,9 +61,11 @@ int sm_shard_check(const sm_model *m, int world, sm_moe_layout moe, sm_err *e) {
     return 0;
 }
 
-/* Bytes of `vals` consecutive values of one row in storage format f (vals even for MXFP4). */
+/* Bytes of `vals` consecutive stored values in format f (vals even for MXFP4). */
 static int64_t fmt_bytes(sm_expert_fmt f, int64_t vals) {
-    return f == SM_EXP_BF16 ? 2 * vals : f == SM_EXP_FP8 ? vals : vals / 2;
+    size_t w;
+    sm_expert_mat_bytes(f, 1, vals, &w, NULL);
+    return (int64_t)w;
 }
 
 /* View of rows [r0, r0 + ...) and columns [c0, ...) of an expert matrix of `cols` columns

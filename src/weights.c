@@ -31,6 +31,24 @@ const char *sm_expert_fmt_name(sm_expert_fmt f) {
     return "?";
 }
 
+void sm_expert_mat_bytes(sm_expert_fmt f, int64_t rows, int64_t cols, size_t *wbytes, size_t *sbytes) {
+    size_t w, s;
+    switch (f) {
+    case SM_EXP_FP8: w = (size_t)(rows * cols); s = (size_t)rows * 4; break;                    /* e4m3, f32 a row */
+    case SM_EXP_MXFP4: w = (size_t)(rows * cols / 2); s = (size_t)(rows * (cols / SM_MX_BLOCK)); break; /* e2m1 pairs, e8m0 a block */
+    default: w = (size_t)(rows * cols) * 2; s = 0; break;                                        /* bf16 */
+    }
+    if (wbytes) *wbytes = w;
+    if (sbytes) *sbytes = s;
+}
+
+size_t sm_expert_bytes(const sm_config *c, sm_expert_fmt f) {
+    size_t w1, s1, w2, s2;
+    sm_expert_mat_bytes(f, 2 * (int64_t)c->I, c->Hm, &w1, &s1); /* gate_up */
+    sm_expert_mat_bytes(f, c->Hm, c->I, &w2, &s2);              /* down */
+    return w1 + s1 + w2 + s2;
+}
+
 int sm_layer_keeps_bf16(const sm_config *c, int l) { return l == 0 || l == c->L - 1; }
 
 void sm_residual_gate(const uint16_t *g, int n, float T_g, float *alpha, float *beta) {
@@ -356,7 +374,9 @@ typedef struct onl_job {
     const int *layers; int nlayers; /* layers to quantize */
     const void **src_gu, **src_dn;  /* [nlayers * E] bf16 sources */
     uint8_t **dst;                  /* [nlayers] per-layer owned buffers */
-    size_t per_expert;              /* bytes per expert in dst */
+    size_t per_expert;              /* bytes per expert in dst (sm_expert_bytes, MXFP4) */
+    size_t off[4];                  /* offsets in an expert's bytes: gate_up codes, its scales,
+                                       down codes, its scales */
     atomic_long next;               /* next item */
     int err;                        /* out of memory in a worker */
 } onl_job;
@@ -379,9 +399,8 @@ static void *onl_worker(void *arg) {
         if (it >= (long)(j->nlayers * E)) break;
         int li = (int)(it / E), ex = (int)(it % E);
         uint8_t *d = j->dst[li] + j->per_expert * (size_t)ex;
-        uint8_t *q1 = d, *s1 = q1 + I2 * Hm / 2, *q2 = s1 + I2 * Hm / 32, *s2 = q2 + Hm * I / 2;
-        quant_matrix(j->src_gu[it], I2, Hm, q1, s1, tmp);
-        quant_matrix(j->src_dn[it], Hm, I, q2, s2, tmp);
+        quant_matrix(j->src_gu[it], I2, Hm, d + j->off[0], d + j->off[1], tmp);
+        quant_matrix(j->src_dn[it], Hm, I, d + j->off[2], d + j->off[3], tmp);
     }
     free(tmp);
     return NULL;
@@ -389,7 +408,7 @@ static void *onl_worker(void *arg) {
 
 static int online_mxfp4(sm_model *m, int threads, sm_err *e) {
     const sm_config *c = &m->cfg;
-    int64_t E = c->E, I2 = 2 * (int64_t)c->I, Hm = c->Hm, I = c->I;
+    int64_t E = c->E;
     int lay[SM_MAX_LAYERS], n = 0;
     for (int l = 0; l < c->L; l++)
         if (!sm_layer_keeps_bf16(c, l) && m->layers[l].ex.fmt == SM_EXP_BF16) lay[n++] = l;
@@ -399,7 +418,11 @@ static int online_mxfp4(sm_model *m, int threads, sm_err *e) {
     j.m = m;
     j.layers = lay;
     j.nlayers = n;
-    j.per_expert = (size_t)(I2 * Hm / 2 + I2 * Hm / 32 + Hm * I / 2 + Hm * I / 32);
+    size_t w1, s1, w2;
+    sm_expert_mat_bytes(SM_EXP_MXFP4, 2 * (int64_t)c->I, c->Hm, &w1, &s1);
+    sm_expert_mat_bytes(SM_EXP_MXFP4, c->Hm, c->I, &w2, NULL);
+    j.off[0] = 0, j.off[1] = w1, j.off[2] = w1 + s1, j.off[3] = w1 + s1 + w2;
+    j.per_expert = sm_expert_bytes(c, SM_EXP_MXFP4);
     atomic_init(&j.next, 0);
     j.src_gu = malloc(sizeof(void *) * (size_t)(n * E));
     j.src_dn = malloc(sizeof(void *) * (size_t)(n * E));
@@ -431,10 +454,10 @@ static int online_mxfp4(sm_model *m, int threads, sm_err *e) {
         sm_experts *X = &m->layers[lay[i]].ex;
         for (int ex = 0; ex < E; ex++) {
             uint8_t *d = j.dst[i] + j.per_expert * (size_t)ex;
-            X->gu[ex] = d;
-            X->gus[ex] = d + I2 * Hm / 2;
-            X->dn[ex] = d + I2 * Hm / 2 + I2 * Hm / 32;
-            X->dns[ex] = d + I2 * Hm / 2 + I2 * Hm / 32 + Hm * I / 2;
+            X->gu[ex] = d + j.off[0];
+            X->gus[ex] = d + j.off[1];
+            X->dn[ex] = d + j.off[2];
+            X->dns[ex] = d + j.off[3];
         }
         X->fmt = SM_EXP_MXFP4;
     }

@@ -10,6 +10,7 @@
  */
 #ifndef SM_WEIGHTS_H
 #define SM_WEIGHTS_H
+#include <stddef.h>
 #include <stdint.h>
 #include "config.h"
 #include "safetensors.h"
@@ -20,6 +21,17 @@ extern "C" {
 
 typedef enum sm_expert_fmt { SM_EXP_BF16 = 0, SM_EXP_FP8 = 1, SM_EXP_MXFP4 = 2 } sm_expert_fmt;
 const char *sm_expert_fmt_name(sm_expert_fmt f); /* "bf16", "fp8", "mxfp4" */
+
+/* Checkpoint bytes of one expert matrix of rows x cols values in format f: its weights
+ * (*wbytes: BF16 2 bytes a value, FP8 1, MXFP4 1/2) and its scales (*sbytes: BF16 none, FP8 one
+ * f32 a row, MXFP4 one e8m0 byte per 32 values of a row); cols a multiple of 32 for MXFP4.
+ * Either pointer may be NULL.  The one statement of the storage sizes (docs/model.md section
+ * 2): the loader, make-model, shards, the summary of `check` and the device upload use it. */
+void sm_expert_mat_bytes(sm_expert_fmt f, int64_t rows, int64_t cols, size_t *wbytes, size_t *sbytes);
+/* Checkpoint bytes of one whole expert of config c in format f: gate_up [2I, Hm] and down
+ * [Hm, I], weights and scales.  (The device layout has its own size:
+ * sm_cuda_moe_device_expert_bytes.) */
+size_t sm_expert_bytes(const sm_config *c, sm_expert_fmt f);
 
 /* 1 when layer l keeps BF16 experts although the other layers are quantized: layers 0 and
  * L-1, as the Quark OCP-MX export does (docs/model.md section 2).  The one statement of the

@@ -108,21 +108,17 @@ static int cb_put(sm_cuda_dev *c, const cb_xfer *t, int l, cb_progress *p, sm_er
     return 0;
 }
 
-/* Device bytes one expert slice of format fmt with ni of the I rows takes (weights + scales). */
-static double cb_expert_bytes(const sm_config *c, int fmt, int ni) {
-    double n = 3.0 * (double)ni * (double)c->Hm;
-    if (fmt == SM_EXP_MXFP4) return n / 2 + n / 32;
-    if (fmt == SM_EXP_FP8) return n + 4.0 * (2.0 * ni + c->Hm);
-    return 2 * n;
-}
-
-/* Bytes the shard needs on the device; refuses (one line) when the device has less free. */
+/* Bytes the shard needs on the device; refuses (one line) when the device has less free.  The
+ * experts count in the MoE module's device layout (sm_cuda_moe_device_expert_bytes: repacked,
+ * padded), not in checkpoint bytes: the device holds the former. */
 static int cb_room(const sm_cuda_dev *c, const sm_shard *sh, double *need, sm_err *e) {
     const sm_config *cf = &c->cfg;
     double b = 2.0 * sh->nv * cf->H * 2 + (double)cb_layer_bytes(c) * cf->L;
     for (int l = 0; l < cf->L; l++) {
         const sm_shard_experts *X = &sh->layers[l].ex;
-        b += cb_expert_bytes(cf, X->fmt, X->ni) * X->ne;
+        sm_config xc = *cf; /* the widths of the rank's expert slices */
+        xc.I = X->ni;
+        b += (double)sm_cuda_moe_device_expert_bytes(&xc, X->fmt) * X->ne;
     }
     *need = b;
     size_t fr = 0, tot = 0;
@@ -145,8 +141,7 @@ static int cb_upload_layer(sm_cuda_dev *c, const sm_shard *sh, int l, cb_progres
     if (sm_cuda_moe_upload(sh->m, l, &L->moe, c->st, e)) return sm_errprefix(e, "cuda backend: layer %d experts", l);
     L->have_moe = 1;
     c->weight_bytes += (double)L->moe.blob_bytes;
-    const sm_shard_experts *X = &sh->layers[l].ex;
-    cb_progress_add(p, cb_expert_bytes(&c->cfg, X->fmt, X->ni) * X->ne);
+    cb_progress_add(p, (double)L->moe.blob_bytes); /* device bytes, as cb_room counts them */
     return 0;
 }
 
