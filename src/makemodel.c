@@ -1,6 +1,7 @@
 /* makemodel.c: random checkpoints with the real tensor names (see makemodel.h).
  *
- * Every value is a pure function of (seed, stream name, element index): a counter-based
+ * The tensors, their names, shapes, dtypes and magnitudes are the rows of the tensor tables
+ * (tensors.h), written F32 first, then BF16, then U8 / F8 so every view is aligned.  Every value is a pure function of (seed, stream name, element index): a counter-based
  * generator (splitmix64 finalizer of key + index) feeds Box-Muller with our own polynomial
  * log and sin/cos, so any byte range of any tensor can be made by any thread, in any order,
  * with identical bytes on every machine (no libm in the values).  Experts are keyed by their
@@ -11,6 +12,7 @@
  * generation in file order, and makes the quantized files unrelated to the BF16 file.
  */
 #include "makemodel.h"
+#include "tensors.h"
 #include "rng.h"
 #include "codec.h"
 #include "safetensors.h"
@@ -85,6 +87,7 @@ typedef struct mm_tensor {
     gen_kind kind;
     uint64_t key;             /* G_NORMAL: stream of (seed, name) */
     float mean, std;          /* G_NORMAL: value = mean + std * z; experts: std only */
+    int role;                 /* G_NORMAL, G_CYCLE_HEAD: its row of the tensor table; else -1 */
     int layer, expert, proj;  /* experts: layer, expert (-1: all E, consolidated), 0 gate_up / 1 down */
     int64_t rows, cols;       /* experts: one expert's logical matrix [rows, cols]; G_CYCLE_HEAD [V, H] */
     uint64_t src_key;         /* G_CYCLE_HEAD: the embedding's stream, value src_mean + src_std * z */
@@ -108,25 +111,8 @@ static mm_tensor *add(mm_list *l, sm_err *e) {
     mm_tensor *t = &l->t[l->n++];
     memset(t, 0, sizeof *t);
     t->expert = -1;
+    t->role = -1;
     return t;
-}
-
-static int add_normal(mm_list *l, uint64_t seed, const char *name, st_dtype dt, int ndim, int64_t d0, int64_t d1,
-                      float mean, float std, sm_err *e) {
-    mm_tensor *t = add(l, e);
-    if (!t) return -1;
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dt = dt;
-    t->ndim = ndim;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
-    int64_t numel = ndim == 1 ? d0 : d0 * d1;
-    t->nbytes = numel * (dt == ST_F32 ? 4 : 2);
-    t->kind = G_NORMAL;
-    t->key = sm_rng_key(seed, name);
-    t->mean = mean;
-    t->std = std;
-    return 0;
 }
 
 /* Logical stream name of one expert matrix (shared by every storage format). */
@@ -136,31 +122,56 @@ static uint64_t expert_key(uint64_t seed, int l, int ex, int proj) {
     return sm_rng_key(seed, nm);
 }
 
-static int add_expert(mm_list *l, const char *name, gen_kind k, st_dtype dt, int layer, int ex, int proj,
-                      int64_t rows, int64_t cols, int E, sm_err *e) {
-    mm_tensor *t = add(l, e);
+/* One expert tensor (consolidated: ex = -1, slot SM_XS_GU_W / SM_XS_DN_W) of kind k and dtype dt,
+ * of layer l; values N(0, 1/fan_in) of the matrix's logical streams. */
+static int add_expert(mm_list *ls, const sm_config *c, sm_expert_fmt f, gen_kind k, st_dtype dt, int l, int ex, int slot,
+                      sm_err *e) {
+    mm_tensor *t = add(ls, e);
     if (!t) return -1;
-    snprintf(t->name, sizeof t->name, "%s", name);
+    sm_tensor_role r = slot / 2 ? SM_T_EXPERTS_DN : SM_T_EXPERTS_GU; /* the consolidated tensor's row */
+    float mean;
+    if (ex < 0) {
+        sm_tensor_name(t->name, sizeof t->name, r, l);
+        t->ndim = sm_tensor_shape(c, r, t->shape);
+    } else {
+        sm_expert_tensor_name(t->name, sizeof t->name, l, ex, slot);
+        t->ndim = sm_expert_slot_shape(c, f, slot, dt, t->shape);
+    }
     t->dt = dt;
     t->kind = k;
-    t->layer = layer;
+    t->layer = l;
     t->expert = ex;
-    t->proj = proj;
-    t->rows = rows;
-    t->cols = cols;
-    t->std = 1.0f / sqrtf((float)cols); /* N(0, 1/fan_in), fan_in = cols */
-    size_t wb, sb; /* one expert matrix: weight and scale bytes in the tensor's format */
-    sm_expert_mat_bytes(k == G_MX_W || k == G_MX_S ? SM_EXP_MXFP4 : k == G_EXP_BF16 ? SM_EXP_BF16 : SM_EXP_FP8, rows, cols,
-                        &wb, &sb);
-    switch (k) {
-    case G_EXP_BF16: t->ndim = 3; t->shape[0] = E; t->shape[1] = rows; t->shape[2] = cols;
-        t->nbytes = E * (int64_t)wb; break;
-    case G_MX_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 2; t->nbytes = (int64_t)wb; break;
-    case G_MX_S: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 32; t->nbytes = (int64_t)sb; break;
-    case G_FP8_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols; t->nbytes = (int64_t)wb; break;
-    case G_FP8_S: t->ndim = 1; t->shape[0] = rows; t->nbytes = (int64_t)sb; break;
-    default: break;
+    t->proj = slot / 2;
+    sm_expert_dims(c, t->proj, &t->rows, &t->cols);
+    sm_tensor_init(c, r, &mean, &t->std); /* N(0, 1/fan_in), fan_in = cols */
+    int64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
+    t->nbytes = st_nbytes(dt, numel);
+    return 0;
+}
+
+/* Role r of the tensor table (layer l; -1 for a model-level role) as make-model draws it:
+ * mean + std * z of the stream of its name, or the consolidated BF16 experts. */
+static int add_role(mm_list *ls, const sm_config *c, const sm_make_opts *o, sm_tensor_role r, int l, sm_err *e) {
+    const sm_tensor_def *d = &sm_tensors[r];
+    if (d->kind == SM_TK_EXPERTS)
+        return add_expert(ls, c, SM_EXP_BF16, G_EXP_BF16, d->dtype, l, -1, r == SM_T_EXPERTS_DN ? SM_XS_DN_W : SM_XS_GU_W, e);
+    mm_tensor *t = add(ls, e);
+    if (!t) return -1;
+    sm_tensor_name(t->name, sizeof t->name, r, l);
+    t->role = r;
+    t->layer = l;
+    t->dt = d->dtype;
+    t->ndim = sm_tensor_shape(c, r, t->shape);
+    t->nbytes = sm_tensor_bytes(c, r);
+    t->kind = G_NORMAL;
+    t->key = sm_rng_key(o->seed, t->name);
+    sm_tensor_init(c, r, &t->mean, &t->std);
+    if (o->cycle && d->kind == SM_TK_GATE) { /* residual-dominant gates */
+        t->mean = CYCLE_GATE_MEAN;
+        t->std = CYCLE_GATE_STD;
     }
+    if (o->cycle && r == SM_T_LM_HEAD) t->std = CYCLE_OTHER_STD / sqrtf((float)c->H);
     return 0;
 }
 
@@ -168,89 +179,56 @@ static int quantized_layer(const sm_config *c, const sm_make_opts *o, int l) {
     return o->experts != SM_EXP_BF16 && !sm_layer_keeps_bf16(c, l);
 }
 
-/* Build the list: F32 tensors first, then BF16, then U8 / F8 (so every view is aligned). */
-static int build_list(const sm_config *c, const sm_make_opts *o, const int *cyc, mm_list *ls, sm_err *e) {
-    uint64_t s = o->seed;
-    int64_t H = c->H, Hm = c->Hm, I = c->I, E = c->E, Q = (int64_t)c->nH * c->D, KV = (int64_t)c->nKV * c->D;
-    char nm[128];
-#define LN(suffix) (snprintf(nm, sizeof nm, P_ "layers.%d.%s", l, suffix), nm)
-    /* f32: router weights and bias, FP8 scales */
-    for (int l = 0; l < c->L; l++) {
-        if (add_normal(ls, s, LN("mlp.gate.weight"), ST_F32, 2, E, H, 0, 1.0f / sqrtf((float)H), e) ||
-            add_normal(ls, s, LN("mlp.gate.e_score_correction_bias"), ST_F32, 1, E, 0, 0, 0.01f, e))
+/* The tensors of element size `es` bytes, in file order: the model-level ones written first,
+ * then per layer its table rows (consolidated experts only where the layer keeps BF16) and
+ * its per-expert tensors, then the other model-level ones. */
+static int add_group(mm_list *ls, const sm_config *c, const sm_make_opts *o, int es, sm_err *e) {
+    for (int r = SM_T_NLAYER; r < SM_T_N; r++)
+        if (sm_tensors[r].first && st_dtype_bits(sm_tensors[r].dtype) == 8 * es && add_role(ls, c, o, (sm_tensor_role)r, -1, e))
             return -1;
-        if (quantized_layer(c, o, l) && o->experts == SM_EXP_FP8)
-            for (int ex = 0; ex < E; ex++) {
-                char b[160];
-                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.gate_up_proj.weight_scale", l, ex);
-                if (add_expert(ls, b, G_FP8_S, ST_F32, l, ex, 0, 2 * I, Hm, c->E, e)) return -1;
-                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.down_proj.weight_scale", l, ex);
-                if (add_expert(ls, b, G_FP8_S, ST_F32, l, ex, 1, Hm, I, c->E, e)) return -1;
+    const sm_expert_format *F = &sm_expert_formats[o->experts];
+    for (int l = 0; l < c->L; l++) {
+        int q = quantized_layer(c, o, l);
+        for (int r = 0; r < SM_T_NLAYER; r++) {
+            if (st_dtype_bits(sm_tensors[r].dtype) != 8 * es || (q && sm_tensors[r].kind == SM_TK_EXPERTS)) continue;
+            if (add_role(ls, c, o, (sm_tensor_role)r, l, e)) return -1;
+        }
+        if (!q) continue;
+        for (int ex = 0; ex < c->E; ex++)
+            for (int s = 0; s < SM_XS_N; s++) {
+                int scale = s % 2;
+                st_dtype dt = scale ? F->s : F->w;
+                if ((scale && F->scale == 0) || st_dtype_bits(dt) != 8 * es) continue;
+                gen_kind k = o->experts == SM_EXP_MXFP4 ? (scale ? G_MX_S : G_MX_W) : (scale ? G_FP8_S : G_FP8_W);
+                if (add_expert(ls, c, o->experts, k, dt, l, ex, s, e)) return -1;
             }
     }
-    /* bf16: embedding, dense layers, norms, consolidated experts, lm_head */
-    if (add_normal(ls, s, P_ "embed_tokens.weight", ST_BF16, 2, c->V, H, 0, 1.0f, e)) return -1;
-    /* residual gates: N(0, 0.5) (a random model), or residual-dominant for a cycle model */
-    float gm = o->cycle ? CYCLE_GATE_MEAN : 0.0f, gs = o->cycle ? CYCLE_GATE_STD : 0.5f;
-    for (int l = 0; l < c->L; l++) {
-        float sh = 1.0f / sqrtf((float)H), so = 1.0f / sqrtf((float)Q);
-        if (add_normal(ls, s, LN("input_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("self_attn.q_proj.weight"), ST_BF16, 2, Q, H, 0, sh, e) ||
-            add_normal(ls, s, LN("self_attn.k_proj.weight"), ST_BF16, 2, KV, H, 0, sh, e) ||
-            add_normal(ls, s, LN("self_attn.v_proj.weight"), ST_BF16, 2, KV, H, 0, sh, e) ||
-            add_normal(ls, s, LN("self_attn.gate_proj.weight"), ST_BF16, 2, Q, H, 0, sh, e) ||
-            add_normal(ls, s, LN("self_attn.o_proj.weight"), ST_BF16, 2, H, Q, 0, so, e) ||
-            add_normal(ls, s, LN("post_attention_residual_gate.gate"), ST_BF16, 1, H, 0, gm, gs, e) ||
-            add_normal(ls, s, LN("pre_feedforward_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("post_feedforward_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("post_feedforward_residual_gate.gate"), ST_BF16, 1, H, 0, gm, gs, e) ||
-            add_normal(ls, s, LN("mlp.pre_expert_proj.weight"), ST_BF16, 2, Hm, H, 0, sh, e) ||
-            add_normal(ls, s, LN("mlp.pre_expert_norm.weight"), ST_BF16, 1, Hm, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("mlp.experts.post_expert_norm.weight"), ST_BF16, 1, Hm, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("mlp.post_expert_proj.weight"), ST_BF16, 2, H, Hm, 0, 1.0f / sqrtf((float)Hm), e))
+    for (int r = SM_T_NLAYER; r < SM_T_N; r++)
+        if (!sm_tensors[r].first && st_dtype_bits(sm_tensors[r].dtype) == 8 * es && add_role(ls, c, o, (sm_tensor_role)r, -1, e))
             return -1;
-        if (!quantized_layer(c, o, l) &&
-            (add_expert(ls, LN("mlp.experts.gate_up_proj"), G_EXP_BF16, ST_BF16, l, -1, 0, 2 * I, Hm, c->E, e) ||
-             add_expert(ls, LN("mlp.experts.down_proj"), G_EXP_BF16, ST_BF16, l, -1, 1, Hm, I, c->E, e)))
-            return -1;
-    }
-    /* final norm used as is: gain near 1 */
-    if (add_normal(ls, s, P_ "norm.weight", ST_BF16, 1, H, 0, 1.0f, 0.02f, e) ||
-        add_normal(ls, s, "lm_head.weight", ST_BF16, 2, c->V, H, 0,
-                   (o->cycle ? CYCLE_OTHER_STD : 1.0f) / sqrtf((float)H), e))
-        return -1;
-    if (o->cycle) { /* lm_head rows of the cycle ids from the embedding (found by name) */
-        mm_tensor *hd = &ls->t[ls->n - 1], *emb = NULL;
-        for (int i = 0; i < ls->n; i++)
-            if (!strcmp(ls->t[i].name, P_ "embed_tokens.weight")) emb = &ls->t[i];
-        if (!emb) return sm_errf(e, "make-model: internal: no embedding in the tensor list");
+    return 0;
+}
+
+/* Build the list: F32 tensors first, then BF16, then U8 / F8 (so every view is aligned). */
+static int build_list(const sm_config *c, const sm_make_opts *o, const int *cyc, mm_list *ls, sm_err *e) {
+    for (int es = 4; es >= 1; es /= 2)
+        if (add_group(ls, c, o, es, e)) return -1;
+    if (o->cycle) { /* lm_head rows of the cycle ids from the embedding */
+        mm_tensor *hd = NULL, *emb = NULL;
+        for (int i = 0; i < ls->n; i++) {
+            if (ls->t[i].role == SM_T_EMBED) emb = &ls->t[i];
+            if (ls->t[i].role == SM_T_LM_HEAD) hd = &ls->t[i];
+        }
+        if (!emb || !hd) return sm_errf(e, "make-model: internal: no embedding or lm_head in the tensor list");
         hd->kind = G_CYCLE_HEAD;
         hd->rows = c->V;
-        hd->cols = H;
+        hd->cols = c->H;
         hd->src_key = emb->key;
         hd->src_mean = emb->mean;
         hd->src_std = emb->std;
         hd->cyc = cyc;
         hd->ncyc = o->cycle;
     }
-    /* u8 / f8: per-expert quantized weights (MXFP4 weight then its scale, adjacent) */
-    for (int l = 0; l < c->L; l++) {
-        if (!quantized_layer(c, o, l)) continue;
-        for (int ex = 0; ex < E; ex++)
-            for (int pj = 0; pj < 2; pj++) {
-                int64_t rows = pj ? Hm : 2 * I, cols = pj ? I : Hm;
-                const char *pn = pj ? "down_proj" : "gate_up_proj";
-                char b[160];
-                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.%s.weight", l, ex, pn);
-                if (o->experts == SM_EXP_MXFP4) {
-                    if (add_expert(ls, b, G_MX_W, ST_U8, l, ex, pj, rows, cols, c->E, e)) return -1;
-                    snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.%s.weight_scale", l, ex, pn);
-                    if (add_expert(ls, b, G_MX_S, ST_U8, l, ex, pj, rows, cols, c->E, e)) return -1;
-                } else if (add_expert(ls, b, G_FP8_W, ST_F8_E4M3, l, ex, pj, rows, cols, c->E, e))
-                    return -1;
-            }
-    }
-#undef LN
     return 0;
 }
 
@@ -627,8 +605,10 @@ int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir,
     p.th = calloc((size_t)p.nw, sizeof *p.th);
     p.scratch = calloc((size_t)p.nw, sizeof *p.scratch);
     wa = calloc((size_t)p.nw, sizeof *wa);
-    p.mo.cap = 2 * (int64_t)c->I * c->Hm / 32;
-    if ((int64_t)c->Hm * c->I / 32 > p.mo.cap) p.mo.cap = (int64_t)c->Hm * c->I / 32;
+    size_t s1, s2; /* MXFP4 scale bytes of gate_up and down */
+    sm_expert_mat_bytes(SM_EXP_MXFP4, 2 * (int64_t)c->I, c->Hm, NULL, &s1);
+    sm_expert_mat_bytes(SM_EXP_MXFP4, c->Hm, c->I, NULL, &s2);
+    p.mo.cap = (int64_t)(s1 > s2 ? s1 : s2);
     p.mo.buf = malloc((size_t)p.mo.cap);
     int64_t maxt = 0;
     for (int i = 0; i < ls.n; i++) if (ls.t[i].nbytes > maxt) maxt = ls.t[i].nbytes;

@@ -14,12 +14,13 @@
 #include <stdint.h>
 #include "config.h"
 #include "safetensors.h"
+#include "tensors.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum sm_expert_fmt { SM_EXP_BF16 = 0, SM_EXP_FP8 = 1, SM_EXP_MXFP4 = 2 } sm_expert_fmt;
+/* sm_expert_fmt and the per-expert tensors of each format: tensors.h. */
 const char *sm_expert_fmt_name(sm_expert_fmt f); /* "bf16", "fp8", "mxfp4" */
 
 /* Checkpoint bytes of one expert matrix of rows x cols values in format f: its weights
@@ -91,6 +92,16 @@ typedef struct sm_load_opts {
 /* Residual gate coefficients from a gate vector g [n] (bf16 bits): u = g / T_g,
  * beta = sigmoid(u), alpha = sqrt(max(sigmoid(-u) * (1 + beta), 1e-3)), f32. */
 void sm_residual_gate(const uint16_t *g, int n, float T_g, float *alpha, float *beta);
+
+/* The loaded form of tensor r (tensors.h) of layer l (l ignored for a model-level role): the
+ * field of sm_layer / sm_model that holds it (k = 1: a residual gate's beta, else 0); NULL for
+ * the experts (sm_experts).  Its type follows sm_tensor_loaded: uint16_t bf16 or float f32
+ * values of the stored shape. */
+const void *sm_model_tensor(const sm_model *m, int l, sm_tensor_role r, int k);
+
+/* The f32 gain of a norm from its stored bf16 weight g [n] (bits): eff(g) = r16(1 + g) for a
+ * gain centred at 1 (kind SM_TK_NORM1), f32(g) for the final norm (SM_TK_NORM0). */
+void sm_norm_gain(const uint16_t *g, int64_t n, sm_tensor_kind kind, float *out);
 
 /* Load dir (config.json + safetensors); o may be NULL (defaults).  Every tensor is checked:
  * unknown names, missing / duplicate / mixed-format experts, dtypes and shapes, NaN e8m0

@@ -180,13 +180,12 @@ static int cmp_i(const void *x, const void *y) {
     return a < b ? -1 : a > b;
 }
 
-/* Bytes of the dense weights of one layer (everything but the experts). */
+/* Bytes of the dense weights of one layer (everything but the experts) in their loaded form,
+ * as the device holds them: bf16 / f32 matrices, f32 norm and gate vectors. */
 static double dense_layer_bytes(const sm_config *c) {
-    double H = c->H, Hm = c->Hm, QD = (double)c->nH * c->D, KD = (double)c->nKV * c->D;
-    return (2 * QD + 2 * KD) * H * 2 + H * QD * 2 /* q k v gate, o */
-         + (double)c->E * H * 4 + (double)c->E * 4 /* router, bias */
-         + 2 * Hm * H * 2                          /* pooler, unpooler */
-         + 7 * H * 4 + 2 * Hm * 4;                 /* norms, gates (f32 on the device) */
+    double b = 0;
+    for (int r = 0; r < SM_T_NLAYER; r++) b += (double)sm_tensor_loaded_bytes(c, (sm_tensor_role)r);
+    return b;
 }
 
 /* KV keys one request of R rows at positions ctx .. ctx+R-1 reads in layer kind `full`. */
