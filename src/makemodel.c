@@ -27,7 +27,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define P_ "model.language_model."
 #define CHUNK ((int64_t)16 << 20) /* bytes generated per job (two buffers in flight) */
 #define PIECE ((int64_t)64 << 10) /* smallest piece of a job a worker takes */
 #define BATCH 4096                /* normals generated per inner batch */
@@ -113,13 +112,6 @@ static mm_tensor *add(mm_list *l, sm_err *e) {
     t->expert = -1;
     t->role = -1;
     return t;
-}
-
-/* Logical stream name of one expert matrix (shared by every storage format). */
-static uint64_t expert_key(uint64_t seed, int l, int ex, int proj) {
-    char nm[128];
-    snprintf(nm, sizeof nm, P_ "layers.%d.mlp.experts.%d.%s", l, ex, proj ? "down_proj" : "gate_up_proj");
-    return sm_rng_key(seed, nm);
 }
 
 /* One expert tensor (consolidated: ex = -1, slot SM_XS_GU_W / SM_XS_DN_W) of kind k and dtype dt,
@@ -265,7 +257,7 @@ static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, i
             int64_t j = i % per, n = b1 / 2 - i;
             if (n > per - j) n = per - j;
             if (n > BATCH) n = BATCH;
-            gen_normals(expert_key(seed, t->layer, ex, t->proj), j, n, z);
+            gen_normals(sm_rng_expert_key(seed, t->layer, ex, t->proj), j, n, z);
             for (int64_t k = 0; k < n; k++) {
                 uint16_t h = sm_f32_to_bf16(t->std * z[k]); /* bf16 of N(0, 1/fan_in) */
                 memcpy(out + 2 * k, &h, 2);
@@ -283,7 +275,7 @@ static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, i
             memcpy(out, mo->buf + k0, (size_t)(k1 - k0));
             break;
         }
-        uint64_t key = expert_key(seed, t->layer, t->expert, t->proj);
+        uint64_t key = sm_rng_expert_key(seed, t->layer, t->expert, t->proj);
         for (int64_t k = k0; k < k1;) {
             int64_t nb = k1 - k < BATCH / 32 ? k1 - k : BATCH / 32;
             gen_normals(key, k * 32, nb * 32, z);
@@ -339,7 +331,7 @@ static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, i
     case G_FP8_W:
     case G_FP8_S: {
         int64_t rsz = t->kind == G_FP8_W ? t->cols : 4; /* bytes per row in this tensor */
-        uint64_t key = expert_key(seed, t->layer, t->expert, t->proj);
+        uint64_t key = sm_rng_expert_key(seed, t->layer, t->expert, t->proj);
         for (int64_t r = b0 / rsz; r < b1 / rsz; r++) {
             gen_normals(key, r * t->cols, t->cols, z);
             float amax = 0;

@@ -14,15 +14,11 @@
 #include <string.h>
 #include "check.h"
 #include "codec.h"
+#include "rng.h"
 
-/* ---- seeded random numbers (splitmix64) ---- */
+/* ---- seeded random numbers (rng.h) ---- */
 static uint64_t rng = 0x5EED0C0DECULL;
-static uint64_t rnd_u64(void) {
-    uint64_t z = (rng += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd_u64(void) { return sm_rng_next(&rng); }
 static double rnd_unit(void) { return (double)(rnd_u64() >> 11) * 0x1.0p-53; } /* [0, 1) */
 static double rnd_normal(void) {
     double u = rnd_unit(), v = rnd_unit();

@@ -20,6 +20,7 @@
 #include "kvcache.h"
 #include "weights.h"
 #include "backend.h"
+#include "rng.h"
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,13 +165,6 @@ static double wall_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static uint64_t b_mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static int cmp_f(const void *x, const void *y) {
     float a = *(const float *)x, b = *(const float *)y;
     return a < b ? -1 : a > b;
@@ -312,7 +306,7 @@ static int run(const bench_args *a, sm_err *e) {
             pos[i] = a->ctx + i % R;
         }
         for (int si = 0; si < a->sets; si++) {
-            for (int i = 0; i < n; i++) tok[si * maxrows + i] = (int)(b_mix(&rng) % (uint64_t)cfg.vocab_used);
+            for (int i = 0; i < n; i++) tok[si * maxrows + i] = (int)(sm_rng_next(&rng) % (uint64_t)cfg.vocab_used);
             sm_step *s = &sets[si];
             memset(s, 0, sizeof *s);
             s->nrows = n;
