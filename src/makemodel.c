@@ -16,6 +16,7 @@
 #include "rng.h"
 #include "codec.h"
 #include "safetensors.h"
+#include "outfile.h"
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -506,10 +507,15 @@ static int write_index(const char *tmpdir, const mm_list *ls, char (*fnames)[64]
     json_object_set_new(root, "weight_map", wm);
     char path[4608];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmpdir);
-    int rc = json_dump_file(root, path, JSON_INDENT(2));
+    sm_outfile of; /* temporary file, fsync, rename (outfile.h) */
+    if (sm_outfile_open(&of, path, e)) { json_decref(root); return -1; }
+    int rc = json_dumpf(root, of.f, JSON_INDENT(2));
     json_decref(root);
-    if (rc) return sm_errf(e, "%s: cannot write", path);
-    return 0;
+    if (rc) {
+        sm_outfile_abort(&of);
+        return sm_errf(e, "%s: cannot write", path);
+    }
+    return sm_outfile_commit(&of, e);
 }
 
 int sm_make_cycle_ids(const sm_config *c, int n, int *ids, sm_err *e) {

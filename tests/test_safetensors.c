@@ -526,8 +526,8 @@ static void test_writer_errors(void) {
     CHECK(st_writer_declare(&w, "big", ST_U8, 2, (int64_t[]){3, (int64_t)2 << 30}, &e) == 0, "big: %s", e.msg);
     CHECK(st_writer_declare(&w, "after", ST_BF16, 1, (int64_t[]){1}, &e) == 0, "after: %s", e.msg);
     CHECK(st_writer_write(&w, buf, 0, &e) == 0, "header: %s", e.msg);
-    fflush(w.f);
-    FILE *f = fopen(w.tmp, "rb");
+    fflush(w.out.f);
+    FILE *f = fopen(w.out.tmp, "rb");
     char hdr[512] = {0};
     CHECK(f && fread(hdr, 1, sizeof hdr - 1, f) > 8, "read header");
     CHECK(strstr(hdr + 8, "\"data_offsets\":[6442450944,6442450946]") != NULL, "64-bit offsets: %s", hdr + 8);
