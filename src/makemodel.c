@@ -534,187 +534,240 @@ int sm_make_cycle_ids(const sm_config *c, int n, int *ids, sm_err *e) {
 
 static int stopped(const sm_make_opts *o) { return o->stop && *o->stop; }
 
+/* Everything one sm_make_model call holds; mm_release frees it. */
+typedef struct mm_job {
+    const sm_config *c;
+    const sm_make_opts *o;
+    char out[3900];            /* the output directory */
+    char tmp[4000];            /* the temporary directory it is written under */
+    int tmp_made;              /* tmp exists (removed on failure) */
+    int *cyc;                  /* [o->cycle] cycle ids, or NULL */
+    mm_list ls;                /* the tensors in file order */
+    int K;                     /* files */
+    char (*fnames)[64];        /* [K] their names */
+    int64_t total, maxcols;    /* bytes of all tensors; widest logical row */
+    pool p;                    /* the generation workers */
+    worker_arg *wa;            /* [p.nw] */
+    int started, pool_init;    /* workers running; p's mutex and conditions initialized */
+    uint8_t *buf[2];           /* two chunk buffers: one generated while the other is written */
+    st_writer w;               /* the file being written */
+    int wopen;                 /* w is open */
+    progress pr;
+    int64_t written;           /* bytes written so far */
+} mm_job;
+
+/* The cycle ids of a cycle model (o->cycle != 0). */
+static int mm_cycle(mm_job *j, sm_err *e) {
+    const sm_make_opts *o = j->o;
+    if (!o->cycle) return 0;
+    if (o->cycle < 2 || o->cycle > SM_MAKE_MAX_CYCLE)
+        return sm_errf(e, "make-model: cycle of %d ids is not in [2, %d]", o->cycle, SM_MAKE_MAX_CYCLE);
+    j->cyc = malloc(sizeof(int) * (size_t)o->cycle);
+    if (!j->cyc) return sm_errf(e, "make-model: out of memory");
+    return sm_make_cycle_ids(j->c, o->cycle, j->cyc, e);
+}
+
+/* The output directory (trailing slashes dropped): refuse a non-empty one; create the
+ * temporary <out>.tmp.<pid> and write config.json into it. */
+static int mm_outdir(mm_job *j, const char *outdir, sm_err *e) {
+    size_t ol = strlen(outdir);
+    while (ol > 1 && outdir[ol - 1] == '/') ol--;
+    if (ol == 0 || ol >= sizeof j->out) return sm_errf(e, "make-model: bad output path '%s'", outdir);
+    memcpy(j->out, outdir, ol);
+    j->out[ol] = 0;
+    if (dir_state(j->out) == 1) return sm_errf(e, "%s: output exists and is not an empty directory", j->out);
+    snprintf(j->tmp, sizeof j->tmp, "%s.tmp.%ld", j->out, (long)getpid());
+    if (mkdir(j->tmp, 0755) != 0) return sm_errf(e, "%s: cannot create directory: %s", j->tmp, strerror(errno));
+    j->tmp_made = 1;
+    char path[4608];
+    snprintf(path, sizeof path, "%s/config.json", j->tmp);
+    return sm_config_save(j->c, path, e);
+}
+
+/* The files: contiguous runs of the list of about total/K bytes each, every file non-empty. */
+static int mm_shards(mm_job *j, sm_err *e) {
+    mm_list *ls = &j->ls;
+    int K = j->K = j->o->shards;
+    if (K > ls->n) return sm_errf(e, "make-model: --shards %d exceeds the %d tensors", K, ls->n);
+    int64_t cum = 0;
+    j->total = 0;
+    j->maxcols = 32;
+    for (int i = 0; i < ls->n; i++) {
+        j->total += ls->t[i].nbytes;
+        if (ls->t[i].cols > j->maxcols) j->maxcols = ls->t[i].cols;
+    }
+    for (int i = 0, prev = 0; i < ls->n; i++) {
+        int s = (int)((double)cum * K / (double)j->total);
+        if (s > prev + 1) s = prev + 1;
+        if (s < prev) s = prev;
+        if (s < K - (ls->n - i)) s = K - (ls->n - i);
+        if (s > K - 1) s = K - 1;
+        ls->t[i].shard = prev = s;
+        cum += ls->t[i].nbytes;
+    }
+    j->fnames = calloc((size_t)K, sizeof *j->fnames);
+    if (!j->fnames) return sm_errf(e, "make-model: out of memory");
+    for (int k = 0; k < K; k++) {
+        if (K == 1) snprintf(j->fnames[k], 64, "model.safetensors");
+        else snprintf(j->fnames[k], 64, "model-%05d-of-%05d.safetensors", k + 1, K);
+    }
+    return 0;
+}
+
+/* The workers (o->threads, else one per core and at least 2; at most 64), their scratch, the
+ * MXFP4 scale memo and the two chunk buffers. */
+static int mm_pool_start(mm_job *j, sm_err *e) {
+    const sm_config *c = j->c;
+    pool *p = &j->p;
+    long ncpu = j->o->threads > 0 ? j->o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    p->nw = ncpu < 2 && j->o->threads <= 0 ? 2 : ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu;
+    p->seed = j->o->seed;
+    p->th = calloc((size_t)p->nw, sizeof *p->th);
+    p->scratch = calloc((size_t)p->nw, sizeof *p->scratch);
+    j->wa = calloc((size_t)p->nw, sizeof *j->wa);
+    size_t s1, s2; /* MXFP4 scale bytes of gate_up and down */
+    sm_expert_mat_bytes(SM_EXP_MXFP4, 2 * (int64_t)c->I, c->Hm, NULL, &s1);
+    sm_expert_mat_bytes(SM_EXP_MXFP4, c->Hm, c->I, NULL, &s2);
+    p->mo.cap = (int64_t)(s1 > s2 ? s1 : s2);
+    p->mo.buf = malloc((size_t)p->mo.cap);
+    int64_t maxt = 0;
+    for (int i = 0; i < j->ls.n; i++)
+        if (j->ls.t[i].nbytes > maxt) maxt = j->ls.t[i].nbytes;
+    int64_t bsz = maxt < CHUNK ? maxt : CHUNK;
+    j->buf[0] = malloc((size_t)bsz + 64);
+    j->buf[1] = malloc((size_t)bsz + 64);
+    if (!p->th || !p->scratch || !j->wa || !p->mo.buf || !j->buf[0] || !j->buf[1]) return sm_errf(e, "make-model: out of memory");
+    for (int i = 0; i < p->nw; i++) {
+        p->scratch[i] = malloc(sizeof(float) * (size_t)(BATCH + j->maxcols));
+        if (!p->scratch[i]) return sm_errf(e, "make-model: out of memory");
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work, NULL);
+    pthread_cond_init(&p->done, NULL);
+    j->pool_init = 1;
+    for (int i = 0; i < p->nw; i++) {
+        j->wa[i].p = p;
+        j->wa[i].id = i;
+        if (pthread_create(&p->th[i], NULL, worker, &j->wa[i]) != 0) break;
+        j->started++;
+    }
+    if (j->started == 0) return sm_errf(e, "make-model: cannot start worker threads");
+    return 0;
+}
+
+/* Write n bytes of buffer b (a generated chunk) to the open file. */
+static int mm_put(mm_job *j, const uint8_t *b, int64_t n, sm_err *e) {
+    if (st_writer_write(&j->w, b, (size_t)n, e)) return -1;
+    j->written += n;
+    progress_show(&j->pr, j->written, 0);
+    return 0;
+}
+
+/* File k: tensors [*ti, ...) of shard k, in chunks: chunk c is generated while chunk c - 1 is
+ * written.  1 when interrupted. */
+static int mm_write_shard(mm_job *j, int k, int *ti, sm_err *e) {
+    pool *p = &j->p;
+    char path[4608];
+    snprintf(path, sizeof path, "%s/%s", j->tmp, j->fnames[k]);
+    if (st_writer_open(&j->w, path, e)) return -1;
+    j->wopen = 1;
+    int t0 = *ti, t1 = *ti;
+    while (t1 < j->ls.n && j->ls.t[t1].shard == k) t1++;
+    for (int i = t0; i < t1; i++)
+        if (st_writer_declare(&j->w, j->ls.t[i].name, j->ls.t[i].dt, j->ls.t[i].ndim, j->ls.t[i].shape, e)) return -1;
+    int cur = 0, have_prev = 0;
+    int64_t prev_n = 0;
+    for (int i = t0; i < t1; i++) {
+        mm_tensor *t = &j->ls.t[i];
+        int64_t u = unit_of(t), ch = CHUNK / u * u;
+        if (ch < u) ch = u;
+        if (t->kind == G_MX_W) {
+            p->mo.valid = 0;
+            p->mo.active = t->nbytes / 16 <= p->mo.cap;
+            p->mo.layer = t->layer; p->mo.expert = t->expert; p->mo.proj = t->proj;
+        }
+        for (int64_t b = 0; b < t->nbytes; b += ch) {
+            int64_t n = t->nbytes - b < ch ? t->nbytes - b : ch;
+            if (stopped(j->o)) return 1; /* no job in flight here */
+            pool_submit(p, t, b, b + n, j->buf[cur]);
+            if (have_prev && mm_put(j, j->buf[cur ^ 1], prev_n, e)) { pool_wait(p); return -1; }
+            pool_wait(p);
+            have_prev = 1;
+            prev_n = n;
+            cur ^= 1;
+        }
+        if (t->kind == G_MX_W) { p->mo.valid = p->mo.active; p->mo.active = 0; }
+    }
+    if (have_prev && mm_put(j, j->buf[cur ^ 1], prev_n, e)) return -1;
+    if (st_writer_finish(&j->w, e)) return -1;
+    st_writer_abort(&j->w); /* frees; no-op on the file after finish */
+    j->wopen = 0;
+    *ti = t1;
+    return 0;
+}
+
+/* Every file, the index of a sharded model, then the rename of the temporary directory.  1
+ * when interrupted. */
+static int mm_write(mm_job *j, sm_err *e) {
+    j->pr.on = j->o->progress;
+    j->pr.tty = isatty(2);
+    j->pr.t0 = j->pr.last = now_s();
+    j->pr.total = j->total;
+    for (int k = 0, ti = 0; k < j->K; k++) {
+        int rc = mm_write_shard(j, k, &ti, e);
+        if (rc) return rc;
+    }
+    if (j->K > 1 && write_index(j->tmp, &j->ls, j->fnames, j->total, e)) return -1;
+    if (stopped(j->o)) return 1;
+    progress_show(&j->pr, j->written, 1);
+    progress_end(&j->pr);
+    if (rename(j->tmp, j->out) != 0) return sm_errf(e, "%s: cannot rename %s to it: %s", j->out, j->tmp, strerror(errno));
+    j->tmp_made = 0;
+    return 0;
+}
+
+/* Stop the workers and free everything; on failure remove the temporary directory. */
+static void mm_release(mm_job *j) {
+    progress_end(&j->pr);
+    if (j->wopen) st_writer_abort(&j->w);
+    if (j->tmp_made) remove_tree(j->tmp);
+    pool *p = &j->p;
+    if (j->pool_init) {
+        pool_stop(p, j->started);
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->work);
+        pthread_cond_destroy(&p->done);
+    }
+    if (p->scratch)
+        for (int i = 0; i < p->nw; i++) free(p->scratch[i]);
+    free(p->scratch);
+    free(p->th);
+    free(j->wa);
+    free(p->mo.buf);
+    free(j->buf[0]);
+    free(j->buf[1]);
+    free(j->fnames);
+    free(j->ls.t);
+    free(j->cyc);
+}
+
 int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir, sm_err *e) {
     if (sm_config_validate(c, "make-model", e)) return -1;
     if (o->experts != SM_EXP_BF16 && o->experts != SM_EXP_FP8 && o->experts != SM_EXP_MXFP4)
         return sm_errf(e, "make-model: unknown expert format %d", (int)o->experts);
     if (o->shards < 1) return sm_errf(e, "make-model: shards must be >= 1 (got %d)", o->shards);
-    int *cyc = NULL; /* [o->cycle] cycle ids */
-    if (o->cycle) {
-        if (o->cycle < 2 || o->cycle > SM_MAKE_MAX_CYCLE)
-            return sm_errf(e, "make-model: cycle of %d ids is not in [2, %d]", o->cycle, SM_MAKE_MAX_CYCLE);
-        cyc = malloc(sizeof(int) * (size_t)o->cycle);
-        if (!cyc) return sm_errf(e, "make-model: out of memory");
-        if (sm_make_cycle_ids(c, o->cycle, cyc, e)) { free(cyc); return -1; }
-    }
-    /* output directory: refuse a non-empty one; write under <out>.tmp.<pid> */
-    char out[3900], tmp[4000];
-    size_t ol = strlen(outdir);
-    while (ol > 1 && outdir[ol - 1] == '/') ol--;
-    if (ol == 0 || ol >= sizeof out) return sm_errf(e, "make-model: bad output path '%s'", outdir);
-    memcpy(out, outdir, ol);
-    out[ol] = 0;
-    if (dir_state(out) == 1) { free(cyc); return sm_errf(e, "%s: output exists and is not an empty directory", out); }
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
-    if (mkdir(tmp, 0755) != 0) { free(cyc); return sm_errf(e, "%s: cannot create directory: %s", tmp, strerror(errno)); }
-
-    mm_list ls = {0};
-    char (*fnames)[64] = NULL;
-    pool p;
-    memset(&p, 0, sizeof p);
-    worker_arg *wa = NULL;
-    int started = 0, rc = -1, pool_init = 0;
-    uint8_t *buf[2] = {NULL, NULL};
-    st_writer w;
-    int wopen = 0;
-    progress pr = {0};
-    char path[4608];
-
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    if (sm_config_save(c, path, e)) goto fail;
-    if (build_list(c, o, cyc, &ls, e)) goto fail;
-    /* shards: contiguous runs of about total/K bytes, every shard non-empty */
-    int K = o->shards;
-    if (K > ls.n) { sm_errf(e, "make-model: --shards %d exceeds the %d tensors", K, ls.n); goto fail; }
-    int64_t total = 0, cum = 0, maxcols = 32;
-    for (int i = 0; i < ls.n; i++) {
-        total += ls.t[i].nbytes;
-        if (ls.t[i].cols > maxcols) maxcols = ls.t[i].cols;
-    }
-    for (int i = 0, prev = 0; i < ls.n; i++) {
-        int s = (int)((double)cum * K / (double)total);
-        if (s > prev + 1) s = prev + 1;
-        if (s < prev) s = prev;
-        if (s < K - (ls.n - i)) s = K - (ls.n - i);
-        if (s > K - 1) s = K - 1;
-        ls.t[i].shard = prev = s;
-        cum += ls.t[i].nbytes;
-    }
-    fnames = calloc((size_t)K, sizeof *fnames);
-    if (!fnames) { sm_errf(e, "make-model: out of memory"); goto fail; }
-    for (int k = 0; k < K; k++) {
-        if (K == 1) snprintf(fnames[k], 64, "model.safetensors");
-        else snprintf(fnames[k], 64, "model-%05d-of-%05d.safetensors", k + 1, K);
-    }
-    /* pool: o->threads workers, else one per core and at least 2; at most 64 */
-    long ncpu = o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
-    p.nw = ncpu < 2 && o->threads <= 0 ? 2 : ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu;
-    p.seed = o->seed;
-    p.th = calloc((size_t)p.nw, sizeof *p.th);
-    p.scratch = calloc((size_t)p.nw, sizeof *p.scratch);
-    wa = calloc((size_t)p.nw, sizeof *wa);
-    size_t s1, s2; /* MXFP4 scale bytes of gate_up and down */
-    sm_expert_mat_bytes(SM_EXP_MXFP4, 2 * (int64_t)c->I, c->Hm, NULL, &s1);
-    sm_expert_mat_bytes(SM_EXP_MXFP4, c->Hm, c->I, NULL, &s2);
-    p.mo.cap = (int64_t)(s1 > s2 ? s1 : s2);
-    p.mo.buf = malloc((size_t)p.mo.cap);
-    int64_t maxt = 0;
-    for (int i = 0; i < ls.n; i++) if (ls.t[i].nbytes > maxt) maxt = ls.t[i].nbytes;
-    int64_t bsz = maxt < CHUNK ? maxt : CHUNK;
-    buf[0] = malloc((size_t)bsz + 64);
-    buf[1] = malloc((size_t)bsz + 64);
-    if (!p.th || !p.scratch || !wa || !p.mo.buf || !buf[0] || !buf[1]) { sm_errf(e, "make-model: out of memory"); goto fail; }
-    for (int i = 0; i < p.nw; i++) {
-        p.scratch[i] = malloc(sizeof(float) * (size_t)(BATCH + maxcols));
-        if (!p.scratch[i]) { sm_errf(e, "make-model: out of memory"); goto fail; }
-    }
-    pthread_mutex_init(&p.mu, NULL);
-    pthread_cond_init(&p.work, NULL);
-    pthread_cond_init(&p.done, NULL);
-    pool_init = 1;
-    for (int i = 0; i < p.nw; i++) {
-        wa[i].p = &p;
-        wa[i].id = i;
-        if (pthread_create(&p.th[i], NULL, worker, &wa[i]) != 0) break;
-        started++;
-    }
-    if (started == 0) { sm_errf(e, "make-model: cannot start worker threads"); goto fail; }
-
-    pr.on = o->progress;
-    pr.tty = isatty(2);
-    pr.t0 = pr.last = now_s();
-    pr.total = total;
-    int64_t written = 0;
-    int ti = 0;
-    for (int k = 0; k < K; k++) {
-        snprintf(path, sizeof path, "%s/%s", tmp, fnames[k]);
-        if (st_writer_open(&w, path, e)) goto fail;
-        wopen = 1;
-        int t0 = ti, t1 = ti;
-        while (t1 < ls.n && ls.t[t1].shard == k) t1++;
-        for (int i = t0; i < t1; i++)
-            if (st_writer_declare(&w, ls.t[i].name, ls.t[i].dt, ls.t[i].ndim, ls.t[i].shape, e)) goto fail;
-        /* jobs: chunks of each tensor; generate job j while writing job j-1 */
-        int cur = 0, have_prev = 0;
-        int64_t prev_n = 0;
-        for (int i = t0; i < t1; i++) {
-            mm_tensor *t = &ls.t[i];
-            int64_t u = unit_of(t), ch = CHUNK / u * u;
-            if (ch < u) ch = u;
-            if (t->kind == G_MX_W) {
-                p.mo.valid = 0;
-                p.mo.active = t->nbytes / 16 <= p.mo.cap;
-                p.mo.layer = t->layer; p.mo.expert = t->expert; p.mo.proj = t->proj;
-            }
-            for (int64_t b = 0; b < t->nbytes; b += ch) {
-                int64_t n = t->nbytes - b < ch ? t->nbytes - b : ch;
-                if (stopped(o)) goto interrupted; /* no job in flight here */
-                pool_submit(&p, t, b, b + n, buf[cur]);
-                if (have_prev) {
-                    if (st_writer_write(&w, buf[cur ^ 1], (size_t)prev_n, e)) { pool_wait(&p); goto fail; }
-                    written += prev_n;
-                    progress_show(&pr, written, 0);
-                }
-                pool_wait(&p);
-                have_prev = 1;
-                prev_n = n;
-                cur ^= 1;
-            }
-            if (t->kind == G_MX_W) { p.mo.valid = p.mo.active; p.mo.active = 0; }
-        }
-        if (have_prev) {
-            if (st_writer_write(&w, buf[cur ^ 1], (size_t)prev_n, e)) goto fail;
-            written += prev_n;
-            progress_show(&pr, written, 0);
-        }
-        if (st_writer_finish(&w, e)) goto fail;
-        st_writer_abort(&w); /* frees; no-op on the file after finish */
-        wopen = 0;
-        ti = t1;
-    }
-    if (K > 1 && write_index(tmp, &ls, fnames, total, e)) goto fail;
-    if (stopped(o)) goto interrupted;
-    progress_show(&pr, written, 1);
-    progress_end(&pr);
-    if (rename(tmp, out) != 0) {
-        sm_errf(e, "%s: cannot rename %s to it: %s", out, tmp, strerror(errno));
-        goto fail;
-    }
-    rc = 0;
-    goto done;
-interrupted:
-    sm_errf(e, "make-model: interrupted; removed the partial output %s", tmp);
-fail:
-    progress_end(&pr);
-    if (wopen) st_writer_abort(&w);
-    remove_tree(tmp);
-done:
-    if (pool_init) {
-        pool_stop(&p, started);
-        pthread_mutex_destroy(&p.mu);
-        pthread_cond_destroy(&p.work);
-        pthread_cond_destroy(&p.done);
-    }
-    if (p.scratch)
-        for (int i = 0; i < p.nw; i++) free(p.scratch[i]);
-    free(p.scratch);
-    free(p.th);
-    free(wa);
-    free(p.mo.buf);
-    free(buf[0]);
-    free(buf[1]);
-    free(fnames);
-    free(ls.t);
-    free(cyc);
+    mm_job *j = calloc(1, sizeof *j);
+    if (!j) return sm_errf(e, "make-model: out of memory");
+    j->c = c;
+    j->o = o;
+    int rc = mm_cycle(j, e);
+    if (!rc) rc = mm_outdir(j, outdir, e);
+    if (!rc) rc = build_list(c, o, j->cyc, &j->ls, e);
+    if (!rc) rc = mm_shards(j, e);
+    if (!rc) rc = mm_pool_start(j, e);
+    if (!rc) rc = mm_write(j, e);
+    if (rc > 0) rc = sm_errf(e, "make-model: interrupted; removed the partial output %s", j->tmp);
+    mm_release(j);
+    free(j);
     return rc;
 }

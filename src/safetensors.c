@@ -217,7 +217,8 @@ static int parse_entry(const st_file *f, const char *name, json_t *v, const char
 
 /* Map one file and append it and its validated tensors to *a (not sorted yet).  On error the
  * partial file stays registered in *a so st_close releases it. */
-static int load_file(st_archive *a, const char *path, sm_err *e) {
+/* Map the file at path read-only and append it to a->files (its path owned); *fi its index. */
+static int map_file(st_archive *a, const char *path, int *fi, sm_err *e) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return sm_errf(e, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
@@ -252,14 +253,22 @@ static int load_file(st_archive *a, const char *path, sm_err *e) {
         return sm_errf(e, "%s: out of memory", path);
     }
     a->files = nf;
-    int fi = a->nfiles++;
-    st_file *f = &a->files[fi];
+    *fi = a->nfiles++;
+    st_file *f = &a->files[*fi];
     memset(f, 0, sizeof *f);
     f->map = map;
     f->size = (size_t)size;
     f->path = xstrdup(path);
     if (!f->path) return sm_errf(e, "%s: out of memory", path);
+    return 0;
+}
 
+/* Parse and validate the header of mapped file fi into a->tensors. */
+static int parse_header(st_archive *a, int fi, sm_err *e) {
+    st_file *f = &a->files[fi];
+    const char *path = f->path;
+    const void *map = f->map;
+    uint64_t size = (uint64_t)f->size;
     /* header length: 8 bytes little endian */
     const unsigned char *m = map;
     uint64_t hl = 0;
@@ -345,6 +354,11 @@ done:
     free(rs);
     json_decref(root);
     return rc;
+}
+
+static int load_file(st_archive *a, const char *path, sm_err *e) {
+    int fi;
+    return map_file(a, path, &fi, e) || parse_header(a, fi, e) ? -1 : 0;
 }
 
 /* Sort by name and refuse a name present twice (only possible across files). */

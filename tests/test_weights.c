@@ -580,13 +580,23 @@ static void expect_fail(olist *l, const char *what, const char *want1, const cha
     printf("  %-22s -> %s\n", what, e.msg);
 }
 
+/* The three good models of the test as archives (BF16, MXFP4, FP8 experts). */
+static int open_good(st_archive *ab, st_archive *am, st_archive *af) {
+    sm_err e = {{0}};
+    if (st_open_dir(d_bf16, ab, &e) || st_open_dir(d_mx, am, &e) || st_open_dir(d_fp8, af, &e)) {
+        CHECK(0, "open: %s", e.msg);
+        st_close(ab);
+        st_close(am);
+        st_close(af);
+        return -1;
+    }
+    return 0;
+}
+
+/* Broken checkpoints (1): duplicate and missing tensors. */
 static void test_broken(void) {
     st_archive ab = {0}, am = {0}, af = {0};
-    sm_err e = {{0}};
-    if (st_open_dir(d_bf16, &ab, &e) || st_open_dir(d_mx, &am, &e) || st_open_dir(d_fp8, &af, &e)) {
-        CHECK(0, "open: %s", e.msg);
-        return;
-    }
+    if (open_good(&ab, &am, &af)) return;
     const sm_config *c = &cfg;
     int64_t I2 = 2 * (int64_t)c->I, Hm = c->Hm;
     olist *l;
@@ -641,6 +651,22 @@ static void test_broken(void) {
     odrop(l, n);
     expect_fail(l, "missing down_proj", n, "missing");
     ofree(l);
+
+    st_close(&ab);
+    st_close(&am);
+    st_close(&af);
+}
+
+/* Broken checkpoints (2): shapes, dtypes, formats, names, scales, a truncated file. */
+static void test_broken_values(void) {
+    st_archive ab = {0}, am = {0}, af = {0};
+    if (open_good(&ab, &am, &af)) return;
+    sm_err e = {{0}};
+    const sm_config *c = &cfg;
+    int64_t I2 = 2 * (int64_t)c->I, Hm = c->Hm;
+    olist *l;
+    const char *n;
+    const st_tensor *t;
 
     /* wrong shape (same bytes) */
     l = from_archive(&ab);
@@ -724,8 +750,9 @@ static void test_broken(void) {
     l = from_archive(&ab);
     odrop(l, P_ "layers.1.mlp.experts.gate_up_proj");
     odrop(l, P_ "layers.1.mlp.experts.down_proj");
+    const st_tensor *cgu = st_find(&ab, P_ "layers.1.mlp.experts.gate_up_proj");
     const st_tensor *cdn = st_find(&ab, P_ "layers.1.mlp.experts.down_proj");
-    int64_t sd[2] = {Hm, c->I};
+    int64_t s2[2] = {I2, Hm}, sd[2] = {Hm, c->I};
     for (int ex = 0; ex < c->E; ex++) {
         char b1[200], b2[200];
         snprintf(b1, sizeof b1, P_ "layers.1.mlp.experts.%d.gate_up_proj.weight", ex);
@@ -867,6 +894,7 @@ int main(void) {
     RUN(test_determinism);
     RUN(test_outdir);
     RUN(test_broken);
+    RUN(test_broken_values);
     RUN(test_variants);
     tm_rmtree(base);
     return TEST_DONE();
