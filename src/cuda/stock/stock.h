@@ -6,9 +6,9 @@
  *
  * All device state of a rank lives in one plain struct, sm_cuda_dev: its device ordinal, its
  * stream, the stock-kernel context (cuBLAS, workspace), the rank's weights (dense matrices
- * carved from one allocation per layer, experts in moe.cu's layout), the paged KV cache,
- * fixed activation buffers for `cap` rows, one packed metadata buffer that every kernel of a
- * step reads, and the captured graphs.  Every call that touches it first makes its device
+ * carved from one allocation per layer, experts in the MoE module's layout, src/cuda/moe/),
+ * the paged KV cache, fixed activation buffers for `cap` rows, one packed metadata buffer that
+ * every kernel of a step reads, and the captured graphs.  Every call that touches it first makes its device
  * current (cb_enter) and runs on its stream: another rank's context may have switched the
  * device of this host thread.  We rejected file statics and the implicit device 0: W ranks
  * on W GPUs need W contexts side by side; and per-step allocations or pointer arguments that
@@ -52,7 +52,7 @@ typedef struct cb_layer {
     uint16_t *pooler;          /* [np, H] bf16 */
     float *pre_expert_norm;    /* [Hm] eff(pre_expert_norm) */
     uint16_t *unpooler;        /* [nu, Hm] bf16 */
-    sm_cuda_moe_layer moe;     /* experts (moe.cu layout) */
+    sm_cuda_moe_layer moe;     /* experts and post_expert_norm (the MoE module's layout, moe.h) */
     int have_moe;              /* moe holds device memory */
     void *dense;               /* the allocation the dense fields live in */
     size_t dense_bytes;        /* its size */
