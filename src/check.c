@@ -61,7 +61,8 @@ void sm_model_bytes(const sm_model *m, sm_bytes *b) {
             sm_expert_fmt f = m->layers[l].ex.fmt;
             *part_of(b, (sm_tensor_role)r, f) += role_bytes(c, (sm_tensor_role)r, f, 1);
         }
-    for (int r = SM_T_NLAYER; r < SM_T_N; r++) *part_of(b, (sm_tensor_role)r, SM_EXP_BF16) += role_bytes(c, (sm_tensor_role)r, SM_EXP_BF16, 1);
+    for (int r = SM_T_NLAYER; r < SM_T_N; r++)
+        *part_of(b, (sm_tensor_role)r, SM_EXP_BF16) += role_bytes(c, (sm_tensor_role)r, SM_EXP_BF16, 1);
     b->total = b->embed + b->lm_head + b->attn + b->router + b->pool + b->norms + b->experts[0] +
                b->experts[1] + b->experts[2];
 }

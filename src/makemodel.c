@@ -1,8 +1,9 @@
 /* makemodel.c: random checkpoints with the real tensor names (see makemodel.h).
  *
  * The tensors, their names, shapes, dtypes and magnitudes are the rows of the tensor tables
- * (tensors.h), written F32 first, then BF16, then U8 / F8 so every view is aligned.  Every value is a pure function of (seed, stream name, element index): a counter-based
- * generator (splitmix64 finalizer of key + index) feeds Box-Muller with our own polynomial
+ * (tensors.h), written F32 first, then BF16, then U8 / F8 so every view is aligned.  Every
+ * value is a pure function of (seed, stream name, element index): a counter-based generator
+ * (splitmix64 finalizer of key + index, rng.h) feeds Box-Muller with our own polynomial
  * log and sin/cos, so any byte range of any tensor can be made by any thread, in any order,
  * with identical bytes on every machine (no libm in the values).  Experts are keyed by their
  * logical name (layer, expert, projection), not the tensor name, so the consolidated BF16,

@@ -11,35 +11,36 @@
 #include <stdio.h>
 #include <string.h>
 
-#define N1 SM_TK_NORM1
-#define VW SM_TK_VIEW
-#define GT SM_TK_GATE
+/* Short names for the columns below (undefined after the table). */
+#define T_(role, name, bare, dt, dims, kind, split, part, first, mean, std) \
+    [role] = {name, bare, ST_##dt, dims, SM_TK_##kind, SM_SPLIT_##split, SM_PART_##part, first, mean, std}
 
 const sm_tensor_def sm_tensors[SM_T_N] = {
-    /* name                                   bare dtype    dims   kind   split          part         first mean std */
-    [SM_T_IN_NORM] = {"input_layernorm.weight", 0, ST_BF16, "H", N1, SM_SPLIT_NONE, SM_PART_NORMS, 0, 0.0f, 0.02f},
-    [SM_T_WQ] = {"self_attn.q_proj.weight", 0, ST_BF16, "QH", VW, SM_SPLIT_ROWS, SM_PART_ATTN, 0, 0.0f, 0.0f},
-    [SM_T_WK] = {"self_attn.k_proj.weight", 0, ST_BF16, "KH", VW, SM_SPLIT_ROWS, SM_PART_ATTN, 0, 0.0f, 0.0f},
-    [SM_T_WV] = {"self_attn.v_proj.weight", 0, ST_BF16, "KH", VW, SM_SPLIT_ROWS, SM_PART_ATTN, 0, 0.0f, 0.0f},
-    [SM_T_WG] = {"self_attn.gate_proj.weight", 0, ST_BF16, "QH", VW, SM_SPLIT_ROWS, SM_PART_ATTN, 0, 0.0f, 0.0f},
-    [SM_T_WO] = {"self_attn.o_proj.weight", 0, ST_BF16, "HQ", VW, SM_SPLIT_COLS, SM_PART_ATTN, 0, 0.0f, 0.0f},
-    [SM_T_ATT_GATE] = {"post_attention_residual_gate.gate", 0, ST_BF16, "H", GT, SM_SPLIT_NONE, SM_PART_NORMS, 0, 0.0f, 0.5f},
-    [SM_T_PRE_FFN_NORM] = {"pre_feedforward_layernorm.weight", 0, ST_BF16, "H", N1, SM_SPLIT_NONE, SM_PART_NORMS, 0, 0.0f, 0.02f},
-    [SM_T_POST_FFN_NORM] = {"post_feedforward_layernorm.weight", 0, ST_BF16, "H", N1, SM_SPLIT_NONE, SM_PART_NORMS, 0, 0.0f, 0.02f},
-    [SM_T_FFN_GATE] = {"post_feedforward_residual_gate.gate", 0, ST_BF16, "H", GT, SM_SPLIT_NONE, SM_PART_NORMS, 0, 0.0f, 0.5f},
-    [SM_T_ROUTER] = {"mlp.gate.weight", 0, ST_F32, "EH", VW, SM_SPLIT_NONE, SM_PART_ROUTER, 0, 0.0f, 0.0f},
-    [SM_T_ROUTER_BIAS] = {"mlp.gate.e_score_correction_bias", 0, ST_F32, "E", VW, SM_SPLIT_NONE, SM_PART_ROUTER, 0, 0.0f, 0.01f},
-    [SM_T_POOLER] = {"mlp.pre_expert_proj.weight", 0, ST_BF16, "MH", VW, SM_SPLIT_ROWS, SM_PART_POOL, 0, 0.0f, 0.0f},
-    [SM_T_PRE_EXPERT_NORM] = {"mlp.pre_expert_norm.weight", 0, ST_BF16, "M", N1, SM_SPLIT_NONE, SM_PART_NORMS, 0, 0.0f, 0.02f},
-    [SM_T_POST_EXPERT_NORM] = {"mlp.experts.post_expert_norm.weight", 0, ST_BF16, "M", N1, SM_SPLIT_NONE, SM_PART_NORMS, 0, 0.0f, 0.02f},
-    [SM_T_UNPOOLER] = {"mlp.post_expert_proj.weight", 0, ST_BF16, "HM", VW, SM_SPLIT_ROWS, SM_PART_POOL, 0, 0.0f, 0.0f},
-    [SM_T_EXPERTS_GU] = {"mlp.experts.gate_up_proj", 0, ST_BF16, "E2M", SM_TK_EXPERTS, SM_SPLIT_EXPERTS, SM_PART_EXPERTS, 0, 0.0f, 0.0f},
-    [SM_T_EXPERTS_DN] = {"mlp.experts.down_proj", 0, ST_BF16, "EMI", SM_TK_EXPERTS, SM_SPLIT_EXPERTS, SM_PART_EXPERTS, 0, 0.0f, 0.0f},
+    /*  role                   name                                bare dtype dims   kind     split    part   first mean std */
+    T_(SM_T_IN_NORM,          "input_layernorm.weight",               0, BF16, "H",   NORM1,   NONE,    NORMS,   0, 0.0f, 0.02f),
+    T_(SM_T_WQ,               "self_attn.q_proj.weight",              0, BF16, "QH",  VIEW,    ROWS,    ATTN,    0, 0.0f, 0.0f),
+    T_(SM_T_WK,               "self_attn.k_proj.weight",              0, BF16, "KH",  VIEW,    ROWS,    ATTN,    0, 0.0f, 0.0f),
+    T_(SM_T_WV,               "self_attn.v_proj.weight",              0, BF16, "KH",  VIEW,    ROWS,    ATTN,    0, 0.0f, 0.0f),
+    T_(SM_T_WG,               "self_attn.gate_proj.weight",           0, BF16, "QH",  VIEW,    ROWS,    ATTN,    0, 0.0f, 0.0f),
+    T_(SM_T_WO,               "self_attn.o_proj.weight",              0, BF16, "HQ",  VIEW,    COLS,    ATTN,    0, 0.0f, 0.0f),
+    T_(SM_T_ATT_GATE,         "post_attention_residual_gate.gate",    0, BF16, "H",   GATE,    NONE,    NORMS,   0, 0.0f, 0.5f),
+    T_(SM_T_PRE_FFN_NORM,     "pre_feedforward_layernorm.weight",     0, BF16, "H",   NORM1,   NONE,    NORMS,   0, 0.0f, 0.02f),
+    T_(SM_T_POST_FFN_NORM,    "post_feedforward_layernorm.weight",    0, BF16, "H",   NORM1,   NONE,    NORMS,   0, 0.0f, 0.02f),
+    T_(SM_T_FFN_GATE,         "post_feedforward_residual_gate.gate",  0, BF16, "H",   GATE,    NONE,    NORMS,   0, 0.0f, 0.5f),
+    T_(SM_T_ROUTER,           "mlp.gate.weight",                      0, F32,  "EH",  VIEW,    NONE,    ROUTER,  0, 0.0f, 0.0f),
+    T_(SM_T_ROUTER_BIAS,      "mlp.gate.e_score_correction_bias",     0, F32,  "E",   VIEW,    NONE,    ROUTER,  0, 0.0f, 0.01f),
+    T_(SM_T_POOLER,           "mlp.pre_expert_proj.weight",           0, BF16, "MH",  VIEW,    ROWS,    POOL,    0, 0.0f, 0.0f),
+    T_(SM_T_PRE_EXPERT_NORM,  "mlp.pre_expert_norm.weight",           0, BF16, "M",   NORM1,   NONE,    NORMS,   0, 0.0f, 0.02f),
+    T_(SM_T_POST_EXPERT_NORM, "mlp.experts.post_expert_norm.weight",  0, BF16, "M",   NORM1,   NONE,    NORMS,   0, 0.0f, 0.02f),
+    T_(SM_T_UNPOOLER,         "mlp.post_expert_proj.weight",          0, BF16, "HM",  VIEW,    ROWS,    POOL,    0, 0.0f, 0.0f),
+    T_(SM_T_EXPERTS_GU,       "mlp.experts.gate_up_proj",             0, BF16, "E2M", EXPERTS, EXPERTS, EXPERTS, 0, 0.0f, 0.0f),
+    T_(SM_T_EXPERTS_DN,       "mlp.experts.down_proj",                0, BF16, "EMI", EXPERTS, EXPERTS, EXPERTS, 0, 0.0f, 0.0f),
     /* model-level */
-    [SM_T_EMBED] = {"embed_tokens.weight", 0, ST_BF16, "VH", VW, SM_SPLIT_ROWS, SM_PART_EMBED, 1, 0.0f, 1.0f},
-    [SM_T_FINAL_NORM] = {"norm.weight", 0, ST_BF16, "H", SM_TK_NORM0, SM_SPLIT_NONE, SM_PART_NORMS, 0, 1.0f, 0.02f},
-    [SM_T_LM_HEAD] = {"lm_head.weight", 1, ST_BF16, "VH", VW, SM_SPLIT_ROWS, SM_PART_LM_HEAD, 0, 0.0f, 0.0f},
+    T_(SM_T_EMBED,            "embed_tokens.weight",                  0, BF16, "VH",  VIEW,    ROWS,    EMBED,   1, 0.0f, 1.0f),
+    T_(SM_T_FINAL_NORM,       "norm.weight",                          0, BF16, "H",   NORM0,   NONE,    NORMS,   0, 1.0f, 0.02f),
+    T_(SM_T_LM_HEAD,          "lm_head.weight",                       1, BF16, "VH",  VIEW,    ROWS,    LM_HEAD, 0, 0.0f, 0.0f),
 };
+#undef T_
 
 int64_t sm_tensor_dim(const sm_config *c, char code) {
     switch (code) {
