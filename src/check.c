@@ -16,6 +16,7 @@
  * checkpoint loads as a map, and the runtime argmax (backend.h) guards the steps.
  */
 #include "check.h"
+#include "tensors.h"
 #include "cpu/pool.h"
 #include <pthread.h>
 #include <stdatomic.h>
@@ -24,30 +25,44 @@
 #include <time.h>
 #include <unistd.h>
 
-static int64_t expert_bytes(const sm_config *c, sm_expert_fmt f) {
-    int64_t n = 2 * (int64_t)c->I * c->Hm + (int64_t)c->Hm * c->I; /* weights of one expert */
-    switch (f) {
-    case SM_EXP_BF16: return 2 * n;
-    case SM_EXP_FP8: return n + 4 * (2 * (int64_t)c->I + c->Hm);  /* e4m3 + f32 per-row scales */
-    case SM_EXP_MXFP4: return n / 2 + n / 32;                       /* e2m1 pairs + e8m0 per 32 */
+/* The component of b that role r counts in (tensors.h: sm_tensor_def.part). */
+static int64_t *part_of(sm_bytes *b, sm_tensor_role r, sm_expert_fmt f) {
+    switch (sm_tensors[r].part) {
+    case SM_PART_EMBED: return &b->embed;
+    case SM_PART_LM_HEAD: return &b->lm_head;
+    case SM_PART_ATTN: return &b->attn;
+    case SM_PART_ROUTER: return &b->router;
+    case SM_PART_POOL: return &b->pool;
+    case SM_PART_NORMS: return &b->norms;
+    case SM_PART_EXPERTS: return &b->experts[f];
     }
-    return 0;
+    return &b->norms;
+}
+
+/* Bytes of role r (the experts of layer l in format f) that rank 0 of W holds (W = 1: all);
+ * W divides every split dimension but the vocabulary, which rounds up (sm_rank_bytes). */
+static int64_t role_bytes(const sm_config *c, sm_tensor_role r, sm_expert_fmt f, int W) {
+    if (sm_tensors[r].kind == SM_TK_EXPERTS) /* both consolidated rows stand for the experts: count them once */
+        return r == SM_T_EXPERTS_GU ? (int64_t)c->E / W * (int64_t)sm_expert_bytes(c, f) : 0;
+    int64_t sh[3], all = sm_tensor_bytes(c, r);
+    int nd = sm_tensor_shape(c, r, sh);
+    switch (sm_tensors[r].split) {
+    case SM_SPLIT_ROWS: return (sh[0] + W - 1) / W * (all / sh[0]);
+    case SM_SPLIT_COLS: return all / sh[nd - 1] * ((sh[nd - 1] + W - 1) / W);
+    default: return all;
+    }
 }
 
 void sm_model_bytes(const sm_model *m, sm_bytes *b) {
     const sm_config *c = &m->cfg;
     memset(b, 0, sizeof *b);
-    int64_t H = c->H, Hm = c->Hm, Q = (int64_t)c->nH * c->D, KV = (int64_t)c->nKV * c->D;
-    b->embed = (int64_t)c->V * H * 2;
-    b->lm_head = (int64_t)c->V * H * 2;
-    for (int l = 0; l < c->L; l++) {
-        b->attn += 2 * (3 * Q * H + 2 * KV * H);          /* q, gate, o + k, v */
-        b->router += 4 * ((int64_t)c->E * H + c->E);
-        b->pool += 2 * (2 * Hm * H);
-        b->experts[m->layers[l].ex.fmt] += (int64_t)c->E * expert_bytes(c, m->layers[l].ex.fmt);
-        b->norms += 2 * (5 * H + 2 * Hm);                  /* 3 norms + 2 gates [H], 2 norms [Hm] */
-    }
-    b->norms += 2 * H;                                     /* final norm */
+    for (int l = 0; l < c->L; l++)
+        for (int r = 0; r < SM_T_NLAYER; r++) {
+            sm_expert_fmt f = m->layers[l].ex.fmt;
+            *part_of(b, (sm_tensor_role)r, f) += role_bytes(c, (sm_tensor_role)r, f, 1);
+        }
+    for (int r = SM_T_NLAYER; r < SM_T_N; r++)
+        *part_of(b, (sm_tensor_role)r, SM_EXP_BF16) += role_bytes(c, (sm_tensor_role)r, SM_EXP_BF16, 1);
     b->total = b->embed + b->lm_head + b->attn + b->router + b->pool + b->norms + b->experts[0] +
                b->experts[1] + b->experts[2];
 }
@@ -55,13 +70,10 @@ void sm_model_bytes(const sm_model *m, sm_bytes *b) {
 int64_t sm_rank_bytes(const sm_model *m, int W) {
     const sm_config *c = &m->cfg;
     if (W < 1 || c->nH % W || c->nKV % W || c->E % W || c->Hm % W || c->H % W) return -1;
-    sm_bytes b;
-    sm_model_bytes(m, &b);
-    int64_t vrows = ((int64_t)c->V + W - 1) / W;           /* vocab rows of one rank */
-    int64_t r = 2 * vrows * c->H * 2;                      /* embedding + lm_head shards */
-    r += b.attn / W + b.pool / W;                          /* heads, pooler / unpooler rows */
-    r += (b.experts[0] + b.experts[1] + b.experts[2]) / W; /* E / W experts of every layer */
-    r += b.router + b.norms;                               /* replicated */
+    int64_t r = 0; /* split tensors: 1/W of their rows or columns (vocabulary rows: ceil(V/W)); the rest replicated */
+    for (int l = 0; l < c->L; l++)
+        for (int t = 0; t < SM_T_NLAYER; t++) r += role_bytes(c, (sm_tensor_role)t, m->layers[l].ex.fmt, W);
+    for (int t = SM_T_NLAYER; t < SM_T_N; t++) r += role_bytes(c, (sm_tensor_role)t, SM_EXP_BF16, W);
     return r;
 }
 

@@ -68,11 +68,14 @@ SM_HD uint8_t sm_f32_to_e4m3(float f) {
 }
 
 /* ---- e2m1 ---- */
+/* The value of every code 0..15 (bit 3 the sign; code 8 is -0): the one e2m1 table, as an
+ * initializer so host and device code alike can hold it in a local array. */
+#define SM_E2M1_VALUES                                                                        \
+    {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f}
 /* Value of code c in 0..15 (bit 3 sign). */
 SM_HD float sm_e2m1_to_f32(unsigned c) {
-    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    float v = mag[c & 7u];
-    return (c & 8u) ? -v : v;
+    const float v[16] = SM_E2M1_VALUES;
+    return v[c & 15u];
 }
 /* f32 -> e2m1 code, nearest with ties to the even code (0, 2, 4, 6), saturating at +-6.
  * Midpoints: .25 .75 1.25 1.75 2.5 3.5 5. */
@@ -134,9 +137,23 @@ SM_HD unsigned sm_mx_code(const uint8_t *q, int64_t j) {
     uint8_t b = q[j >> 1];
     return (j & 1) ? (unsigned)(b >> 4) : (unsigned)(b & 15u);
 }
-/* Dequantize n values (n % 32 == 0) of one row: q [n/2] packed codes, s [n/32] scale bytes. */
+/* Dequantize n values (n % 32 == 0) of one row: q [n/2] packed codes, s [n/32] scale bytes;
+ * value = e2m1(code) x 2^(s - 127), exact.  The one CPU dequantizer (loader, shards, the CPU
+ * reference's weight tiles): block by block, a byte (two codes) at a time from the one table,
+ * a loop gcc vectorizes.  A partial last block (n % 32 != 0) is decoded value by value. */
 SM_HD void sm_mx_dequantize_row(const uint8_t *q, const uint8_t *s, int64_t n, float *out) {
-    for (int64_t j = 0; j < n; j++) out[j] = sm_e2m1_to_f32(sm_mx_code(q, j)) * sm_e8m0_to_f32(s[j >> 5]);
+    const float v[16] = SM_E2M1_VALUES;
+    const int64_t nb = n / SM_MX_BLOCK;
+    for (int64_t b = 0; b < nb; b++) {
+        const float sc = sm_e8m0_to_f32(s[b]);
+        const uint8_t *qb = q + b * (SM_MX_BLOCK / 2);
+        float *ob = out + b * SM_MX_BLOCK;
+        for (int j = 0; j < SM_MX_BLOCK / 2; j++) {
+            ob[2 * j] = v[qb[j] & 15u] * sc;  /* element 2j: the low nibble */
+            ob[2 * j + 1] = v[qb[j] >> 4] * sc;
+        }
+    }
+    for (int64_t j = nb * SM_MX_BLOCK; j < n; j++) out[j] = v[sm_mx_code(q, j)] * sm_e8m0_to_f32(s[j >> 5]);
 }
 /* Quantize a row of n values (n % 32 == 0): q [n/2], s [n/32]. */
 SM_HD void sm_mx_quantize_row(const float *x, int64_t n, uint8_t *q, uint8_t *s) {

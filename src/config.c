@@ -11,6 +11,7 @@
  * would each need an escape hatch anyway.
  */
 #include "config.h"
+#include "outfile.h"
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -580,28 +581,12 @@ static void emit(FILE *f, const sm_config *c) {
 int sm_config_save(const sm_config *c, const char *path, sm_err *e) {
     if (!path) return sm_errf(e, "config: no path to save to");
     if (sm_config_validate(c, path, e)) return -1;
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
-    if (!tmp) return sm_errf(e, "%s: out of memory", path);
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        sm_errf(e, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-        free(tmp);
-        return -1;
+    sm_outfile of; /* temporary file, fsync, rename (outfile.h) */
+    if (sm_outfile_open(&of, path, e)) return -1;
+    emit(of.f, c);
+    if (ferror(of.f)) {
+        sm_outfile_abort(&of);
+        return sm_errf(e, "%s: cannot write", path);
     }
-    emit(f, c);
-    int err = 0;
-    errno = 0;
-    if (fflush(f) || ferror(f) || fsync(fileno(f))) err = errno ? errno : EIO;
-    if (fclose(f) && !err) err = errno ? errno : EIO;
-    if (!err && rename(tmp, path)) err = errno;
-    if (err) {
-        unlink(tmp);
-        sm_errf(e, "%s: cannot write: %s", path, strerror(err));
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    return 0;
+    return sm_outfile_commit(&of, e);
 }

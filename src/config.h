@@ -62,7 +62,7 @@ int sm_config_set_layers(sm_config *c, int L, sm_err *e);
 /* Validate the invariants (also run by load/parse/preset). */
 int sm_config_validate(const sm_config *c, const char *where, sm_err *e);
 /* Write c as a HF-style config.json (text_config layout accepted by sm_config_load) to path,
- * through a temp file and rename. */
+ * through a temporary file, fsync and rename (outfile.h). */
 int sm_config_save(const sm_config *c, const char *path, sm_err *e);
 /* 1 if a and b hold the same configuration (every field, eos[0..n_eos), full[0..L)), else 0
  * with *what (if non-NULL) set to the JSON name of the first field that differs. */

@@ -8,15 +8,9 @@
  * has the same size, so a stack is O(1) and exact.
  */
 #include "kvcache.h"
+#include "rng.h"
 #include <stdlib.h>
 #include <string.h>
-
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 int sm_kv_init(sm_kv *kv, int nblocks, int max_req, int max_len, uint64_t shuffle_seed, sm_err *e) {
     memset(kv, 0, sizeof *kv);
@@ -43,7 +37,7 @@ int sm_kv_init(sm_kv *kv, int nblocks, int max_req, int max_len, uint64_t shuffl
     if (shuffle_seed) {
         uint64_t st = shuffle_seed;
         for (int i = nblocks - 1; i > 0; i--) {
-            int j = (int)(splitmix64(&st) % (uint64_t)(i + 1));
+            int j = (int)(sm_rng_next(&st) % (uint64_t)(i + 1));
             int t = kv->free_pages[i]; kv->free_pages[i] = kv->free_pages[j]; kv->free_pages[j] = t;
         }
     }

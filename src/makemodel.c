@@ -1,7 +1,9 @@
 /* makemodel.c: random checkpoints with the real tensor names (see makemodel.h).
  *
- * Every value is a pure function of (seed, stream name, element index): a counter-based
- * generator (splitmix64 finalizer of key + index) feeds Box-Muller with our own polynomial
+ * The tensors, their names, shapes, dtypes and magnitudes are the rows of the tensor tables
+ * (tensors.h), written F32 first, then BF16, then U8 / F8 so every view is aligned.  Every
+ * value is a pure function of (seed, stream name, element index): a counter-based generator
+ * (splitmix64 finalizer of key + index, rng.h) feeds Box-Muller with our own polynomial
  * log and sin/cos, so any byte range of any tensor can be made by any thread, in any order,
  * with identical bytes on every machine (no libm in the values).  Experts are keyed by their
  * logical name (layer, expert, projection), not the tensor name, so the consolidated BF16,
@@ -11,9 +13,11 @@
  * generation in file order, and makes the quantized files unrelated to the BF16 file.
  */
 #include "makemodel.h"
+#include "tensors.h"
 #include "rng.h"
 #include "codec.h"
 #include "safetensors.h"
+#include "outfile.h"
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -25,7 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define P_ "model.language_model."
 #define CHUNK ((int64_t)16 << 20) /* bytes generated per job (two buffers in flight) */
 #define PIECE ((int64_t)64 << 10) /* smallest piece of a job a worker takes */
 #define BATCH 4096                /* normals generated per inner batch */
@@ -85,6 +88,7 @@ typedef struct mm_tensor {
     gen_kind kind;
     uint64_t key;             /* G_NORMAL: stream of (seed, name) */
     float mean, std;          /* G_NORMAL: value = mean + std * z; experts: std only */
+    int role;                 /* G_NORMAL, G_CYCLE_HEAD: its row of the tensor table; else -1 */
     int layer, expert, proj;  /* experts: layer, expert (-1: all E, consolidated), 0 gate_up / 1 down */
     int64_t rows, cols;       /* experts: one expert's logical matrix [rows, cols]; G_CYCLE_HEAD [V, H] */
     uint64_t src_key;         /* G_CYCLE_HEAD: the embedding's stream, value src_mean + src_std * z */
@@ -108,146 +112,117 @@ static mm_tensor *add(mm_list *l, sm_err *e) {
     mm_tensor *t = &l->t[l->n++];
     memset(t, 0, sizeof *t);
     t->expert = -1;
+    t->role = -1;
     return t;
 }
 
-static int add_normal(mm_list *l, uint64_t seed, const char *name, st_dtype dt, int ndim, int64_t d0, int64_t d1,
-                      float mean, float std, sm_err *e) {
-    mm_tensor *t = add(l, e);
+/* One expert tensor (consolidated: ex = -1, slot SM_XS_GU_W / SM_XS_DN_W) of kind k and dtype dt,
+ * of layer l; values N(0, 1/fan_in) of the matrix's logical streams. */
+static int add_expert(mm_list *ls, const sm_config *c, sm_expert_fmt f, gen_kind k, st_dtype dt, int l, int ex, int slot,
+                      sm_err *e) {
+    mm_tensor *t = add(ls, e);
     if (!t) return -1;
-    snprintf(t->name, sizeof t->name, "%s", name);
+    sm_tensor_role r = slot / 2 ? SM_T_EXPERTS_DN : SM_T_EXPERTS_GU; /* the consolidated tensor's row */
+    float mean;
+    if (ex < 0) {
+        sm_tensor_name(t->name, sizeof t->name, r, l);
+        t->ndim = sm_tensor_shape(c, r, t->shape);
+    } else {
+        sm_expert_tensor_name(t->name, sizeof t->name, l, ex, slot);
+        t->ndim = sm_expert_slot_shape(c, f, slot, dt, t->shape);
+    }
     t->dt = dt;
-    t->ndim = ndim;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
-    int64_t numel = ndim == 1 ? d0 : d0 * d1;
-    t->nbytes = numel * (dt == ST_F32 ? 4 : 2);
-    t->kind = G_NORMAL;
-    t->key = sm_rng_key(seed, name);
-    t->mean = mean;
-    t->std = std;
+    t->kind = k;
+    t->layer = l;
+    t->expert = ex;
+    t->proj = slot / 2;
+    sm_expert_dims(c, t->proj, &t->rows, &t->cols);
+    sm_tensor_init(c, r, &mean, &t->std); /* N(0, 1/fan_in), fan_in = cols */
+    int64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) numel *= t->shape[i];
+    t->nbytes = st_nbytes(dt, numel);
     return 0;
 }
 
-/* Logical stream name of one expert matrix (shared by every storage format). */
-static uint64_t expert_key(uint64_t seed, int l, int ex, int proj) {
-    char nm[128];
-    snprintf(nm, sizeof nm, P_ "layers.%d.mlp.experts.%d.%s", l, ex, proj ? "down_proj" : "gate_up_proj");
-    return sm_rng_key(seed, nm);
-}
-
-static int add_expert(mm_list *l, const char *name, gen_kind k, st_dtype dt, int layer, int ex, int proj,
-                      int64_t rows, int64_t cols, int E, sm_err *e) {
-    mm_tensor *t = add(l, e);
+/* Role r of the tensor table (layer l; -1 for a model-level role) as make-model draws it:
+ * mean + std * z of the stream of its name, or the consolidated BF16 experts. */
+static int add_role(mm_list *ls, const sm_config *c, const sm_make_opts *o, sm_tensor_role r, int l, sm_err *e) {
+    const sm_tensor_def *d = &sm_tensors[r];
+    if (d->kind == SM_TK_EXPERTS)
+        return add_expert(ls, c, SM_EXP_BF16, G_EXP_BF16, d->dtype, l, -1, r == SM_T_EXPERTS_DN ? SM_XS_DN_W : SM_XS_GU_W, e);
+    mm_tensor *t = add(ls, e);
     if (!t) return -1;
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dt = dt;
-    t->kind = k;
-    t->layer = layer;
-    t->expert = ex;
-    t->proj = proj;
-    t->rows = rows;
-    t->cols = cols;
-    t->std = 1.0f / sqrtf((float)cols); /* N(0, 1/fan_in), fan_in = cols */
-    switch (k) {
-    case G_EXP_BF16: t->ndim = 3; t->shape[0] = E; t->shape[1] = rows; t->shape[2] = cols;
-        t->nbytes = E * rows * cols * 2; break;
-    case G_MX_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 2; t->nbytes = rows * cols / 2; break;
-    case G_MX_S: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols / 32; t->nbytes = rows * cols / 32; break;
-    case G_FP8_W: t->ndim = 2; t->shape[0] = rows; t->shape[1] = cols; t->nbytes = rows * cols; break;
-    case G_FP8_S: t->ndim = 1; t->shape[0] = rows; t->nbytes = rows * 4; break;
-    default: break;
+    sm_tensor_name(t->name, sizeof t->name, r, l);
+    t->role = r;
+    t->layer = l;
+    t->dt = d->dtype;
+    t->ndim = sm_tensor_shape(c, r, t->shape);
+    t->nbytes = sm_tensor_bytes(c, r);
+    t->kind = G_NORMAL;
+    t->key = sm_rng_key(o->seed, t->name);
+    sm_tensor_init(c, r, &t->mean, &t->std);
+    if (o->cycle && d->kind == SM_TK_GATE) { /* residual-dominant gates */
+        t->mean = CYCLE_GATE_MEAN;
+        t->std = CYCLE_GATE_STD;
     }
+    if (o->cycle && r == SM_T_LM_HEAD) t->std = CYCLE_OTHER_STD / sqrtf((float)c->H);
     return 0;
 }
 
 static int quantized_layer(const sm_config *c, const sm_make_opts *o, int l) {
-    return o->experts != SM_EXP_BF16 && l >= 1 && l <= c->L - 2;
+    return o->experts != SM_EXP_BF16 && !sm_layer_keeps_bf16(c, l);
+}
+
+/* The tensors of element size `es` bytes, in file order: the model-level ones written first,
+ * then per layer its table rows (consolidated experts only where the layer keeps BF16) and
+ * its per-expert tensors, then the other model-level ones. */
+static int add_group(mm_list *ls, const sm_config *c, const sm_make_opts *o, int es, sm_err *e) {
+    for (int r = SM_T_NLAYER; r < SM_T_N; r++)
+        if (sm_tensors[r].first && st_dtype_bits(sm_tensors[r].dtype) == 8 * es && add_role(ls, c, o, (sm_tensor_role)r, -1, e))
+            return -1;
+    const sm_expert_format *F = &sm_expert_formats[o->experts];
+    for (int l = 0; l < c->L; l++) {
+        int q = quantized_layer(c, o, l);
+        for (int r = 0; r < SM_T_NLAYER; r++) {
+            if (st_dtype_bits(sm_tensors[r].dtype) != 8 * es || (q && sm_tensors[r].kind == SM_TK_EXPERTS)) continue;
+            if (add_role(ls, c, o, (sm_tensor_role)r, l, e)) return -1;
+        }
+        if (!q) continue;
+        for (int ex = 0; ex < c->E; ex++)
+            for (int s = 0; s < SM_XS_N; s++) {
+                int scale = s % 2;
+                st_dtype dt = scale ? F->s : F->w;
+                if ((scale && F->scale == 0) || st_dtype_bits(dt) != 8 * es) continue;
+                gen_kind k = o->experts == SM_EXP_MXFP4 ? (scale ? G_MX_S : G_MX_W) : (scale ? G_FP8_S : G_FP8_W);
+                if (add_expert(ls, c, o->experts, k, dt, l, ex, s, e)) return -1;
+            }
+    }
+    for (int r = SM_T_NLAYER; r < SM_T_N; r++)
+        if (!sm_tensors[r].first && st_dtype_bits(sm_tensors[r].dtype) == 8 * es && add_role(ls, c, o, (sm_tensor_role)r, -1, e))
+            return -1;
+    return 0;
 }
 
 /* Build the list: F32 tensors first, then BF16, then U8 / F8 (so every view is aligned). */
 static int build_list(const sm_config *c, const sm_make_opts *o, const int *cyc, mm_list *ls, sm_err *e) {
-    uint64_t s = o->seed;
-    int64_t H = c->H, Hm = c->Hm, I = c->I, E = c->E, Q = (int64_t)c->nH * c->D, KV = (int64_t)c->nKV * c->D;
-    char nm[128];
-#define LN(suffix) (snprintf(nm, sizeof nm, P_ "layers.%d.%s", l, suffix), nm)
-    /* f32: router weights and bias, FP8 scales */
-    for (int l = 0; l < c->L; l++) {
-        if (add_normal(ls, s, LN("mlp.gate.weight"), ST_F32, 2, E, H, 0, 1.0f / sqrtf((float)H), e) ||
-            add_normal(ls, s, LN("mlp.gate.e_score_correction_bias"), ST_F32, 1, E, 0, 0, 0.01f, e))
-            return -1;
-        if (quantized_layer(c, o, l) && o->experts == SM_EXP_FP8)
-            for (int ex = 0; ex < E; ex++) {
-                char b[160];
-                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.gate_up_proj.weight_scale", l, ex);
-                if (add_expert(ls, b, G_FP8_S, ST_F32, l, ex, 0, 2 * I, Hm, c->E, e)) return -1;
-                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.down_proj.weight_scale", l, ex);
-                if (add_expert(ls, b, G_FP8_S, ST_F32, l, ex, 1, Hm, I, c->E, e)) return -1;
-            }
-    }
-    /* bf16: embedding, dense layers, norms, consolidated experts, lm_head */
-    if (add_normal(ls, s, P_ "embed_tokens.weight", ST_BF16, 2, c->V, H, 0, 1.0f, e)) return -1;
-    /* residual gates: N(0, 0.5) (a random model), or residual-dominant for a cycle model */
-    float gm = o->cycle ? CYCLE_GATE_MEAN : 0.0f, gs = o->cycle ? CYCLE_GATE_STD : 0.5f;
-    for (int l = 0; l < c->L; l++) {
-        float sh = 1.0f / sqrtf((float)H), so = 1.0f / sqrtf((float)Q);
-        if (add_normal(ls, s, LN("input_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("self_attn.q_proj.weight"), ST_BF16, 2, Q, H, 0, sh, e) ||
-            add_normal(ls, s, LN("self_attn.k_proj.weight"), ST_BF16, 2, KV, H, 0, sh, e) ||
-            add_normal(ls, s, LN("self_attn.v_proj.weight"), ST_BF16, 2, KV, H, 0, sh, e) ||
-            add_normal(ls, s, LN("self_attn.gate_proj.weight"), ST_BF16, 2, Q, H, 0, sh, e) ||
-            add_normal(ls, s, LN("self_attn.o_proj.weight"), ST_BF16, 2, H, Q, 0, so, e) ||
-            add_normal(ls, s, LN("post_attention_residual_gate.gate"), ST_BF16, 1, H, 0, gm, gs, e) ||
-            add_normal(ls, s, LN("pre_feedforward_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("post_feedforward_layernorm.weight"), ST_BF16, 1, H, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("post_feedforward_residual_gate.gate"), ST_BF16, 1, H, 0, gm, gs, e) ||
-            add_normal(ls, s, LN("mlp.pre_expert_proj.weight"), ST_BF16, 2, Hm, H, 0, sh, e) ||
-            add_normal(ls, s, LN("mlp.pre_expert_norm.weight"), ST_BF16, 1, Hm, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("mlp.experts.post_expert_norm.weight"), ST_BF16, 1, Hm, 0, 0, 0.02f, e) ||
-            add_normal(ls, s, LN("mlp.post_expert_proj.weight"), ST_BF16, 2, H, Hm, 0, 1.0f / sqrtf((float)Hm), e))
-            return -1;
-        if (!quantized_layer(c, o, l) &&
-            (add_expert(ls, LN("mlp.experts.gate_up_proj"), G_EXP_BF16, ST_BF16, l, -1, 0, 2 * I, Hm, c->E, e) ||
-             add_expert(ls, LN("mlp.experts.down_proj"), G_EXP_BF16, ST_BF16, l, -1, 1, Hm, I, c->E, e)))
-            return -1;
-    }
-    /* final norm used as is: gain near 1 */
-    if (add_normal(ls, s, P_ "norm.weight", ST_BF16, 1, H, 0, 1.0f, 0.02f, e) ||
-        add_normal(ls, s, "lm_head.weight", ST_BF16, 2, c->V, H, 0,
-                   (o->cycle ? CYCLE_OTHER_STD : 1.0f) / sqrtf((float)H), e))
-        return -1;
-    if (o->cycle) { /* lm_head rows of the cycle ids from the embedding (found by name) */
-        mm_tensor *hd = &ls->t[ls->n - 1], *emb = NULL;
-        for (int i = 0; i < ls->n; i++)
-            if (!strcmp(ls->t[i].name, P_ "embed_tokens.weight")) emb = &ls->t[i];
-        if (!emb) return sm_errf(e, "make-model: internal: no embedding in the tensor list");
+    for (int es = 4; es >= 1; es /= 2)
+        if (add_group(ls, c, o, es, e)) return -1;
+    if (o->cycle) { /* lm_head rows of the cycle ids from the embedding */
+        mm_tensor *hd = NULL, *emb = NULL;
+        for (int i = 0; i < ls->n; i++) {
+            if (ls->t[i].role == SM_T_EMBED) emb = &ls->t[i];
+            if (ls->t[i].role == SM_T_LM_HEAD) hd = &ls->t[i];
+        }
+        if (!emb || !hd) return sm_errf(e, "make-model: internal: no embedding or lm_head in the tensor list");
         hd->kind = G_CYCLE_HEAD;
         hd->rows = c->V;
-        hd->cols = H;
+        hd->cols = c->H;
         hd->src_key = emb->key;
         hd->src_mean = emb->mean;
         hd->src_std = emb->std;
         hd->cyc = cyc;
         hd->ncyc = o->cycle;
     }
-    /* u8 / f8: per-expert quantized weights (MXFP4 weight then its scale, adjacent) */
-    for (int l = 0; l < c->L; l++) {
-        if (!quantized_layer(c, o, l)) continue;
-        for (int ex = 0; ex < E; ex++)
-            for (int pj = 0; pj < 2; pj++) {
-                int64_t rows = pj ? Hm : 2 * I, cols = pj ? I : Hm;
-                const char *pn = pj ? "down_proj" : "gate_up_proj";
-                char b[160];
-                snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.%s.weight", l, ex, pn);
-                if (o->experts == SM_EXP_MXFP4) {
-                    if (add_expert(ls, b, G_MX_W, ST_U8, l, ex, pj, rows, cols, c->E, e)) return -1;
-                    snprintf(b, sizeof b, P_ "layers.%d.mlp.experts.%d.%s.weight_scale", l, ex, pn);
-                    if (add_expert(ls, b, G_MX_S, ST_U8, l, ex, pj, rows, cols, c->E, e)) return -1;
-                } else if (add_expert(ls, b, G_FP8_W, ST_F8_E4M3, l, ex, pj, rows, cols, c->E, e))
-                    return -1;
-            }
-    }
-#undef LN
     return 0;
 }
 
@@ -284,7 +259,7 @@ static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, i
             int64_t j = i % per, n = b1 / 2 - i;
             if (n > per - j) n = per - j;
             if (n > BATCH) n = BATCH;
-            gen_normals(expert_key(seed, t->layer, ex, t->proj), j, n, z);
+            gen_normals(sm_rng_expert_key(seed, t->layer, ex, t->proj), j, n, z);
             for (int64_t k = 0; k < n; k++) {
                 uint16_t h = sm_f32_to_bf16(t->std * z[k]); /* bf16 of N(0, 1/fan_in) */
                 memcpy(out + 2 * k, &h, 2);
@@ -302,7 +277,7 @@ static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, i
             memcpy(out, mo->buf + k0, (size_t)(k1 - k0));
             break;
         }
-        uint64_t key = expert_key(seed, t->layer, t->expert, t->proj);
+        uint64_t key = sm_rng_expert_key(seed, t->layer, t->expert, t->proj);
         for (int64_t k = k0; k < k1;) {
             int64_t nb = k1 - k < BATCH / 32 ? k1 - k : BATCH / 32;
             gen_normals(key, k * 32, nb * 32, z);
@@ -358,7 +333,7 @@ static void gen_range(const mm_tensor *t, uint64_t seed, memo *mo, int64_t b0, i
     case G_FP8_W:
     case G_FP8_S: {
         int64_t rsz = t->kind == G_FP8_W ? t->cols : 4; /* bytes per row in this tensor */
-        uint64_t key = expert_key(seed, t->layer, t->expert, t->proj);
+        uint64_t key = sm_rng_expert_key(seed, t->layer, t->expert, t->proj);
         for (int64_t r = b0 / rsz; r < b1 / rsz; r++) {
             gen_normals(key, r * t->cols, t->cols, z);
             float amax = 0;
@@ -533,10 +508,15 @@ static int write_index(const char *tmpdir, const mm_list *ls, char (*fnames)[64]
     json_object_set_new(root, "weight_map", wm);
     char path[4608];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmpdir);
-    int rc = json_dump_file(root, path, JSON_INDENT(2));
+    sm_outfile of; /* temporary file, fsync, rename (outfile.h) */
+    if (sm_outfile_open(&of, path, e)) { json_decref(root); return -1; }
+    int rc = json_dumpf(root, of.f, JSON_INDENT(2));
     json_decref(root);
-    if (rc) return sm_errf(e, "%s: cannot write", path);
-    return 0;
+    if (rc) {
+        sm_outfile_abort(&of);
+        return sm_errf(e, "%s: cannot write", path);
+    }
+    return sm_outfile_commit(&of, e);
 }
 
 int sm_make_cycle_ids(const sm_config *c, int n, int *ids, sm_err *e) {
@@ -555,185 +535,240 @@ int sm_make_cycle_ids(const sm_config *c, int n, int *ids, sm_err *e) {
 
 static int stopped(const sm_make_opts *o) { return o->stop && *o->stop; }
 
+/* Everything one sm_make_model call holds; mm_release frees it. */
+typedef struct mm_job {
+    const sm_config *c;
+    const sm_make_opts *o;
+    char out[3900];            /* the output directory */
+    char tmp[4000];            /* the temporary directory it is written under */
+    int tmp_made;              /* tmp exists (removed on failure) */
+    int *cyc;                  /* [o->cycle] cycle ids, or NULL */
+    mm_list ls;                /* the tensors in file order */
+    int K;                     /* files */
+    char (*fnames)[64];        /* [K] their names */
+    int64_t total, maxcols;    /* bytes of all tensors; widest logical row */
+    pool p;                    /* the generation workers */
+    worker_arg *wa;            /* [p.nw] */
+    int started, pool_init;    /* workers running; p's mutex and conditions initialized */
+    uint8_t *buf[2];           /* two chunk buffers: one generated while the other is written */
+    st_writer w;               /* the file being written */
+    int wopen;                 /* w is open */
+    progress pr;
+    int64_t written;           /* bytes written so far */
+} mm_job;
+
+/* The cycle ids of a cycle model (o->cycle != 0). */
+static int mm_cycle(mm_job *j, sm_err *e) {
+    const sm_make_opts *o = j->o;
+    if (!o->cycle) return 0;
+    if (o->cycle < 2 || o->cycle > SM_MAKE_MAX_CYCLE)
+        return sm_errf(e, "make-model: cycle of %d ids is not in [2, %d]", o->cycle, SM_MAKE_MAX_CYCLE);
+    j->cyc = malloc(sizeof(int) * (size_t)o->cycle);
+    if (!j->cyc) return sm_errf(e, "make-model: out of memory");
+    return sm_make_cycle_ids(j->c, o->cycle, j->cyc, e);
+}
+
+/* The output directory (trailing slashes dropped): refuse a non-empty one; create the
+ * temporary <out>.tmp.<pid> and write config.json into it. */
+static int mm_outdir(mm_job *j, const char *outdir, sm_err *e) {
+    size_t ol = strlen(outdir);
+    while (ol > 1 && outdir[ol - 1] == '/') ol--;
+    if (ol == 0 || ol >= sizeof j->out) return sm_errf(e, "make-model: bad output path '%s'", outdir);
+    memcpy(j->out, outdir, ol);
+    j->out[ol] = 0;
+    if (dir_state(j->out) == 1) return sm_errf(e, "%s: output exists and is not an empty directory", j->out);
+    snprintf(j->tmp, sizeof j->tmp, "%s.tmp.%ld", j->out, (long)getpid());
+    if (mkdir(j->tmp, 0755) != 0) return sm_errf(e, "%s: cannot create directory: %s", j->tmp, strerror(errno));
+    j->tmp_made = 1;
+    char path[4608];
+    snprintf(path, sizeof path, "%s/config.json", j->tmp);
+    return sm_config_save(j->c, path, e);
+}
+
+/* The files: contiguous runs of the list of about total/K bytes each, every file non-empty. */
+static int mm_shards(mm_job *j, sm_err *e) {
+    mm_list *ls = &j->ls;
+    int K = j->K = j->o->shards;
+    if (K > ls->n) return sm_errf(e, "make-model: --shards %d exceeds the %d tensors", K, ls->n);
+    int64_t cum = 0;
+    j->total = 0;
+    j->maxcols = 32;
+    for (int i = 0; i < ls->n; i++) {
+        j->total += ls->t[i].nbytes;
+        if (ls->t[i].cols > j->maxcols) j->maxcols = ls->t[i].cols;
+    }
+    for (int i = 0, prev = 0; i < ls->n; i++) {
+        int s = (int)((double)cum * K / (double)j->total);
+        if (s > prev + 1) s = prev + 1;
+        if (s < prev) s = prev;
+        if (s < K - (ls->n - i)) s = K - (ls->n - i);
+        if (s > K - 1) s = K - 1;
+        ls->t[i].shard = prev = s;
+        cum += ls->t[i].nbytes;
+    }
+    j->fnames = calloc((size_t)K, sizeof *j->fnames);
+    if (!j->fnames) return sm_errf(e, "make-model: out of memory");
+    for (int k = 0; k < K; k++) {
+        if (K == 1) snprintf(j->fnames[k], 64, "model.safetensors");
+        else snprintf(j->fnames[k], 64, "model-%05d-of-%05d.safetensors", k + 1, K);
+    }
+    return 0;
+}
+
+/* The workers (o->threads, else one per core and at least 2; at most 64), their scratch, the
+ * MXFP4 scale memo and the two chunk buffers. */
+static int mm_pool_start(mm_job *j, sm_err *e) {
+    const sm_config *c = j->c;
+    pool *p = &j->p;
+    long ncpu = j->o->threads > 0 ? j->o->threads : sysconf(_SC_NPROCESSORS_ONLN);
+    p->nw = ncpu < 2 && j->o->threads <= 0 ? 2 : ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu;
+    p->seed = j->o->seed;
+    p->th = calloc((size_t)p->nw, sizeof *p->th);
+    p->scratch = calloc((size_t)p->nw, sizeof *p->scratch);
+    j->wa = calloc((size_t)p->nw, sizeof *j->wa);
+    size_t s1, s2; /* MXFP4 scale bytes of gate_up and down */
+    sm_expert_mat_bytes(SM_EXP_MXFP4, 2 * (int64_t)c->I, c->Hm, NULL, &s1);
+    sm_expert_mat_bytes(SM_EXP_MXFP4, c->Hm, c->I, NULL, &s2);
+    p->mo.cap = (int64_t)(s1 > s2 ? s1 : s2);
+    p->mo.buf = malloc((size_t)p->mo.cap);
+    int64_t maxt = 0;
+    for (int i = 0; i < j->ls.n; i++)
+        if (j->ls.t[i].nbytes > maxt) maxt = j->ls.t[i].nbytes;
+    int64_t bsz = maxt < CHUNK ? maxt : CHUNK;
+    j->buf[0] = malloc((size_t)bsz + 64);
+    j->buf[1] = malloc((size_t)bsz + 64);
+    if (!p->th || !p->scratch || !j->wa || !p->mo.buf || !j->buf[0] || !j->buf[1]) return sm_errf(e, "make-model: out of memory");
+    for (int i = 0; i < p->nw; i++) {
+        p->scratch[i] = malloc(sizeof(float) * (size_t)(BATCH + j->maxcols));
+        if (!p->scratch[i]) return sm_errf(e, "make-model: out of memory");
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work, NULL);
+    pthread_cond_init(&p->done, NULL);
+    j->pool_init = 1;
+    for (int i = 0; i < p->nw; i++) {
+        j->wa[i].p = p;
+        j->wa[i].id = i;
+        if (pthread_create(&p->th[i], NULL, worker, &j->wa[i]) != 0) break;
+        j->started++;
+    }
+    if (j->started == 0) return sm_errf(e, "make-model: cannot start worker threads");
+    return 0;
+}
+
+/* Write n bytes of buffer b (a generated chunk) to the open file. */
+static int mm_put(mm_job *j, const uint8_t *b, int64_t n, sm_err *e) {
+    if (st_writer_write(&j->w, b, (size_t)n, e)) return -1;
+    j->written += n;
+    progress_show(&j->pr, j->written, 0);
+    return 0;
+}
+
+/* File k: tensors [*ti, ...) of shard k, in chunks: chunk c is generated while chunk c - 1 is
+ * written.  1 when interrupted. */
+static int mm_write_shard(mm_job *j, int k, int *ti, sm_err *e) {
+    pool *p = &j->p;
+    char path[4608];
+    snprintf(path, sizeof path, "%s/%s", j->tmp, j->fnames[k]);
+    if (st_writer_open(&j->w, path, e)) return -1;
+    j->wopen = 1;
+    int t0 = *ti, t1 = *ti;
+    while (t1 < j->ls.n && j->ls.t[t1].shard == k) t1++;
+    for (int i = t0; i < t1; i++)
+        if (st_writer_declare(&j->w, j->ls.t[i].name, j->ls.t[i].dt, j->ls.t[i].ndim, j->ls.t[i].shape, e)) return -1;
+    int cur = 0, have_prev = 0;
+    int64_t prev_n = 0;
+    for (int i = t0; i < t1; i++) {
+        mm_tensor *t = &j->ls.t[i];
+        int64_t u = unit_of(t), ch = CHUNK / u * u;
+        if (ch < u) ch = u;
+        if (t->kind == G_MX_W) {
+            p->mo.valid = 0;
+            p->mo.active = t->nbytes / 16 <= p->mo.cap;
+            p->mo.layer = t->layer; p->mo.expert = t->expert; p->mo.proj = t->proj;
+        }
+        for (int64_t b = 0; b < t->nbytes; b += ch) {
+            int64_t n = t->nbytes - b < ch ? t->nbytes - b : ch;
+            if (stopped(j->o)) return 1; /* no job in flight here */
+            pool_submit(p, t, b, b + n, j->buf[cur]);
+            if (have_prev && mm_put(j, j->buf[cur ^ 1], prev_n, e)) { pool_wait(p); return -1; }
+            pool_wait(p);
+            have_prev = 1;
+            prev_n = n;
+            cur ^= 1;
+        }
+        if (t->kind == G_MX_W) { p->mo.valid = p->mo.active; p->mo.active = 0; }
+    }
+    if (have_prev && mm_put(j, j->buf[cur ^ 1], prev_n, e)) return -1;
+    if (st_writer_finish(&j->w, e)) return -1;
+    st_writer_abort(&j->w); /* frees; no-op on the file after finish */
+    j->wopen = 0;
+    *ti = t1;
+    return 0;
+}
+
+/* Every file, the index of a sharded model, then the rename of the temporary directory.  1
+ * when interrupted. */
+static int mm_write(mm_job *j, sm_err *e) {
+    j->pr.on = j->o->progress;
+    j->pr.tty = isatty(2);
+    j->pr.t0 = j->pr.last = now_s();
+    j->pr.total = j->total;
+    for (int k = 0, ti = 0; k < j->K; k++) {
+        int rc = mm_write_shard(j, k, &ti, e);
+        if (rc) return rc;
+    }
+    if (j->K > 1 && write_index(j->tmp, &j->ls, j->fnames, j->total, e)) return -1;
+    if (stopped(j->o)) return 1;
+    progress_show(&j->pr, j->written, 1);
+    progress_end(&j->pr);
+    if (rename(j->tmp, j->out) != 0) return sm_errf(e, "%s: cannot rename %s to it: %s", j->out, j->tmp, strerror(errno));
+    j->tmp_made = 0;
+    return 0;
+}
+
+/* Stop the workers and free everything; on failure remove the temporary directory. */
+static void mm_release(mm_job *j) {
+    progress_end(&j->pr);
+    if (j->wopen) st_writer_abort(&j->w);
+    if (j->tmp_made) remove_tree(j->tmp);
+    pool *p = &j->p;
+    if (j->pool_init) {
+        pool_stop(p, j->started);
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->work);
+        pthread_cond_destroy(&p->done);
+    }
+    if (p->scratch)
+        for (int i = 0; i < p->nw; i++) free(p->scratch[i]);
+    free(p->scratch);
+    free(p->th);
+    free(j->wa);
+    free(p->mo.buf);
+    free(j->buf[0]);
+    free(j->buf[1]);
+    free(j->fnames);
+    free(j->ls.t);
+    free(j->cyc);
+}
+
 int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir, sm_err *e) {
     if (sm_config_validate(c, "make-model", e)) return -1;
     if (o->experts != SM_EXP_BF16 && o->experts != SM_EXP_FP8 && o->experts != SM_EXP_MXFP4)
         return sm_errf(e, "make-model: unknown expert format %d", (int)o->experts);
     if (o->shards < 1) return sm_errf(e, "make-model: shards must be >= 1 (got %d)", o->shards);
-    int *cyc = NULL; /* [o->cycle] cycle ids */
-    if (o->cycle) {
-        if (o->cycle < 2 || o->cycle > SM_MAKE_MAX_CYCLE)
-            return sm_errf(e, "make-model: cycle of %d ids is not in [2, %d]", o->cycle, SM_MAKE_MAX_CYCLE);
-        cyc = malloc(sizeof(int) * (size_t)o->cycle);
-        if (!cyc) return sm_errf(e, "make-model: out of memory");
-        if (sm_make_cycle_ids(c, o->cycle, cyc, e)) { free(cyc); return -1; }
-    }
-    /* output directory: refuse a non-empty one; write under <out>.tmp.<pid> */
-    char out[3900], tmp[4000];
-    size_t ol = strlen(outdir);
-    while (ol > 1 && outdir[ol - 1] == '/') ol--;
-    if (ol == 0 || ol >= sizeof out) return sm_errf(e, "make-model: bad output path '%s'", outdir);
-    memcpy(out, outdir, ol);
-    out[ol] = 0;
-    if (dir_state(out) == 1) { free(cyc); return sm_errf(e, "%s: output exists and is not an empty directory", out); }
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
-    if (mkdir(tmp, 0755) != 0) { free(cyc); return sm_errf(e, "%s: cannot create directory: %s", tmp, strerror(errno)); }
-
-    mm_list ls = {0};
-    char (*fnames)[64] = NULL;
-    pool p;
-    memset(&p, 0, sizeof p);
-    worker_arg *wa = NULL;
-    int started = 0, rc = -1, pool_init = 0;
-    uint8_t *buf[2] = {NULL, NULL};
-    st_writer w;
-    int wopen = 0;
-    progress pr = {0};
-    char path[4608];
-
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    if (sm_config_save(c, path, e)) goto fail;
-    if (build_list(c, o, cyc, &ls, e)) goto fail;
-    /* shards: contiguous runs of about total/K bytes, every shard non-empty */
-    int K = o->shards;
-    if (K > ls.n) { sm_errf(e, "make-model: --shards %d exceeds the %d tensors", K, ls.n); goto fail; }
-    int64_t total = 0, cum = 0, maxcols = 32;
-    for (int i = 0; i < ls.n; i++) {
-        total += ls.t[i].nbytes;
-        if (ls.t[i].cols > maxcols) maxcols = ls.t[i].cols;
-    }
-    for (int i = 0, prev = 0; i < ls.n; i++) {
-        int s = (int)((double)cum * K / (double)total);
-        if (s > prev + 1) s = prev + 1;
-        if (s < prev) s = prev;
-        if (s < K - (ls.n - i)) s = K - (ls.n - i);
-        if (s > K - 1) s = K - 1;
-        ls.t[i].shard = prev = s;
-        cum += ls.t[i].nbytes;
-    }
-    fnames = calloc((size_t)K, sizeof *fnames);
-    if (!fnames) { sm_errf(e, "make-model: out of memory"); goto fail; }
-    for (int k = 0; k < K; k++) {
-        if (K == 1) snprintf(fnames[k], 64, "model.safetensors");
-        else snprintf(fnames[k], 64, "model-%05d-of-%05d.safetensors", k + 1, K);
-    }
-    /* pool: o->threads workers, else one per core and at least 2; at most 64 */
-    long ncpu = o->threads > 0 ? o->threads : sysconf(_SC_NPROCESSORS_ONLN);
-    p.nw = ncpu < 2 && o->threads <= 0 ? 2 : ncpu < 1 ? 1 : ncpu > 64 ? 64 : (int)ncpu;
-    p.seed = o->seed;
-    p.th = calloc((size_t)p.nw, sizeof *p.th);
-    p.scratch = calloc((size_t)p.nw, sizeof *p.scratch);
-    wa = calloc((size_t)p.nw, sizeof *wa);
-    p.mo.cap = 2 * (int64_t)c->I * c->Hm / 32;
-    if ((int64_t)c->Hm * c->I / 32 > p.mo.cap) p.mo.cap = (int64_t)c->Hm * c->I / 32;
-    p.mo.buf = malloc((size_t)p.mo.cap);
-    int64_t maxt = 0;
-    for (int i = 0; i < ls.n; i++) if (ls.t[i].nbytes > maxt) maxt = ls.t[i].nbytes;
-    int64_t bsz = maxt < CHUNK ? maxt : CHUNK;
-    buf[0] = malloc((size_t)bsz + 64);
-    buf[1] = malloc((size_t)bsz + 64);
-    if (!p.th || !p.scratch || !wa || !p.mo.buf || !buf[0] || !buf[1]) { sm_errf(e, "make-model: out of memory"); goto fail; }
-    for (int i = 0; i < p.nw; i++) {
-        p.scratch[i] = malloc(sizeof(float) * (size_t)(BATCH + maxcols));
-        if (!p.scratch[i]) { sm_errf(e, "make-model: out of memory"); goto fail; }
-    }
-    pthread_mutex_init(&p.mu, NULL);
-    pthread_cond_init(&p.work, NULL);
-    pthread_cond_init(&p.done, NULL);
-    pool_init = 1;
-    for (int i = 0; i < p.nw; i++) {
-        wa[i].p = &p;
-        wa[i].id = i;
-        if (pthread_create(&p.th[i], NULL, worker, &wa[i]) != 0) break;
-        started++;
-    }
-    if (started == 0) { sm_errf(e, "make-model: cannot start worker threads"); goto fail; }
-
-    pr.on = o->progress;
-    pr.tty = isatty(2);
-    pr.t0 = pr.last = now_s();
-    pr.total = total;
-    int64_t written = 0;
-    int ti = 0;
-    for (int k = 0; k < K; k++) {
-        snprintf(path, sizeof path, "%s/%s", tmp, fnames[k]);
-        if (st_writer_open(&w, path, e)) goto fail;
-        wopen = 1;
-        int t0 = ti, t1 = ti;
-        while (t1 < ls.n && ls.t[t1].shard == k) t1++;
-        for (int i = t0; i < t1; i++)
-            if (st_writer_declare(&w, ls.t[i].name, ls.t[i].dt, ls.t[i].ndim, ls.t[i].shape, e)) goto fail;
-        /* jobs: chunks of each tensor; generate job j while writing job j-1 */
-        int cur = 0, have_prev = 0;
-        int64_t prev_n = 0;
-        for (int i = t0; i < t1; i++) {
-            mm_tensor *t = &ls.t[i];
-            int64_t u = unit_of(t), ch = CHUNK / u * u;
-            if (ch < u) ch = u;
-            if (t->kind == G_MX_W) {
-                p.mo.valid = 0;
-                p.mo.active = t->nbytes / 16 <= p.mo.cap;
-                p.mo.layer = t->layer; p.mo.expert = t->expert; p.mo.proj = t->proj;
-            }
-            for (int64_t b = 0; b < t->nbytes; b += ch) {
-                int64_t n = t->nbytes - b < ch ? t->nbytes - b : ch;
-                if (stopped(o)) goto interrupted; /* no job in flight here */
-                pool_submit(&p, t, b, b + n, buf[cur]);
-                if (have_prev) {
-                    if (st_writer_write(&w, buf[cur ^ 1], (size_t)prev_n, e)) { pool_wait(&p); goto fail; }
-                    written += prev_n;
-                    progress_show(&pr, written, 0);
-                }
-                pool_wait(&p);
-                have_prev = 1;
-                prev_n = n;
-                cur ^= 1;
-            }
-            if (t->kind == G_MX_W) { p.mo.valid = p.mo.active; p.mo.active = 0; }
-        }
-        if (have_prev) {
-            if (st_writer_write(&w, buf[cur ^ 1], (size_t)prev_n, e)) goto fail;
-            written += prev_n;
-            progress_show(&pr, written, 0);
-        }
-        if (st_writer_finish(&w, e)) goto fail;
-        st_writer_abort(&w); /* frees; no-op on the file after finish */
-        wopen = 0;
-        ti = t1;
-    }
-    if (K > 1 && write_index(tmp, &ls, fnames, total, e)) goto fail;
-    if (stopped(o)) goto interrupted;
-    progress_show(&pr, written, 1);
-    progress_end(&pr);
-    if (rename(tmp, out) != 0) {
-        sm_errf(e, "%s: cannot rename %s to it: %s", out, tmp, strerror(errno));
-        goto fail;
-    }
-    rc = 0;
-    goto done;
-interrupted:
-    sm_errf(e, "make-model: interrupted; removed the partial output %s", tmp);
-fail:
-    progress_end(&pr);
-    if (wopen) st_writer_abort(&w);
-    remove_tree(tmp);
-done:
-    if (pool_init) {
-        pool_stop(&p, started);
-        pthread_mutex_destroy(&p.mu);
-        pthread_cond_destroy(&p.work);
-        pthread_cond_destroy(&p.done);
-    }
-    if (p.scratch)
-        for (int i = 0; i < p.nw; i++) free(p.scratch[i]);
-    free(p.scratch);
-    free(p.th);
-    free(wa);
-    free(p.mo.buf);
-    free(buf[0]);
-    free(buf[1]);
-    free(fnames);
-    free(ls.t);
-    free(cyc);
+    mm_job *j = calloc(1, sizeof *j);
+    if (!j) return sm_errf(e, "make-model: out of memory");
+    j->c = c;
+    j->o = o;
+    int rc = mm_cycle(j, e);
+    if (!rc) rc = mm_outdir(j, outdir, e);
+    if (!rc) rc = build_list(c, o, j->cyc, &j->ls, e);
+    if (!rc) rc = mm_shards(j, e);
+    if (!rc) rc = mm_pool_start(j, e);
+    if (!rc) rc = mm_write(j, e);
+    if (rc > 0) rc = sm_errf(e, "make-model: interrupted; removed the partial output %s", j->tmp);
+    mm_release(j);
+    free(j);
     return rc;
 }

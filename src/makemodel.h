@@ -30,8 +30,8 @@ extern "C" {
 #endif
 
 typedef struct sm_make_opts {
-    sm_expert_fmt experts;   /* format of the experts of layers 1..L-2 (0 and L-1 stay BF16
-                                consolidated when experts != BF16, as the Quark export does) */
+    sm_expert_fmt experts;   /* format of the experts of every layer but those that keep BF16
+                                (sm_layer_keeps_bf16: 0 and L-1), which stay BF16 consolidated */
     uint64_t seed;
     int shards;              /* 1: model.safetensors; K > 1: K shards + index.json */
     int progress;            /* progress line on stderr for anything over a second */

@@ -1,6 +1,9 @@
-/* rng.h: the counter-based normal generator of random models, shared by make-model (host)
- * and the device-synthesized benchmark models (src/cuda/synth.cu), so that a synthetic
- * model and a make-model checkpoint of the same seed hold the same bits.
+/* rng.h: the project's one random generator (splitmix64): the counter-based normals of random
+ * models, shared by make-model (host) and the device-synthesized models (src/cuda/stock/synth.cu
+ * for the dense tensors, src/cuda/moe/synth.cu for the experts), so that a synthetic model and
+ * a make-model checkpoint of the same seed hold the same bits; and a sequential stream
+ * (sm_rng_next) for everything else that needs seeded numbers (the KV page shuffle, benchmark
+ * and test inputs).
  *
  * Stream key = mix64(mix64(seed + golden) ^ FNV-1a(tensor name)); normal pair k of a stream =
  * Box-Muller on the two 24-bit halves of mix64(key + k * golden), with a series log, a
@@ -13,7 +16,9 @@
 #ifndef SM_RNG_H
 #define SM_RNG_H
 #include <stdint.h>
+#include <stdio.h>
 #include "codec.h"
+#include "tensors.h"
 
 #ifdef __CUDA_ARCH__
 #define SM_FMUL(a, b) __fmul_rn((a), (b))
@@ -36,11 +41,25 @@ SM_HD uint64_t sm_mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
+/* Next value of the sequential stream whose state is *state (splitmix64: the state advances
+ * by the golden constant, the value is its finalizer). */
+SM_HD uint64_t sm_rng_next(uint64_t *state) { return sm_mix64(*state += SM_RNG_GOLDEN); }
+
 /* Key of the stream named `name` (a tensor name) under seed. */
 SM_HD uint64_t sm_rng_key(uint64_t seed, const char *name) {
     uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a of the name */
     for (const unsigned char *p = (const unsigned char *)name; *p; p++) h = (h ^ *p) * 0x100000001B3ull;
     return sm_mix64(sm_mix64(seed + SM_RNG_GOLDEN) ^ h);
+}
+
+/* Key of the stream of expert matrix (layer l, expert x, proj 0 gate_up / 1 down) under seed:
+ * named by its logical name "P layers.<l>.mlp.experts.<x>.<gate_up_proj|down_proj>", not by a
+ * tensor name, so the consolidated BF16, FP8 and MXFP4 checkpoints (and the device-made
+ * experts) of one seed hold the same normals.  Host only. */
+static inline uint64_t sm_rng_expert_key(uint64_t seed, int l, int x, int proj) {
+    char nm[128];
+    snprintf(nm, sizeof nm, SM_TENSOR_PREFIX "layers.%d.mlp.experts.%d.%s", l, x, proj ? "down_proj" : "gate_up_proj");
+    return sm_rng_key(seed, nm);
 }
 
 /* Normal pair number k of stream key: z0 = r cos(theta), z1 = r sin(theta). */

@@ -8,7 +8,8 @@
  * directories are checked both ways against the index's weight_map.
  * Writer: the header is built as a jansson object while tensors are declared (data offsets
  * contiguous in declaration order), dumped on the first write, padded with spaces to a multiple
- * of 8 bytes, and the bytes stream behind it into "<path>.tmp.<pid>", renamed on finish.
+ * of 8 bytes, and the bytes stream behind it into the temporary file of an sm_outfile
+ * (outfile.h), fsync'd and renamed into place on finish.
  * We rejected read()-ing files into heap buffers: the real checkpoint is hundreds of GB and the
  * GPU upload reads straight from the page cache.  We also rejected a hand-written JSON scanner:
  * jansson already gives strict UTF-8, duplicate-key and integer-overflow checks.
@@ -216,7 +217,8 @@ static int parse_entry(const st_file *f, const char *name, json_t *v, const char
 
 /* Map one file and append it and its validated tensors to *a (not sorted yet).  On error the
  * partial file stays registered in *a so st_close releases it. */
-static int load_file(st_archive *a, const char *path, sm_err *e) {
+/* Map the file at path read-only and append it to a->files (its path owned); *fi its index. */
+static int map_file(st_archive *a, const char *path, int *fi, sm_err *e) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return sm_errf(e, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
@@ -251,14 +253,22 @@ static int load_file(st_archive *a, const char *path, sm_err *e) {
         return sm_errf(e, "%s: out of memory", path);
     }
     a->files = nf;
-    int fi = a->nfiles++;
-    st_file *f = &a->files[fi];
+    *fi = a->nfiles++;
+    st_file *f = &a->files[*fi];
     memset(f, 0, sizeof *f);
     f->map = map;
     f->size = (size_t)size;
     f->path = xstrdup(path);
     if (!f->path) return sm_errf(e, "%s: out of memory", path);
+    return 0;
+}
 
+/* Parse and validate the header of mapped file fi into a->tensors. */
+static int parse_header(st_archive *a, int fi, sm_err *e) {
+    st_file *f = &a->files[fi];
+    const char *path = f->path;
+    const void *map = f->map;
+    uint64_t size = (uint64_t)f->size;
     /* header length: 8 bytes little endian */
     const unsigned char *m = map;
     uint64_t hl = 0;
@@ -344,6 +354,11 @@ done:
     free(rs);
     json_decref(root);
     return rc;
+}
+
+static int load_file(st_archive *a, const char *path, sm_err *e) {
+    int fi;
+    return map_file(a, path, &fi, e) || parse_header(a, fi, e) ? -1 : 0;
 }
 
 /* Sort by name and refuse a name present twice (only possible across files). */
@@ -544,16 +559,13 @@ const char *st_metadata(const st_archive *a, int file, const char *key) {
 
 void st_writer_abort(st_writer *w) {
     if (!w) return;
-    if (w->f) fclose(w->f);
-    if (w->tmp && w->f) unlink(w->tmp);
+    sm_outfile_abort(&w->out); /* closes and removes the temporary file if still open */
     for (int i = 0; i < w->n; i++) free(w->names[i]);
     free(w->names);
     free(w->dtypes);
     free(w->ndims);
     free(w->shapes);
     free(w->sizes);
-    free(w->path);
-    free(w->tmp);
     json_decref((json_t *)w->hdr);
     json_decref((json_t *)w->meta);
     memset(w, 0, sizeof *w);
@@ -561,20 +573,13 @@ void st_writer_abort(st_writer *w) {
 
 int st_writer_open(st_writer *w, const char *path, sm_err *e) {
     memset(w, 0, sizeof *w);
-    size_t n = strlen(path) + 32;
-    w->path = xstrdup(path);
-    w->tmp = malloc(n);
     w->hdr = json_object();
     w->meta = json_object();
-    if (!w->path || !w->tmp || !w->hdr || !w->meta) {
+    if (!w->hdr || !w->meta) {
         st_writer_abort(w);
         return sm_errf(e, "%s: out of memory", path);
     }
-    snprintf(w->tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    w->f = fopen(w->tmp, "wb");
-    if (!w->f) {
-        int er = errno;
-        sm_errf(e, "%s: cannot create temporary file %s: %s", path, w->tmp, strerror(er));
+    if (sm_outfile_open(&w->out, path, e)) {
         st_writer_abort(w);
         return -1;
     }
@@ -582,19 +587,19 @@ int st_writer_open(st_writer *w, const char *path, sm_err *e) {
 }
 
 int st_writer_metadata(st_writer *w, const char *key, const char *value, sm_err *e) {
-    if (!w->f) return sm_errf(e, "st_writer_metadata: writer is not open");
-    if (w->started) return sm_errf(e, "%s: __metadata__ '%s' added after the first write", w->path, key);
+    if (!w->out.f) return sm_errf(e, "st_writer_metadata: writer is not open");
+    if (w->started) return sm_errf(e, "%s: __metadata__ '%s' added after the first write", w->out.path, key);
     if (json_object_get(w->meta, key))
-        return sm_errf(e, "%s: duplicate __metadata__ key '%s'", w->path, key);
+        return sm_errf(e, "%s: duplicate __metadata__ key '%s'", w->out.path, key);
     json_t *s = json_string(value);
     if (!s || json_object_set_new(w->meta, key, s))
-        return sm_errf(e, "%s: __metadata__ '%s': key or value is not valid UTF-8", w->path, key);
+        return sm_errf(e, "%s: __metadata__ '%s': key or value is not valid UTF-8", w->out.path, key);
     return 0;
 }
 
 int st_writer_declare(st_writer *w, const char *name, st_dtype t, int ndim, const int64_t *shape, sm_err *e) {
-    if (!w->f) return sm_errf(e, "st_writer_declare: writer is not open");
-    const char *p = w->path;
+    if (!w->out.f) return sm_errf(e, "st_writer_declare: writer is not open");
+    const char *p = w->out.path;
     if (w->started) return sm_errf(e, "%s: tensor '%s' declared after the first write", p, name);
     if (!*name || !strcmp(name, "__metadata__"))
         return sm_errf(e, "%s: tensor name '%s' is reserved or empty", p, name);
@@ -677,36 +682,36 @@ static int writer_header(st_writer *w, sm_err *e) {
         bad |= json_object_set(root, w->names[i], json_object_get(w->hdr, w->names[i]));
     char *s = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!s) return sm_errf(e, "%s: out of memory building the header", w->path);
+    if (!s) return sm_errf(e, "%s: out of memory building the header", w->out.path);
     size_t len = strlen(s), hl = (len + 7) / 8 * 8;
     if (hl > ST_MAX_HEADER) {
         free(s);
-        return sm_errf(e, "%s: header of %zu bytes exceeds the 100 MB limit (%d tensors)", w->path, hl, w->n);
+        return sm_errf(e, "%s: header of %zu bytes exceeds the 100 MB limit (%d tensors)", w->out.path, hl, w->n);
     }
     unsigned char lb[8];
     for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((uint64_t)hl >> (8 * i));
-    int ok = fwrite(lb, 1, 8, w->f) == 8 && fwrite(s, 1, len, w->f) == len;
-    for (size_t i = len; i < hl && ok; i++) ok = fputc(' ', w->f) != EOF;
+    int ok = fwrite(lb, 1, 8, w->out.f) == 8 && fwrite(s, 1, len, w->out.f) == len;
+    for (size_t i = len; i < hl && ok; i++) ok = fputc(' ', w->out.f) != EOF;
     free(s);
-    if (!ok) return sm_errf(e, "%s: write error on %s: %s", w->path, w->tmp, strerror(errno));
+    if (!ok) return sm_errf(e, "%s: write error on %s: %s", w->out.path, w->out.tmp, strerror(errno));
     w->started = 1;
     writer_advance(w);
     return 0;
 }
 
 int st_writer_write(st_writer *w, const void *data, size_t nbytes, sm_err *e) {
-    if (!w->f) return sm_errf(e, "st_writer_write: writer is not open");
+    if (!w->out.f) return sm_errf(e, "st_writer_write: writer is not open");
     if (!w->started && writer_header(w, e)) return -1;
     if (!nbytes) return 0;
-    if (!data) return sm_errf(e, "%s: write of %zu bytes from a NULL buffer", w->path, nbytes);
+    if (!data) return sm_errf(e, "%s: write of %zu bytes from a NULL buffer", w->out.path, nbytes);
     if (w->next >= w->n)
-        return sm_errf(e, "%s: write of %zu bytes after the last declared tensor", w->path, nbytes);
+        return sm_errf(e, "%s: write of %zu bytes after the last declared tensor", w->out.path, nbytes);
     int64_t left = w->sizes[w->next] - w->written;
     if ((uint64_t)nbytes > (uint64_t)left)
-        return sm_errf(e, "%s: tensor '%s': write of %zu bytes exceeds the %" PRId64 " bytes left", w->path,
+        return sm_errf(e, "%s: tensor '%s': write of %zu bytes exceeds the %" PRId64 " bytes left", w->out.path,
                        w->names[w->next], nbytes, left);
-    if (fwrite(data, 1, nbytes, w->f) != nbytes)
-        return sm_errf(e, "%s: tensor '%s': write error on %s: %s", w->path, w->names[w->next], w->tmp,
+    if (fwrite(data, 1, nbytes, w->out.f) != nbytes)
+        return sm_errf(e, "%s: tensor '%s': write error on %s: %s", w->out.path, w->names[w->next], w->out.tmp,
                        strerror(errno));
     w->written += (int64_t)nbytes;
     writer_advance(w);
@@ -714,29 +719,19 @@ int st_writer_write(st_writer *w, const void *data, size_t nbytes, sm_err *e) {
 }
 
 int st_writer_finish(st_writer *w, sm_err *e) {
-    if (!w->f) return sm_errf(e, "st_writer_finish: writer is not open");
+    if (!w->out.f) return sm_errf(e, "st_writer_finish: writer is not open");
     if (!w->started && writer_header(w, e)) goto fail;
     if (w->next < w->n) {
-        sm_errf(e, "%s: tensor '%s': %" PRId64 " of %" PRId64 " bytes written", w->path, w->names[w->next],
+        sm_errf(e, "%s: tensor '%s': %" PRId64 " of %" PRId64 " bytes written", w->out.path, w->names[w->next],
                 w->written, w->sizes[w->next]);
         goto fail;
     }
-    int ok = fflush(w->f) == 0 && !ferror(w->f);
-    int er = errno;
-    ok &= fclose(w->f) == 0;
-    if (!ok) er = errno;
-    w->f = NULL;
-    if (!ok) {
-        sm_errf(e, "%s: write error on %s: %s", w->path, w->tmp, strerror(er));
-        unlink(w->tmp);
+    if (ferror(w->out.f)) {
+        sm_errf(e, "%s: write error on %s", w->out.path, w->out.tmp);
         goto fail;
     }
-    if (rename(w->tmp, w->path)) {
-        sm_errf(e, "%s: cannot rename %s into place: %s", w->path, w->tmp, strerror(errno));
-        unlink(w->tmp);
-        goto fail;
-    }
-    st_writer_abort(w); /* frees; the file is gone from tmp, nothing left to unlink */
+    if (sm_outfile_commit(&w->out, e)) goto fail; /* flush, fsync, close, rename; releases out */
+    st_writer_abort(w);                           /* frees the rest */
     return 0;
 fail:
     st_writer_abort(w);

@@ -9,7 +9,8 @@
  *
  * Writer: streaming, so a model larger than memory can be written: declare every tensor
  * (name, dtype, shape) first, then write their bytes in declaration order.  The file is
- * written under a temporary name and renamed on st_writer_finish; st_writer_abort removes it.
+ * written through the project's one atomic-replace helper (outfile.h: a temporary file next to
+ * it, fsync'd and renamed on st_writer_finish); st_writer_abort removes it.
  * We rejected a "build everything in memory, then dump" writer: spark1x is hundreds of GB.
  */
 #ifndef SM_SAFETENSORS_H
@@ -18,6 +19,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include "err.h"
+#include "outfile.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,8 +83,8 @@ void st_close(st_archive *a);
 
 /* Streaming writer. */
 typedef struct st_writer {
-    char *path, *tmp;           /* final and temporary path (owned) */
-    FILE *f;
+    sm_outfile out;             /* the target path, its temporary file and the open stream
+                                   (out.f: NULL when the writer is not open) */
     int n, cap;                 /* declared tensors */
     char **names; int *dtypes; int *ndims; int64_t (*shapes)[ST_MAX_DIMS];
     int64_t *sizes;             /* [n] bytes each */
@@ -94,7 +96,8 @@ typedef struct st_writer {
     void *meta;                 /* json_t object: __metadata__ key -> string value */
 } st_writer;
 
-/* Start writing `path` (as "<path>.tmp.<pid>"). Zeroes *w first; on error *w stays zeroed. */
+/* Start writing `path` (through a temporary file "<path>.tmp.XXXXXX", outfile.h; only a regular
+ * file or a new one may be the target).  Zeroes *w first; on error *w stays zeroed. */
 int st_writer_open(st_writer *w, const char *path, sm_err *e);
 /* Add a __metadata__ entry (string -> string); before the first write. */
 int st_writer_metadata(st_writer *w, const char *key, const char *value, sm_err *e);
@@ -104,7 +107,8 @@ int st_writer_declare(st_writer *w, const char *name, st_dtype t, int ndim, cons
  * next tensor when the current one is complete; one call never spans two tensors, and
  * empty tensors are skipped). Writes the header on the first call (nbytes may be 0). */
 int st_writer_write(st_writer *w, const void *data, size_t nbytes, sm_err *e);
-/* Check every declared byte was written, flush, fsync-free close, rename tmp -> path.
+/* Check every declared byte was written, then flush, fsync, close and rename into place
+ * (sm_outfile_commit).
  * Always releases the writer: on error the temporary file is removed as by st_writer_abort. */
 int st_writer_finish(st_writer *w, sm_err *e);
 /* Remove the temporary file and free. Safe after finish (no-op then) or on error. */

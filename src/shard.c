@@ -61,9 +61,11 @@ int sm_shard_check(const sm_model *m, int world, sm_moe_layout moe, sm_err *e) {
     return 0;
 }
 
-/* Bytes of `vals` consecutive values of one row in storage format f (vals even for MXFP4). */
+/* Bytes of `vals` consecutive stored values in format f (vals even for MXFP4). */
 static int64_t fmt_bytes(sm_expert_fmt f, int64_t vals) {
-    return f == SM_EXP_BF16 ? 2 * vals : f == SM_EXP_FP8 ? vals : vals / 2;
+    size_t w;
+    sm_expert_mat_bytes(f, 1, vals, &w, NULL);
+    return (int64_t)w;
 }
 
 /* View of rows [r0, r0 + ...) and columns [c0, ...) of an expert matrix of `cols` columns
@@ -111,11 +113,11 @@ int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_
     memset(s, 0, sizeof *s);
     const sm_config *c = &m->cfg;
     if (sm_shard_check(m, world, moe, e) || sm_shard_plan(c, world, rank, moe, s, e)) return -1;
-    int D = c->D, H = c->H, Hm = c->Hm, I = c->I;
+    int Hm = c->Hm, I = c->I;
     s->m = m;
     /* vocabulary rows of the embedding and lm_head */
-    s->embed = m->embed + (int64_t)s->v0 * H;
-    s->lm_head = m->lm_head + (int64_t)s->v0 * H;
+    s->embed = sm_shard_tensor(s, -1, SM_T_EMBED, 0).host;
+    s->lm_head = sm_shard_tensor(s, -1, SM_T_LM_HEAD, 0).host;
     int ne = moe == SM_MOE_EP ? c->E / world : c->E;
     int e0 = moe == SM_MOE_EP ? rank * ne : 0;
     int ni = moe == SM_MOE_TP ? I / world : I;
@@ -126,21 +128,20 @@ int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_
         sm_shard_free(s);
         return sm_errf(e, "world %d rank %d: out of memory for the shard views", world, rank);
     }
-    int64_t QD = (int64_t)c->nH * D;
     for (int l = 0; l < c->L; l++) {
         const sm_layer *L = &m->layers[l];
         sm_shard_layer *S = &s->layers[l];
         S->full = L;
-        /* attention: rows of the local heads, columns of o_proj */
-        S->wq = L->wq + (int64_t)s->h0 * D * H;
-        S->wg = L->wg + (int64_t)s->h0 * D * H;
-        S->wk = L->wk + (int64_t)s->kv0 * D * H;
-        S->wv = L->wv + (int64_t)s->kv0 * D * H;
-        S->wo = L->wo + (int64_t)s->h0 * D;
-        S->ld_wo = QD;
-        /* pooler / unpooler output rows */
-        S->pooler = L->pooler + (int64_t)s->p0 * H;
-        S->unpooler = L->unpooler + (int64_t)s->u0 * Hm;
+        /* attention: rows of the local heads, columns of o_proj; pooler / unpooler output rows */
+        S->wq = sm_shard_tensor(s, l, SM_T_WQ, 0).host;
+        S->wg = sm_shard_tensor(s, l, SM_T_WG, 0).host;
+        S->wk = sm_shard_tensor(s, l, SM_T_WK, 0).host;
+        S->wv = sm_shard_tensor(s, l, SM_T_WV, 0).host;
+        sm_shard_part wo = sm_shard_tensor(s, l, SM_T_WO, 0);
+        S->wo = wo.host;
+        S->ld_wo = wo.pitch / (int64_t)sizeof *S->wo;
+        S->pooler = sm_shard_tensor(s, l, SM_T_POOLER, 0).host;
+        S->unpooler = sm_shard_tensor(s, l, SM_T_UNPOOLER, 0).host;
         /* experts: whole ones (EP) or the I slice of every one (TP) */
         sm_shard_experts *X = &S->ex;
         X->fmt = L->ex.fmt;
@@ -156,6 +157,28 @@ int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_
         }
     }
     return 0;
+}
+
+sm_shard_part sm_shard_tensor(const sm_shard *s, int l, sm_tensor_role r, int k) {
+    int64_t sh[3];
+    int nd = sm_tensor_shape(&s->m->cfg, r, sh), nvec, eb;
+    sm_tensor_loaded(r, &nvec, &eb);
+    int64_t rows = nd == 1 ? 1 : sh[0], cols = sh[nd - 1];
+    sm_shard_part p = {sm_model_tensor(s->m, l, r, k), rows, cols * eb, cols * eb};
+    if (!p.host) return p;
+    switch (sm_tensors[r].split) {
+    case SM_SPLIT_ROWS: /* rows [rank rows/W, (rank+1) rows/W) */
+        p.rows = rows / s->world;
+        p.host = (const uint8_t *)p.host + s->rank * p.rows * p.pitch;
+        break;
+    case SM_SPLIT_COLS: /* columns [rank cols/W, (rank+1) cols/W) of every row */
+        p.row_bytes = cols / s->world * eb;
+        p.host = (const uint8_t *)p.host + s->rank * p.row_bytes;
+        break;
+    default: /* replicated (the experts have no loaded form here: host is NULL) */
+        break;
+    }
+    return p;
 }
 
 void sm_shard_mat_row(sm_expert_fmt fmt, const sm_shard_mat *v, int row, int cols, float *out) {

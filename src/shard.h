@@ -93,6 +93,20 @@ int sm_shard_plan(const sm_config *c, int world, int rank, sm_moe_layout moe, sm
 int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e);
 void sm_shard_free(sm_shard *s);
 
+/* The rank's part of a tensor in its loaded form: `rows` rows of `row_bytes` bytes, row i at
+ * host + i * pitch (pitch > row_bytes: a column slice; a vector is one row). */
+typedef struct sm_shard_part {
+    const void *host;          /* the part's first byte: a view into the model; NULL when the
+                                  model has no such loaded form (the experts) */
+    int64_t rows, row_bytes;   /* its shape in bytes */
+    int64_t pitch;             /* bytes between consecutive rows in the model */
+} sm_shard_part;
+
+/* Rank s->rank's part of role r (tensors.h) of layer l (ignored for a model-level role),
+ * vector k (1: a residual gate's beta), by the table's split rule over the loaded form
+ * (sm_model_tensor).  s must have been made by sm_shard_make. */
+sm_shard_part sm_shard_tensor(const sm_shard *s, int l, sm_tensor_role r, int k);
+
 /* Decode `cols` values of row `row` of an expert slice view into out [cols] as bf16-exact
  * floats (the same values as sm_expert_row gives for those positions), reading only the
  * slice's bytes.  MXFP4: cols a multiple of 32. */

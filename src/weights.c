@@ -1,9 +1,11 @@
 /* weights.c: checkpoint loader (docs/model.md section 2): names -> plain structs of views.
  *
- * One pass over the archive classifies every tensor name into a slot (fixed per-model,
- * fixed per-layer, consolidated experts, per-expert weight/scale); an unparseable or unknown
- * name fails there, naming the tensor.  A second pass per layer checks every slot's dtype and
- * shape exactly and resolves the layer's expert format.  Views stay in the mmapped files;
+ * One pass over the archive classifies every tensor name into a slot of the tensor tables
+ * (tensors.h: model-level, per-layer, consolidated experts, per-expert weight/scale); an
+ * unparseable or unknown name fails there, naming the tensor.  A second pass per layer checks
+ * every slot's dtype and shape exactly, resolves the layer's expert format and turns each
+ * tensor into its loaded form by the table's kind (view, eff norm, gate coefficients); one
+ * switch (field_of) maps roles to the fields of weights.h.  Views stay in the mmapped files;
  * only misaligned views, the small precomputed vectors (eff norms, residual-gate alpha/beta)
  * and online-MXFP4 experts are owned.  We rejected looking names up one by one with st_find:
  * it cannot see the tensors nobody asked for, and unknown names must be refused.
@@ -20,16 +22,34 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define P_ "model.language_model."
+#define P_ SM_TENSOR_PREFIX
 
 const char *sm_expert_fmt_name(sm_expert_fmt f) {
-    switch (f) {
-    case SM_EXP_BF16: return "bf16";
-    case SM_EXP_FP8: return "fp8";
-    case SM_EXP_MXFP4: return "mxfp4";
-    }
-    return "?";
+    return (unsigned)f < SM_EXP_NFMT ? sm_expert_formats[f].name : "?";
 }
+
+void sm_expert_mat_bytes(sm_expert_fmt f, int64_t rows, int64_t cols, size_t *wbytes, size_t *sbytes) {
+    const sm_expert_format *F = &sm_expert_formats[(unsigned)f < SM_EXP_NFMT ? f : SM_EXP_BF16];
+    int64_t sb = F->scale == 0 ? 0 : F->scale == 1 ? rows : rows * (cols / F->scale); /* scale values */
+    if (wbytes) *wbytes = (size_t)(rows * cols * F->value_bits / 8);
+    if (sbytes) *sbytes = (size_t)(sb * st_dtype_bits(F->s) / 8);
+}
+
+size_t sm_expert_bytes(const sm_config *c, sm_expert_fmt f) {
+    size_t w1, s1, w2, s2;
+    sm_expert_mat_bytes(f, 2 * (int64_t)c->I, c->Hm, &w1, &s1); /* gate_up */
+    sm_expert_mat_bytes(f, c->Hm, c->I, &w2, &s2);              /* down */
+    return w1 + s1 + w2 + s2;
+}
+
+void sm_norm_gain(const uint16_t *g, int64_t n, sm_tensor_kind kind, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = sm_bf16_to_f32(g[i]);
+        out[i] = kind == SM_TK_NORM1 ? sm_r16(1.0f + v) : v; /* eff(g) = r16(1 + g), or g as is */
+    }
+}
+
+int sm_layer_keeps_bf16(const sm_config *c, int l) { return l == 0 || l == c->L - 1; }
 
 void sm_residual_gate(const uint16_t *g, int n, float T_g, float *alpha, float *beta) {
     for (int i = 0; i < n; i++) {
@@ -41,61 +61,16 @@ void sm_residual_gate(const uint16_t *g, int n, float T_g, float *alpha, float *
     }
 }
 
-/* ---- per-layer tensor table ---- */
-enum {
-    LT_IN_NORM, LT_WQ, LT_WK, LT_WV, LT_WG, LT_WO, LT_ATT_GATE, LT_PRE_FFN, LT_POST_FFN,
-    LT_FFN_GATE, LT_ROUTER, LT_ROUTER_BIAS, LT_POOLER, LT_PRE_EXP_NORM, LT_POST_EXP_NORM,
-    LT_UNPOOLER, LT_EXP_GU, LT_EXP_DN, LT_N
-};
-/* dims: 'H' hidden, 'Q' nH*D, 'K' nKV*D, 'E' experts, 'M' Hm, 'I' I, '2' 2I, 0 none */
-typedef struct lt_def { const char *suffix; st_dtype dt; char dims[4]; } lt_def;
-static const lt_def LT[LT_N] = {
-    {"input_layernorm.weight", ST_BF16, "H"},
-    {"self_attn.q_proj.weight", ST_BF16, "QH"},
-    {"self_attn.k_proj.weight", ST_BF16, "KH"},
-    {"self_attn.v_proj.weight", ST_BF16, "KH"},
-    {"self_attn.gate_proj.weight", ST_BF16, "QH"},
-    {"self_attn.o_proj.weight", ST_BF16, "HQ"},
-    {"post_attention_residual_gate.gate", ST_BF16, "H"},
-    {"pre_feedforward_layernorm.weight", ST_BF16, "H"},
-    {"post_feedforward_layernorm.weight", ST_BF16, "H"},
-    {"post_feedforward_residual_gate.gate", ST_BF16, "H"},
-    {"mlp.gate.weight", ST_F32, "EH"},
-    {"mlp.gate.e_score_correction_bias", ST_F32, "E"},
-    {"mlp.pre_expert_proj.weight", ST_BF16, "MH"},
-    {"mlp.pre_expert_norm.weight", ST_BF16, "M"},
-    {"mlp.experts.post_expert_norm.weight", ST_BF16, "M"},
-    {"mlp.post_expert_proj.weight", ST_BF16, "HM"},
-    {"mlp.experts.gate_up_proj", ST_BF16, "E2M"},
-    {"mlp.experts.down_proj", ST_BF16, "EMI"},
-};
-
-static int64_t dim_of(const sm_config *c, char d) {
-    switch (d) {
-    case 'H': return c->H;
-    case 'Q': return (int64_t)c->nH * c->D;
-    case 'K': return (int64_t)c->nKV * c->D;
-    case 'E': return c->E;
-    case 'M': return c->Hm;
-    case 'I': return c->I;
-    case '2': return 2 * (int64_t)c->I;
-    }
-    return -1;
-}
-
-/* Per-expert slots: 0 gate_up weight, 1 gate_up scale, 2 down weight, 3 down scale. */
-enum { PX_GU, PX_GUS, PX_DN, PX_DNS, PX_N };
-static const char *const PX_SUFFIX[PX_N] = {
-    "gate_up_proj.weight", "gate_up_proj.weight_scale", "down_proj.weight", "down_proj.weight_scale"};
+#define NGLOB (SM_T_N - SM_T_NLAYER) /* model-level roles */
 
 typedef struct load_ctx {
     const char *dir;
     sm_config *c;
     st_archive *ar;
-    const st_tensor **fixed;   /* [L * LT_N] */
-    const st_tensor **px;      /* [L * E * PX_N] */
+    const st_tensor **fixed;   /* [L * SM_T_NLAYER] per-layer roles */
+    const st_tensor **px;      /* [L * E * SM_XS_N] per-expert slots */
     const st_tensor **layer_first_px; /* [L] first per-expert tensor seen in each layer */
-    const st_tensor *embed, *norm, *lm_head;
+    const st_tensor *glob[NGLOB]; /* model-level roles, [r - SM_T_NLAYER] */
 } load_ctx;
 
 static const char *tfile(const load_ctx *x, const st_tensor *t) {
@@ -142,43 +117,38 @@ static int parse_index(const char **p, long *out) {
     return 0;
 }
 
-static void name_px(char *buf, size_t n, int l, int ex, int slot) {
-    snprintf(buf, n, P_ "layers.%d.mlp.experts.%d.%s", l, ex, PX_SUFFIX[slot]);
-}
-
 /* Classify one tensor name into its slot. */
 static int classify(load_ctx *x, const st_tensor *t, sm_err *e) {
     const sm_config *c = x->c;
     const char *nm = t->name;
     const st_tensor **slot = NULL;
-    if (strcmp(nm, "lm_head.weight") == 0) slot = &x->lm_head;
+    int g = sm_tensor_find_model(nm);
+    if (g >= 0) slot = &x->glob[g - SM_T_NLAYER];
     else if (strncmp(nm, P_, sizeof P_ - 1) != 0)
-        return sm_errf(e, "%s: tensor '%s': unknown tensor name (not lm_head.weight, not under '" P_ "')",
+        return sm_errf(e, "%s: tensor '%s': unknown tensor name (not a model-level name, not under '" P_ "')",
                        tfile(x, t), nm);
     else {
         const char *s = nm + sizeof P_ - 1;
-        if (strcmp(s, "embed_tokens.weight") == 0) slot = &x->embed;
-        else if (strcmp(s, "norm.weight") == 0) slot = &x->norm;
-        else if (strncmp(s, "layers.", 7) == 0) {
+        if (strncmp(s, "layers.", 7) == 0) {
             const char *p = s + 7;
             long l;
             if (parse_index(&p, &l)) return sm_errf(e, "%s: tensor '%s': unknown tensor name", tfile(x, t), nm);
             if (l >= c->L)
                 return sm_errf(e, "%s: tensor '%s': layer %ld >= num_hidden_layers %d", tfile(x, t), nm, l, c->L);
-            for (int k = 0; k < LT_N && !slot; k++)
-                if (strcmp(p, LT[k].suffix) == 0) slot = &x->fixed[l * LT_N + k];
+            int r = sm_tensor_find_layer(p);
+            if (r >= 0) slot = &x->fixed[l * SM_T_NLAYER + r];
             if (!slot && strncmp(p, "mlp.experts.", 12) == 0) {
                 const char *q = p + 12;
                 long ex;
                 if (parse_index(&q, &ex) == 0) {
                     int k;
-                    for (k = 0; k < PX_N; k++)
-                        if (strcmp(q, PX_SUFFIX[k]) == 0) break;
-                    if (k == PX_N) return sm_errf(e, "%s: tensor '%s': unknown tensor name", tfile(x, t), nm);
+                    for (k = 0; k < SM_XS_N; k++)
+                        if (strcmp(q, sm_expert_slot_suffix[k]) == 0) break;
+                    if (k == SM_XS_N) return sm_errf(e, "%s: tensor '%s': unknown tensor name", tfile(x, t), nm);
                     if (ex >= c->E)
                         return sm_errf(e, "%s: tensor '%s': expert index %ld >= num_local_experts %d",
                                        tfile(x, t), nm, ex, c->E);
-                    slot = &x->px[((int64_t)l * c->E + ex) * PX_N + k];
+                    slot = &x->px[((int64_t)l * c->E + ex) * SM_XS_N + k];
                     if (!x->layer_first_px[l]) x->layer_first_px[l] = t;
                 }
             }
@@ -215,16 +185,11 @@ static const void *view(sm_model *m, const st_tensor *t, size_t align, sm_err *e
     return p;
 }
 
-/* eff(g) = r16(1 + g) into an owned f32 array. */
-static float *eff_norm(sm_model *m, const st_tensor *t, sm_err *e) {
-    float *w = own(m, (size_t)t->numel * sizeof(float), e);
-    if (!w) return NULL;
-    const uint8_t *b = t->data;
-    for (int64_t i = 0; i < t->numel; i++) {
-        uint16_t h;
-        memcpy(&h, b + 2 * i, 2); /* the view may be misaligned */
-        w[i] = sm_r16(1.0f + sm_bf16_to_f32(h));
-    }
+/* The norm gain of tensor t (kind SM_TK_NORM1 or SM_TK_NORM0) into an owned f32 array. */
+static float *norm_gain(sm_model *m, const st_tensor *t, sm_tensor_kind kind, sm_err *e) {
+    const uint16_t *g = view(m, t, 2, e);
+    float *w = g ? own(m, (size_t)t->numel * sizeof(float), e) : NULL;
+    if (w) sm_norm_gain(g, t->numel, kind, w);
     return w;
 }
 
@@ -240,13 +205,6 @@ static int gate_coefs(sm_model *m, const st_tensor *t, float **alpha, float **be
 }
 
 /* ---- experts of one layer ---- */
-static int fmt_of_dtype(st_dtype d) {
-    if (d == ST_BF16) return SM_EXP_BF16;
-    if (d == ST_F8_E4M3) return SM_EXP_FP8;
-    if (d == ST_U8 || d == ST_F4) return SM_EXP_MXFP4;
-    return -1;
-}
-
 static int load_experts(load_ctx *x, sm_model *m, int l, sm_err *e) {
     const sm_config *c = &m->cfg;
     int E = c->E;
@@ -254,7 +212,8 @@ static int load_experts(load_ctx *x, sm_model *m, int l, sm_err *e) {
     const void **ptrs = own(m, sizeof(void *) * 4 * (size_t)E, e);
     if (!ptrs) return -1;
     X->gu = ptrs; X->gus = ptrs + E; X->dn = ptrs + 2 * E; X->dns = ptrs + 3 * E;
-    const st_tensor *cgu = x->fixed[l * LT_N + LT_EXP_GU], *cdn = x->fixed[l * LT_N + LT_EXP_DN];
+    const st_tensor **f = &x->fixed[l * SM_T_NLAYER];
+    const st_tensor *cgu = f[SM_T_EXPERTS_GU], *cdn = f[SM_T_EXPERTS_DN];
     const st_tensor *first = x->layer_first_px[l];
     char nm[256];
     if ((cgu || cdn) && first)
@@ -262,82 +221,82 @@ static int load_experts(load_ctx *x, sm_model *m, int l, sm_err *e) {
                        tfile(x, first), first->name, l, (cgu ? cgu : cdn)->name);
     if (cgu || cdn) {
         /* consolidated BF16 [E, 2I, Hm] and [E, Hm, I] */
-        for (int k = LT_EXP_GU; k <= LT_EXP_DN; k++) {
-            const st_tensor *t = x->fixed[l * LT_N + k];
-            if (!t) return sm_errf(e, "%s: missing tensor '" P_ "layers.%d.%s'", x->dir, l, LT[k].suffix);
-            int64_t sh[3] = {E, dim_of(c, LT[k].dims[1]), dim_of(c, LT[k].dims[2])};
-            if (check_tensor(x, t, ST_BF16, 3, sh, e)) return -1;
+        for (int r = SM_T_EXPERTS_GU; r <= SM_T_EXPERTS_DN; r++) {
+            const st_tensor *t = f[r];
+            sm_tensor_name(nm, sizeof nm, (sm_tensor_role)r, l);
+            if (!t) return sm_errf(e, "%s: missing tensor '%s'", x->dir, nm);
+            int64_t sh[3];
+            int nd = sm_tensor_shape(c, (sm_tensor_role)r, sh);
+            if (check_tensor(x, t, sm_tensors[r].dtype, nd, sh, e)) return -1;
             const uint8_t *base = view(m, t, 2, e);
             if (!base) return -1;
             size_t per = (size_t)(sh[1] * sh[2] * 2);
             for (int ex = 0; ex < E; ex++) {
-                if (k == LT_EXP_GU) X->gu[ex] = base + per * ex;
+                if (r == SM_T_EXPERTS_GU) X->gu[ex] = base + per * ex;
                 else X->dn[ex] = base + per * ex;
             }
         }
         X->fmt = SM_EXP_BF16;
         return 0;
     }
-    if (!first)
-        return sm_errf(e, "%s: missing tensor '" P_ "layers.%d.mlp.experts.gate_up_proj' (no consolidated or "
-                       "per-expert expert tensors in layer %d)", x->dir, l, l);
+    if (!first) {
+        sm_tensor_name(nm, sizeof nm, SM_T_EXPERTS_GU, l);
+        return sm_errf(e, "%s: missing tensor '%s' (no consolidated or per-expert expert tensors in layer %d)", x->dir,
+                       nm, l);
+    }
     /* the layer's format is the format of expert 0's gate_up weight */
-    const st_tensor *t0 = x->px[((int64_t)l * E) * PX_N + PX_GU];
+    const st_tensor *t0 = x->px[((int64_t)l * E) * SM_XS_N + SM_XS_GU_W];
     if (!t0) {
-        name_px(nm, sizeof nm, l, 0, PX_GU);
+        sm_expert_tensor_name(nm, sizeof nm, l, 0, SM_XS_GU_W);
         return sm_errf(e, "%s: missing tensor '%s'", x->dir, nm);
     }
-    int fmt = fmt_of_dtype(t0->dtype);
+    int fmt = sm_expert_fmt_of_dtype(t0->dtype);
     if (fmt < 0)
         return sm_errf(e, "%s: tensor '%s': dtype %s is not an expert weight dtype (BF16, F8_E4M3, U8, F4)",
                        tfile(x, t0), t0->name, st_dtype_name(t0->dtype));
     X->fmt = (sm_expert_fmt)fmt;
+    const sm_expert_format *F = &sm_expert_formats[fmt];
     for (int ex = 0; ex < E; ex++) {
-        const st_tensor **s = &x->px[((int64_t)l * E + ex) * PX_N];
+        const st_tensor **s = &x->px[((int64_t)l * E + ex) * SM_XS_N];
         if (!s[0] && !s[1] && !s[2] && !s[3]) {
-            name_px(nm, sizeof nm, l, ex, PX_GU);
+            sm_expert_tensor_name(nm, sizeof nm, l, ex, SM_XS_GU_W);
             return sm_errf(e, "%s: missing expert %d of layer %d (no tensor '%s')", x->dir, ex, l, nm);
         }
         for (int pj = 0; pj < 2; pj++) {
             const st_tensor *w = s[2 * pj], *sc = s[2 * pj + 1];
-            int64_t rows = pj ? c->Hm : 2 * (int64_t)c->I, cols = pj ? c->I : c->Hm;
             if (!w) {
-                name_px(nm, sizeof nm, l, ex, 2 * pj);
+                sm_expert_tensor_name(nm, sizeof nm, l, ex, 2 * pj);
                 return sm_errf(e, "%s: missing tensor '%s'", x->dir, nm);
             }
-            int wf = fmt_of_dtype(w->dtype);
-            if (wf != fmt)
+            if (sm_expert_fmt_of_dtype(w->dtype) != fmt)
                 return sm_errf(e, "%s: tensor '%s': dtype %s: layer %d mixes expert formats (expert 0 is %s)",
                                tfile(x, w), w->name, st_dtype_name(w->dtype), l, sm_expert_fmt_name(X->fmt));
-            int64_t wsh[2] = {rows, cols};
-            if (w->dtype == ST_U8) wsh[1] = cols / 2;
-            if (check_tensor(x, w, w->dtype, 2, wsh, e)) return -1;
-            const void *wv = w->data;
+            int64_t sh[2];
+            int nd = sm_expert_slot_shape(c, X->fmt, 2 * pj, w->dtype, sh);
+            if (check_tensor(x, w, w->dtype, nd, sh, e)) return -1;
+            int wb = st_dtype_bits(w->dtype) / 8;
+            const void *wv = view(m, w, wb > 1 ? (size_t)wb : 1, e);
             const void *sv = NULL;
-            if (fmt == SM_EXP_BF16) {
+            if (!wv) return -1;
+            if (F->scale == 0) {
                 if (sc)
-                    return sm_errf(e, "%s: tensor '%s': unexpected weight_scale for BF16 experts", tfile(x, sc), sc->name);
-                wv = view(m, w, 2, e);
-                if (!wv) return -1;
+                    return sm_errf(e, "%s: tensor '%s': unexpected weight_scale for %s experts", tfile(x, sc), sc->name,
+                                   st_dtype_name(F->w));
             } else {
                 if (!sc) {
-                    name_px(nm, sizeof nm, l, ex, 2 * pj + 1);
+                    sm_expert_tensor_name(nm, sizeof nm, l, ex, 2 * pj + 1);
                     return sm_errf(e, "%s: missing tensor '%s'", x->dir, nm);
                 }
-                if (fmt == SM_EXP_FP8) {
-                    if (check_tensor(x, sc, ST_F32, 1, &rows, e)) return -1;
-                    sv = view(m, sc, 4, e);
-                    if (!sv) return -1;
-                } else {
-                    int64_t ssh[2] = {rows, cols / SM_MX_BLOCK};
-                    st_dtype sdt = sc->dtype == ST_F8_E8M0 ? ST_F8_E8M0 : ST_U8;
-                    if (check_tensor(x, sc, sdt, 2, ssh, e)) return -1;
-                    const uint8_t *sb = sc->data;
-                    const void *hit = memchr(sb, 0xFF, sc->nbytes);
+                st_dtype sdt = sc->dtype == F->s_alt ? F->s_alt : F->s; /* expected: the one it has, else s */
+                nd = sm_expert_slot_shape(c, X->fmt, 2 * pj + 1, sdt, sh);
+                if (check_tensor(x, sc, sdt, nd, sh, e)) return -1;
+                int sb = st_dtype_bits(sdt) / 8;
+                if (!(sv = view(m, sc, (size_t)sb, e))) return -1;
+                if (fmt == SM_EXP_MXFP4) { /* e8m0: 0xFF is NaN */
+                    const void *hit = memchr(sv, 0xFF, sc->nbytes);
                     if (hit)
-                        return sm_errf(e, "%s: tensor '%s': e8m0 scale byte 0xFF (NaN) at element %lld",
-                                       tfile(x, sc), sc->name, (long long)((const uint8_t *)hit - sb));
-                    sv = sb;
+                        return sm_errf(e, "%s: tensor '%s': e8m0 scale byte 0xFF (NaN) at element %lld", tfile(x, sc),
+                                       sc->name, (long long)((const uint8_t *)hit - (const uint8_t *)sv));
                 }
             }
             if (pj == 0) { X->gu[ex] = wv; X->gus[ex] = sv; }
@@ -354,7 +313,9 @@ typedef struct onl_job {
     const int *layers; int nlayers; /* layers to quantize */
     const void **src_gu, **src_dn;  /* [nlayers * E] bf16 sources */
     uint8_t **dst;                  /* [nlayers] per-layer owned buffers */
-    size_t per_expert;              /* bytes per expert in dst */
+    size_t per_expert;              /* bytes per expert in dst (sm_expert_bytes, MXFP4) */
+    size_t off[4];                  /* offsets in an expert's bytes: gate_up codes, its scales,
+                                       down codes, its scales */
     atomic_long next;               /* next item */
     int err;                        /* out of memory in a worker */
 } onl_job;
@@ -377,9 +338,8 @@ static void *onl_worker(void *arg) {
         if (it >= (long)(j->nlayers * E)) break;
         int li = (int)(it / E), ex = (int)(it % E);
         uint8_t *d = j->dst[li] + j->per_expert * (size_t)ex;
-        uint8_t *q1 = d, *s1 = q1 + I2 * Hm / 2, *q2 = s1 + I2 * Hm / 32, *s2 = q2 + Hm * I / 2;
-        quant_matrix(j->src_gu[it], I2, Hm, q1, s1, tmp);
-        quant_matrix(j->src_dn[it], Hm, I, q2, s2, tmp);
+        quant_matrix(j->src_gu[it], I2, Hm, d + j->off[0], d + j->off[1], tmp);
+        quant_matrix(j->src_dn[it], Hm, I, d + j->off[2], d + j->off[3], tmp);
     }
     free(tmp);
     return NULL;
@@ -387,17 +347,21 @@ static void *onl_worker(void *arg) {
 
 static int online_mxfp4(sm_model *m, int threads, sm_err *e) {
     const sm_config *c = &m->cfg;
-    int64_t E = c->E, I2 = 2 * (int64_t)c->I, Hm = c->Hm, I = c->I;
+    int64_t E = c->E;
     int lay[SM_MAX_LAYERS], n = 0;
-    for (int l = 1; l < c->L - 1; l++)
-        if (m->layers[l].ex.fmt == SM_EXP_BF16) lay[n++] = l;
+    for (int l = 0; l < c->L; l++)
+        if (!sm_layer_keeps_bf16(c, l) && m->layers[l].ex.fmt == SM_EXP_BF16) lay[n++] = l;
     if (n == 0) return 0;
     onl_job j;
     memset(&j, 0, sizeof j);
     j.m = m;
     j.layers = lay;
     j.nlayers = n;
-    j.per_expert = (size_t)(I2 * Hm / 2 + I2 * Hm / 32 + Hm * I / 2 + Hm * I / 32);
+    size_t w1, s1, w2;
+    sm_expert_mat_bytes(SM_EXP_MXFP4, 2 * (int64_t)c->I, c->Hm, &w1, &s1);
+    sm_expert_mat_bytes(SM_EXP_MXFP4, c->Hm, c->I, &w2, NULL);
+    j.off[0] = 0, j.off[1] = w1, j.off[2] = w1 + s1, j.off[3] = w1 + s1 + w2;
+    j.per_expert = sm_expert_bytes(c, SM_EXP_MXFP4);
     atomic_init(&j.next, 0);
     j.src_gu = malloc(sizeof(void *) * (size_t)(n * E));
     j.src_dn = malloc(sizeof(void *) * (size_t)(n * E));
@@ -429,10 +393,10 @@ static int online_mxfp4(sm_model *m, int threads, sm_err *e) {
         sm_experts *X = &m->layers[lay[i]].ex;
         for (int ex = 0; ex < E; ex++) {
             uint8_t *d = j.dst[i] + j.per_expert * (size_t)ex;
-            X->gu[ex] = d;
-            X->gus[ex] = d + I2 * Hm / 2;
-            X->dn[ex] = d + I2 * Hm / 2 + I2 * Hm / 32;
-            X->dns[ex] = d + I2 * Hm / 2 + I2 * Hm / 32 + Hm * I / 2;
+            X->gu[ex] = d + j.off[0];
+            X->gus[ex] = d + j.off[1];
+            X->dn[ex] = d + j.off[2];
+            X->dns[ex] = d + j.off[3];
         }
         X->fmt = SM_EXP_MXFP4;
     }
@@ -443,35 +407,105 @@ done:
     return rc;
 }
 
+/* ---- loaded forms: the one map from roles to the fields of weights.h ---- */
+
+/* Address of the field of m that holds role r's loaded form (vector k of a gate), NULL for
+ * the experts.  The field's type follows the table (sm_tensor_loaded): a BF16 view is a
+ * const uint16_t *, an F32 view a const float *, a derived vector a float *. */
+static void *field_of(sm_model *m, int l, sm_tensor_role r, int k) {
+    sm_layer *L = r < SM_T_NLAYER ? &m->layers[l] : NULL; /* used by the per-layer roles only */
+    switch (r) {
+    case SM_T_IN_NORM: return &L->in_norm;
+    case SM_T_WQ: return &L->wq;
+    case SM_T_WK: return &L->wk;
+    case SM_T_WV: return &L->wv;
+    case SM_T_WG: return &L->wg;
+    case SM_T_WO: return &L->wo;
+    case SM_T_ATT_GATE: return k ? &L->att_beta : &L->att_alpha;
+    case SM_T_PRE_FFN_NORM: return &L->pre_ffn_norm;
+    case SM_T_POST_FFN_NORM: return &L->post_ffn_norm;
+    case SM_T_FFN_GATE: return k ? &L->ffn_beta : &L->ffn_alpha;
+    case SM_T_ROUTER: return &L->router;
+    case SM_T_ROUTER_BIAS: return &L->router_bias;
+    case SM_T_POOLER: return &L->pooler;
+    case SM_T_PRE_EXPERT_NORM: return &L->pre_expert_norm;
+    case SM_T_POST_EXPERT_NORM: return &L->post_expert_norm;
+    case SM_T_UNPOOLER: return &L->unpooler;
+    case SM_T_EMBED: return &m->embed;
+    case SM_T_FINAL_NORM: return &m->final_norm;
+    case SM_T_LM_HEAD: return &m->lm_head;
+    default: return NULL; /* experts: sm_experts */
+    }
+}
+
+static void set_field(sm_model *m, int l, sm_tensor_role r, int k, const void *p) {
+    void *f = field_of(m, l, r, k);
+    if (sm_tensors[r].kind != SM_TK_VIEW) *(float **)f = (float *)p; /* owned by m */
+    else if (sm_tensors[r].dtype == ST_F32) *(const float **)f = p;
+    else *(const uint16_t **)f = p;
+}
+
+const void *sm_model_tensor(const sm_model *m, int l, sm_tensor_role r, int k) {
+    if ((int)r < 0 || r >= SM_T_N || (r < SM_T_NLAYER && (l < 0 || l >= m->cfg.L))) return NULL;
+    const void *f = field_of((sm_model *)m, l, r, k); /* read only */
+    if (!f) return NULL;
+    if (sm_tensors[r].kind != SM_TK_VIEW) return *(float *const *)f;
+    if (sm_tensors[r].dtype == ST_F32) return *(const float *const *)f;
+    return *(const uint16_t *const *)f;
+}
+
+/* The loaded form of tensor t of role r (layer l) into its field(s). */
+static int load_tensor(sm_model *m, int l, sm_tensor_role r, const st_tensor *t, sm_err *e) {
+    switch (sm_tensors[r].kind) {
+    case SM_TK_VIEW: { /* in place (copied only if misaligned) */
+        const void *v = view(m, t, (size_t)st_dtype_bits(t->dtype) / 8, e);
+        if (!v) return -1;
+        set_field(m, l, r, 0, v);
+        return 0;
+    }
+    case SM_TK_NORM1: /* a norm centred at 1: eff(g) = r16(1 + g) */
+    case SM_TK_NORM0: { /* the final norm: used as is (f32 of its bf16) */
+        float *w = norm_gain(m, t, sm_tensors[r].kind, e);
+        if (!w) return -1;
+        set_field(m, l, r, 0, w);
+        return 0;
+    }
+    case SM_TK_GATE: { /* residual gate: alpha/beta per channel */
+        float *a, *b;
+        if (gate_coefs(m, t, &a, &b, e)) return -1;
+        set_field(m, l, r, 0, a);
+        set_field(m, l, r, 1, b);
+        return 0;
+    }
+    case SM_TK_EXPERTS: break; /* load_experts */
+    }
+    return 0;
+}
+
+/* Roles [r0, r1) of layer l (-1: model-level) with tensors f[r - r0]: every one present with
+ * its dtype and shape, then each into its loaded form. */
+static int load_roles(load_ctx *x, sm_model *m, int l, int r0, int r1, const st_tensor **f, sm_err *e) {
+    char nm[256];
+    for (int r = r0; r < r1; r++)
+        if (!f[r - r0] && sm_tensors[r].kind != SM_TK_EXPERTS) {
+            sm_tensor_name(nm, sizeof nm, (sm_tensor_role)r, l);
+            return sm_errf(e, "%s: missing tensor '%s'", x->dir, nm);
+        }
+    for (int r = r0; r < r1; r++) {
+        if (sm_tensors[r].kind == SM_TK_EXPERTS) continue;
+        int64_t sh[3];
+        int nd = sm_tensor_shape(x->c, (sm_tensor_role)r, sh);
+        if (check_tensor(x, f[r - r0], sm_tensors[r].dtype, nd, sh, e)) return -1;
+    }
+    for (int r = r0; r < r1; r++)
+        if (load_tensor(m, l, (sm_tensor_role)r, f[r - r0], e)) return -1;
+    return 0;
+}
+
 /* ---- the loader ---- */
 static int load_layer(load_ctx *x, sm_model *m, int l, sm_err *e) {
-    const sm_config *c = &m->cfg;
-    sm_layer *L = &m->layers[l];
-    const st_tensor **f = &x->fixed[l * LT_N];
-    for (int k = 0; k < LT_EXP_GU; k++) {
-        if (!f[k]) return sm_errf(e, "%s: missing tensor '" P_ "layers.%d.%s'", x->dir, l, LT[k].suffix);
-        int64_t sh[3];
-        int nd = (int)strlen(LT[k].dims);
-        for (int i = 0; i < nd; i++) sh[i] = dim_of(c, LT[k].dims[i]);
-        if (check_tensor(x, f[k], LT[k].dt, nd, sh, e)) return -1;
-    }
-    L->full = c->full[l];
-    /* dense matrices: views (copied only if misaligned) */
-    if (!(L->wq = view(m, f[LT_WQ], 2, e)) || !(L->wk = view(m, f[LT_WK], 2, e)) ||
-        !(L->wv = view(m, f[LT_WV], 2, e)) || !(L->wg = view(m, f[LT_WG], 2, e)) ||
-        !(L->wo = view(m, f[LT_WO], 2, e)) || !(L->router = view(m, f[LT_ROUTER], 4, e)) ||
-        !(L->router_bias = view(m, f[LT_ROUTER_BIAS], 4, e)) || !(L->pooler = view(m, f[LT_POOLER], 2, e)) ||
-        !(L->unpooler = view(m, f[LT_UNPOOLER], 2, e)))
-        return -1;
-    /* norms centred at 1: eff(g) = r16(1 + g) */
-    if (!(L->in_norm = eff_norm(m, f[LT_IN_NORM], e)) || !(L->pre_ffn_norm = eff_norm(m, f[LT_PRE_FFN], e)) ||
-        !(L->post_ffn_norm = eff_norm(m, f[LT_POST_FFN], e)) ||
-        !(L->pre_expert_norm = eff_norm(m, f[LT_PRE_EXP_NORM], e)) ||
-        !(L->post_expert_norm = eff_norm(m, f[LT_POST_EXP_NORM], e)))
-        return -1;
-    /* residual gates: alpha/beta per channel */
-    if (gate_coefs(m, f[LT_ATT_GATE], &L->att_alpha, &L->att_beta, e)) return -1;
-    if (gate_coefs(m, f[LT_FFN_GATE], &L->ffn_alpha, &L->ffn_beta, e)) return -1;
+    m->layers[l].full = m->cfg.full[l];
+    if (load_roles(x, m, l, 0, SM_T_NLAYER, &x->fixed[l * SM_T_NLAYER], e)) return -1;
     return load_experts(x, m, l, e);
 }
 
@@ -493,8 +527,8 @@ int sm_model_load(const char *dir, const sm_load_opts *o, sm_model *m, sm_err *e
     x.dir = dir;
     x.c = &m->cfg;
     x.ar = &m->ar;
-    x.fixed = calloc((size_t)c->L * LT_N, sizeof *x.fixed);
-    x.px = calloc((size_t)c->L * c->E * PX_N, sizeof *x.px);
+    x.fixed = calloc((size_t)c->L * SM_T_NLAYER, sizeof *x.fixed);
+    x.px = calloc((size_t)c->L * c->E * SM_XS_N, sizeof *x.px);
     x.layer_first_px = calloc((size_t)c->L, sizeof *x.layer_first_px);
     m->layers = calloc((size_t)c->L, sizeof *m->layers);
     int rc = -1;
@@ -503,21 +537,7 @@ int sm_model_load(const char *dir, const sm_load_opts *o, sm_model *m, sm_err *e
     for (int i = 0; i < m->ar.ntensors; i++)
         if (classify(&x, &m->ar.tensors[i], e)) goto out;
     /* model-level tensors */
-    int64_t vh[2] = {c->V, c->H}, h1[1] = {c->H};
-    if (!x.embed) { sm_errf(e, "%s: missing tensor '" P_ "embed_tokens.weight'", dir); goto out; }
-    if (!x.norm) { sm_errf(e, "%s: missing tensor '" P_ "norm.weight'", dir); goto out; }
-    if (!x.lm_head) { sm_errf(e, "%s: missing tensor 'lm_head.weight'", dir); goto out; }
-    if (check_tensor(&x, x.embed, ST_BF16, 2, vh, e) || check_tensor(&x, x.norm, ST_BF16, 1, h1, e) ||
-        check_tensor(&x, x.lm_head, ST_BF16, 2, vh, e))
-        goto out;
-    if (!(m->embed = view(m, x.embed, 2, e)) || !(m->lm_head = view(m, x.lm_head, 2, e))) goto out;
-    /* final norm: used as is (f32 of its bf16) */
-    if (!(m->final_norm = own(m, sizeof(float) * (size_t)c->H, e))) goto out;
-    for (int i = 0; i < c->H; i++) {
-        uint16_t h;
-        memcpy(&h, (const uint8_t *)x.norm->data + 2 * i, 2);
-        m->final_norm[i] = sm_bf16_to_f32(h);
-    }
+    if (load_roles(&x, m, -1, SM_T_NLAYER, SM_T_N, x.glob, e)) goto out;
     /* pass 2: layers */
     for (int l = 0; l < c->L; l++)
         if (load_layer(&x, m, l, e)) goto out;

@@ -10,16 +10,34 @@
  */
 #ifndef SM_WEIGHTS_H
 #define SM_WEIGHTS_H
+#include <stddef.h>
 #include <stdint.h>
 #include "config.h"
 #include "safetensors.h"
+#include "tensors.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum sm_expert_fmt { SM_EXP_BF16 = 0, SM_EXP_FP8 = 1, SM_EXP_MXFP4 = 2 } sm_expert_fmt;
+/* sm_expert_fmt and the per-expert tensors of each format: tensors.h. */
 const char *sm_expert_fmt_name(sm_expert_fmt f); /* "bf16", "fp8", "mxfp4" */
+
+/* Checkpoint bytes of one expert matrix of rows x cols values in format f: its weights
+ * (*wbytes: BF16 2 bytes a value, FP8 1, MXFP4 1/2) and its scales (*sbytes: BF16 none, FP8 one
+ * f32 a row, MXFP4 one e8m0 byte per 32 values of a row); cols a multiple of 32 for MXFP4.
+ * Either pointer may be NULL.  The one statement of the storage sizes (docs/model.md section
+ * 2): the loader, make-model, shards, the summary of `check` and the device upload use it. */
+void sm_expert_mat_bytes(sm_expert_fmt f, int64_t rows, int64_t cols, size_t *wbytes, size_t *sbytes);
+/* Checkpoint bytes of one whole expert of config c in format f: gate_up [2I, Hm] and down
+ * [Hm, I], weights and scales.  (The device layout has its own size:
+ * sm_cuda_moe_device_expert_bytes.) */
+size_t sm_expert_bytes(const sm_config *c, sm_expert_fmt f);
+
+/* 1 when layer l keeps BF16 experts although the other layers are quantized: layers 0 and
+ * L-1, as the Quark OCP-MX export does (docs/model.md section 2).  The one statement of the
+ * rule: make-model, online MXFP4 at load and the device-synthesized models follow it. */
+int sm_layer_keeps_bf16(const sm_config *c, int l);
 
 /* One layer's experts, all in one format.  Per expert e (views or owned):
  *   gu[e]:  gate_up [2I, Hm]  rows 0..I-1 gate, I..2I-1 up
@@ -74,6 +92,16 @@ typedef struct sm_load_opts {
 /* Residual gate coefficients from a gate vector g [n] (bf16 bits): u = g / T_g,
  * beta = sigmoid(u), alpha = sqrt(max(sigmoid(-u) * (1 + beta), 1e-3)), f32. */
 void sm_residual_gate(const uint16_t *g, int n, float T_g, float *alpha, float *beta);
+
+/* The loaded form of tensor r (tensors.h) of layer l (l ignored for a model-level role): the
+ * field of sm_layer / sm_model that holds it (k = 1: a residual gate's beta, else 0); NULL for
+ * the experts (sm_experts).  Its type follows sm_tensor_loaded: uint16_t bf16 or float f32
+ * values of the stored shape. */
+const void *sm_model_tensor(const sm_model *m, int l, sm_tensor_role r, int k);
+
+/* The f32 gain of a norm from its stored bf16 weight g [n] (bits): eff(g) = r16(1 + g) for a
+ * gain centred at 1 (kind SM_TK_NORM1), f32(g) for the final norm (SM_TK_NORM0). */
+void sm_norm_gain(const uint16_t *g, int64_t n, sm_tensor_kind kind, float *out);
 
 /* Load dir (config.json + safetensors); o may be NULL (defaults).  Every tensor is checked:
  * unknown names, missing / duplicate / mixed-format experts, dtypes and shapes, NaN e8m0

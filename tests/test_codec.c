@@ -14,15 +14,11 @@
 #include <string.h>
 #include "check.h"
 #include "codec.h"
+#include "rng.h"
 
-/* ---- seeded random numbers (splitmix64) ---- */
+/* ---- seeded random numbers (rng.h) ---- */
 static uint64_t rng = 0x5EED0C0DECULL;
-static uint64_t rnd_u64(void) {
-    uint64_t z = (rng += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd_u64(void) { return sm_rng_next(&rng); }
 static double rnd_unit(void) { return (double)(rnd_u64() >> 11) * 0x1.0p-53; } /* [0, 1) */
 static double rnd_normal(void) {
     double u = rnd_unit(), v = rnd_unit();
@@ -306,6 +302,28 @@ static void test_mx_block(void) {
     CHECK(s == 125 && y[5] == 1.5f && y[6] == 0.25f, "amax 1.7499: scale %u, %g %g", s, (double)y[5], (double)y[6]);
 }
 
+/* The row dequantizer against the definition, element by element with this file's own table:
+ * random code bytes and scale bytes (0..254), whole blocks and a partial last block. */
+static void test_mx_dequant_def(void) {
+    enum { N = 32 * 9 + 16 };
+    uint8_t q[N / 2], s[N / 32 + 1];
+    float y[N];
+    int bad = 0;
+    for (int t = 0; t < 200; t++) {
+        for (int i = 0; i < N / 2; i++) q[i] = (uint8_t)rnd_u64();
+        for (int i = 0; i < N / 32 + 1; i++) s[i] = (uint8_t)(rnd_u64() % 255);
+        int n = t % 2 ? N : N - 16; /* with and without the partial block */
+        sm_mx_dequantize_row(q, s, n, y);
+        for (int j = 0; j < n; j++) {
+            unsigned c = (q[j / 2] >> (4 * (j % 2))) & 15u;
+            double want = (c & 8u ? -1.0 : 1.0) * E2M1[c & 7u] * ldexp(1.0, (int)s[j / 32] - 127); /* f32: may overflow */
+            if ((y[j] != (float)want || !signbit(y[j]) != !(c & 8u)) && bad++ < 3) /* -0 for code 8 */
+                CHECK(0, "n %d element %d: code %u scale %u: %g, want %g", n, j, c, s[j / 32], (double)y[j], want);
+        }
+    }
+    CHECK(bad == 0, "%d values differ", bad);
+}
+
 /* Half the e2m1 grid step around y = |x| / scale (beyond 6: the top step, 4..6). */
 static double half_step(double y) {
     if (y >= 6.0) return 1.0;
@@ -384,6 +402,7 @@ int main(void) {
     RUN(test_e4m3);
     RUN(test_mx_scale);
     RUN(test_mx_block);
+    RUN(test_mx_dequant_def);
     RUN(test_mx_roundtrip);
     RUN(test_mx_matches_reference);
     return TEST_DONE();

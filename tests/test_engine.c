@@ -26,6 +26,7 @@
 #include "engine.h"
 #include "makemodel.h"
 #include "npy.h"
+#include "rng.h"
 #include "sparkmono.h"
 
 static char g_tmp[512];          /* temp root */
@@ -33,13 +34,6 @@ static char g_dir[600];          /* tiny model, MXFP4 experts in layers 1..L-2 *
 static char g_dir_bf16[600];     /* tiny model, BF16 experts (for online MXFP4) */
 static sparkmono_model *g_model; /* opened g_dir */
 static int g_V;                  /* its vocab size */
-
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static int one_line(const char *s) { return s && s[0] && !strchr(s, '\n'); }
 
@@ -86,8 +80,8 @@ static void test_drafter(void) {
     uint64_t s = 11;
     int bad = 0;
     for (int it = 0; it < 2000; it++) {
-        int h[64], n = 1 + (int)(rng_next(&s) % 60), alpha = 2 + (int)(rng_next(&s) % 6), nd = (int)(rng_next(&s) % 8);
-        for (int i = 0; i < n; i++) h[i] = (int)(rng_next(&s) % (uint64_t)alpha);
+        int h[64], n = 1 + (int)(sm_rng_next(&s) % 60), alpha = 2 + (int)(sm_rng_next(&s) % 6), nd = (int)(sm_rng_next(&s) % 8);
+        for (int i = 0; i < n; i++) h[i] = (int)(sm_rng_next(&s) % (uint64_t)alpha);
         int a[8], b[8];
         int ga = sm_draft_ngram(h, n, nd, a), gb = draft_ref(h, n, nd, b);
         if ((nd > 0 && ga != gb) || memcmp(a, b, (size_t)nd * sizeof(int))) bad++;
@@ -114,7 +108,7 @@ static void test_npy(void) {
     snprintf(path, sizeof path, "%s/a.npy", g_tmp);
     uint64_t s = 5;
     float x[3 * 5];
-    for (int i = 0; i < 15; i++) x[i] = (float)((double)(rng_next(&s) >> 11) / 9007199254740992.0 * 2 - 1);
+    for (int i = 0; i < 15; i++) x[i] = (float)((double)(sm_rng_next(&s) >> 11) / 9007199254740992.0 * 2 - 1);
     int64_t shape[2] = {3, 5};
     sm_err e = {{0}};
     CHECK(sm_npy_write_f32(path, x, 2, shape, &e) == 0, "write: %s", e.msg);
@@ -224,7 +218,7 @@ static void make_prompts(void) {
     uint64_t s = 2024;
     for (int p = 0; p < NPROMPT; p++) {
         g_prompts[p] = malloc((size_t)g_plen[p] * sizeof(int));
-        for (int i = 0; i < g_plen[p]; i++) g_prompts[p][i] = 3 + (int)(rng_next(&s) % (uint64_t)(g_V - 3));
+        for (int i = 0; i < g_plen[p]; i++) g_prompts[p][i] = 3 + (int)(sm_rng_next(&s) % (uint64_t)(g_V - 3));
     }
     for (int i = 5; i < g_plen[2]; i++) g_prompts[2][i] = g_prompts[2][i % 5];
     for (int i = 0; i < g_plen[4]; i++) g_prompts[4][i] = 400 % g_V;

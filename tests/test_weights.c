@@ -12,6 +12,7 @@
 #include "config.h"
 #include "makemodel.h"
 #include "safetensors.h"
+#include "shard.h"
 #include "weights.h"
 #include <math.h>
 #include <stdint.h>
@@ -87,7 +88,7 @@ static void test_shapes_and_formats(void) {
         CHECK(c->L == cfg.L && c->H == cfg.H && c->E == cfg.E && c->V == cfg.V && c->Hm == cfg.Hm && c->I == cfg.I,
               "config of %s differs from the preset", dirs[k]);
         for (int l = 0; l < c->L; l++) {
-            sm_expert_fmt want = (l == 0 || l == c->L - 1) ? SM_EXP_BF16 : mid[k];
+            sm_expert_fmt want = sm_layer_keeps_bf16(c, l) ? SM_EXP_BF16 : mid[k];
             CHECK(m.layers[l].ex.fmt == want, "%s layer %d: format %s, want %s", dirs[k], l,
                   sm_expert_fmt_name(m.layers[l].ex.fmt), sm_expert_fmt_name(want));
             CHECK(m.layers[l].full == c->full[l], "layer %d kind", l);
@@ -109,6 +110,18 @@ static void test_shapes_and_formats(void) {
     }
 }
 
+/* ---- which layers keep BF16 experts: 0 and L-1 (docs/model.md section 2) ---- */
+static void test_keeps_bf16_rule(void) {
+    static const int want4[4] = {1, 0, 0, 1}, want2[2] = {1, 1};
+    sm_config c = cfg;
+    c.L = 4;
+    for (int l = 0; l < 4; l++) CHECK(sm_layer_keeps_bf16(&c, l) == want4[l], "L = 4, layer %d", l);
+    c.L = 2;
+    for (int l = 0; l < 2; l++) CHECK(sm_layer_keeps_bf16(&c, l) == want2[l], "L = 2, layer %d", l);
+    c.L = 1;
+    CHECK(sm_layer_keeps_bf16(&c, 0) == 1, "L = 1, layer 0");
+}
+
 /* ---- quantized rows vs the BF16 model of the same seed ---- */
 static void compare_rows(const char *qdir, double bound) {
     sm_model a, q;
@@ -127,7 +140,7 @@ static void compare_rows(const char *qdir, double bound) {
                     sm_expert_row(&q, l, ex, w, row, x + (int64_t)row * cols);
                 }
                 double re = relerr(x, r, (int64_t)rows * cols);
-                if (l == 0 || l == c->L - 1) {
+                if (sm_layer_keeps_bf16(c, l)) {
                     CHECK(re == 0, "%s layer %d expert %d: BF16 layer differs (rel %g)", qdir, l, ex, re);
                 } else {
                     CHECK(re < bound && re > 0, "%s layer %d expert %d matrix %d: rel err %g (bound %g)", qdir, l, ex, w,
@@ -290,6 +303,83 @@ static void test_precomputed(void) {
     CHECK(fabsf(al[0] - sqrtf(1e-3f)) < 1e-7f && be[0] > 0.999f, "clamp: alpha %g beta %g", al[0], be[0]);
     CHECK(fabsf(al[1] - sqrtf(0.75f)) < 1e-6f && be[1] == 0.5f, "u=0: alpha %g beta %g", al[1], be[1]);
     CHECK(fabsf(al[2] - 1.0f) < 1e-6f && be[2] < 1e-6f, "u<<0: alpha %g beta %g", al[2], be[2]);
+}
+
+/* ---- the tensor table (tensors.h) against the files, the loaded fields and a rank's parts ---- */
+static void test_tensor_table(void) {
+    sm_model m;
+    if (load(d_mx, 0, 0, &m)) { CHECK(0, "load"); return; }
+    const sm_config *c = &m.cfg;
+    char nm[256];
+    int64_t sh[3];
+    /* every row names a stored tensor of its dtype and shape (consolidated experts: BF16 layers) */
+    int nfound = 0;
+    for (int l = -1; l < c->L; l++)
+        for (int r = l < 0 ? SM_T_NLAYER : 0; r < (l < 0 ? SM_T_N : SM_T_NLAYER); r++) {
+            sm_tensor_name(nm, sizeof nm, (sm_tensor_role)r, l);
+            const st_tensor *t = st_find(&m.ar, nm);
+            if (sm_tensors[r].kind == SM_TK_EXPERTS && !sm_layer_keeps_bf16(c, l)) {
+                CHECK(!t, "%s: consolidated experts in an MXFP4 layer", nm);
+                continue;
+            }
+            if (!t) { CHECK(0, "%s: not in the checkpoint", nm); continue; }
+            nfound++;
+            int nd = sm_tensor_shape(c, (sm_tensor_role)r, sh);
+            int same = t->dtype == sm_tensors[r].dtype && t->ndim == nd;
+            for (int i = 0; same && i < nd; i++) same = t->shape[i] == sh[i];
+            CHECK(same, "%s: dtype or shape differs from the table", nm);
+            CHECK((int64_t)t->nbytes == sm_tensor_bytes(c, (sm_tensor_role)r), "%s: bytes", nm);
+        }
+    /* the rest are the per-expert tensors: 4 a expert of every MXFP4 layer */
+    CHECK(nfound + 4 * c->E * (c->L - 2) == m.ar.ntensors, "%d table tensors + per-expert ones != %d stored", nfound,
+          m.ar.ntensors);
+    /* role -> loaded field (an independent list of the fields of weights.h) */
+    for (int l = 0; l < c->L; l++) {
+        const sm_layer *L = &m.layers[l];
+        const void *want[SM_T_NLAYER][2] = {
+            [SM_T_IN_NORM] = {L->in_norm}, [SM_T_WQ] = {L->wq}, [SM_T_WK] = {L->wk}, [SM_T_WV] = {L->wv},
+            [SM_T_WG] = {L->wg}, [SM_T_WO] = {L->wo}, [SM_T_ATT_GATE] = {L->att_alpha, L->att_beta},
+            [SM_T_PRE_FFN_NORM] = {L->pre_ffn_norm}, [SM_T_POST_FFN_NORM] = {L->post_ffn_norm},
+            [SM_T_FFN_GATE] = {L->ffn_alpha, L->ffn_beta}, [SM_T_ROUTER] = {L->router},
+            [SM_T_ROUTER_BIAS] = {L->router_bias}, [SM_T_POOLER] = {L->pooler},
+            [SM_T_PRE_EXPERT_NORM] = {L->pre_expert_norm}, [SM_T_POST_EXPERT_NORM] = {L->post_expert_norm},
+            [SM_T_UNPOOLER] = {L->unpooler}};
+        for (int r = 0; r < SM_T_NLAYER; r++) {
+            int nvec, eb;
+            sm_tensor_loaded((sm_tensor_role)r, &nvec, &eb);
+            CHECK(nvec == (r == SM_T_ATT_GATE || r == SM_T_FFN_GATE ? 2 : sm_tensors[r].kind == SM_TK_EXPERTS ? 0 : 1),
+                  "role %d: %d vectors", r, nvec);
+            for (int k = 0; k < nvec; k++)
+                CHECK(want[r][k] && sm_model_tensor(&m, l, (sm_tensor_role)r, k) == want[r][k], "layer %d role %d vector %d",
+                      l, r, k);
+        }
+        CHECK(!sm_model_tensor(&m, l, SM_T_EXPERTS_GU, 0), "consolidated experts have no loaded field");
+    }
+    CHECK(sm_model_tensor(&m, -1, SM_T_EMBED, 0) == m.embed && sm_model_tensor(&m, -1, SM_T_FINAL_NORM, 0) == m.final_norm &&
+          sm_model_tensor(&m, -1, SM_T_LM_HEAD, 0) == m.lm_head, "model-level fields");
+    /* rank 1 of 2: the parts by the split rules, against explicit arithmetic */
+    sm_shard s;
+    sm_err e = {{0}};
+    if (sm_shard_make(&m, 2, 1, SM_MOE_EP, &s, &e)) { CHECK(0, "shard: %s", e.msg); sm_model_free(&m); return; }
+    const sm_layer *L = &m.layers[1];
+    int64_t H = c->H, QD = (int64_t)c->nH * c->D, hq = QD / 2, hk = (int64_t)c->nKV * c->D / 2;
+    sm_shard_part p = sm_shard_tensor(&s, 1, SM_T_WQ, 0);
+    CHECK(p.host == L->wq + hq * H && p.rows == hq && p.row_bytes == 2 * H && p.pitch == 2 * H, "q part");
+    p = sm_shard_tensor(&s, 1, SM_T_WV, 0);
+    CHECK(p.host == L->wv + hk * H && p.rows == hk, "v part");
+    p = sm_shard_tensor(&s, 1, SM_T_WO, 0);
+    CHECK(p.host == L->wo + hq && p.rows == H && p.row_bytes == 2 * hq && p.pitch == 2 * QD, "o_proj part");
+    p = sm_shard_tensor(&s, 1, SM_T_UNPOOLER, 0);
+    CHECK(p.host == L->unpooler + H / 2 * c->Hm && p.rows == H / 2 && p.row_bytes == 2 * c->Hm, "unpooler part");
+    p = sm_shard_tensor(&s, 1, SM_T_FFN_GATE, 1);
+    CHECK(p.host == L->ffn_beta && p.rows == 1 && p.row_bytes == 4 * H, "gate beta replicated");
+    p = sm_shard_tensor(&s, 1, SM_T_ROUTER, 0);
+    CHECK(p.host == L->router && p.rows == c->E && p.row_bytes == 4 * H, "router replicated");
+    p = sm_shard_tensor(&s, -1, SM_T_EMBED, 0);
+    CHECK(p.host == m.embed + (int64_t)c->V / 2 * H && p.rows == c->V / 2, "embedding part");
+    CHECK(s.layers[1].wo == L->wo + hq && s.layers[1].ld_wo == QD, "shard view of o_proj");
+    sm_shard_free(&s);
+    sm_model_free(&m);
 }
 
 /* ---- value magnitudes (makemodel.h) ---- */
@@ -490,13 +580,23 @@ static void expect_fail(olist *l, const char *what, const char *want1, const cha
     printf("  %-22s -> %s\n", what, e.msg);
 }
 
+/* The three good models of the test as archives (BF16, MXFP4, FP8 experts). */
+static int open_good(st_archive *ab, st_archive *am, st_archive *af) {
+    sm_err e = {{0}};
+    if (st_open_dir(d_bf16, ab, &e) || st_open_dir(d_mx, am, &e) || st_open_dir(d_fp8, af, &e)) {
+        CHECK(0, "open: %s", e.msg);
+        st_close(ab);
+        st_close(am);
+        st_close(af);
+        return -1;
+    }
+    return 0;
+}
+
+/* Broken checkpoints (1): duplicate and missing tensors. */
 static void test_broken(void) {
     st_archive ab = {0}, am = {0}, af = {0};
-    sm_err e = {{0}};
-    if (st_open_dir(d_bf16, &ab, &e) || st_open_dir(d_mx, &am, &e) || st_open_dir(d_fp8, &af, &e)) {
-        CHECK(0, "open: %s", e.msg);
-        return;
-    }
+    if (open_good(&ab, &am, &af)) return;
     const sm_config *c = &cfg;
     int64_t I2 = 2 * (int64_t)c->I, Hm = c->Hm;
     olist *l;
@@ -551,6 +651,22 @@ static void test_broken(void) {
     odrop(l, n);
     expect_fail(l, "missing down_proj", n, "missing");
     ofree(l);
+
+    st_close(&ab);
+    st_close(&am);
+    st_close(&af);
+}
+
+/* Broken checkpoints (2): shapes, dtypes, formats, names, scales, a truncated file. */
+static void test_broken_values(void) {
+    st_archive ab = {0}, am = {0}, af = {0};
+    if (open_good(&ab, &am, &af)) return;
+    sm_err e = {{0}};
+    const sm_config *c = &cfg;
+    int64_t I2 = 2 * (int64_t)c->I, Hm = c->Hm;
+    olist *l;
+    const char *n;
+    const st_tensor *t;
 
     /* wrong shape (same bytes) */
     l = from_archive(&ab);
@@ -634,8 +750,9 @@ static void test_broken(void) {
     l = from_archive(&ab);
     odrop(l, P_ "layers.1.mlp.experts.gate_up_proj");
     odrop(l, P_ "layers.1.mlp.experts.down_proj");
+    const st_tensor *cgu = st_find(&ab, P_ "layers.1.mlp.experts.gate_up_proj");
     const st_tensor *cdn = st_find(&ab, P_ "layers.1.mlp.experts.down_proj");
-    int64_t sd[2] = {Hm, c->I};
+    int64_t s2[2] = {I2, Hm}, sd[2] = {Hm, c->I};
     for (int ex = 0; ex < c->E; ex++) {
         char b1[200], b2[200];
         snprintf(b1, sizeof b1, P_ "layers.1.mlp.experts.%d.gate_up_proj.weight", ex);
@@ -765,16 +882,19 @@ int main(void) {
         tm_rmtree(base);
         return 1;
     }
+    RUN(test_keeps_bf16_rule);
     RUN(test_shapes_and_formats);
     RUN(test_mxfp4_rows);
     RUN(test_fp8_rows);
     RUN(test_online_mxfp4);
     RUN(test_shards);
     RUN(test_precomputed);
+    RUN(test_tensor_table);
     RUN(test_magnitudes);
     RUN(test_determinism);
     RUN(test_outdir);
     RUN(test_broken);
+    RUN(test_broken_values);
     RUN(test_variants);
     tm_rmtree(base);
     return TEST_DONE();

@@ -20,6 +20,8 @@
 #include "kvcache.h"
 #include "weights.h"
 #include "backend.h"
+#include "rng.h"
+#include "stats.h"
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,11 +39,11 @@ typedef struct bench_args {
     const char *model;      /* --model DIR, or NULL */
     int fmt;                /* expert format of the preset's layers 1..L-2 */
     int online_mxfp4;       /* --online-mxfp4 with --model */
-    int *rows; int nrows;   /* [nrows] row counts */
+    int *step_rows; int nstep_rows; /* [nstep_rows] rows of a verify step (all requests) */
     int ctx;                /* tokens already in every request's cache */
     int iters;              /* timed steps per row count (>= 20) */
     int warmup;             /* untimed steps first */
-    int requests;           /* 0: rows / 8 */
+    int requests;           /* 0: step rows / 8 */
     int sets;               /* input sets rotated (>= 2) */
     int layers;             /* preset layer override, 0 = the preset's */
     uint64_t seed;
@@ -56,7 +58,7 @@ static int parse_fmt(const char *s, int *fmt, sm_err *e) {
     return 0;
 }
 
-/* Requests and rows per request of a step of n rows. */
+/* Requests and rows per request (R) of a step of n = step rows. */
 static int split_rows(const bench_args *a, int n, int *nreq, int *R, sm_err *e) {
     if (a->requests > 0) {
         if (n % a->requests)
@@ -118,7 +120,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     if (parse_fmt(cli_str(o), &a->fmt, e)) return -1;
     a->online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
     if (a->online_mxfp4 && !a->model) return sm_errf(e, "bench: --online-mxfp4 applies to --model");
-    if (cli_int_list("bench: --step-rows", cli_str(cli_find(opts, no, "step-rows")), 1, 128, &a->rows, &a->nrows, e)) return -1;
+    if (cli_int_list("bench: --step-rows", cli_str(cli_find(opts, no, "step-rows")), 1, 128, &a->step_rows, &a->nstep_rows, e)) return -1;
     long v;
     if (cli_int("bench", cli_find(opts, no, "ctx"), 0, 1 << 22, &v, e)) return -1;
     a->ctx = (int)v;
@@ -137,9 +139,9 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     a->seed = (uint64_t)v;
     if (cli_int("bench", cli_find(opts, no, "bw-gib"), 1, 64, &v, e)) return -1;
     a->bw_gib = (double)v;
-    for (int i = 0; i < a->nrows; i++) {
+    for (int i = 0; i < a->nstep_rows; i++) {
         int q, r;
-        if (split_rows(a, a->rows[i], &q, &r, e)) return -1;
+        if (split_rows(a, a->step_rows[i], &q, &r, e)) return -1;
     }
     return 0;
 }
@@ -164,29 +166,12 @@ static double wall_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static uint64_t b_mix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static int cmp_f(const void *x, const void *y) {
-    float a = *(const float *)x, b = *(const float *)y;
-    return a < b ? -1 : a > b;
-}
-static int cmp_i(const void *x, const void *y) {
-    int a = *(const int *)x, b = *(const int *)y;
-    return a < b ? -1 : a > b;
-}
-
-/* Bytes of the dense weights of one layer (everything but the experts). */
+/* Bytes of the dense weights of one layer (everything but the experts) in their loaded form,
+ * as the device holds them: bf16 / f32 matrices, f32 norm and gate vectors. */
 static double dense_layer_bytes(const sm_config *c) {
-    double H = c->H, Hm = c->Hm, QD = (double)c->nH * c->D, KD = (double)c->nKV * c->D;
-    return (2 * QD + 2 * KD) * H * 2 + H * QD * 2 /* q k v gate, o */
-         + (double)c->E * H * 4 + (double)c->E * 4 /* router, bias */
-         + 2 * Hm * H * 2                          /* pooler, unpooler */
-         + 7 * H * 4 + 2 * Hm * 4;                 /* norms, gates (f32 on the device) */
+    double b = 0;
+    for (int r = 0; r < SM_T_NLAYER; r++) b += (double)sm_tensor_loaded_bytes(c, (sm_tensor_role)r);
+    return b;
 }
 
 /* KV keys one request of R rows at positions ctx .. ctx+R-1 reads in layer kind `full`. */
@@ -198,14 +183,38 @@ static double kv_keys(const sm_config *c, int full, int ctx, int R) {
 }
 
 typedef struct bench_row {
-    int rows, nreq, R;
+    int step_rows, nreq, R; /* rows of the step = nreq requests of R rows */
     float med_us, min_us, max_us;
     double bytes, expert_bytes, dense_bytes, kv_bytes, lm_bytes;
     double distinct;        /* distinct experts per layer, mean */
     double floor_us, frac;
 } bench_row;
 
-static int run(const bench_args *a, sm_err *e) {
+/* Everything one benchmark run holds. */
+typedef struct bench_run {
+    const bench_args *a;
+    sm_config cfg;          /* the model's */
+    sm_model m; int have_m; /* --model: the loaded checkpoint */
+    sm_kv kv;               /* every request's cache, a->ctx tokens filled */
+    sm_backend be; int have_be;
+    double bw;              /* measured read bandwidth, bytes/s */
+    double t_load;          /* wall time the load started */
+    int max_req, max_R, max_step_rows; /* over the row counts of --step-rows */
+    bench_row *res;         /* [nstep_rows] */
+    int *idx;               /* [L, max_step_rows, K] routes read back */
+    int *fmt;               /* [L] expert format of each layer */
+    double *xb;             /* [L] bytes one routed expert reads in each layer */
+    float *ms;              /* [iters] step times */
+    float *lay, *moe;       /* [L] per-layer and per-MoE-stage times, us */
+    double *dist;           /* [L] distinct experts routed to */
+    unsigned char *seen;    /* [E] scratch of the distinct count */
+    int *tok, *am;          /* [sets, max_step_rows] tokens and argmax of each input set */
+    int *pos, *req;         /* [max_step_rows] position and request of each row */
+    sm_step *sets;          /* [sets] */
+} bench_run;
+
+/* Device 0 must be a Hopper GPU; its line. */
+static int bench_device(sm_err *e) {
     sm_cuda_devinfo dv;
     if (sm_cuda_device_info(0, &dv, e)) return sm_errprefix(e, "bench");
     printf("device: %s (cc %d.%d, %d SMs, %.1f GB, L2 %.0f MB)\n", dv.name, dv.cc_major, dv.cc_minor, dv.sms,
@@ -213,193 +222,245 @@ static int run(const bench_args *a, sm_err *e) {
     if (dv.cc_major != 9)
         return sm_errf(e, "bench: device 0 (%s) has compute capability %d.%d; this build targets sm_90a (Hopper)", dv.name,
                        dv.cc_major, dv.cc_minor);
+    return 0;
+}
 
-    sm_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    sm_model m;
-    int have_m = 0;
-    memset(&m, 0, sizeof m);
+/* The config (--preset) or the loaded checkpoint (--model); the read bandwidth first, while
+ * the device is empty. */
+static int bench_model(bench_run *b, sm_err *e) {
+    const bench_args *a = b->a;
     if (a->preset) {
-        if (sm_config_preset(a->preset, &cfg, e)) return sm_errprefix(e, "bench");
-        if (a->layers && sm_config_set_layers(&cfg, a->layers, e)) return sm_errprefix(e, "bench");
+        if (sm_config_preset(a->preset, &b->cfg, e)) return sm_errprefix(e, "bench");
+        if (a->layers && sm_config_set_layers(&b->cfg, a->layers, e)) return sm_errprefix(e, "bench");
     }
-
-    /* read bandwidth first, while the device is empty */
-    double bw = 0;
-    if (sm_cuda_read_bandwidth(0, a->bw_gib, 5, &bw, e)) return sm_errprefix(e, "bench");
-    printf("read bandwidth: %.0f GB/s (read-only streaming kernel over %.0f GiB, best of 5)\n", bw / 1e9, a->bw_gib);
-
-    double t_load = wall_s();
+    if (sm_cuda_read_bandwidth(0, a->bw_gib, 5, &b->bw, e)) return sm_errprefix(e, "bench");
+    printf("read bandwidth: %.0f GB/s (read-only streaming kernel over %.0f GiB, best of 5)\n", b->bw / 1e9, a->bw_gib);
+    b->t_load = wall_s();
     if (a->model) {
         sm_load_opts lo = {0};
         lo.online_mxfp4 = a->online_mxfp4;
-        if (sm_model_load(a->model, &lo, &m, e)) return sm_errprefix(e, "bench");
-        have_m = 1;
-        cfg = m.cfg;
+        if (sm_model_load(a->model, &lo, &b->m, e)) return sm_errprefix(e, "bench");
+        b->have_m = 1;
+        b->cfg = b->m.cfg;
     }
-    int rc = -1, maxreq = 1, maxR = 1, maxrows = 1;
-    for (int i = 0; i < a->nrows; i++) {
+    return 0;
+}
+
+/* The widest step, request and request count of --step-rows, and the host buffers. */
+static int bench_alloc(bench_run *b, sm_err *e) {
+    const bench_args *a = b->a;
+    const sm_config *c = &b->cfg;
+    b->max_req = b->max_R = b->max_step_rows = 1;
+    for (int i = 0; i < a->nstep_rows; i++) {
         int q, r;
-        split_rows(a, a->rows[i], &q, &r, e);
-        if (q > maxreq) maxreq = q;
-        if (r > maxR) maxR = r;
-        if (a->rows[i] > maxrows) maxrows = a->rows[i];
+        split_rows(a, a->step_rows[i], &q, &r, e);
+        if (q > b->max_req) b->max_req = q;
+        if (r > b->max_R) b->max_R = r;
+        if (a->step_rows[i] > b->max_step_rows) b->max_step_rows = a->step_rows[i];
     }
-    sm_kv kv;
-    memset(&kv, 0, sizeof kv);
-    sm_backend be;
-    memset(&be, 0, sizeof be);
-    int have_be = 0;
-    bench_row *res = calloc((size_t)a->nrows, sizeof *res);
-    int *idx = malloc(sizeof(int) * (size_t)cfg.L * maxrows * cfg.K);
-    int *fmt = malloc(sizeof(int) * (size_t)cfg.L);
-    double *xb = malloc(sizeof(double) * (size_t)cfg.L);
-    float *ms = malloc(sizeof(float) * (size_t)a->iters);
-    float *lay = malloc(sizeof(float) * (size_t)cfg.L), *moe = malloc(sizeof(float) * (size_t)cfg.L);
-    double *dist = malloc(sizeof(double) * (size_t)cfg.L);
-    int *tok = malloc(sizeof(int) * (size_t)a->sets * maxrows), *pos = malloc(sizeof(int) * (size_t)maxrows),
-        *req = malloc(sizeof(int) * (size_t)maxrows), *am = malloc(sizeof(int) * (size_t)a->sets * maxrows);
-    sm_step *sets = calloc((size_t)a->sets, sizeof *sets);
-    if (!res || !idx || !fmt || !xb || !ms || !lay || !moe || !dist || !tok || !pos || !req || !am || !sets) {
-        sm_errf(e, "bench: out of host memory");
-        goto out;
-    }
-    int max_len = a->ctx + maxR;
-    int nblocks = maxreq * ((max_len + SM_KV_BLOCK - 1) / SM_KV_BLOCK);
-    if (sm_kv_init(&kv, nblocks, maxreq, max_len, a->seed, e)) { sm_errprefix(e, "bench"); goto out; }
-    for (int r = 0; r < maxreq; r++) {
+    size_t L = (size_t)c->L, N = (size_t)b->max_step_rows, S = (size_t)a->sets;
+    b->res = calloc((size_t)a->nstep_rows, sizeof *b->res);
+    b->idx = malloc(sizeof(int) * L * N * (size_t)c->K);
+    b->fmt = malloc(sizeof(int) * L);
+    b->xb = malloc(sizeof(double) * L);
+    b->ms = malloc(sizeof(float) * (size_t)a->iters);
+    b->lay = malloc(sizeof(float) * L);
+    b->moe = malloc(sizeof(float) * L);
+    b->dist = malloc(sizeof(double) * L);
+    b->seen = malloc((size_t)c->E);
+    b->tok = malloc(sizeof(int) * S * N);
+    b->am = malloc(sizeof(int) * S * N);
+    b->pos = malloc(sizeof(int) * N);
+    b->req = malloc(sizeof(int) * N);
+    b->sets = calloc(S, sizeof *b->sets);
+    if (!b->res || !b->idx || !b->fmt || !b->xb || !b->ms || !b->lay || !b->moe || !b->dist || !b->seen || !b->tok || !b->am ||
+        !b->pos || !b->req || !b->sets)
+        return sm_errf(e, "bench: out of host memory");
+    return 0;
+}
+
+/* The KV cache (max_req requests of ctx + max_R positions), the backend (synthesized or
+ * loaded), the cache filled; prints the load and the model. */
+static int bench_backend(bench_run *b, sm_err *e) {
+    const bench_args *a = b->a;
+    const sm_config *c = &b->cfg;
+    int max_len = a->ctx + b->max_R;
+    int nblocks = b->max_req * ((max_len + SM_KV_BLOCK - 1) / SM_KV_BLOCK);
+    if (sm_kv_init(&b->kv, nblocks, b->max_req, max_len, a->seed, e)) return sm_errprefix(e, "bench");
+    for (int r = 0; r < b->max_req; r++) {
         int slot;
-        if (sm_kv_add(&kv, &slot, e) || sm_kv_reserve(&kv, slot, max_len, e)) { sm_errprefix(e, "bench"); goto out; }
+        if (sm_kv_add(&b->kv, &slot, e) || sm_kv_reserve(&b->kv, slot, max_len, e)) return sm_errprefix(e, "bench");
     }
     sm_backend_opts bo = {0};
     bo.world = 1;
-    bo.max_rows = maxrows;
+    bo.max_rows = b->max_step_rows;
     if (a->preset) {
-        fprintf(stderr, "bench: generating %s (%d layers, %s experts) on the device\n", a->preset, cfg.L,
+        fprintf(stderr, "bench: generating %s (%d layers, %s experts) on the device\n", a->preset, c->L,
                 sm_expert_fmt_name((sm_expert_fmt)a->fmt));
-        if (sm_cuda_backend_create_synth(&cfg, a->fmt, a->seed, &kv, &bo, &be, e)) { sm_errprefix(e, "bench"); goto out; }
-    } else if (sm_cuda_backend_create(&m, &kv, &bo, &be, e)) {
-        sm_errprefix(e, "bench");
-        goto out;
+        if (sm_cuda_backend_create_synth(c, a->fmt, a->seed, &b->kv, &bo, &b->be, e)) return sm_errprefix(e, "bench");
+    } else if (sm_cuda_backend_create(&b->m, &b->kv, &bo, &b->be, e)) {
+        return sm_errprefix(e, "bench");
     }
-    have_be = 1;
+    b->have_be = 1;
     if (a->model) {
         /* load = map + validate + upload; RssAnon is host memory beyond the (file-backed)
          * page cache of the mapped checkpoint, VmHWM the peak of both together */
-        double secs = wall_s() - t_load, gb = 0;
-        for (int i = 0; i < m.ar.nfiles; i++) gb += (double)m.ar.files[i].size / 1e9;
+        double secs = wall_s() - b->t_load, gb = 0;
+        for (int i = 0; i < b->m.ar.nfiles; i++) gb += (double)b->m.ar.files[i].size / 1e9;
         printf("load: %.2f GB of checkpoint in %.2f s (%.2f GB/s); host RssAnon %.0f MiB, peak RSS (VmHWM, mapped pages included) %.0f MiB\n",
                gb, secs, gb / secs, proc_status_kb("RssAnon") / 1024.0, proc_status_kb("VmHWM") / 1024.0);
     }
-    if (sm_cuda_bench_fill_kv(&be, a->seed, e) || sm_cuda_bench_layer_info(&be, fmt, xb, e)) { sm_errprefix(e, "bench"); goto out; }
+    if (sm_cuda_bench_fill_kv(&b->be, a->seed, e) || sm_cuda_bench_layer_info(&b->be, b->fmt, b->xb, e))
+        return sm_errprefix(e, "bench");
     printf("model: %s, L %d, H %d, Hm %d, I %d, E %d, K %d, nH %d, nKV %d, V %d, window %d; experts by layer:",
-           a->preset ? a->preset : a->model, cfg.L, cfg.H, cfg.Hm, cfg.I, cfg.E, cfg.K, cfg.nH, cfg.nKV, cfg.V, cfg.window);
-    for (int l = 0; l < cfg.L; l++) printf(" %s", sm_expert_fmt_name((sm_expert_fmt)fmt[l]));
+           a->preset ? a->preset : a->model, c->L, c->H, c->Hm, c->I, c->E, c->K, c->nH, c->nKV, c->V, c->window);
+    for (int l = 0; l < c->L; l++) printf(" %s", sm_expert_fmt_name((sm_expert_fmt)b->fmt[l]));
     printf("\nsteps: ctx %d, %d timed (median) after %d warm-up, %d input sets rotated\n\n", a->ctx, a->iters, a->warmup,
            a->sets);
     fflush(stdout);
+    return 0;
+}
 
-    uint64_t rng = a->seed * 7919 + 17;
-    double dense = dense_layer_bytes(&cfg), lm = (double)cfg.V * cfg.H * 2;
-    for (int ri = 0; ri < a->nrows; ri++) {
-        bench_row *br = &res[ri];
-        int n = a->rows[ri], nreq, R;
-        split_rows(a, n, &nreq, &R, e);
-        br->rows = n;
-        br->nreq = nreq;
-        br->R = R;
-        for (int i = 0; i < n; i++) {
-            req[i] = i / R;
-            pos[i] = a->ctx + i % R;
-        }
-        for (int si = 0; si < a->sets; si++) {
-            for (int i = 0; i < n; i++) tok[si * maxrows + i] = (int)(b_mix(&rng) % (uint64_t)cfg.vocab_used);
-            sm_step *s = &sets[si];
-            memset(s, 0, sizeof *s);
-            s->nrows = n;
-            s->tokens = tok + si * maxrows;
-            s->pos = pos;
-            s->req = req;
-            s->kv = &kv;
-            s->argmax = am + si * maxrows;
-        }
-        if (sm_cuda_bench_steps(&be, sets, a->sets, a->warmup, a->iters, ms, NULL, e)) {
-            sm_errprefix(e, "bench: %d rows", n);
-            goto out;
-        }
-        qsort(ms, (size_t)a->iters, sizeof(float), cmp_f);
-        br->med_us = 1000.0f * (a->iters % 2 ? ms[a->iters / 2] : 0.5f * (ms[a->iters / 2 - 1] + ms[a->iters / 2]));
-        br->min_us = 1000.0f * ms[0];
-        br->max_us = 1000.0f * ms[a->iters - 1];
-        /* distinct experts the rows routed to, per layer */
-        if (sm_cuda_bench_routing(&be, n, idx, e)) { sm_errprefix(e, "bench"); goto out; }
-        double xbytes = 0, kvb = 0, dsum = 0;
-        for (int l = 0; l < cfg.L; l++) {
-            int *v = idx + (size_t)l * n * cfg.K;
-            qsort(v, (size_t)n * cfg.K, sizeof(int), cmp_i);
-            int d = 0;
-            for (int j = 0; j < n * cfg.K; j++)
-                if ((j == 0 || v[j] != v[j - 1]) && v[j] >= 0 && v[j] < cfg.E) d++;
-            dist[l] = d;
-            dsum += d;
-            xbytes += d * xb[l];
-            kvb += nreq * kv_keys(&cfg, cfg.full[l], a->ctx, R) * cfg.nKV * 2.0 * cfg.D * 2.0;
-        }
-        br->distinct = dsum / cfg.L;
-        br->expert_bytes = xbytes;
-        br->dense_bytes = dense * cfg.L;
-        br->kv_bytes = kvb;
-        br->lm_bytes = lm + (double)n * cfg.H * 2; /* lm_head + embedding rows */
-        br->bytes = br->dense_bytes + br->lm_bytes + br->expert_bytes + br->kv_bytes;
-        br->floor_us = br->bytes / bw * 1e6;
-        br->frac = br->floor_us / br->med_us;
-        printf("step of %3d rows (%2d x %2d): median %9.1f us (min %.1f, max %.1f); reads %.3f GB (dense %.3f, lm_head+embed %.3f, "
-               "experts %.3f [%.1f distinct/layer], kv %.3f); floor %.1f us = %.1f%%\n",
-               n, nreq, R, br->med_us, br->min_us, br->max_us, br->bytes / 1e9, br->dense_bytes / 1e9, br->lm_bytes / 1e9,
-               br->expert_bytes / 1e9, br->distinct, br->kv_bytes / 1e9, br->floor_us, 100 * br->frac);
-        /* per layer: each layer alone and its MoE stage alone, as graphs */
-        float head = 0;
-        if (sm_cuda_bench_layers(&be, &sets[0], a->iters, lay, moe, &head, e)) { sm_errprefix(e, "bench"); goto out; }
-        /* the routes the per-layer graphs ran with (each layer graph re-routes its own input) */
-        if (sm_cuda_bench_routing(&be, n, idx, e)) { sm_errprefix(e, "bench"); goto out; }
-        for (int l = 0; l < cfg.L; l++) {
-            int *v = idx + (size_t)l * n * cfg.K, d = 0;
-            qsort(v, (size_t)n * cfg.K, sizeof(int), cmp_i);
-            for (int j = 0; j < n * cfg.K; j++)
-                if ((j == 0 || v[j] != v[j - 1]) && v[j] >= 0 && v[j] < cfg.E) d++;
-            dist[l] = d;
-        }
-        float sum = head;
-        for (int l = 0; l < cfg.L; l++) {
-            double lb = dense + dist[l] * xb[l] + nreq * kv_keys(&cfg, cfg.full[l], a->ctx, R) * cfg.nKV * 2.0 * cfg.D * 2.0;
-            printf("  layer %3d %-7s %-5s: %9.1f us (moe %9.1f us, %3.0f experts; layer floor %8.1f us = %5.1f%%)\n", l,
-                   cfg.full[l] ? "full" : "sliding", sm_expert_fmt_name((sm_expert_fmt)fmt[l]), lay[l], moe[l], dist[l],
-                   lb / bw * 1e6, 100 * lb / bw * 1e6 / lay[l]);
-            sum += lay[l];
-        }
-        printf("  embed+logits      : %9.1f us (lm_head floor %.1f us); sum of parts %.1f us vs step %.1f us\n\n", head,
-               lm / bw * 1e6, sum, br->med_us);
-        fflush(stdout);
+/* The input sets of a step of step_rows rows = nreq requests of R rows: request i / R, position
+ * ctx + i % R, random tokens. */
+static void bench_inputs(bench_run *b, int step_rows, int R, uint64_t *rng) {
+    for (int i = 0; i < step_rows; i++) {
+        b->req[i] = i / R;
+        b->pos[i] = b->a->ctx + i % R;
     }
-    /* the short table, last */
+    for (int si = 0; si < b->a->sets; si++) {
+        int *tok = b->tok + (size_t)si * b->max_step_rows;
+        for (int i = 0; i < step_rows; i++) tok[i] = (int)(sm_rng_next(rng) % (uint64_t)b->cfg.vocab_used);
+        sm_step *s = &b->sets[si];
+        memset(s, 0, sizeof *s);
+        s->nrows = step_rows;
+        s->tokens = tok;
+        s->pos = b->pos;
+        s->req = b->req;
+        s->kv = &b->kv;
+        s->argmax = b->am + (size_t)si * b->max_step_rows;
+    }
+}
+
+/* Distinct experts of each layer the last step's step_rows rows routed to, into b->dist;
+ * returns their sum. */
+static int bench_distinct(bench_run *b, int step_rows, double *sum, sm_err *e) {
+    const sm_config *c = &b->cfg;
+    if (sm_cuda_bench_routing(&b->be, step_rows, b->idx, e)) return sm_errprefix(e, "bench");
+    *sum = 0;
+    for (int l = 0; l < c->L; l++) {
+        const int *v = b->idx + (size_t)l * step_rows * c->K;
+        int d = 0;
+        memset(b->seen, 0, (size_t)c->E);
+        for (int j = 0; j < step_rows * c->K; j++)
+            if (v[j] >= 0 && v[j] < c->E && !b->seen[v[j]]) b->seen[v[j]] = 1, d++;
+        b->dist[l] = d;
+        *sum += d;
+    }
+    return 0;
+}
+
+/* Bytes of KV keys and values a step's nreq requests of R rows read in layer l. */
+static double bench_kv_bytes(const bench_run *b, int l, int nreq, int R) {
+    const sm_config *c = &b->cfg;
+    return nreq * kv_keys(c, c->full[l], b->a->ctx, R) * c->nKV * 2.0 * c->D * 2.0;
+}
+
+/* The whole step of br->step_rows rows timed as a graph: median, bytes it reads, its floor. */
+static int bench_step(bench_run *b, bench_row *br, sm_err *e) {
+    const bench_args *a = b->a;
+    const sm_config *c = &b->cfg;
+    if (sm_cuda_bench_steps(&b->be, b->sets, a->sets, a->warmup, a->iters, b->ms, NULL, e))
+        return sm_errprefix(e, "bench: %d rows", br->step_rows);
+    br->med_us = 1000.0f * sm_median(b->ms, a->iters); /* sorts: min first, max last */
+    br->min_us = 1000.0f * b->ms[0];
+    br->max_us = 1000.0f * b->ms[a->iters - 1];
+    double dsum, xbytes = 0, kvb = 0;
+    if (bench_distinct(b, br->step_rows, &dsum, e)) return -1;
+    for (int l = 0; l < c->L; l++) {
+        xbytes += b->dist[l] * b->xb[l];
+        kvb += bench_kv_bytes(b, l, br->nreq, br->R);
+    }
+    br->distinct = dsum / c->L;
+    br->expert_bytes = xbytes;
+    br->dense_bytes = dense_layer_bytes(c) * c->L;
+    br->kv_bytes = kvb;
+    br->lm_bytes = (double)c->V * c->H * 2 + (double)br->step_rows * c->H * 2; /* lm_head + embedding rows */
+    br->bytes = br->dense_bytes + br->lm_bytes + br->expert_bytes + br->kv_bytes;
+    br->floor_us = br->bytes / b->bw * 1e6;
+    br->frac = br->floor_us / br->med_us;
+    printf("step of %3d rows (%2d x %2d): median %9.1f us (min %.1f, max %.1f); reads %.3f GB (dense %.3f, lm_head+embed %.3f, "
+           "experts %.3f [%.1f distinct/layer], kv %.3f); floor %.1f us = %.1f%%\n",
+           br->step_rows, br->nreq, br->R, br->med_us, br->min_us, br->max_us, br->bytes / 1e9, br->dense_bytes / 1e9,
+           br->lm_bytes / 1e9, br->expert_bytes / 1e9, br->distinct, br->kv_bytes / 1e9, br->floor_us, 100 * br->frac);
+    return 0;
+}
+
+/* Each layer alone and its MoE stage alone, as graphs, beside the layer's floor. */
+static int bench_layers(bench_run *b, const bench_row *br, sm_err *e) {
+    const sm_config *c = &b->cfg;
+    float head = 0;
+    double dsum, dense = dense_layer_bytes(c), lm = (double)c->V * c->H * 2;
+    if (sm_cuda_bench_layers(&b->be, &b->sets[0], b->a->iters, b->lay, b->moe, &head, e)) return sm_errprefix(e, "bench");
+    /* the routes the per-layer graphs ran with (each layer graph re-routes its own input) */
+    if (bench_distinct(b, br->step_rows, &dsum, e)) return -1;
+    float sum = head;
+    for (int l = 0; l < c->L; l++) {
+        double lb = dense + b->dist[l] * b->xb[l] + bench_kv_bytes(b, l, br->nreq, br->R);
+        printf("  layer %3d %-7s %-5s: %9.1f us (moe %9.1f us, %3.0f experts; layer floor %8.1f us = %5.1f%%)\n", l,
+               c->full[l] ? "full" : "sliding", sm_expert_fmt_name((sm_expert_fmt)b->fmt[l]), b->lay[l], b->moe[l],
+               b->dist[l], lb / b->bw * 1e6, 100 * lb / b->bw * 1e6 / b->lay[l]);
+        sum += b->lay[l];
+    }
+    printf("  embed+logits      : %9.1f us (lm_head floor %.1f us); sum of parts %.1f us vs step %.1f us\n\n", head,
+           lm / b->bw * 1e6, sum, br->med_us);
+    fflush(stdout);
+    return 0;
+}
+
+/* The short table, last. */
+static void bench_summary(const bench_run *b) {
+    const bench_args *a = b->a;
     printf("summary (%s, %s experts, ctx %d, read bandwidth %.0f GB/s):\n", a->preset ? a->preset : a->model,
-           a->preset ? sm_expert_fmt_name((sm_expert_fmt)a->fmt) : "checkpoint", a->ctx, bw / 1e9);
+           a->preset ? sm_expert_fmt_name((sm_expert_fmt)a->fmt) : "checkpoint", a->ctx, b->bw / 1e9);
     printf("%-6s %-8s %10s %10s %9s %10s %8s\n", "rows", "req x R", "median_us", "GB_read", "experts", "floor_us", "%floor");
-    for (int ri = 0; ri < a->nrows; ri++) {
-        const bench_row *br = &res[ri];
+    for (int ri = 0; ri < a->nstep_rows; ri++) {
+        const bench_row *br = &b->res[ri];
         char rq[16];
         snprintf(rq, sizeof rq, "%dx%d", br->nreq, br->R);
-        printf("%-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%%\n", br->rows, rq, br->med_us, br->bytes / 1e9, br->distinct,
+        printf("%-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%%\n", br->step_rows, rq, br->med_us, br->bytes / 1e9, br->distinct,
                br->floor_us, 100 * br->frac);
     }
-    rc = 0;
-out:
-    if (have_be) be.destroy(be.ctx);
-    sm_kv_free(&kv);
-    if (have_m) sm_model_free(&m);
-    free(res); free(idx); free(fmt); free(xb); free(ms); free(lay); free(moe); free(dist);
-    free(tok); free(pos); free(req); free(am); free(sets);
-    return rc;
+}
+
+static void bench_free(bench_run *b) {
+    if (b->have_be) b->be.destroy(b->be.ctx);
+    sm_kv_free(&b->kv);
+    if (b->have_m) sm_model_free(&b->m);
+    free(b->res); free(b->idx); free(b->fmt); free(b->xb); free(b->ms); free(b->lay); free(b->moe); free(b->dist);
+    free(b->seen); free(b->tok); free(b->am); free(b->pos); free(b->req); free(b->sets);
+}
+
+static int run(const bench_args *a, sm_err *e) {
+    bench_run b;
+    memset(&b, 0, sizeof b);
+    b.a = a;
+    int rc = bench_device(e);
+    if (!rc) rc = bench_model(&b, e);
+    if (!rc) rc = bench_alloc(&b, e);
+    if (!rc) rc = bench_backend(&b, e);
+    uint64_t rng = a->seed * 7919 + 17;
+    for (int ri = 0; ri < a->nstep_rows && !rc; ri++) {
+        bench_row *br = &b.res[ri];
+        br->step_rows = a->step_rows[ri];
+        split_rows(a, br->step_rows, &br->nreq, &br->R, e);
+        bench_inputs(&b, br->step_rows, br->R, &rng);
+        rc = bench_step(&b, br, e);
+        if (!rc) rc = bench_layers(&b, br, e);
+    }
+    if (!rc) bench_summary(&b);
+    bench_free(&b);
+    return rc ? -1 : 0;
 }
 #endif
 
@@ -408,21 +469,21 @@ int cmd_bench(int argc, char **argv) {
     sm_err e = {{0}};
     int r = parse_args(argc, argv, &a, &e);
     if (r) {
-        free(a.rows);
+        free(a.step_rows);
         if (r > 0) return 0; /* --help */
         fprintf(stderr, "%s\n", e.msg);
         return 2;
     }
 #ifdef SM_HAVE_CUDA
     int rc = run(&a, &e);
-    free(a.rows);
+    free(a.step_rows);
     if (rc) {
         fprintf(stderr, "%s\n", e.msg);
         return 2;
     }
     return 0;
 #else
-    free(a.rows);
+    free(a.step_rows);
     fprintf(stderr, "bench: this sparkmono was built without CUDA (no nvcc at build time); the benchmark needs an NVIDIA GPU\n");
     return 2;
 #endif

@@ -20,6 +20,7 @@
 #include "config.h"
 #include "kvcache.h"
 #include "makemodel.h"
+#include "rng.h"
 #include "weights.h"
 #include "sparkmono.h"
 #include "cuda/synth.h"
@@ -49,13 +50,6 @@ static int tm_fail;         /* failed checks of the current case */
             fflush(stdout);                                                      \
         }                                                                        \
     } while (0)
-
-static uint64_t tm_rng(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 static int tm_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *f) {
     (void)sb; (void)flag; (void)f;
@@ -238,7 +232,7 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     int n = 0;
     for (int i = 0; i < TM_NREQ; i++) {
         for (int p = 0; p < tc->lens[i]; p++, n++) {
-            tok[n] = (int)(tm_rng(&rng) % (uint64_t)c.V);
+            tok[n] = (int)(sm_rng_next(&rng) % (uint64_t)c.V);
             pos[n] = p;
             req[n] = slot[i];
         }
@@ -254,7 +248,7 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
         n = 0;
         for (int i = 0; i < TM_NREQ; i++)
             for (int j = 0; j < w[i]; j++, n++) {
-                tok[n] = (int)(tm_rng(&rng) % (uint64_t)c.V);
+                tok[n] = (int)(sm_rng_next(&rng) % (uint64_t)c.V);
                 pos[n] = cur[i] + j;
                 req[n] = slot[i];
             }
@@ -262,12 +256,12 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
         snprintf(what, sizeof what, "verify %d (%d+%d+%d rows%s)", st, w[0], w[1], w[2], st % 3 == 1 ? ", aux" : "");
         if (st == 0) tm_step(&d, what, n, tok, pos, req, c.L + 1, aux_all, 1);
         else tm_step(&d, what, n, tok, pos, req, st % 3 == 1 ? 2 : 0, aux_b, st % 4 != 2);
-        for (int i = 0; i < TM_NREQ; i++) cur[i] += 1 + (int)(tm_rng(&rng) % (uint64_t)w[i]);
+        for (int i = 0; i < TM_NREQ; i++) cur[i] += 1 + (int)(sm_rng_next(&rng) % (uint64_t)w[i]);
     }
     /* 3. one request alone: a short prefill-like run (17 rows, eager) */
     n = 0;
     for (int j = 0; j < 17; j++, n++) {
-        tok[n] = (int)(tm_rng(&rng) % (uint64_t)c.V);
+        tok[n] = (int)(sm_rng_next(&rng) % (uint64_t)c.V);
         pos[n] = cur[1] + j;
         req[n] = slot[1];
     }
@@ -334,7 +328,7 @@ static int tm_spec(const char *root, uint64_t seed) {
     int p0[24], p1[30], p2[20];
     uint64_t rng = seed + 5;
     for (int i = 0; i < 24; i++) p0[i] = 10 + i % 4;
-    for (int i = 0; i < 30; i++) p1[i] = 3 + (int)(tm_rng(&rng) % 500);
+    for (int i = 0; i < 30; i++) p1[i] = 3 + (int)(sm_rng_next(&rng) % 500);
     for (int i = 0; i < 20; i++) p2[i] = i % 2 ? 77 : 78;
     int *const prompts[NP] = {p0, p1, p2};
     const int plen[NP] = {24, 30, 20};
@@ -423,7 +417,7 @@ static int tm_spec_loop(const char *root, uint64_t seed) {
     if (sm_cuda_backend_create(&m, &kv, &bo, &b, &e)) { TM_CHECK(0, "%s", e.msg); goto out; }
     have_b = 1;
     for (int r = 0; r < TM_NREQ; r++)
-        for (int i = 0; i < plen[r]; i++) prompt[r][i] = 3 + (int)(tm_rng(&rng) % (uint64_t)(m.cfg.vocab_used - 3));
+        for (int i = 0; i < plen[r]; i++) prompt[r][i] = 3 + (int)(sm_rng_next(&rng) % (uint64_t)(m.cfg.vocab_used - 3));
     /* prefill both copies of every prompt in one step; the last row's argmax is token 0 */
     for (int k = 0, n = 0; k < 2; k++) {
         for (int r = 0; r < TM_NREQ; r++)
@@ -452,7 +446,7 @@ static int tm_spec_loop(const char *root, uint64_t seed) {
             for (int j = 0; j < R; j++, n++) {
                 int e0 = ns[r] - 1 + j; /* index in g the row's token stands for */
                 int d = j == 0 ? sp[r][ns[r] - 1] : (e0 < NG ? g[r][e0] : 5);
-                if (j > 0 && tm_rng(&rng) % 3 == 0) d = 3 + (int)(tm_rng(&rng) % (uint64_t)(m.cfg.vocab_used - 3));
+                if (j > 0 && sm_rng_next(&rng) % 3 == 0) d = 3 + (int)(sm_rng_next(&rng) % (uint64_t)(m.cfg.vocab_used - 3));
                 tok[n] = d;
                 pos[n] = plen[r] + ns[r] - 1 + j;
                 req[n] = slot[1][r];
@@ -527,7 +521,7 @@ static int tm_synth(const char *root, uint64_t seed) {
         if (sm_cuda_backend_check_dense(&b, &m, &e)) TM_CHECK(0, "%s", e.msg);
         /* a prefill of 32 rows, then the same 8-row verify step twice: finite, identical */
         uint64_t rng = seed;
-        for (int i = 0; i < NR; i++) { tok[i] = (int)(tm_rng(&rng) % 512); pos[i] = i; req[i] = slot; }
+        for (int i = 0; i < NR; i++) { tok[i] = (int)(sm_rng_next(&rng) % 512); pos[i] = i; req[i] = slot; }
         sm_step s;
         memset(&s, 0, sizeof s);
         s.nrows = 32; s.tokens = tok; s.pos = pos; s.req = req; s.kv = &kv; s.logits = l1; s.argmax = am;

@@ -132,13 +132,6 @@ __global__ void moe_scan_scales_kernel(const uint8_t *__restrict__ s, long long 
 }
 
 /* ---- host side ---- */
-/* Raw (checkpoint layout) bytes of one matrix [R, K]: weights and scales. */
-static void moe_raw_bytes(int fmt, int R, int K, size_t *wb, size_t *sb) {
-    if (fmt == SM_EXP_MXFP4) { *wb = (size_t)R * K / 2; *sb = (size_t)R * (K / 32); }
-    else if (fmt == SM_EXP_FP8) { *wb = (size_t)R * K; *sb = (size_t)R * 4; }
-    else { *wb = (size_t)R * K * 2; *sb = 0; }
-}
-
 static const char *moe_mat_name(int mat) { return mat ? "down_proj" : "gate_up_proj"; }
 
 typedef struct moe_staging {
@@ -157,8 +150,8 @@ static void moe_staging_free(moe_staging *sb) {
 
 static int moe_staging_alloc(const sm_cuda_moe_layer *L, moe_staging *sb, sm_err *e) {
     size_t w0, s0, w1, s1;
-    moe_raw_bytes(L->fmt, 2 * L->I, L->Hm, &w0, &s0);
-    moe_raw_bytes(L->fmt, L->Hm, L->I, &w1, &s1);
+    sm_expert_mat_bytes((sm_expert_fmt)L->fmt, 2 * L->I, L->Hm, &w0, &s0); /* checkpoint layout */
+    sm_expert_mat_bytes((sm_expert_fmt)L->fmt, L->Hm, L->I, &w1, &s1);
     const size_t wmax = w0 > w1 ? w0 : w1, smax = s0 > s1 ? s0 : s1;
     sb->sofs = moe_rupz(wmax, 256);
     sb->bytes = sb->sofs + moe_rupz(smax, 256) + 256;
@@ -266,7 +259,7 @@ static int moe_ckpt_matrix(const moe_source *src, int x, int mat, uint8_t *dw, u
     const void *w = mat ? X->dn[x] : X->gu[x];
     const void *s = mat ? X->dns[x] : X->gus[x];
     size_t wb, sbb;
-    moe_raw_bytes((int)X->fmt, R, K, &wb, &sbb);
+    sm_expert_mat_bytes(X->fmt, R, K, &wb, &sbb);
     if (!w || (sbb && !s))
         return sm_errf(e, "%s: layer %d expert %d %s: missing %s", src->who, src->l, x, moe_mat_name(mat), !w ? "weights" : "scales");
     /* the mapped checkpoint is pageable: each copy returns once the runtime has staged it */

@@ -2,8 +2,7 @@
  * benchmarks at the real widths without a checkpoint.
  *
  * The values are make-model's (src/makemodel.c), bit for bit: expert matrix (layer l,
- * expert x, gate_up / down) is the rng.h stream keyed by its logical name
- * "model.language_model.layers.<l>.mlp.experts.<x>.<gate_up_proj|down_proj>", element
+ * expert x, gate_up / down) is the rng.h stream sm_rng_expert_key(seed, l, x, mat), element
  * (row, col) = half (row * cols + col) % 2 of normal pair (row * cols + col) / 2, value
  * N(0, 1/cols) = std * z with std = 1 / sqrtf(cols); then BF16: bf16(value); MXFP4:
  * sm_mx_quantize_block of the r16 values of each 32-block; FP8: per-row scale amax / 448 of
@@ -99,17 +98,10 @@ typedef struct moe_synth_ctx {
     uint64_t seed;            /* make-model's --seed */
 } moe_synth_ctx;
 
-/* The stream of expert matrix (l, x, mat): makemodel.c's expert_key. */
-static uint64_t moe_synth_key(uint64_t seed, int l, int x, int mat) {
-    char nm[160];
-    snprintf(nm, sizeof nm, MOE_SYNTH_PREFIX "%d.mlp.experts.%d.%s", l, x, mat ? "down_proj" : "gate_up_proj");
-    return sm_rng_key(seed, nm);
-}
-
 static int moe_synth_matrix(const moe_source *src, int x, int mat, uint8_t *w, uint8_t *s, cudaStream_t st, sm_err *e) {
     const moe_synth_ctx *sx = (const moe_synth_ctx *)src->ctx;
     const int R = mat ? sx->c->Hm : 2 * sx->c->I, K = mat ? sx->c->I : sx->c->Hm;
-    const uint64_t key = moe_synth_key(sx->seed, src->l, x, mat);
+    const uint64_t key = sm_rng_expert_key(sx->seed, src->l, x, mat); /* make-model's stream of the matrix */
     const float sd = 1.0f / sqrtf((float)K); /* makemodel.c: N(0, 1/fan_in), fan_in = cols */
     if (sx->fmt == SM_EXP_MXFP4) {
         const long long n = (long long)R * (K / 32);

@@ -14,7 +14,7 @@
 
 /* Download t's device tensor; 0 when it equals the host view byte for byte. */
 static int cb_cmp(sm_cuda_dev *c, const cb_xfer *t, int l, sm_err *e) {
-    if (!t->host) return sm_errf(e, "dense check: layer %d: %s missing in the model", l, t->what);
+    if (!t->host) return sm_errf(e, "dense check: layer %d: %s%s missing in the model", l, t->what, t->k ? " (beta)" : "");
     size_t bytes = t->rows * t->row_bytes;
     unsigned char *h = (unsigned char *)malloc(bytes);
     if (!h) return sm_errf(e, "dense check: out of host memory");
@@ -22,7 +22,8 @@ static int cb_cmp(sm_cuda_dev *c, const cb_xfer *t, int l, sm_err *e) {
     if (r == cudaSuccess) r = cudaStreamSynchronize(c->st);
     if (r != cudaSuccess) {
         free(h);
-        return sm_errf(e, "dense check: download of %s failed on device %d: %s", t->what, c->device, cudaGetErrorString(r));
+        return sm_errf(e, "dense check: download of %s%s failed on device %d: %s", t->what, t->k ? " (beta)" : "", c->device,
+                       cudaGetErrorString(r));
     }
     size_t at = bytes;
     for (size_t i = 0; i < t->rows && at == bytes; i++) {
@@ -32,7 +33,8 @@ static int cb_cmp(sm_cuda_dev *c, const cb_xfer *t, int l, sm_err *e) {
     }
     free(h);
     if (at < bytes)
-        return sm_errf(e, "dense check: layer %d: %s differs from the model at byte %zu of %zu", l, t->what, at, bytes);
+        return sm_errf(e, "dense check: layer %d: %s%s differs from the model at byte %zu of %zu", l, t->what,
+                       t->k ? " (beta)" : "", at, bytes);
     return 0;
 }
 

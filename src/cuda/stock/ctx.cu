@@ -84,6 +84,38 @@ int cb_layer_alloc(sm_cuda_dev *c, cb_layer *L, sm_err *e) {
     return 0;
 }
 
+void *cb_tensor_dev(const sm_cuda_dev *c, int l, sm_tensor_role r, int k) {
+    if (l < 0) {
+        switch (r) {
+        case SM_T_EMBED: return c->embed;
+        case SM_T_LM_HEAD: return c->lm_head;
+        case SM_T_FINAL_NORM: return c->final_norm;
+        default: return NULL;
+        }
+    }
+    const cb_layer *L = &c->layers[l];
+    const size_t H = (size_t)c->cfg.H, QD = (size_t)c->plan.nHl * c->cfg.D, KD = (size_t)c->plan.nKVl * c->cfg.D;
+    switch (r) {
+    /* q, k, v and the attention gate: row blocks of one matrix [(2 QD + 2 KD), H] */
+    case SM_T_WQ: return L->wqkvg;
+    case SM_T_WK: return L->wqkvg + QD * H;
+    case SM_T_WV: return L->wqkvg + (QD + KD) * H;
+    case SM_T_WG: return L->wqkvg + (QD + 2 * KD) * H;
+    case SM_T_WO: return L->wo;
+    case SM_T_IN_NORM: return L->in_norm;
+    case SM_T_ATT_GATE: return k ? L->att_beta : L->att_alpha;
+    case SM_T_PRE_FFN_NORM: return L->pre_ffn_norm;
+    case SM_T_POST_FFN_NORM: return L->post_ffn_norm;
+    case SM_T_FFN_GATE: return k ? L->ffn_beta : L->ffn_alpha;
+    case SM_T_ROUTER: return L->router;
+    case SM_T_ROUTER_BIAS: return L->router_bias;
+    case SM_T_POOLER: return L->pooler;
+    case SM_T_PRE_EXPERT_NORM: return L->pre_expert_norm;
+    case SM_T_UNPOOLER: return L->unpooler;
+    default: return NULL; /* post_expert_norm and the experts: the MoE module (L->moe) */
+    }
+}
+
 int cb_glob_alloc(sm_cuda_dev *c, sm_err *e) {
     const sm_config *cf = &c->cfg;
     size_t vh = cb_al((size_t)c->plan.nv * cf->H * 2);

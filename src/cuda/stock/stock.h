@@ -6,9 +6,9 @@
  *
  * All device state of a rank lives in one plain struct, sm_cuda_dev: its device ordinal, its
  * stream, the stock-kernel context (cuBLAS, workspace), the rank's weights (dense matrices
- * carved from one allocation per layer, experts in moe.cu's layout), the paged KV cache,
- * fixed activation buffers for `cap` rows, one packed metadata buffer that every kernel of a
- * step reads, and the captured graphs.  Every call that touches it first makes its device
+ * carved from one allocation per layer, experts in the MoE module's layout, src/cuda/moe/),
+ * the paged KV cache, fixed activation buffers for `cap` rows, one packed metadata buffer that
+ * every kernel of a step reads, and the captured graphs.  Every call that touches it first makes its device
  * current (cb_enter) and runs on its stream: another rank's context may have switched the
  * device of this host thread.  We rejected file statics and the implicit device 0: W ranks
  * on W GPUs need W contexts side by side; and per-step allocations or pointer arguments that
@@ -23,6 +23,7 @@ extern "C" { /* C headers without their own extern "C" guards: include them firs
 #include "err.h"
 #include "backend.h"
 #include "shard.h"
+#include "tensors.h"
 }
 #include "step.h"
 #include "cuda/kernels.h"
@@ -51,7 +52,7 @@ typedef struct cb_layer {
     uint16_t *pooler;          /* [np, H] bf16 */
     float *pre_expert_norm;    /* [Hm] eff(pre_expert_norm) */
     uint16_t *unpooler;        /* [nu, Hm] bf16 */
-    sm_cuda_moe_layer moe;     /* experts (moe.cu layout) */
+    sm_cuda_moe_layer moe;     /* experts and post_expert_norm (the MoE module's layout, moe.h) */
     int have_moe;              /* moe holds device memory */
     void *dense;               /* the allocation the dense fields live in */
     size_t dense_bytes;        /* its size */
@@ -156,13 +157,14 @@ static inline int cb_enter(const sm_cuda_dev *c, sm_err *e) {
 /* A host <-> device copy of one dense tensor of a rank: `rows` rows of `row_bytes`, contiguous
  * on the device, row i at host + i * pitch on the host (pitch > row_bytes: a column slice). */
 typedef struct cb_xfer {
-    const char *what;          /* the tensor's name in messages */
+    const char *what;          /* the tensor's name in messages (its table suffix) */
+    int k;                     /* which vector of it (1: a residual gate's beta) */
     void *dev;                 /* device [rows, row_bytes] */
     const void *host;          /* host view (NULL: missing in the model) */
     size_t rows, row_bytes;    /* shape in bytes */
     size_t pitch;              /* host bytes between rows */
 } cb_xfer;
-#define CB_MAX_XFER 17         /* dense tensors of one layer */
+#define CB_MAX_XFER (2 * SM_T_NLAYER) /* dense tensor vectors of one layer (at most two a role) */
 
 /* ---- ctx.cu ---- */
 /* 0 when `device` exists (and, hopper != 0, is a compute capability 9.x device); else one
@@ -181,6 +183,12 @@ size_t cb_layer_bytes(const sm_cuda_dev *c);
 int cb_layer_alloc(sm_cuda_dev *c, cb_layer *L, sm_err *e);
 /* Allocate embed / lm_head / final_norm. */
 int cb_glob_alloc(sm_cuda_dev *c, sm_err *e);
+/* Device address of role r (tensors.h) of layer l (-1: a model-level role), vector k (1: a
+ * residual gate's beta) in c's weight allocations: the rank's part (sm_shard_tensor), rows
+ * contiguous.  NULL for what the dense allocations do not hold (post_expert_norm and the
+ * experts live in the MoE module).  The one map from roles to device fields (the upload, its
+ * check and the synthesis walk the table through it). */
+void *cb_tensor_dev(const sm_cuda_dev *c, int l, sm_tensor_role r, int k);
 /* Fill the sm_backend table once every weight is on the device. */
 void cb_backend_fill(sm_cuda_dev *c, sm_backend *b);
 /* The context of a CUDA backend with its device made current, or NULL (with an error) for

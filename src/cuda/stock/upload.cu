@@ -2,9 +2,10 @@
  * sm_cuda_backend_create): the rank's shard (shard.h: sm_shard_make) goes to the device tensor
  * by tensor, straight from the mapped checkpoint (no host copy of the model).
  *
- * One table (cb_dense_xfers) lists the dense tensors of a layer as copies between the rank's
- * views and the device buffers; the upload walks it host -> device and the dense check
- * (check_dense.cu) device -> host, so the tensor list is written once.  Row slices of the
+ * cb_dense_xfers walks the tensor table (tensors.h) into copies between the rank's parts
+ * (shard.h: sm_shard_tensor) and the device buffers (cb_tensor_dev); the upload runs them
+ * host -> device and the dense check (check_dense.cu) device -> host, so the tensor list is
+ * written once, in tensors.c.  Row slices of the
  * shard are contiguous (one cudaMemcpyAsync); column slices (o_proj when world > 1) are
  * strided views and go through cudaMemcpy2DAsync with the full row as source pitch.  q, k, v
  * and the attention gate of a layer are stored as ONE matrix so one matmul launch produces
@@ -20,52 +21,27 @@
 
 /* ---- the table of dense tensors -------------------------------------------------------------- */
 
-static cb_xfer cb_x(const char *what, void *dev, const void *host, size_t rows, size_t row_bytes, size_t pitch) {
-    cb_xfer t;
-    t.what = what;
-    t.dev = dev;
-    t.host = host;
-    t.rows = rows;
-    t.row_bytes = row_bytes;
-    t.pitch = pitch;
-    return t;
-}
-
 int cb_dense_xfers(const sm_cuda_dev *c, const sm_shard *sh, int l, cb_xfer *t) {
-    const sm_config *cf = &c->cfg;
-    size_t H = (size_t)cf->H, Hm = (size_t)cf->Hm, D = (size_t)cf->D, E = (size_t)cf->E;
-    size_t QD = (size_t)sh->nHl * D, KD = (size_t)sh->nKVl * D;
     int n = 0;
-    if (l < 0) {
-        /* vocabulary rows of the embedding and lm_head; the final norm (as is) */
-        t[n++] = cb_x("embed_tokens", c->embed, sh->embed, (size_t)sh->nv, H * 2, H * 2);
-        t[n++] = cb_x("lm_head", c->lm_head, sh->lm_head, (size_t)sh->nv, H * 2, H * 2);
-        t[n++] = cb_x("norm", c->final_norm, sh->m->final_norm, 1, H * 4, H * 4);
-        return n;
+    const int r0 = l < 0 ? SM_T_NLAYER : 0, r1 = l < 0 ? SM_T_N : SM_T_NLAYER;
+    for (int r = r0; r < r1; r++) {
+        int nvec, eb;
+        sm_tensor_loaded((sm_tensor_role)r, &nvec, &eb);
+        for (int k = 0; k < nvec; k++) {
+            void *dev = cb_tensor_dev(c, l, (sm_tensor_role)r, k);
+            if (!dev) continue; /* the MoE module's */
+            const sm_shard_part p = sm_shard_tensor(sh, l, (sm_tensor_role)r, k);
+            cb_xfer x;
+            x.what = sm_tensors[r].name;
+            x.k = k;
+            x.dev = dev;
+            x.host = p.host;
+            x.rows = (size_t)p.rows;
+            x.row_bytes = (size_t)p.row_bytes;
+            x.pitch = (size_t)p.pitch;
+            t[n++] = x;
+        }
     }
-    const sm_shard_layer *S = &sh->layers[l];
-    const sm_layer *F = S->full;
-    const cb_layer *L = &c->layers[l];
-    /* attention: the rank's head rows of q | k | v | gate, its columns of o_proj */
-    t[n++] = cb_x("q_proj", L->wqkvg, S->wq, QD, H * 2, H * 2);
-    t[n++] = cb_x("k_proj", L->wqkvg + QD * H, S->wk, KD, H * 2, H * 2);
-    t[n++] = cb_x("v_proj", L->wqkvg + (QD + KD) * H, S->wv, KD, H * 2, H * 2);
-    t[n++] = cb_x("gate_proj", L->wqkvg + (QD + 2 * KD) * H, S->wg, QD, H * 2, H * 2);
-    t[n++] = cb_x("o_proj", L->wo, S->wo, H, QD * 2, (size_t)S->ld_wo * 2);
-    /* replicated vectors and router */
-    t[n++] = cb_x("input_layernorm", L->in_norm, F->in_norm, 1, H * 4, H * 4);
-    t[n++] = cb_x("post_attention_residual_gate (alpha)", L->att_alpha, F->att_alpha, 1, H * 4, H * 4);
-    t[n++] = cb_x("post_attention_residual_gate (beta)", L->att_beta, F->att_beta, 1, H * 4, H * 4);
-    t[n++] = cb_x("pre_feedforward_layernorm", L->pre_ffn_norm, F->pre_ffn_norm, 1, H * 4, H * 4);
-    t[n++] = cb_x("post_feedforward_layernorm", L->post_ffn_norm, F->post_ffn_norm, 1, H * 4, H * 4);
-    t[n++] = cb_x("post_feedforward_residual_gate (alpha)", L->ffn_alpha, F->ffn_alpha, 1, H * 4, H * 4);
-    t[n++] = cb_x("post_feedforward_residual_gate (beta)", L->ffn_beta, F->ffn_beta, 1, H * 4, H * 4);
-    t[n++] = cb_x("mlp.gate", L->router, F->router, E, H * 4, H * 4);
-    t[n++] = cb_x("e_score_correction_bias", L->router_bias, F->router_bias, 1, E * 4, E * 4);
-    /* pooler / unpooler: the rank's output rows */
-    t[n++] = cb_x("pre_expert_proj", L->pooler, S->pooler, (size_t)sh->np, H * 2, H * 2);
-    t[n++] = cb_x("pre_expert_norm", L->pre_expert_norm, F->pre_expert_norm, 1, Hm * 4, Hm * 4);
-    t[n++] = cb_x("post_expert_proj", L->unpooler, S->unpooler, (size_t)sh->nu, Hm * 2, Hm * 2);
     return n;
 }
 
@@ -97,32 +73,28 @@ static void cb_progress_add(cb_progress *p, double bytes) {
 
 /* Copy one table entry host -> device on c->st (strided host rows: a 2D copy). */
 static int cb_put(sm_cuda_dev *c, const cb_xfer *t, int l, cb_progress *p, sm_err *e) {
-    if (!t->host) return sm_errf(e, "cuda backend: layer %d: tensor %s is missing", l, t->what);
+    if (!t->host) return sm_errf(e, "cuda backend: layer %d: tensor %s%s is missing", l, t->what, t->k ? " (beta)" : "");
     cudaError_t r = t->pitch == t->row_bytes
         ? cudaMemcpyAsync(t->dev, t->host, t->rows * t->row_bytes, cudaMemcpyHostToDevice, c->st)
         : cudaMemcpy2DAsync(t->dev, t->row_bytes, t->host, t->pitch, t->row_bytes, t->rows, cudaMemcpyHostToDevice, c->st);
     if (r != cudaSuccess)
-        return sm_errf(e, "cuda backend: upload of %s (layer %d, %zu bytes) failed on device %d: %s", t->what, l,
-                       t->rows * t->row_bytes, c->device, cudaGetErrorString(r));
+        return sm_errf(e, "cuda backend: upload of %s%s (layer %d, %zu bytes) failed on device %d: %s", t->what,
+                       t->k ? " (beta)" : "", l, t->rows * t->row_bytes, c->device, cudaGetErrorString(r));
     cb_progress_add(p, (double)(t->rows * t->row_bytes));
     return 0;
 }
 
-/* Device bytes one expert slice of format fmt with ni of the I rows takes (weights + scales). */
-static double cb_expert_bytes(const sm_config *c, int fmt, int ni) {
-    double n = 3.0 * (double)ni * (double)c->Hm;
-    if (fmt == SM_EXP_MXFP4) return n / 2 + n / 32;
-    if (fmt == SM_EXP_FP8) return n + 4.0 * (2.0 * ni + c->Hm);
-    return 2 * n;
-}
-
-/* Bytes the shard needs on the device; refuses (one line) when the device has less free. */
+/* Bytes the shard needs on the device; refuses (one line) when the device has less free.  The
+ * experts count in the MoE module's device layout (sm_cuda_moe_device_expert_bytes: repacked,
+ * padded), not in checkpoint bytes: the device holds the former. */
 static int cb_room(const sm_cuda_dev *c, const sm_shard *sh, double *need, sm_err *e) {
     const sm_config *cf = &c->cfg;
     double b = 2.0 * sh->nv * cf->H * 2 + (double)cb_layer_bytes(c) * cf->L;
     for (int l = 0; l < cf->L; l++) {
         const sm_shard_experts *X = &sh->layers[l].ex;
-        b += cb_expert_bytes(cf, X->fmt, X->ni) * X->ne;
+        sm_config xc = *cf; /* the widths of the rank's expert slices */
+        xc.I = X->ni;
+        b += (double)sm_cuda_moe_device_expert_bytes(&xc, X->fmt) * X->ne;
     }
     *need = b;
     size_t fr = 0, tot = 0;
@@ -145,8 +117,7 @@ static int cb_upload_layer(sm_cuda_dev *c, const sm_shard *sh, int l, cb_progres
     if (sm_cuda_moe_upload(sh->m, l, &L->moe, c->st, e)) return sm_errprefix(e, "cuda backend: layer %d experts", l);
     L->have_moe = 1;
     c->weight_bytes += (double)L->moe.blob_bytes;
-    const sm_shard_experts *X = &sh->layers[l].ex;
-    cb_progress_add(p, cb_expert_bytes(&c->cfg, X->fmt, X->ni) * X->ne);
+    cb_progress_add(p, (double)L->moe.blob_bytes); /* device bytes, as cb_room counts them */
     return 0;
 }
 
