@@ -53,7 +53,7 @@ typedef struct sm_backend_opts {
 /* The CPU reference backend (src/cpu/). kv gives the page count to allocate. */
 int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 /* The CPU world backend (src/cpu/world.c): o->world rank threads, tensor + expert parallel
- * (SPEC.md section 9, docs/parallelism.md); o->moe_tp 1 splits every expert along I (TP
+ * (docs/model.md section 9, docs/parallelism.md); o->moe_tp 1 splits every expert along I (TP
  * without EP), 0 splits the experts (EP).  Refuses a world size the model does not divide. */
 int sm_world_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 

@@ -1,4 +1,4 @@
-/* shard.c: per-rank views of a loaded model (shard.h, SPEC.md section 9).
+/* shard.c: per-rank views of a loaded model (shard.h, docs/model.md section 9).
  *
  * A shard is pointer arithmetic on the loaded model: row slices are a pointer to the first
  * owned row, column slices a pointer to the first owned column plus the full row length.

@@ -1,4 +1,4 @@
-/* shard.h: what one rank of W owns of a loaded model (SPEC.md section 9), as views.
+/* shard.h: what one rank of W owns of a loaded model (docs/model.md section 9), as views.
  *
  * Tensor parallelism splits the attention by heads, the pooler and unpooler by output rows,
  * the embedding and lm_head by vocabulary rows, and the experts either whole (EP: rank r

@@ -6,6 +6,7 @@
  * grouped MoE matches route-by-route experts, step input errors, and the thread pool.
  * Models: the tiny preset (4 layers) with a 16-token window so 32 positions cross it.
  */
+#include "rng.h"
 #include "check.h"
 #include "tmodel.h"
 #include "backend.h"
@@ -298,8 +299,7 @@ static void t_expert_formats(void) {
         int *i0 = malloc(sizeof(int) * n * K), *i1 = malloc(sizeof(int) * n * K);
         uint64_t sd = 99;
         for (int i = 0; i < n * H; i++) {
-            sd ^= sd << 13; sd ^= sd >> 7; sd ^= sd << 17;
-            xf[i] = sm_r16((float)((double)(sd >> 11) / 9007199254740992.0 * 3.4 - 1.7));
+            xf[i] = sm_r16((float)((double)(sm_rng_next(&sd) >> 11) / 9007199254740992.0 * 3.4 - 1.7));
         }
         for (int i = 1; i < 4; i++)
             for (int l = 1; l < L - 1; l++) {
@@ -351,8 +351,7 @@ static void t_moe_grouping(void) {
     float *w = malloc(sizeof(float) * n * K);
     uint64_t s = 77;
     for (int i = 0; i < n * H; i++) {
-        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-        xf[i] = sm_r16((float)((double)(s >> 11) / 9007199254740992.0 * 4.0 - 2.0));
+        xf[i] = sm_r16((float)((double)(sm_rng_next(&s) >> 11) / 9007199254740992.0 * 4.0 - 2.0));
     }
     sm_pool *p = NULL;
     sm_err e = {""};

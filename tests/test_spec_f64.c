@@ -13,10 +13,10 @@
  * the random model amplifies it ~10x a layer (sharp QK-normed attention, K/V read by later
  * rows), so an end-to-end f64 chain lands 4e-3..2e-2 away from ANY f32 implementation, a
  * correct one included: perturbing the f64 chain's own roundings by 1e-7 moves it by more.
- * So the 1e-4 bound of docs/model.md section 10 is checked per stage: every stage of every layer is
+ * So docs/model.md section 10 bounds the reference per stage: every stage of every layer is
  * evaluated in f64 from the CPU's own inputs to that stage (the CPU backend's debug trace), so
  * a flip cannot cascade; the logits are evaluated from the CPU's final residual.  The
- * end-to-end chain is still run, and bounded loosely (0.1) with its argmax agreement printed.
+ * end-to-end chain is still run, and bounded loosely (0.5) with its argmax agreement printed.
  */
 #include "check.h"
 #include "tmodel.h"
@@ -629,7 +629,8 @@ static void compare(const sm_model *m, int nthreads, uint64_t seed, errs *E) {
  * G_F32:   f32 output, no rounding point after its inputs: rel err < 1e-5;
  * G_BF16:  bf16 output: at most 0.1% of elements differ from the f64 value's r16, by <= 2 ulp
  *          (the f32/f64 flips; a bug shows as many elements or many ulps);
- * G_MIXED: f32 residual with r16 points inside (the boundaries): rel err < 1e-4 (docs/model.md 10);
+ * G_MIXED: f32 residual with r16 points inside (the boundaries): rel err < 1e-4 (looser than the
+ *          1e-5 of a pure f32 stage in docs/model.md section 10: a bf16 flip inside moves it);
  * G_CHAIN: m, four rounding points per route and a sum with cancellation: rel err < 1e-3 and
  *          at most 1% of elements differ. */
 enum { G_UNKNOWN, G_F32, G_BF16, G_MIXED, G_CHAIN };

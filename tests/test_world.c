@@ -14,6 +14,7 @@
  * widths (H = Hm = I = 128, V = 512, vocab_used 500), a 16-token window, 4 layers, and
  * residual-dominant gates (see residual_dominant).  About 1.5 s (6 s under ASan) on 2 cores.
  */
+#include "rng.h"
 #include "check.h"
 #include "condition.h"
 #include "tmodel.h"
@@ -47,10 +48,7 @@ static void world_make(tmodel *t, const sm_config *cfg, sm_expert_fmt fmt, uint6
     if (tmodel_make(t, "sm_world", cfg, fmt, seed, 0) == 0) residual_dominant(&t->m, seed + 99);
 }
 
-static uint64_t xs64(uint64_t *s) {
-    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
-    return *s;
-}
+static uint64_t xs64(uint64_t *s) { return sm_rng_next(s); } /* the one generator (rng.h) */
 
 /* ---------------------------------------------------------------- a backend rig */
 

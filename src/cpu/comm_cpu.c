@@ -15,6 +15,7 @@
  * overwrite its part while a peer still reads it).
  */
 #include "comm.h"
+#include "rng.h"
 #include "shard.h"
 #include <errno.h>
 #include <pthread.h>
@@ -64,12 +65,7 @@ static const sm_comm_ops CPU_OPS;
 
 /* ---------------------------------------------------------------- jitter, barrier */
 
-static uint64_t mix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
+static uint64_t mix64(uint64_t x) { return sm_mix64(x + SM_RNG_GOLDEN); } /* rng.h's mixer */
 
 /* Sleep or yield for a draw of (seed, rank, op count): changes the deposit order. */
 static void jitter(const sm_comm_cpu *w, int rank, uint64_t nop) {

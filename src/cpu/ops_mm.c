@@ -50,20 +50,9 @@ static void wrow_tile(const ref_wrow *r, int t0, int tn, float *out) {
         for (int j = 0; j < tn; j++) out[j] = sm_r16(sm_e4m3_to_f32(w[j]) * r->scale);
         break;
     }
-    default: { /* REF_W_MXFP4: e2m1 code x 2^(s-127), exact; t0 is a multiple of 32 */
-        static const float e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                       -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-        const uint8_t *q = (const uint8_t *)r->w + t0 / 2;
-        for (int b = 0; b < tn / SM_MX_BLOCK; b++) {
-            float sc = sm_e8m0_to_f32(r->s[t0 / SM_MX_BLOCK + b]);
-            for (int j = 0; j < SM_MX_BLOCK / 2; j++) {
-                uint8_t by = q[b * (SM_MX_BLOCK / 2) + j];
-                out[b * SM_MX_BLOCK + 2 * j] = e2m1[by & 15u] * sc;
-                out[b * SM_MX_BLOCK + 2 * j + 1] = e2m1[by >> 4] * sc;
-            }
-        }
+    default: /* REF_W_MXFP4: e2m1 code x 2^(s-127), exact (codec.h); t0 is a multiple of 32 */
+        sm_mx_dequantize_row((const uint8_t *)r->w + t0 / 2, r->s + t0 / SM_MX_BLOCK, tn, out);
         break;
-    }
     }
 }
 

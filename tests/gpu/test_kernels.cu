@@ -12,6 +12,7 @@
  * comparison by max-abs error: bf16 rounding flips make single elements differ by one ulp
  * while the tensor as a whole agrees to 1e-3.
  */
+#include "rng.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,12 +55,7 @@ static int g_ndbuf;
 static void *g_hbufs[MAX_ARENA];
 static int g_nhbuf;
 
-static uint64_t rnd64(void) {
-    g_rng ^= g_rng >> 12;
-    g_rng ^= g_rng << 25;
-    g_rng ^= g_rng >> 27;
-    return g_rng * 2685821657736338717ULL;
-}
+static uint64_t rnd64(void) { return sm_rng_next(&g_rng); } /* the one generator (rng.h) */
 /* uniform in [-1, 1) */
 static float rndu(void) { return (float)((double)(rnd64() >> 40) * (1.0 / 8388608.0) - 1.0); }
 /* uniform with standard deviation sd */

@@ -33,7 +33,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define TM_BOUND 2e-2       /* GPU vs CPU logits, SPEC.md section 10 */
+#define TM_BOUND 2e-2       /* GPU vs CPU logits, docs/model.md section 10 */
 #define TM_MAX_LEN 512      /* positions per request */
 #define TM_NREQ 3           /* requests per case */
 #define TM_CHUNK 128        /* backend max_rows: forces a chunked prefill */
@@ -558,7 +558,7 @@ int gpu_test_model(void) {
         printf("FAIL gpu_test_model (cannot create a temporary directory under %s)\n", tmp && *tmp ? tmp : "/tmp");
         return 1;
     }
-    /* Conditioned models are compared with SPEC.md's 2e-2; the raw random models only print
+    /* Conditioned models are compared with docs/model.md's 2e-2; the raw random models only print
      * their errors (tests/condition.h says why they cannot meet any small bound). */
     static const tm_case cases[] = {
         {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1},

@@ -18,6 +18,7 @@
  * run (the seed is printed).  We rejected comparing against a dequantized cuBLAS product:
  * it would share our own rounding assumptions instead of the reference's.
  */
+#include "rng.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,12 +48,7 @@ static cudaStream_t m_st;
 #define MGUARD 64          /* bf16 guard elements on each side of m_out */
 #define MGUARD_VAL 0xA5A5u
 
-static uint64_t mrnd64(void) {
-    m_rng ^= m_rng >> 12;
-    m_rng ^= m_rng << 25;
-    m_rng ^= m_rng >> 27;
-    return m_rng * 2685821657736338717ULL;
-}
+static uint64_t mrnd64(void) { return sm_rng_next(&m_rng); } /* the one generator (rng.h) */
 static int mrndi(int n) { return (int)((mrnd64() >> 33) % (uint64_t)n); }
 static float mrndu(void) { return (float)((double)(mrnd64() >> 40) * (1.0 / 16777216.0)); } /* [0, 1) */
 static float mrndn(void) { /* N(0, 1) */

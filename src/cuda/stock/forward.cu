@@ -1,4 +1,4 @@
-/* forward.cu: the math of a step on the context's stream (SPEC.md sections 3-6): embedding,
+/* forward.cu: the math of a step on the context's stream (docs/model.md sections 3-6): embedding,
  * the decoder layers (stock kernels of kernels.h + the MoE stage of moe.h) and the logits,
  * for the rows whose metadata sits in the context's metadata buffer.
  *
