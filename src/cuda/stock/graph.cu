@@ -104,16 +104,8 @@ int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int 
         SM_CUDA_CHECK(cudaGraphLaunch(G->exec, c->st));
         return 0;
     }
-    cb_run r;
-    memset(&r, 0, sizeof r);
-    r.n = nb;
-    r.l0 = 0;
-    r.l1 = c->cfg.L;
-    r.embed = 1;
-    r.head = 1;
+    cb_run r = cb_run_step(c, s, nb);
     r.logits_dev = wl ? c->logits : NULL;
-    r.naux = s->naux;
-    r.aux = s->aux_layers;
     /* first use: run eagerly (warms every launcher up), then capture for the next steps */
     if (cb_enqueue(c, &r, e)) return -1;
     if (cb_capture(c, &r, &G->exec, e)) return -1;

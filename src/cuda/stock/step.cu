@@ -96,16 +96,8 @@ static int cb_launch_eager(sm_cuda_dev *c, const sm_step *s, int r0, int n, cb_a
     for (int i = 0; i < na; i++)
         if (att[i].kind == 1) att[i].tab = rreq_h[att[i].r0];
     SM_CUDA_CHECK(cudaMemcpyAsync(c->meta_d, c->meta_h, bytes, cudaMemcpyHostToDevice, c->st));
-    cb_run r;
-    memset(&r, 0, sizeof r);
-    r.n = n;
-    r.l0 = 0;
-    r.l1 = c->cfg.L;
-    r.embed = 1;
-    r.head = 1;
+    cb_run r = cb_run_step(c, s, n);
     r.logits_host = s->logits ? s->logits + (size_t)r0 * c->cfg.V : NULL;
-    r.naux = s->naux;
-    r.aux = s->aux_layers;
     r.att = att;
     r.natt = na;
     return cb_enqueue(c, &r, e);

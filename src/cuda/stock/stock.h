@@ -19,6 +19,7 @@
 #define SM_CUDA_STOCK_H
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 extern "C" { /* C headers without their own extern "C" guards: include them first */
 #include "err.h"
 #include "backend.h"
@@ -147,6 +148,20 @@ typedef struct cb_run {
     int natt;
     int moe_only;              /* bench: only layer l0's MoE stage */
 } cb_run;
+
+/* The run of a whole step of n rows: embedding, every layer, logits, the step's aux layers. */
+static inline cb_run cb_run_step(const sm_cuda_dev *c, const sm_step *s, int n) {
+    cb_run r;
+    memset(&r, 0, sizeof r);
+    r.n = n;
+    r.l0 = 0;
+    r.l1 = c->cfg.L;
+    r.embed = 1;
+    r.head = 1;
+    r.naux = s->naux;
+    r.aux = s->aux_layers;
+    return r;
+}
 
 /* Make c's device current on this host thread (every entry that touches c calls it first). */
 static inline int cb_enter(const sm_cuda_dev *c, sm_err *e) {
