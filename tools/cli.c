@@ -4,6 +4,7 @@
  * the place of a bad word.  We rejected a hand-written usage text per command: it drifts from
  * what the parser accepts (the README's list is checked against --help by tests/cli_help.sh). */
 #include "cli.h"
+#include "sparkmono.h"
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -297,4 +298,14 @@ int cli_prompt_check(const char *cmd, const char *src, const int *ids, int n, in
         if (ids[i] < 0 || ids[i] >= vocab)
             return sm_errf(e, "%s: %s: token index %d is %d, outside the vocabulary [0, %d)", cmd, src, i, ids[i], vocab);
     return 0;
+}
+
+int cli_model_open(const char *cmd, const char *dir, int online_mxfp4, const char *src, const int *ids, int n,
+                   sparkmono_model **m, sm_err *e) {
+    sparkmono_model_opts mo = {0};
+    mo.online_mxfp4 = online_mxfp4;
+    if (sparkmono_model_open(dir, &mo, m)) return -1;
+    sparkmono_model_info info;
+    if (sparkmono_model_get_info(*m, &info)) return -1;
+    return cli_prompt_check(cmd, src, ids, n, info.vocab_size, e) ? -2 : 0;
 }

@@ -73,6 +73,12 @@ int cli_prompt(const char *cmd, const cli_opt *ids, const cli_opt *file, int **o
                sm_err *e);
 /* Every id in [0, vocab): else an error naming src and the token index. */
 int cli_prompt_check(const char *cmd, const char *src, const int *ids, int n, int vocab, sm_err *e);
+/* Open the model of --model DIR (online MXFP4 when asked) and check the prompt's ids against
+ * its vocabulary.  0: *m open; -1: an engine error (sparkmono_errmsg(), *m may be open: close
+ * it); -2: a bad prompt, one line in e (*m open). */
+struct sparkmono_model;
+int cli_model_open(const char *cmd, const char *dir, int online_mxfp4, const char *src, const int *ids, int n,
+                   struct sparkmono_model **m, sm_err *e);
 
 /* Commands: argc/argv are the words after the command name; return the exit status
  * (0 ok, 2 bad input, 1 internal failure; make-model: 128 + signal when interrupted). */

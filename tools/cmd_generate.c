@@ -77,12 +77,9 @@ int cmd_generate(int argc, char **argv) {
     sparkmono_model *m = NULL;
     sparkmono_engine *g = NULL;
     int *ntok = NULL, *toks = NULL, *acc = NULL, rc = 2, req;
-    sparkmono_model_opts mo = {0};
-    mo.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
-    if (sparkmono_model_open(model->value, &mo, &m)) goto fail;
-    sparkmono_model_info info;
-    if (sparkmono_model_get_info(m, &info)) goto fail;
-    if (cli_prompt_check(cmd, src, prompt, n, info.vocab_size, &e)) {
+    int orc = cli_model_open(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, src, prompt, n, &m, &e);
+    if (orc == -1) goto fail;
+    if (orc == -2) {
         fprintf(stderr, "%s\n", e.msg);
         goto out;
     }

@@ -63,12 +63,9 @@ int cmd_logits(int argc, char **argv) {
     sparkmono_engine *g = NULL;
     float *logits = NULL;
     int rc = 2, req;
-    sparkmono_model_opts mo = {0};
-    mo.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
-    if (sparkmono_model_open(model->value, &mo, &m)) goto fail;
-    sparkmono_model_info info;
-    if (sparkmono_model_get_info(m, &info)) goto fail;
-    if (cli_prompt_check(cmd, src, prompt, n, info.vocab_size, &e)) {
+    int orc = cli_model_open(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, src, prompt, n, &m, &e);
+    if (orc == -1) goto fail;
+    if (orc == -2) {
         fprintf(stderr, "%s\n", e.msg);
         goto out;
     }
@@ -83,6 +80,8 @@ int cmd_logits(int argc, char **argv) {
     eo.moe_tp = moe_tp;
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
     if (sparkmono_add(g, prompt, n, 0, &req)) goto fail;
+    sparkmono_model_info info;
+    if (sparkmono_model_get_info(m, &info)) goto fail;
     logits = malloc((size_t)n * (size_t)info.vocab_size * sizeof(float));
     if (!logits) {
         fprintf(stderr, "%s: out of memory for [%d, %d] logits\n", cmd, n, info.vocab_size);
