@@ -95,6 +95,23 @@ void sparkmono_engine_destroy(sparkmono_engine *g);
 /* Add a request: prompt [n] ids in [0, V), n >= 1, n + max_tokens <= max_len, max_tokens >= 0
  * (0: prefill only, e.g. for its logits).  *req is its id, in [0, max_requests). */
 sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_tokens, int *req);
+/* Sampling of a request's tokens.  temperature 0 is greedy (the default: every field zero).
+ * Otherwise p = softmax(logits / temperature), restricted to the top_k largest (0: all) and to
+ * the smallest set whose mass reaches top_p (0 or 1: all), renormalized; draws come from a
+ * counter-based generator keyed by (seed, request position), so a request's tokens depend on
+ * its seed only, never on the batch it runs in.  Under speculation a draft d is accepted with
+ * probability p(d); on rejection the token is drawn from p with d removed, renormalized: the
+ * output has exactly the distribution of plain sampling (docs/model.md section 8). */
+typedef struct sparkmono_sampling {
+    float temperature;  /* 0: greedy */
+    int top_k;          /* 0: no limit */
+    float top_p;        /* 0 or 1: no limit */
+    unsigned long long seed;
+} sparkmono_sampling;
+
+/* sparkmono_add with sampling parameters (s NULL: greedy). */
+sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, int max_tokens, const sparkmono_sampling *s,
+                                int *req);
 /* Remove a request and free its cache pages; its id may be reused by a later add. */
 sm_status sparkmono_remove(sparkmono_engine *g, int req);
 
