@@ -52,6 +52,18 @@ size_t sm_cuda_ws_bytes(const sm_config *c, int max_rows) {
     return b;
 }
 
+/* Zero `bytes` at p on a stream of its own and wait for it: the context has no stream of its
+ * caller's yet, and the legacy default stream is never used. */
+static int ctx_zero(void *p, size_t bytes, sm_err *e) {
+    cudaStream_t z = NULL;
+    SM_CUDA_CHECK(cudaStreamCreateWithFlags(&z, cudaStreamNonBlocking));
+    cudaError_t memset_on_own_stream = cudaMemsetAsync(p, 0, bytes, z);
+    if (memset_on_own_stream == cudaSuccess) memset_on_own_stream = cudaStreamSynchronize(z);
+    SM_CUDA_CHECK_PRINT(cudaStreamDestroy(z));
+    SM_CUDA_CHECK(memset_on_own_stream);
+    return 0;
+}
+
 /* The cuBLAS handle and the device buffers of c (sizes set); the first failure returns -1
  * with the check macro's line, leaving what was created for sm_cuda_ctx_free. */
 static int ctx_create(sm_cuda_ctx *c, sm_err *e) {
@@ -61,8 +73,7 @@ static int ctx_create(sm_cuda_ctx *c, sm_err *e) {
     SM_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
     SM_CUDA_CHECK(cudaMalloc(&c->ws, c->ws_bytes));
     SM_CUDA_CHECK(cudaMalloc((void **)&c->tile_cnt, (size_t)c->tile_cnt_len * sizeof(unsigned)));
-    SM_CUDA_CHECK(cudaMemset(c->tile_cnt, 0, (size_t)c->tile_cnt_len * sizeof(unsigned)));
-    return 0;
+    return ctx_zero(c->tile_cnt, (size_t)c->tile_cnt_len * sizeof(unsigned), e);
 }
 
 int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e) {

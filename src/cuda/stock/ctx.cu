@@ -245,9 +245,8 @@ static int cb_dev_setup(sm_cuda_dev *c, sm_err *e) {
     SM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
     if (cb_act_alloc(c, e) || cb_meta_alloc(c, e) || cb_kv_alloc(c, e)) return -1;
     if (sm_cuda_moe_ws_alloc(&c->cfg, c->cap, &c->mws, e)) return -1;
-    /* the memsets above ran on c->st; sm_cuda_ctx_init's ran on the legacy stream, which a
-     * non-blocking stream does not wait for: wait for the whole device once */
-    SM_CUDA_CHECK(cudaDeviceSynchronize());
+    /* the memsets above ran on c->st (sm_cuda_ctx_init waited for its own): wait for them */
+    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
     return 0;
 }
 
