@@ -17,10 +17,10 @@
 #include "cuda/common.cuh"
 #include "cuda/moe/build.h"
 #include "rng.h"
+#include "tensors.h"
 #include <stdio.h>
 #include <string.h>
 
-#define MOE_SYNTH_PREFIX "model.language_model.layers." /* makemodel.c's tensor name prefix */
 
 /* r16(sd * z), the value of an element as make-model rounds it before quantizing. */
 __device__ __forceinline__ float moe_synth_r16(float sd, float z) { return sm_r16(__fmul_rn(sd, z)); }
@@ -79,14 +79,14 @@ __global__ void moe_synth_bf_kernel(uint64_t key, int R, int K, float sd, uint16
     w[2 * u + 1] = sm_f32_to_bf16(__fmul_rn(sd, z1));
 }
 
-/* eff(post_expert_norm)[i] = r16(1 + bf16(0 + 0.02 z_i)), i < n. */
-__global__ void moe_synth_pn_kernel(uint64_t key, int n, float *dst) {
+/* eff(post_expert_norm)[i] = r16(1 + bf16(mean + sd z_i)), i < n (mean, sd: the tensor table's). */
+__global__ void moe_synth_pn_kernel(uint64_t key, int n, float mean, float sd, float *dst) {
     const int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (2 * k >= n) return;
     float z[2];
     sm_rng_normal_pair(key, k, &z[0], &z[1]);
     for (int j = 0; j < 2 && 2 * k + j < n; j++) {
-        const uint16_t g = sm_f32_to_bf16(__fadd_rn(0.0f, __fmul_rn(0.02f, z[j])));
+        const uint16_t g = sm_f32_to_bf16(__fadd_rn(mean, __fmul_rn(sd, z[j])));
         dst[2 * k + j] = sm_r16(__fadd_rn(1.0f, sm_bf16_to_f32(g)));
     }
 }
@@ -120,9 +120,11 @@ static int moe_synth_matrix(const moe_source *src, int x, int mat, uint8_t *w, u
 static int moe_synth_post_norm(const moe_source *src, float *dst, cudaStream_t st, sm_err *e) {
     const moe_synth_ctx *sx = (const moe_synth_ctx *)src->ctx;
     char nm[160];
-    snprintf(nm, sizeof nm, MOE_SYNTH_PREFIX "%d.mlp.experts.post_expert_norm.weight", src->l);
+    sm_tensor_name(nm, sizeof nm, SM_T_POST_EXPERT_NORM, src->l); /* make-model's stream of the tensor */
+    float mean, sd;
+    sm_tensor_init(sx->c, SM_T_POST_EXPERT_NORM, &mean, &sd);
     const int np = (sx->c->Hm + 1) / 2;
-    moe_synth_pn_kernel<<<(np + 255) / 256, 256, 0, st>>>(sm_rng_key(sx->seed, nm), sx->c->Hm, dst);
+    moe_synth_pn_kernel<<<(np + 255) / 256, 256, 0, st>>>(sm_rng_key(sx->seed, nm), sx->c->Hm, mean, sd, dst);
     SM_LAUNCH_CHECK("moe_synth_pn_kernel");
     return 0;
 }
