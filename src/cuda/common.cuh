@@ -98,17 +98,45 @@ __device__ __forceinline__ float sm_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
     return v;
 }
-/* Sum over the block (blockDim.x a multiple of 32, at most 1024); red: __shared__ [32].
- * Every thread gets the total; contains barriers, so every thread must call it. */
-__device__ __forceinline__ float sm_block_sum(float v, float *red) {
-    v = sm_warp_sum(v);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads(); /* red may still be read by a previous call */
-    if (l == 0) red[w] = v;
-    __syncthreads();
-    float t = (l < nw) ? red[l] : 0.0f;
-    return sm_warp_sum(t);
+/* A team: the threads of one block that run one body call together, warp-aligned.  The stock
+ * kernels pass the whole block (sm_team_block: bar 0 = __syncthreads); a persistent kernel
+ * runs several teams in one block (thread slices, each with its own named barrier), so a body
+ * never names threadIdx / blockDim / __syncthreads itself where a team is its argument. */
+typedef struct sm_team {
+    int tid; /* thread index in the team, 0 .. nt-1 */
+    int nt;  /* threads of the team, a multiple of 32 */
+    int bar; /* named barrier of the team: 0 = the whole block's (then nt == blockDim.x) */
+} sm_team;
+__device__ __forceinline__ sm_team sm_team_block(void) {
+    sm_team t;
+    t.tid = (int)threadIdx.x; t.nt = (int)blockDim.x; t.bar = 0;
+    return t;
 }
+/* Team slice k of nt threads of the calling block (threads k nt .. k nt + nt - 1), barrier 1 + k
+ * (barrier 0 stays the block's; the wgmma consumers use 1 only while no team runs). */
+__device__ __forceinline__ sm_team sm_team_slice(int k, int nt) {
+    sm_team t;
+    t.tid = (int)threadIdx.x - k * nt; t.nt = nt; t.bar = 1 + k;
+    return t;
+}
+__device__ __forceinline__ void sm_team_sync(const sm_team &t) {
+    if (t.bar == 0) __syncthreads();
+    else asm volatile("bar.sync %0, %1;\n" ::"r"(t.bar), "r"(t.nt) : "memory");
+}
+/* Sum over the team (at most 1024 threads); red: __shared__ [32] of this team.  Every thread
+ * gets the total, in a fixed order (warp butterflies, then warps in order); contains
+ * barriers, so every thread of the team must call it. */
+__device__ __forceinline__ float sm_team_sum(float v, float *red, const sm_team &t) {
+    v = sm_warp_sum(v);
+    const int w = t.tid >> 5, l = t.tid & 31, nw = t.nt >> 5;
+    sm_team_sync(t); /* red may still be read by a previous call */
+    if (l == 0) red[w] = v;
+    sm_team_sync(t);
+    float s = (l < nw) ? red[l] : 0.0f;
+    return sm_warp_sum(s);
+}
+/* Sum over the block (sm_team_sum of the whole block). */
+__device__ __forceinline__ float sm_block_sum(float v, float *red) { return sm_team_sum(v, red, sm_team_block()); }
 /* (value, id) order of every argmax here: larger value first, then the lower id; id < 0 = none. */
 __device__ __forceinline__ int sm_better(float v, int i, float bv, int bi) {
     return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));

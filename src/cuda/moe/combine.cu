@@ -13,7 +13,7 @@ __global__ void __launch_bounds__(MOE_COMBINE_THREADS) moe_combine_kernel(const 
     extern __shared__ float msum[]; /* [Hm], each element owned by one thread */
     __shared__ float red[32];
     const moe_combine_args ca = {y, route_slot, w, pn, (int)gridDim.x, K, Hm, eps, m_out};
-    moe_combine_rows(ca, blockIdx.x, gridDim.x, msum, red);
+    moe_combine_rows(ca, blockIdx.x, gridDim.x, msum, red, sm_team_block());
 }
 
 moe_combine_args moe_combine_make(const sm_cuda_moe_layer *L, const float *w, int n, uint16_t *m_out, const sm_cuda_moe_ws *ws) {

@@ -23,13 +23,15 @@ typedef struct moe_combine_args {
     uint16_t *m_out;          /* [n, Hm] bf16 */
 } moe_combine_args;
 
-/* Row i.  Every thread of the block calls it (blockDim.x a multiple of 32, <= 1024; it holds
- * barriers); msum: shared [Hm] floats, each element owned by one thread; red: shared [32]. */
-__device__ __forceinline__ void moe_combine_row(const moe_combine_args &a, int i, float *msum, float *red) {
+/* Row i.  Every thread of team tm calls it (common.cuh; tm.nt a multiple of 32, <= 1024; it
+ * holds team barriers; the bits depend on tm.nt through the sum: MOE_COMBINE_THREADS
+ * reproduces the stock kernel); msum: the team's shared [Hm] floats, each element owned by one
+ * thread; red: the team's shared [32]. */
+__device__ __forceinline__ void moe_combine_row(const moe_combine_args &a, int i, float *msum, float *red, const sm_team &tm) {
     const uint16_t *__restrict__ y = a.y;
     const float *__restrict__ pn = a.pn;
     const int K = a.K, Hm = a.Hm;
-    for (int x = threadIdx.x; x < Hm; x += blockDim.x) msum[x] = 0.0f;
+    for (int x = tm.tid; x < Hm; x += tm.nt) msum[x] = 0.0f;
     for (int k = 0; k < K; k++) {
         const int slot = a.route_slot[i * K + k];
         if (slot < 0) continue; /* invalid expert id: the route contributes nothing */
@@ -37,27 +39,28 @@ __device__ __forceinline__ void moe_combine_row(const moe_combine_args &a, int i
         const uint16_t *yr = y + (size_t)slot * Hm;
         /* t = r16(y * eff(post_expert_norm)); sum of squares */
         float ss = 0.0f;
-        for (int x = threadIdx.x; x < Hm; x += blockDim.x) {
+        for (int x = tm.tid; x < Hm; x += tm.nt) {
             const float tv = sm_r16d(sm_bf(yr[x]) * pn[x]);
             ss += tv * tv;
         }
-        ss = sm_block_sum(ss, red);
+        ss = sm_team_sum(ss, red, tm);
         /* yn = t * rsqrt(mean(t^2) + eps); m += w_k * yn */
         const float r = 1.0f / sqrtf(ss / (float)Hm + a.eps);
-        for (int x = threadIdx.x; x < Hm; x += blockDim.x) {
+        for (int x = tm.tid; x < Hm; x += tm.nt) {
             const float tv = sm_r16d(sm_bf(yr[x]) * pn[x]);
             msum[x] += wk * (tv * r);
         }
     }
     /* m = r16(sum) */
-    for (int x = threadIdx.x; x < Hm; x += blockDim.x) a.m_out[(size_t)i * Hm + x] = sm_tobf(msum[x]);
+    for (int x = tm.tid; x < Hm; x += tm.nt) a.m_out[(size_t)i * Hm + x] = sm_tobf(msum[x]);
 }
 
 /* Rows vb, vb + nb, vb + 2 nb, ... < a.n of virtual block vb of nb; same contract as
  * moe_combine_row.  Needs every item of the matmul's stage 2 (y): a persistent kernel puts a
  * grid barrier before this phase.  The stock kernel passes (blockIdx.x, gridDim.x = n). */
-__device__ __forceinline__ void moe_combine_rows(const moe_combine_args &a, int vb, int nb, float *msum, float *red) {
-    for (int i = vb; i < a.n; i += nb) moe_combine_row(a, i, msum, red);
+__device__ __forceinline__ void moe_combine_rows(const moe_combine_args &a, int vb, int nb, float *msum, float *red,
+                                                 const sm_team &tm) {
+    for (int i = vb; i < a.n; i += nb) moe_combine_row(a, i, msum, red, tm);
 }
 
 /* ---- host side (combine.cu) ---- */

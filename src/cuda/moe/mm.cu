@@ -13,7 +13,7 @@
 template <int F, int STAGE>
 __global__ void __launch_bounds__(MOE_THREADS, 2) moe_mm_kernel(const moe_args a) {
     extern __shared__ uint4 moe_smem[];
-    moe_mm_block<F, STAGE, 1>(a, blockIdx.x, gridDim.x, moe_smem);
+    moe_mm_block<F, STAGE, 1>(a, blockIdx.x, gridDim.x, moe_smem, sm_team_block());
 }
 
 moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, int stage) {

@@ -181,10 +181,10 @@ __device__ __forceinline__ uint4 moe_ld_in(const uint16_t *p) {
 /* Stage the job's routes (B operand) into shared memory in fragment order:
  * Bs[ks][r][t] = the 4 bf16 of k16 step ks, route r that lane (g = r, t) feeds to the mma. */
 template <int F, int STAGE, int RO>
-__device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *Bs) {
+__device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *Bs, int tid) {
     const int4 jb = a.jobs[job];
     const int s0 = jb.y, cnt = jb.z, nks = a.Kp / 16;
-    for (int u = threadIdx.x; u < nks * MOE_CH; u += MOE_THREADS) {
+    for (int u = tid; u < nks * MOE_CH; u += MOE_THREADS) {
         const int ks = u / MOE_CH, r = u % MOE_CH;
         uint4 A = make_uint4(0, 0, 0, 0), B = A;
         if (r < cnt) {
@@ -270,7 +270,7 @@ typedef struct moe_loop {
 
 template <int F, int STAGE, int RO>
 __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur, moe_buf &n2, const moe_args &a,
-                                         uint2 *Bs, int warp, int lane) {
+                                         uint2 *Bs, int warp, int lane, const sm_team &tm) {
     if (p + 2 < L.N) {
         moe_load<F>(n2, L.lc, lane);
         if (lane * 128 < a.sb && a.pf && L.lc.S + a.pf < a.nsteps && L.lc.it < L.i1)
@@ -286,9 +286,9 @@ __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur,
         if (++L.it < L.i1) {
             const int nj = L.it / a.ipj;
             if (nj != L.job) {
-                __syncthreads(); /* every warp done with the old routes */
-                moe_stage_b<F, STAGE, RO>(a, nj, Bs);
-                __syncthreads();
+                sm_team_sync(tm); /* every warp done with the old routes */
+                moe_stage_b<F, STAGE, RO>(a, nj, Bs, tm.tid);
+                sm_team_sync(tm);
                 L.job = nj;
             }
         }
@@ -299,17 +299,18 @@ __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur,
  * nb (vb < nb): items [vb * total / nb, (vb+1) * total / nb) of total = njobs * ipj.  The
  * stock kernel passes (blockIdx.x, gridDim.x); a persistent kernel its own block index and
  * count (unsigned, as the built-ins: the same arithmetic, the same code).
- * Run by one block of exactly MOE_THREADS threads, all of which call it (it holds barriers);
- * smem: moe_mm_smem(a) bytes of shared memory, 16-byte aligned.  RO: 1 if a.in was written
+ * Run by one team tm of exactly MOE_THREADS threads (common.cuh; the stock kernel: its block),
+ * all of which call it (it holds team barriers); smem: moe_mm_smem(a) bytes of shared memory
+ * of the team, 16-byte aligned.  RO: 1 if a.in was written
  * by an earlier launch (stock path), 0 if earlier in the same persistent launch.  On return
- * other warps of the block may still read smem: __syncthreads() before reusing it.  Needs
+ * other warps of the team may still read smem: sync the team before reusing it.  Needs
  * the grouping complete (a.njobs, a.jobs, a.slot_route) and, for stage 2, every item of
  * stage 1 (act): a persistent kernel separates the phases by grid barriers.
  * (One function, not a range body plus a wrapper: the split changed register allocation.) */
 template <int F, int STAGE, int RO>
-__device__ __forceinline__ void moe_mm_block(const moe_args &a, unsigned vb, unsigned nb, void *smem) {
+__device__ __forceinline__ void moe_mm_block(const moe_args &a, unsigned vb, unsigned nb, void *smem, const sm_team &tm) {
     uint2 *Bs = (uint2 *)smem; /* [Kp/16][8 routes][4 lanes t] */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = tm.tid >> 5, lane = tm.tid & 31;
     const int total = *a.njobs * a.ipj;
     const int i0 = (int)((long long)vb * total / nb);
     const int i1 = (int)((long long)(vb + 1) * total / nb);
@@ -328,13 +329,13 @@ __device__ __forceinline__ void moe_mm_block(const moe_args &a, unsigned vb, uns
         moe_load<F>(Y, L.lc, lane);
         moe_advance<F, STAGE>(L.lc, L.i1, a, warp);
     }
-    moe_stage_b<F, STAGE, RO>(a, L.job, Bs);
-    __syncthreads();
+    moe_stage_b<F, STAGE, RO>(a, L.job, Bs, tm.tid);
+    sm_team_sync(tm);
     /* three register buffers in rotation: step p computes one while p+1, p+2 are in flight */
     for (int p = 0; p < L.N; p += 3) {
-        moe_step<F, STAGE, RO>(L, p, X, Z, a, Bs, warp, lane);
-        if (p + 1 < L.N) moe_step<F, STAGE, RO>(L, p + 1, Y, X, a, Bs, warp, lane);
-        if (p + 2 < L.N) moe_step<F, STAGE, RO>(L, p + 2, Z, Y, a, Bs, warp, lane);
+        moe_step<F, STAGE, RO>(L, p, X, Z, a, Bs, warp, lane, tm);
+        if (p + 1 < L.N) moe_step<F, STAGE, RO>(L, p + 1, Y, X, a, Bs, warp, lane, tm);
+        if (p + 2 < L.N) moe_step<F, STAGE, RO>(L, p + 2, Z, Y, a, Bs, warp, lane, tm);
     }
 }
 

@@ -23,7 +23,7 @@ att_decode_kernel(const uint16_t *__restrict__ q, int ldq, const uint16_t *__res
                   float *__restrict__ wsM, float *__restrict__ wsL) {
     __shared__ sm_att_decode_smem<G> sh;
     sm_att_decode_item<G>(q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, out, wsO,
-                          wsM, wsL, blockIdx.x / nkv, blockIdx.x % nkv, blockIdx.y, gridDim.y, sh);
+                          wsM, wsL, blockIdx.x / nkv, blockIdx.x % nkv, blockIdx.y, gridDim.y, sh, sm_team_block());
 }
 
 /* One combine item per warp, SM_ATT_WARPS a block. */

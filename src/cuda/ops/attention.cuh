@@ -61,8 +61,8 @@ __device__ __forceinline__ void sm_att_finish(float a0, float a1, float L, const
     ((uint32_t *)out)[lane] = lo | (hi << 16);
 }
 
-/* Decode / verify item (row, KV head h, split of nsplit) by all SM_ATT_THREADS threads of the
- * block.  nsplit == 1: out[row, heads of h] is written; else the partials of the split go to
+/* Decode / verify item (row, KV head h, split of nsplit) by the SM_ATT_THREADS threads of team t
+ * (common.cuh; the stock kernel: its block).  nsplit == 1: out[row, heads of h] is written; else the partials of the split go to
  * wsO [nsplit][n][nh][64], wsM / wsL [nsplit][n][nh] for sm_att_combine_item.  Arguments as
  * sm_k_attention (kernels.h). */
 template <int G>
@@ -72,8 +72,9 @@ __device__ __forceinline__ void sm_att_decode_item(const uint16_t *__restrict__ 
                                                    int n, int nh, int nkv, int window, float scale, float eps,
                                                    uint16_t *__restrict__ out, float *__restrict__ wsO,
                                                    float *__restrict__ wsM, float *__restrict__ wsL, int row, int h,
-                                                   int split, int nsplit, sm_att_decode_smem<G> &sh) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+                                                   int split, int nsplit, sm_att_decode_smem<G> &sh,
+                                                   const sm_team &t) {
+    const int warp = t.tid >> 5, lane = t.tid & 31;
     /* this split's keys [kb, ke) of the row's visible range [lo, p] */
     const int p = pos[row];
     const int lo = window > 0 ? max(0, p - window + 1) : 0;
@@ -83,9 +84,9 @@ __device__ __forceinline__ void sm_att_decode_item(const uint16_t *__restrict__ 
     const int *table = tables + (size_t)row_req[row] * max_bpr;
 
     /* the group's G query heads, f32 */
-    for (int i = threadIdx.x; i < G * 64; i += SM_ATT_THREADS)
+    for (int i = t.tid; i < G * 64; i += SM_ATT_THREADS)
         sh.qs[i >> 6][i & 63] = sm_bf(q[(size_t)row * ldq + (size_t)h * G * 64 + i]);
-    __syncthreads();
+    sm_team_sync(t);
 
     float m_run[G], l_run[G], o0[G], o1[G];
 #pragma unroll
@@ -154,7 +155,7 @@ __device__ __forceinline__ void sm_att_decode_item(const uint16_t *__restrict__ 
         if (lane == 0) { sh.ms[warp][g] = m_run[g]; sh.ls[warp][g] = lt; }
         *(float2 *)&sh.os[warp][g][2 * lane] = make_float2(o0[g], o1[g]);
     }
-    __syncthreads();
+    sm_team_sync(t);
     for (int g = warp; g < G; g += SM_ATT_WARPS) {
         float M = -INFINITY;
 #pragma unroll

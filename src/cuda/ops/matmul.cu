@@ -370,7 +370,7 @@ template <int NT>
 __global__ void __launch_bounds__(256)
 mm_f32w_gemv_kernel(const uint16_t *__restrict__ x, int n, int k, const float *__restrict__ W, int m, float *__restrict__ out) {
     __shared__ float4 xs[NT][SM_RG_KL / 4];
-    sm_mm_f32w_gemv_block<NT>(x, n, k, W, m, out, blockIdx.x, blockIdx.y, blockIdx.z, xs);
+    sm_mm_f32w_gemv_block<NT>(x, n, k, W, m, out, blockIdx.x, blockIdx.y, blockIdx.z, xs, sm_team_block());
 }
 
 /* One sm_mm_f32w_block per block: grid (row blocks of 64, token blocks of 32, k splits). */

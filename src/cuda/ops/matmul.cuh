@@ -174,13 +174,13 @@ __device__ __forceinline__ void sm_mm_reduce_f32_range(const float *__restrict__
 #define SM_RG_ROWS 32   /* rows of W a block: 8 warps x 4 */
 
 /* Block (bx: rows bx * 32 .. +32 of W, by: tokens by * NT .. +NT, bz: k [bz * 512, +512)) of the
- * main router kernel, by 256 threads; writes out [gridDim.z][n][m] at split bz (the caller sums
+ * main router kernel, by the 256 threads of team tm; writes out [gridDim.z][n][m] at split bz (the caller sums
  * the splits, or out is y when there is one).  xs: shared float4 [NT][SM_RG_KL / 4]. */
 template <int NT>
 __device__ __forceinline__ void sm_mm_f32w_gemv_block(const uint16_t *__restrict__ x, int n, int k, const float *__restrict__ W,
                                                       int m, float *__restrict__ out, int bx, int by, int bz,
-                                                      float4 (*xs)[SM_RG_KL / 4]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+                                                      float4 (*xs)[SM_RG_KL / 4], const sm_team &tm) {
+    const int warp = tm.tid >> 5, lane = tm.tid & 31;
     const int r0 = bx * SM_RG_ROWS + warp * 4, t0 = by * NT, kb = bz * SM_RG_KL;
     const int kl = min(SM_RG_KL, k - kb); /* a multiple of 4 */
     /* W rows r0..r0+3 (rows >= m read row m-1, dropped at the end), k = kb + 4q, q = lane + 32j */
@@ -195,7 +195,7 @@ __device__ __forceinline__ void sm_mm_f32w_gemv_block(const uint16_t *__restrict
         }
     }
     /* x [t0, t0 + NT) x [kb, kb + kl) as f32, zeros outside */
-    for (int i = threadIdx.x; i < NT * (SM_RG_KL / 4); i += 256) {
+    for (int i = tm.tid; i < NT * (SM_RG_KL / 4); i += 256) {
         const int tt = i / (SM_RG_KL / 4), q = i % (SM_RG_KL / 4);
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (t0 + tt < n && 4 * q < kl) {
@@ -204,7 +204,7 @@ __device__ __forceinline__ void sm_mm_f32w_gemv_block(const uint16_t *__restrict
         }
         xs[tt][q] = v;
     }
-    __syncthreads();
+    sm_team_sync(tm);
     /* per lane: acc[r][t] = sum over its k of W[r0 + r][k] * x[t0 + t][k], f32 FMAs */
     float acc[4][NT];
 #pragma unroll

@@ -15,14 +15,14 @@
 __global__ void embed_kernel(const uint16_t *__restrict__ embed, int V, int H, const int *__restrict__ tokens,
                              const float *__restrict__ w, float eps, float *__restrict__ s, uint16_t *__restrict__ x) {
     __shared__ float red[32];
-    sm_norm_embed_row(embed, V, H, tokens, w, eps, s, x, blockIdx.x, red);
+    sm_norm_embed_row(embed, V, H, tokens, w, eps, s, x, blockIdx.x, red, sm_team_block());
 }
 
 __global__ void post_attn_kernel(float *__restrict__ s, const uint16_t *__restrict__ a, const float *__restrict__ alpha,
                                  const float *__restrict__ beta, const float *__restrict__ wn, int H, float post_eps,
                                  float eps, uint16_t *__restrict__ xf) {
     __shared__ float red[32];
-    sm_norm_post_attn_row(s, a, alpha, beta, wn, H, post_eps, eps, xf, blockIdx.x, red);
+    sm_norm_post_attn_row(s, a, alpha, beta, wn, H, post_eps, eps, xf, blockIdx.x, red, sm_team_block());
 }
 
 __global__ void post_ffn_kernel(float *__restrict__ s, const uint16_t *__restrict__ f, const float *__restrict__ pf,
@@ -30,12 +30,12 @@ __global__ void post_ffn_kernel(float *__restrict__ s, const uint16_t *__restric
                                 const float *__restrict__ wn, int last, int H, float post_eps, float eps,
                                 uint16_t *__restrict__ x) {
     __shared__ float red[32];
-    sm_norm_post_ffn_row(s, f, pf, alpha, beta, wn, last, H, post_eps, eps, x, blockIdx.x, red);
+    sm_norm_post_ffn_row(s, f, pf, alpha, beta, wn, last, H, post_eps, eps, x, blockIdx.x, red, sm_team_block());
 }
 
 __global__ void rms_bf16_kernel(const uint16_t *x, int d, const float *__restrict__ w, float eps, uint16_t *y) {
     __shared__ float red[32];
-    sm_norm_rms_bf16_row(x, d, w, eps, y, blockIdx.x, red);
+    sm_norm_rms_bf16_row(x, d, w, eps, y, blockIdx.x, red, sm_team_block());
 }
 
 /* ---- launchers and checked entries ---- */

@@ -1,13 +1,14 @@
 /* ops/norm.cuh: the device bodies of the norm family (docs/model.md section 4): embedding gather +
  * first norm, the post-attention and post-FFN residual boundaries, and the plain bf16 row norm.
  *
- * Each body computes ONE row and is executed by every thread of the calling block (blockDim.x
- * a multiple of 32, at most 1024; it contains block barriers, so no thread may skip it).
- * Thread i owns the elements i, i + blockDim.x, ... of the row in every pass, so a pass may read
- * back what the same thread wrote in the previous pass and the only cross-thread step is the
- * block reduction (fixed order: deterministic).  The bits depend on blockDim.x through that
- * reduction: a caller reproduces the stock kernels (ops/norm.cu) exactly with
- * blockDim.x == sm_norm_threads(H).  `red` is the caller's __shared__ float [32] scratch.
+ * Each body computes ONE row and is executed by every thread of a team t (common.cuh: the
+ * stock kernels' whole block, or a slice of a persistent block; t.nt a multiple of 32, at
+ * most 1024; it contains team barriers, so no thread of the team may skip it).  Thread i owns
+ * the elements i, i + t.nt, ... of the row in every pass, so a pass may read back what the same
+ * thread wrote in the previous pass and the only cross-thread step is the team reduction
+ * (fixed order: deterministic).  The bits depend on t.nt through that reduction: a caller
+ * reproduces the stock kernels (ops/norm.cu) exactly with t.nt == sm_norm_threads(H).  `red`
+ * is the team's __shared__ float [32] scratch.
  * Products use __fmul_rn / __fadd_rn where the CPU reference rounds each operation, so the f32
  * residual stream does not drift from it by FMA contraction.  We rejected keeping the row in
  * shared memory: rows are up to 8192 f32 and re-reading them hits L1/L2, while the work is a
@@ -31,7 +32,7 @@ __device__ __forceinline__ float sm_rms_scale(float sumsq, int d, float eps) {
 __device__ __forceinline__ void sm_norm_embed_row(const uint16_t *__restrict__ embed, int V, int H,
                                                   const int *__restrict__ tokens, const float *__restrict__ w,
                                                   float eps, float *__restrict__ s, uint16_t *__restrict__ x,
-                                                  size_t row, float *red) {
+                                                  size_t row, float *red, const sm_team &t) {
     const int tok = tokens[row];
     const int bad = tok < 0 || tok >= V;
     const uint16_t *src = embed + (size_t)(bad ? 0 : tok) * H;
@@ -39,17 +40,17 @@ __device__ __forceinline__ void sm_norm_embed_row(const uint16_t *__restrict__ e
     uint16_t *xr = x + row * H;
     /* weightless norm of the embedding row: s = r16(v * rsqrt(mean v^2 + eps)) */
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) { const float v = sm_bf(src[i]); ss += v * v; }
-    const float r = bad ? __int_as_float(0x7FC00000) : sm_rms_scale(sm_block_sum(ss, red), H, eps);
+    for (int i = t.tid; i < H; i += t.nt) { const float v = sm_bf(src[i]); ss += v * v; }
+    const float r = bad ? __int_as_float(0x7FC00000) : sm_rms_scale(sm_team_sum(ss, red, t), H, eps);
     float ss2 = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    for (int i = t.tid; i < H; i += t.nt) {
         const float v = sm_r16d(__fmul_rn(sm_bf(src[i]), r));
         sr[i] = v;
         ss2 += v * v;
     }
     /* x = r16(rms(s, eff(in_norm_0))) */
-    const float r2 = sm_rms_scale(sm_block_sum(ss2, red), H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], r2), w[i]));
+    const float r2 = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
+    for (int i = t.tid; i < H; i += t.nt) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], r2), w[i]));
 }
 
 /* Post-attention boundary of row `row`: s = alpha * s + beta * r16(rms(a, -, post_eps)) in
@@ -57,25 +58,25 @@ __device__ __forceinline__ void sm_norm_embed_row(const uint16_t *__restrict__ e
 __device__ __forceinline__ void sm_norm_post_attn_row(float *__restrict__ s, const uint16_t *__restrict__ a,
                                                       const float *__restrict__ alpha, const float *__restrict__ beta,
                                                       const float *__restrict__ wn, int H, float post_eps, float eps,
-                                                      uint16_t *__restrict__ xf, size_t row, float *red) {
+                                                      uint16_t *__restrict__ xf, size_t row, float *red, const sm_team &t) {
     float *sr = s + row * H;
     const uint16_t *ar = a + row * H;
     uint16_t *xr = xf + row * H;
     /* ra = rsqrt(mean a^2 + post_eps) */
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) { const float v = sm_bf(ar[i]); ss += v * v; }
-    const float ra = sm_rms_scale(sm_block_sum(ss, red), H, post_eps);
+    for (int i = t.tid; i < H; i += t.nt) { const float v = sm_bf(ar[i]); ss += v * v; }
+    const float ra = sm_rms_scale(sm_team_sum(ss, red, t), H, post_eps);
     /* s = alpha * s + beta * r16(a * ra) */
     float ss2 = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    for (int i = t.tid; i < H; i += t.nt) {
         const float an = sm_r16d(__fmul_rn(sm_bf(ar[i]), ra));
         const float sn = __fadd_rn(__fmul_rn(alpha[i], sr[i]), __fmul_rn(beta[i], an));
         sr[i] = sn;
         ss2 += sn * sn;
     }
     /* xf = r16(rms(s, eff(pre_ffn))) */
-    const float rs = sm_rms_scale(sm_block_sum(ss2, red), H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], rs), wn[i]));
+    const float rs = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
+    for (int i = t.tid; i < H; i += t.nt) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], rs), wn[i]));
 }
 
 /* Post-FFN boundary of row `row`: t = r16(f * pf), s = alpha * s + beta * r16(t * rsqrt(mean
@@ -85,20 +86,20 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
                                                      const float *__restrict__ pf, const float *__restrict__ alpha,
                                                      const float *__restrict__ beta, const float *__restrict__ wn,
                                                      int last, int H, float post_eps, float eps,
-                                                     uint16_t *__restrict__ x, size_t row, float *red) {
+                                                     uint16_t *__restrict__ x, size_t row, float *red, const sm_team &t) {
     float *sr = s + row * H;
     const uint16_t *fr = f + row * H;
     uint16_t *xr = x + row * H;
     /* t = r16(f * eff(post_ffn)); rt = rsqrt(mean t^2 + post_eps) */
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    for (int i = t.tid; i < H; i += t.nt) {
         const float t = sm_r16d(__fmul_rn(sm_bf(fr[i]), pf[i]));
         ss += t * t;
     }
-    const float rt = sm_rms_scale(sm_block_sum(ss, red), H, post_eps);
+    const float rt = sm_rms_scale(sm_team_sum(ss, red, t), H, post_eps);
     /* s = alpha * s + beta * r16(t * rt) */
     float ss2 = 0.0f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    for (int i = t.tid; i < H; i += t.nt) {
         const float t = sm_r16d(__fmul_rn(sm_bf(fr[i]), pf[i]));
         const float tn = sm_r16d(__fmul_rn(t, rt));
         const float sn = __fadd_rn(__fmul_rn(alpha[i], sr[i]), __fmul_rn(beta[i], tn));
@@ -107,8 +108,8 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
         ss2 += v * v;
     }
     /* x = r16(rms(s, eff(in_norm_next))), or h = r16(rms(r16(s), final_norm)) */
-    const float r2 = sm_rms_scale(sm_block_sum(ss2, red), H, eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    const float r2 = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
+    for (int i = t.tid; i < H; i += t.nt) {
         const float v = last ? sm_r16d(sr[i]) : sr[i];
         xr[i] = sm_tobf(__fmul_rn(__fmul_rn(v, r2), wn[i]));
     }
@@ -117,13 +118,13 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
 /* y[row] = r16(x[row] * rsqrt(mean x^2 + eps) [* w]) for bf16 rows of d; y may alias x (each
  * element is read and written by the same thread); w NULL: no weight. */
 __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, const float *__restrict__ w, float eps,
-                                                     uint16_t *y, size_t row, float *red) {
+                                                     uint16_t *y, size_t row, float *red, const sm_team &t) {
     const uint16_t *xr = x + row * d;
     uint16_t *yr = y + row * d;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) { const float v = sm_bf(xr[i]); ss += v * v; }
-    const float r = sm_rms_scale(sm_block_sum(ss, red), d, eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    for (int i = t.tid; i < d; i += t.nt) { const float v = sm_bf(xr[i]); ss += v * v; }
+    const float r = sm_rms_scale(sm_team_sum(ss, red, t), d, eps);
+    for (int i = t.tid; i < d; i += t.nt) {
         const float v = __fmul_rn(sm_bf(xr[i]), r);
         yr[i] = sm_tobf(w ? __fmul_rn(v, w[i]) : v);
     }
