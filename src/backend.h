@@ -48,7 +48,12 @@ typedef struct sm_backend_opts {
     int verify_rows;         /* rows of one request in a verify step (the engine's R), checked
                                 against the backend's max_verify_rows at creation; 0 = unchecked */
     int device;              /* cuda: device ordinal of rank 0 (default 0); rank r uses device + r */
+    int mono;                /* cuda: SM_MONO_AUTO (0, default), SM_MONO_ON, SM_MONO_OFF: layers 1..L-2 of
+                                verify steps as persistent launches (docs/architecture.md) */
 } sm_backend_opts;
+#define SM_MONO_AUTO 0   /* the monokernel where eligible, stock elsewhere (one log line a reason) */
+#define SM_MONO_ON 1     /* as auto, but a static refusal is an engine-creation error */
+#define SM_MONO_OFF 2    /* stock steps only */
 
 /* The CPU reference backend (src/cpu/). kv gives the page count to allocate. */
 int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);

@@ -48,6 +48,8 @@ typedef struct bench_args {
     int layers;             /* preset layer override, 0 = the preset's */
     uint64_t seed;
     double bw_gib;          /* size of the bandwidth probe */
+    int mono;               /* 0 both (stock, then the monokernel where eligible), 1 mono only, 2 stock only */
+    const char *trace;      /* --trace FILE.json: a traced monokernel step, or NULL */
 } bench_args;
 
 static int parse_fmt(const char *s, int *fmt, sm_err *e) {
@@ -104,6 +106,8 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
         CLI_OPT("layers", "N", "the preset's", "with --preset: number of layers"),
         CLI_OPT("seed", "N", "1", "seed of the synthesized weights, cache and tokens"),
         CLI_OPT("bw-gib", "N", "4", "GiB read by the bandwidth probe"),
+        CLI_OPT("mono", "both|on|off", "both", "stock and monokernel timed in the same run (both), or one of them"),
+        CLI_OPT("trace", "FILE", NULL, "write a Chrome / Perfetto trace (one track per SM) of one monokernel step"),
         CLI_RENAMED("rows", "--rows is now --step-rows LIST (rows per verify step, all requests together)"),
     };
     int no = (int)(sizeof opts / sizeof opts[0]), npos;
@@ -139,6 +143,11 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     a->seed = (uint64_t)v;
     if (cli_int("bench", cli_find(opts, no, "bw-gib"), 1, 64, &v, e)) return -1;
     a->bw_gib = (double)v;
+    o = cli_find(opts, no, "mono");
+    if (cli_choice("bench", o, "both|on|off", e)) return -1;
+    a->mono = !strcmp(cli_str(o), "on") ? 1 : !strcmp(cli_str(o), "off") ? 2 : 0;
+    a->trace = (o = cli_find(opts, no, "trace"))->present ? o->value : NULL;
+    if (a->trace && a->mono == 2) return sm_errf(e, "bench: --trace needs the monokernel (not --mono off)");
     for (int i = 0; i < a->nstep_rows; i++) {
         int q, r;
         if (split_rows(a, a->step_rows[i], &q, &r, e)) return -1;
@@ -184,6 +193,8 @@ static double kv_keys(const sm_config *c, int full, int ctx, int R) {
 
 typedef struct bench_row {
     int step_rows, nreq, R; /* rows of the step = nreq requests of R rows */
+    int mono;               /* timed with the monokernel */
+    double layer_frac;      /* mean %floor of the MXFP4 layers 1..L-2 (0: none) */
     float med_us, min_us, max_us;
     double bytes, expert_bytes, dense_bytes, kv_bytes, lm_bytes;
     double distinct;        /* distinct experts per layer, mean */
@@ -211,6 +222,7 @@ typedef struct bench_run {
     int *tok, *am;          /* [sets, max_step_rows] tokens and argmax of each input set */
     int *pos, *req;         /* [max_step_rows] position and request of each row */
     sm_step *sets;          /* [sets] */
+    int have_mono;          /* the engine has a monokernel */
 } bench_run;
 
 /* Device 0 must be a Hopper GPU; its line. */
@@ -259,7 +271,7 @@ static int bench_alloc(bench_run *b, sm_err *e) {
         if (a->step_rows[i] > b->max_step_rows) b->max_step_rows = a->step_rows[i];
     }
     size_t L = (size_t)c->L, N = (size_t)b->max_step_rows, S = (size_t)a->sets;
-    b->res = calloc((size_t)a->nstep_rows, sizeof *b->res);
+    b->res = calloc((size_t)a->nstep_rows * 2, sizeof *b->res);
     b->idx = malloc(sizeof(int) * L * N * (size_t)c->K);
     b->fmt = malloc(sizeof(int) * L);
     b->xb = malloc(sizeof(double) * L);
@@ -389,15 +401,15 @@ static int bench_step(bench_run *b, bench_row *br, sm_err *e) {
     br->bytes = br->dense_bytes + br->lm_bytes + br->expert_bytes + br->kv_bytes;
     br->floor_us = br->bytes / b->bw * 1e6;
     br->frac = br->floor_us / br->med_us;
-    printf("step of %3d rows (%2d x %2d): median %9.1f us (min %.1f, max %.1f); reads %.3f GB (dense %.3f, lm_head+embed %.3f, "
+    printf("%s step of %3d rows (%2d x %2d): median %9.1f us (min %.1f, max %.1f); reads %.3f GB (dense %.3f, lm_head+embed %.3f, "
            "experts %.3f [%.1f distinct/layer], kv %.3f); floor %.1f us = %.1f%%\n",
-           br->step_rows, br->nreq, br->R, br->med_us, br->min_us, br->max_us, br->bytes / 1e9, br->dense_bytes / 1e9,
+           br->mono ? "mono " : "stock", br->step_rows, br->nreq, br->R, br->med_us, br->min_us, br->max_us, br->bytes / 1e9, br->dense_bytes / 1e9,
            br->lm_bytes / 1e9, br->expert_bytes / 1e9, br->distinct, br->kv_bytes / 1e9, br->floor_us, 100 * br->frac);
     return 0;
 }
 
 /* Each layer alone and its MoE stage alone, as graphs, beside the layer's floor. */
-static int bench_layers(bench_run *b, const bench_row *br, sm_err *e) {
+static int bench_layers(bench_run *b, bench_row *br, sm_err *e) {
     const sm_config *c = &b->cfg;
     float head = 0;
     double dsum, dense = dense_layer_bytes(c), lm = (double)c->V * c->H * 2;
@@ -405,8 +417,11 @@ static int bench_layers(bench_run *b, const bench_row *br, sm_err *e) {
     /* the routes the per-layer graphs ran with (each layer graph re-routes its own input) */
     if (bench_distinct(b, br->step_rows, &dsum, e)) return -1;
     float sum = head;
+    double fsum = 0;
+    int nf = 0;
     for (int l = 0; l < c->L; l++) {
         double lb = dense + b->dist[l] * b->xb[l] + bench_kv_bytes(b, l, br->nreq, br->R);
+        if (l >= 1 && l <= c->L - 2 && b->fmt[l] == SM_EXP_MXFP4) { fsum += lb / b->bw * 1e6 / b->lay[l]; nf++; }
         printf("  layer %3d %-7s %-5s: %9.1f us (moe %9.1f us, %3.0f experts; layer floor %8.1f us = %5.1f%%)\n", l,
                c->full[l] ? "full" : "sliding", sm_expert_fmt_name((sm_expert_fmt)b->fmt[l]), b->lay[l], b->moe[l],
                b->dist[l], lb / b->bw * 1e6, 100 * lb / b->bw * 1e6 / b->lay[l]);
@@ -414,22 +429,28 @@ static int bench_layers(bench_run *b, const bench_row *br, sm_err *e) {
     }
     printf("  embed+logits      : %9.1f us (lm_head floor %.1f us); sum of parts %.1f us vs step %.1f us\n\n", head,
            lm / b->bw * 1e6, sum, br->med_us);
+    br->layer_frac = nf ? fsum / nf : 0;
     fflush(stdout);
     return 0;
 }
 
-/* The short table, last. */
-static void bench_summary(const bench_run *b) {
+/* The short table, last: per row count, stock and monokernel side by side. */
+static void bench_summary(const bench_run *b, int nres) {
     const bench_args *a = b->a;
     printf("summary (%s, %s experts, ctx %d, read bandwidth %.0f GB/s):\n", a->preset ? a->preset : a->model,
            a->preset ? sm_expert_fmt_name((sm_expert_fmt)a->fmt) : "checkpoint", a->ctx, b->bw / 1e9);
-    printf("%-6s %-8s %10s %10s %9s %10s %8s\n", "rows", "req x R", "median_us", "GB_read", "experts", "floor_us", "%floor");
-    for (int ri = 0; ri < a->nstep_rows; ri++) {
+    printf("%-6s %-6s %-8s %10s %10s %9s %10s %8s %12s %8s\n", "path", "rows", "req x R", "median_us", "GB_read", "experts",
+           "floor_us", "%floor", "mxfp4_layer", "speedup");
+    for (int ri = 0; ri < nres; ri++) {
         const bench_row *br = &b->res[ri];
-        char rq[16];
+        char rq[16], lf[16], sp[16];
         snprintf(rq, sizeof rq, "%dx%d", br->nreq, br->R);
-        printf("%-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%%\n", br->step_rows, rq, br->med_us, br->bytes / 1e9, br->distinct,
-               br->floor_us, 100 * br->frac);
+        snprintf(lf, sizeof lf, br->layer_frac > 0 ? "%.1f%%" : "-", 100 * br->layer_frac);
+        snprintf(sp, sizeof sp, "-");
+        if (br->mono && ri > 0 && !b->res[ri - 1].mono && b->res[ri - 1].step_rows == br->step_rows)
+            snprintf(sp, sizeof sp, "%.2fx", b->res[ri - 1].med_us / br->med_us);
+        printf("%-6s %-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%% %12s %8s\n", br->mono ? "mono" : "stock", br->step_rows, rq,
+               br->med_us, br->bytes / 1e9, br->distinct, br->floor_us, 100 * br->frac, lf, sp);
     }
 }
 
@@ -449,16 +470,39 @@ static int run(const bench_args *a, sm_err *e) {
     if (!rc) rc = bench_model(&b, e);
     if (!rc) rc = bench_alloc(&b, e);
     if (!rc) rc = bench_backend(&b, e);
-    uint64_t rng = a->seed * 7919 + 17;
-    for (int ri = 0; ri < a->nstep_rows && !rc; ri++) {
-        bench_row *br = &b.res[ri];
-        br->step_rows = a->step_rows[ri];
-        split_rows(a, br->step_rows, &br->nreq, &br->R, e);
-        bench_inputs(&b, br->step_rows, br->R, &rng);
-        rc = bench_step(&b, br, e);
-        if (!rc) rc = bench_layers(&b, br, e);
+    if (!rc && a->mono != 2) {
+        sm_err me = {{0}};
+        b.have_mono = sm_cuda_bench_set_mono(&b.be, 1, &me) == 0;
+        if (!b.have_mono && a->mono == 1) rc = sm_errf(e, "bench --mono on: %s", me.msg);
+        if (!b.have_mono && !rc) printf("monokernel: not available on this model / device (%s); stock only\n\n", me.msg);
     }
-    if (!rc) bench_summary(&b);
+    uint64_t rng = a->seed * 7919 + 17;
+    int nres = 0;
+    for (int ri = 0; ri < a->nstep_rows && !rc; ri++) {
+        const int rows = a->step_rows[ri];
+        int q, R;
+        split_rows(a, rows, &q, &R, e);
+        bench_inputs(&b, rows, R, &rng);
+        /* stock first, then the monokernel on the same inputs (same run, same floor) */
+        for (int pass = 0; pass < 2 && !rc; pass++) {
+            const int mono = pass == 1;
+            if (mono ? !(b.have_mono && a->mono != 2) : (a->mono == 1 && b.have_mono)) continue;
+            if (b.have_mono) rc = sm_cuda_bench_set_mono(&b.be, mono, e);
+            bench_row *br = &b.res[nres++];
+            br->step_rows = rows;
+            br->nreq = q;
+            br->R = R;
+            br->mono = mono;
+            if (!rc) rc = bench_step(&b, br, e);
+            if (!rc) rc = bench_layers(&b, br, e);
+        }
+    }
+    if (!rc && a->trace) {
+        if (!b.have_mono) rc = sm_errf(e, "bench --trace: the monokernel is not available on this model / device");
+        else if (!(rc = sm_cuda_bench_set_mono(&b.be, 1, e)) && !(rc = sm_cuda_bench_trace(&b.be, &b.sets[0], a->trace, e)))
+            printf("trace of one %d-row monokernel step: %s\n\n", b.sets[0].nrows, a->trace);
+    }
+    if (!rc) bench_summary(&b, nres);
     bench_free(&b);
     return rc ? -1 : 0;
 }

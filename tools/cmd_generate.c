@@ -41,6 +41,7 @@ int cmd_generate(int argc, char **argv) {
         CLI_OPT("request-rows", "R", "8", "rows per request in a verify step: the last token + R-1 n-gram drafts"),
         CLI_SWITCH("no-spec", "plain greedy decoding, one token a step (R = 1)"),
         CLI_OPT("backend", "cpu|cuda", "cpu", "where the steps run"),
+        CLI_OPT("mono", "auto|on|off", "auto", "cuda: layers 1..L-2 of verify steps as monokernel launches (auto: where eligible)"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
         CLI_OPT("max-len", "L", "prompt + max-tokens", "max model length the KV cache is sized for"),
@@ -64,8 +65,12 @@ int cmd_generate(int argc, char **argv) {
         cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-len"), 1, 1 << 24, &max_len, &e) ||
         cli_world(cmd, cli_find(opts, no, "world"), cli_find(opts, no, "moe"), &nworld, &moe_tp, &e) ||
-        cli_choice(cmd, backend, "cpu|cuda", &e))
+        cli_choice(cmd, backend, "cpu|cuda", &e) || cli_choice(cmd, cli_find(opts, no, "mono"), "auto|on|off", &e))
         goto bad;
+    if (!strcmp(cli_str(cli_find(opts, no, "mono")), "on") && strcmp(cli_str(backend), "cuda")) {
+        sm_errf(&e, "%s: --mono on needs --backend cuda", cmd);
+        goto bad;
+    }
     if (cli_find(opts, no, "no-spec")->present) {
         if (rows_o->present) { sm_errf(&e, "%s: give --request-rows or --no-spec, not both", cmd); goto bad; }
         rows = 1;
@@ -94,6 +99,7 @@ int cmd_generate(int argc, char **argv) {
     eo.threads = (int)threads;
     eo.world = nworld;
     eo.moe_tp = moe_tp;
+    eo.mono = cli_str(cli_find(opts, no, "mono"));
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
     if (sparkmono_add(g, prompt, n, (int)max_tokens, &req)) goto fail;
     ntok = calloc(1, sizeof(int));

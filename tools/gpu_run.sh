@@ -7,10 +7,11 @@
 # log under $OUT (default ./out) and prints a short table last.  Environment knobs:
 #   BENCH_FORMATS  expert formats to bench, space separated (default "mxfp4")
 #   BENCH_ROWS     rows per verify step, bench --step-rows (default 8,16,32,64,128)
-#   BENCH_CTX      context tokens per request (default 1024)
+#   BENCH_CTX      context tokens per request (default 4096)
+#   BENCH_LAYERS   layers of the synthetic spark1x-l4 model (default 8: 6 monokernel layers)
 #   BENCH_ITERS    timed steps per row count (default 50)
 #   BENCH_OPS      ops of the per-op microbenchmarks, gpu_test --bench (default all)
-#   SKIP_TESTS=1   skip build/gpu_test;  SKIP_BENCH=1  skip the bench
+#   SKIP_TESTS=1   skip build/gpu_test;  SKIP_BENCH=1  skip the bench;  SKIP_OPS=1  skip the per-op benches
 #   SKIP_BUILD=1   use the binaries already in build/ (built elsewhere with the same nvcc)
 #   BASELINE=BIN   also run the whole-step bench with an older sparkmono binary, in the same run,
 #                  so old and new are compared on the same machine and bandwidth
@@ -23,7 +24,8 @@ command -v nvcc >/dev/null 2>&1 || PATH="$PATH:/usr/local/cuda/bin"
 export PATH
 FORMATS=${BENCH_FORMATS:-mxfp4}
 ROWS=${BENCH_ROWS:-8,16,32,64,128}
-CTX=${BENCH_CTX:-1024}
+CTX=${BENCH_CTX:-4096}
+LAYERS=${BENCH_LAYERS:-8}
 ITERS=${BENCH_ITERS:-50}
 OPS=${BENCH_OPS:-all}
 status=0
@@ -53,18 +55,12 @@ fi
 
 brcs=""
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    echo "== per-op microbenchmarks, gpu_test --bench $OPS (log: $OUT/bench_ops.log)"
-    t0=$(date +%s)
-    ./build/gpu_test --bench "$OPS" >"$OUT/bench_ops.log" 2>&1
-    rc=$?
-    [ "$rc" -eq 0 ] || status=1
-    brcs="$brcs ops:$rc"
-    echo "per-op benchmarks exit $rc in $(( $(date +%s) - t0 )) s"
+
     for f in $FORMATS; do
         echo "== bench spark1x-l4 experts $f (log: $OUT/bench_$f.log)"
         t0=$(date +%s)
-        ./build/sparkmono bench --preset spark1x-l4 --experts "$f" --step-rows "$ROWS" --ctx "$CTX" --iters "$ITERS" \
-            >"$OUT/bench_$f.log" 2>&1
+        ./build/sparkmono bench --preset spark1x-l4 --layers "$LAYERS" --experts "$f" --step-rows "$ROWS" --ctx "$CTX" \
+            --iters "$ITERS" --trace "$OUT/trace_$f.json" >"$OUT/bench_$f.log" 2>&1
         rc=$?
         [ "$rc" -eq 0 ] || status=1
         brcs="$brcs $f:$rc"
@@ -72,7 +68,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
         if [ -n "${BASELINE:-}" ]; then
             rflag=--step-rows
             "$BASELINE" bench --help 2>&1 | grep -q -- --step-rows || rflag=--rows  # before the rename
-            "$BASELINE" bench --preset spark1x-l4 --experts "$f" $rflag "$ROWS" --ctx "$CTX" --iters "$ITERS" \
+            "$BASELINE" bench --preset spark1x-l4 --layers "$LAYERS" --experts "$f" $rflag "$ROWS" --ctx "$CTX" --iters "$ITERS" \
                 >"$OUT/bench_${f}_baseline.log" 2>&1 || status=1
         fi
     done
@@ -99,11 +95,13 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
             sed -n '/^summary/,$p' "$OUT/bench_${f}_baseline.log" | head -n 8
         fi
     done
-    echo "-- per-op microbenchmarks (every table in $OUT/bench_ops.log)"
-    if grep -q '^op summary' "$OUT/bench_ops.log"; then
-        sed -n '/^op summary/,$p' "$OUT/bench_ops.log"
-    else
-        tail -n 5 "$OUT/bench_ops.log"
+    if [ "${SKIP_OPS:-0}" != 1 ]; then
+        echo "-- per-op microbenchmarks (every table in $OUT/bench_ops.log)"
+        if grep -q '^op summary' "$OUT/bench_ops.log"; then
+            sed -n '/^op summary/,$p' "$OUT/bench_ops.log"
+        else
+            tail -n 5 "$OUT/bench_ops.log"
+        fi
     fi
     echo "bench exits:$brcs"
 fi

@@ -146,6 +146,10 @@ int sm_k_qk_rope_kv(const uint16_t *q, int ldq, const uint16_t *k, const uint16_
                     sm_err *e);
 
 /* ---- attention (ops/attention.cu) ---- */
+/* Key splits of sm_k_attention's decode items for n rows (about 4 blocks per SM, each split
+ * >= 256 keys of a context of max_ctx, bounded by the workspace): the one rule, shared with the
+ * persistent kernel so both give the same bits. */
+int sm_att_nsplit(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx);
 /* Decode / verify attention with the fused output gate.  Row i (request row_req[i], position
  * pos[i]) attends to its request's keys p' in [lo, pos[i]] (lo = pos[i] - window + 1 clamped
  * at 0 when window > 0, else 0), read from kv (layout as above) through the block table

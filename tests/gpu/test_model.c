@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define TM_BOUND 2e-2       /* GPU vs CPU logits, docs/model.md section 10 */
 #define TM_MAX_LEN 512      /* positions per request */
@@ -95,6 +96,11 @@ typedef struct tm_duo {
     sm_kv kv;                 /* block tables shared by both backends */
     sm_backend cpu, gpu;
     int have_cpu, have_gpu;
+    sm_backend stock;         /* the same model on a second CUDA backend with the monokernel off */
+    int have_stock;
+    float *ls;                /* [maxrows, V] its logits */
+    int *as;                  /* [maxrows] its argmax */
+    int mono_steps;           /* steps compared bit for bit with the stock backend */
     int maxrows;              /* rows the buffers below hold */
     float *lc, *lg;           /* [maxrows, V] logits: cpu, gpu */
     int *ac, *ag, *ag2;       /* [maxrows] argmax: cpu, gpu, gpu (second run) */
@@ -105,6 +111,8 @@ typedef struct tm_duo {
 
 static void tm_duo_free(tm_duo *d) {
     if (d->have_gpu) d->gpu.destroy(d->gpu.ctx);
+    if (d->have_stock) d->stock.destroy(d->stock.ctx);
+    free(d->ls); free(d->as);
     if (d->have_cpu) d->cpu.destroy(d->cpu.ctx);
     sm_kv_free(&d->kv);
     sm_model_free(&d->m);
@@ -144,6 +152,19 @@ static void tm_step(tm_duo *d, const char *what, int n, const int *tok, const in
     s.argmax = d->ag;
     s.aux = naux ? d->xg : NULL;
     if (d->gpu.step(d->gpu.ctx, &s, &e)) { TM_CHECK(0, "%s: cuda step: %s", what, e.msg); return; }
+    if (d->have_stock) {
+        /* the monokernel backend (mono on) against the stock backend: the same bits */
+        sm_step t = s;
+        t.logits = d->ls;
+        t.argmax = d->as;
+        t.naux = 0;
+        t.aux = NULL;
+        if (d->stock.step(d->stock.ctx, &t, &e)) { TM_CHECK(0, "%s: stock cuda step: %s", what, e.msg); return; }
+        const int same_l = !memcmp(d->ls, d->lg, sizeof(float) * (size_t)n * c->V), same_a = !memcmp(d->as, d->ag, sizeof(int) * (size_t)n);
+        TM_CHECK(same_l && same_a, "%s: monokernel vs stock: logits %s, argmax %s", what, same_l ? "identical" : "DIFFER",
+                 same_a ? "identical" : "DIFFER");
+        d->mono_steps++;
+    }
     double r = tm_relerr(d->lg, d->lc, (size_t)n * c->V);
     if (r > d->worst) d->worst = r;
     int same = 0;
@@ -199,8 +220,12 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     bo.max_rows = TM_CHUNK;
     if (sm_cpu_backend_create(&d.m, &d.kv, &bo, &d.cpu, &e)) { TM_CHECK(0, "cpu backend: %s", e.msg); goto done; }
     d.have_cpu = 1;
+    bo.mono = SM_MONO_ON; /* tiny and mini are eligible: a refusal is a failure */
     if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "%s", e.msg); goto done; }
     d.have_gpu = 1;
+    bo.mono = SM_MONO_OFF;
+    if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.stock, &e)) { TM_CHECK(0, "stock: %s", e.msg); goto done; }
+    d.have_stock = 1;
     if (sm_cuda_backend_check_dense(&d.gpu, &d.m, &e)) TM_CHECK(0, "upload: %s", e.msg);
     int tot = 0;
     for (int i = 0; i < TM_NREQ; i++) tot += tc->lens[i];
@@ -210,6 +235,9 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     d.ac = malloc(sizeof(int) * (size_t)d.maxrows);
     d.ag = malloc(sizeof(int) * (size_t)d.maxrows);
     d.ag2 = malloc(sizeof(int) * (size_t)d.maxrows);
+    d.ls = malloc(sizeof(float) * (size_t)d.maxrows * c.V);
+    d.as = malloc(sizeof(int) * (size_t)d.maxrows);
+    if (!d.ls || !d.as) { TM_CHECK(0, "out of host memory"); goto done; }
     d.xc = malloc(sizeof(float) * (size_t)(c.L + 1) * (size_t)d.maxrows * c.H);
     d.xg = malloc(sizeof(float) * (size_t)(c.L + 1) * (size_t)d.maxrows * c.H);
     int *tok = malloc(sizeof(int) * (size_t)d.maxrows), *pos = malloc(sizeof(int) * (size_t)d.maxrows),
@@ -270,9 +298,11 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     free(tok); free(pos); free(req);
 done:;
     double worst = d.worst;
+    int mono_steps = d.mono_steps;
     tm_duo_free(&d);
     free(bias_copy);
-    printf("%s %s (worst logits rel err %.2e)\n", tm_fail ? "FAIL" : "PASS", tc->name, worst);
+    printf("%s %s (worst logits rel err %.2e; monokernel == stock bit for bit on %d steps)\n", tm_fail ? "FAIL" : "PASS", tc->name,
+           worst, mono_steps);
     fflush(stdout);
     return tm_fail ? 1 : 0;
 }
@@ -550,6 +580,77 @@ static int tm_synth(const char *root, uint64_t seed) {
     return fails;
 }
 
+/* ---- monokernel: refusals and the bounded barrier ---- */
+
+/* A tiny synthetic backend (mono mode, layers), one 8-row verify step after a 16-row prefill;
+ * 0 with the step's error line in e (or "" when every step ran). */
+static int tm_mono_run(int mono, int L, char *msg, size_t cap, double *secs) {
+    sm_err e = {{0}};
+    sm_config c;
+    sm_kv kv;
+    memset(&kv, 0, sizeof kv);
+    sm_backend b;
+    int have_b = 0, slot, tok[24], pos[24], req[24], am[24], rc = 0;
+    msg[0] = 0;
+    if (sm_config_preset("tiny", &c, &e) || (L && sm_config_set_layers(&c, L, &e)) || sm_kv_init(&kv, 8, 1, 128, 5, &e) ||
+        sm_kv_add(&kv, &slot, &e) || sm_kv_reserve(&kv, slot, 128, &e)) {
+        snprintf(msg, cap, "setup: %.900s", e.msg);
+        rc = -1;
+        goto out;
+    }
+    sm_backend_opts bo;
+    memset(&bo, 0, sizeof bo);
+    bo.world = 1;
+    bo.max_rows = 32;
+    bo.mono = mono;
+    if (sm_cuda_backend_create_synth(&c, SM_EXP_MXFP4, 9, &kv, &bo, &b, &e)) {
+        snprintf(msg, cap, "%s", e.msg);
+        goto out;
+    }
+    have_b = 1;
+    for (int i = 0; i < 24; i++) { tok[i] = (7 * i + 3) % c.V; pos[i] = i; req[i] = slot; }
+    sm_step s;
+    memset(&s, 0, sizeof s);
+    s.nrows = 16; s.tokens = tok; s.pos = pos; s.req = req; s.kv = &kv; s.argmax = am;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (b.step(b.ctx, &s, &e)) snprintf(msg, cap, "%s", e.msg);
+    s.nrows = 8; s.tokens = tok + 16; s.pos = pos + 16;
+    if (!msg[0] && b.step(b.ctx, &s, &e)) snprintf(msg, cap, "%s", e.msg);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (secs) *secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+out:
+    if (have_b) b.destroy(b.ctx);
+    sm_kv_free(&kv);
+    return rc;
+}
+
+static int tm_mono_guards(void) {
+    tm_fail = 0;
+    char msg[1024];
+    double secs = 0;
+    /* 1. a static refusal (2 layers: no layer 1..L-2) is an error with --mono on ... */
+    TM_CHECK(tm_mono_run(SM_MONO_ON, 2, msg, sizeof msg, NULL) == 0 && strstr(msg, "--mono on") && strstr(msg, "2 layers"),
+             "mono on, 2 layers: expected a refusal naming the layers, got '%s'", msg);
+    printf("  mono on, 2 layers: %s\n", msg);
+    /* ... and stock steps with auto */
+    TM_CHECK(tm_mono_run(SM_MONO_AUTO, 2, msg, sizeof msg, NULL) == 0 && !msg[0], "mono auto, 2 layers: '%s'", msg);
+    /* 2. the bounded grid barrier: block 1 stops arriving after layer 1's router phase; the
+     * step fails naming layer and phase within the bound, no hang; the next engine runs */
+    setenv("SPARKMONO_MONO_FAULT", "1:4", 1);
+    setenv("SPARKMONO_MONO_BOUND_MS", "200", 1);
+    TM_CHECK(tm_mono_run(SM_MONO_ON, 0, msg, sizeof msg, &secs) == 0 && strstr(msg, "layer 1") && strstr(msg, "router"),
+             "fault injection: expected an error naming layer 1 and the router phase, got '%s'", msg);
+    printf("  fault at layer 1, router: '%s' after %.2f s\n", msg, secs);
+    TM_CHECK(secs < 5.0, "fault injection: the failed step took %.2f s (bound 0.2 s)", secs);
+    unsetenv("SPARKMONO_MONO_FAULT");
+    unsetenv("SPARKMONO_MONO_BOUND_MS");
+    TM_CHECK(tm_mono_run(SM_MONO_ON, 0, msg, sizeof msg, NULL) == 0 && !msg[0], "after the fault test: '%s'", msg);
+    printf("%s mono_guards\n", tm_fail ? "FAIL" : "PASS");
+    fflush(stdout);
+    return tm_fail ? 1 : 0;
+}
+
 int gpu_test_model(void) {
     const char *tmp = getenv("TMPDIR");
     char root[512];
@@ -575,6 +676,7 @@ int gpu_test_model(void) {
     fails += tm_spec(root, 77);
     fails += tm_spec_loop(root, 78);
     fails += tm_synth(root, 4242);
+    fails += tm_mono_guards();
     tm_rm_rf(root);
     return fails;
 }

@@ -38,11 +38,7 @@ att_combine_kernel(const float *__restrict__ wsO, const float *__restrict__ wsM,
 
 /* ---- launchers and checked entries ---- */
 
-template <int G>
-static int att_decode_launch(sm_cuda_ctx *c, const uint16_t *q, int ldq, const uint16_t *gate, int ldg,
-                             const uint16_t *kv, const int *tables, int max_bpr, const int *row_req, const int *pos,
-                             int n, int nh, int nkv, int window, float scale, float eps, int max_ctx, uint16_t *out,
-                             cudaStream_t st, sm_err *e) {
+int sm_att_nsplit(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx) {
     const int blocks0 = n * nkv;
     int nsplit = 1;
     if (blocks0 < 2 * c->num_sms) {
@@ -57,6 +53,15 @@ static int att_decode_launch(sm_cuda_ctx *c, const uint16_t *q, int ldq, const u
         if (nsplit > 65535) nsplit = 65535;
         if (nsplit < 1) nsplit = 1;
     }
+    return nsplit;
+}
+
+template <int G>
+static int att_decode_launch(sm_cuda_ctx *c, const uint16_t *q, int ldq, const uint16_t *gate, int ldg,
+                             const uint16_t *kv, const int *tables, int max_bpr, const int *row_req, const int *pos,
+                             int n, int nh, int nkv, int window, float scale, float eps, int max_ctx, uint16_t *out,
+                             cudaStream_t st, sm_err *e) {
+    const int blocks0 = n * nkv, nsplit = sm_att_nsplit(c, n, nh, nkv, window, max_ctx);
     float *wsO = (float *)c->ws;
     float *wsM = wsO + (size_t)nsplit * n * nh * 64;
     float *wsL = wsM + (size_t)nsplit * n * nh;

@@ -170,6 +170,14 @@ static int mm_small_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, cons
     return 0;
 }
 
+static int mm_check(const char *who, const uint16_t *x, int n, int k, const void *W, int m, const void *y, sm_err *e) {
+    if (n < 0 || k <= 0 || m <= 0) return sm_errf(e, "%s: bad shape n=%d k=%d m=%d", who, n, k, m);
+    if (k % 32) return sm_errf(e, "%s: k=%d is not a multiple of 32", who, k);
+    if (!x || !W || !y) return sm_errf(e, "%s: NULL pointer (x, W or y)", who);
+    if (!sm_aligned(x, 16) || !sm_aligned(W, 16)) return sm_errf(e, "%s: x or W not 16-byte aligned", who);
+    return 0;
+}
+
 /* ---- wgmma stream-K kernel ----
  * One persistent block per SM (at most): virtual block b = blockIdx.x of G = gridDim.x takes
  * the units [b U / G, (b + 1) U / G).  Warpgroup 2 gives its registers to the consumers and
@@ -228,34 +236,56 @@ static int wg_map(const sm_cuda_ctx *c, CUtensorMap *map, const uint16_t *p, int
     return 0;
 }
 
-/* Launch over at most one block per SM; the partial tiles live at c->ws + ws_off. */
-template <int N, int MT, int EPI>
-static int wg_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, sm_wg_args a,
-                     cudaStream_t st, sm_err *e) {
+/* The split of y = x W^T (n tokens, box of N tokens, tiles of 128 MT rows) over at most one
+ * block per SM: fills a's shape fields, a.part = part (2 G partial tiles of BM x N floats,
+ * part_bytes available), a.cnt, and the two tensor maps.  The work split depends on (m, k)
+ * and the SM count only, never on n.  Shared by the stock launch and the persistent kernel. */
+static int wg_plan(const sm_cuda_ctx *c, int N, int MT, const uint16_t *x, int n, int k, const uint16_t *W, int m, void *part,
+                   size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, int *grid, sm_err *e) {
     const int BM = SM_WG_BM(MT);
-    a.n = n; a.m = m; a.k = k;
-    a.ki = sm_cdiv(k, SM_WG_BK);
-    a.tiles = sm_cdiv(m, BM);
-    const long long units = (long long)a.tiles * a.ki;
-    if (a.tiles > c->tile_cnt_len)
-        return sm_errf(e, "wgmma matmul: %d row tiles of %d > %d counters (m=%d)", a.tiles, BM, c->tile_cnt_len, m);
+    a->n = n; a->m = m; a->k = k;
+    a->ki = sm_cdiv(k, SM_WG_BK);
+    a->tiles = sm_cdiv(m, BM);
+    const long long units = (long long)a->tiles * a->ki;
+    if (a->tiles > c->tile_cnt_len)
+        return sm_errf(e, "wgmma matmul: %d row tiles of %d > %d counters (m=%d)", a->tiles, BM, c->tile_cnt_len, m);
     int G = c->num_sms;
     if ((long long)G > units) G = (int)units;
     if (units * (G + 1) >= ((long long)1 << 31))
         return sm_errf(e, "wgmma matmul: %lld tile stages (m=%d, k=%d) overflow the 32-bit work split", units, m, k);
-    a.units = (int)units;
+    a->units = (int)units;
     const size_t slot = (size_t)BM * N * sizeof(float);
-    ws_off = (ws_off + 255) & ~(size_t)255;
-    const size_t avail = c->ws_bytes > ws_off ? c->ws_bytes - ws_off : 0;
     /* no fewer blocks when the workspace is short: the work split (hence every row's bits)
      * must depend on (m, k) only, never on n */
-    if ((size_t)2 * G * slot > avail)
-        return sm_errf(e, "wgmma matmul: workspace of %zu bytes (%zu after offset %zu) below the %zu bytes of partial tiles "
-                       "(n=%d, m=%d, %d blocks)", c->ws_bytes, avail, ws_off, (size_t)2 * G * slot, n, m, G);
-    a.part = (float *)((char *)c->ws + ws_off);
-    a.cnt = c->tile_cnt;
+    if ((size_t)2 * G * slot > part_bytes)
+        return sm_errf(e, "wgmma matmul: workspace of %zu bytes below the %zu bytes of partial tiles (n=%d, m=%d, %d blocks)",
+                       part_bytes, (size_t)2 * G * slot, n, m, G);
+    a->part = (float *)part;
+    a->cnt = c->tile_cnt;
+    if (wg_map(c, tw, W, m, k, BM, "W", e) || wg_map(c, tx, x, n, k, N, "x", e)) return -1;
+    *grid = G;
+    return 0;
+}
+
+int sm_wg_plan_mm(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
+                  size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
+    if (!c->tma_encode) return sm_errf(e, "wgmma plan: needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    if (mm_check("wgmma plan", x, n, k, W, m, y, e)) return -1;
+    memset(a, 0, sizeof *a);
+    a->y = y;
+    int G = 0;
+    return wg_plan(c, N, 1, x, n, k, W, m, part, part_bytes, a, tw, tx, &G, e);
+}
+
+/* Launch over at most one block per SM; the partial tiles live at c->ws + ws_off. */
+template <int N, int MT, int EPI>
+static int wg_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, sm_wg_args a,
+                     cudaStream_t st, sm_err *e) {
+    ws_off = (ws_off + 255) & ~(size_t)255;
+    const size_t avail = c->ws_bytes > ws_off ? c->ws_bytes - ws_off : 0;
     CUtensorMap tw, tx;
-    if (wg_map(c, &tw, W, m, k, BM, "W", e) || wg_map(c, &tx, x, n, k, N, "x", e)) return -1;
+    int G = 0;
+    if (wg_plan(c, N, MT, x, n, k, W, m, (char *)c->ws + ws_off, avail, &a, &tw, &tx, &G, e)) return -1;
     const size_t smem = SM_WG_SMEM(N, MT);
     SM_CUDA_CHECK(cudaFuncSetAttribute(wg_kernel<N, MT, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     wg_kernel<N, MT, EPI><<<G, SM_WG_THREADS, smem, st>>>(tw, tx, a);
@@ -296,13 +326,6 @@ int sm_k_logits_wg(sm_cuda_ctx *c, int mt, const uint16_t *h, int n, int H, cons
                    : wg_rows<1, SM_WG_EPI_LOGITS>(c, h, n, H, lm_head, V, pb, &a, st, e);
 }
 
-static int mm_check(const char *who, const uint16_t *x, int n, int k, const void *W, int m, const void *y, sm_err *e) {
-    if (n < 0 || k <= 0 || m <= 0) return sm_errf(e, "%s: bad shape n=%d k=%d m=%d", who, n, k, m);
-    if (k % 32) return sm_errf(e, "%s: k=%d is not a multiple of 32", who, k);
-    if (!x || !W || !y) return sm_errf(e, "%s: NULL pointer (x, W or y)", who);
-    if (!sm_aligned(x, 16) || !sm_aligned(W, 16)) return sm_errf(e, "%s: x or W not 16-byte aligned", who);
-    return 0;
-}
 
 int sm_k_mm_small(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                   uint16_t *y, cudaStream_t st, sm_err *e) {

@@ -24,6 +24,7 @@
 #ifndef SM_CUDA_OPS_MATMUL_CUH
 #define SM_CUDA_OPS_MATMUL_CUH
 #include "cuda/common.cuh"
+#include "cuda/kernels.h"
 #include <cuda.h>
 
 /* ---- the weight-streaming matmul core ("swap AB") ----
@@ -635,5 +636,13 @@ __device__ __forceinline__ void sm_wg_consume_mm(const sm_wg_args &a, int b, int
         if (t >= 0) sm_wg_epi_mm<N, MT>(a, t, acc);
     }
 }
+
+/* ---- host side (ops/matmul.cu) ---- */
+/* Plan y = r16(x W^T) for a persistent caller: token box N (8..128, >= n), 128-row tiles (the
+ * stock path's choice at every n, so the bits equal sm_k_mm's), partial tiles at part
+ * (part_bytes available), the two tensor maps (for the caller to keep in memory the kernel
+ * reads).  The caller runs it over G = min(SMs, a->units) virtual blocks. */
+int sm_wg_plan_mm(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
+                  size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e);
 
 #endif

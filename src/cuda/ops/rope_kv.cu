@@ -33,8 +33,7 @@ int sm_k_qk_rope_kv(const uint16_t *q, int ldq, const uint16_t *k, const uint16_
     if (!q || !k || !v || !pos || !slot || !q_out || !kv) return sm_errf(e, "sm_k_qk_rope_kv: NULL pointer argument");
     if (q_out == q && ldq_out != ldq) return sm_errf(e, "sm_k_qk_rope_kv: in place needs ldq_out == ldq (%d != %d)", ldq_out, ldq);
     if (n == 0) return 0;
-    sm_rope_tab tab;
-    for (int j = 0; j < 32; j++) tab.inv[j] = theta > 0 ? (float)pow(theta, -2.0 * j / 64.0) : 0.0f;
+    const sm_rope_tab tab = sm_rope_make_tab(theta);
     dim3 grid(n, sm_cdiv(nh + 2 * nkv, ROPE_WARPS));
     qk_rope_kv_kernel<<<grid, ROPE_WARPS * 32, 0, st>>>(q, ldq, k, v, ldkv, nh, nkv, pos, slot, theta > 0, tab, eps, q_out,
                                                        ldq_out, kv, (int64_t)nblocks * SM_KV_BLOCK);

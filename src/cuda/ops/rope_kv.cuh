@@ -18,6 +18,13 @@ typedef struct sm_rope_tab {
     float inv[32]; /* inv_freq[j], j < D/2 */
 } sm_rope_tab;
 
+/* inv_freq[j] = theta^(-2j / 64) (all zero for theta <= 0: no rope), the one host rule. */
+static inline sm_rope_tab sm_rope_make_tab(double theta) {
+    sm_rope_tab tab;
+    for (int j = 0; j < 32; j++) tab.inv[j] = theta > 0 ? (float)pow(theta, -2.0 * j / 64.0) : 0.0f;
+    return tab;
+}
+
 /* Head hh (0 <= hh < nh + 2 nkv) of row `row`, by the calling warp (lane = threadIdx.x & 31):
  *   query head:  q_out[row, hh] = rope(r16(rms(q[row, hh], -, eps)))
  *   key head:    cache[slot[row]][h] K half = rope(r16(rms(k[row, h], -, eps)))

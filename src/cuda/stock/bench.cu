@@ -230,6 +230,7 @@ extern "C" int sm_cuda_bench_layers(const sm_backend *b, const sm_step *s, int i
             r.n = nb;
             if (l < 0) { r.embed = 1; r.head = 1; r.l0 = r.l1 = c->cfg.L; } /* embedding + logits alone */
             else { r.l0 = l; r.l1 = l + 1; r.moe_only = part; }
+            r.mono = !part && cb_mono_bucket(c, nb, e) == 1; /* a mono layer: its launches alone */
             cudaGraphExec_t ex;
             if (cb_capture(c, &r, &ex, e)) return -1;
             float us = 0;

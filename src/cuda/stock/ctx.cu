@@ -219,6 +219,7 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
     c->device = device;
     c->rank = 0;
     c->world = world;
+    c->mono_mode = o ? o->mono : SM_MONO_AUTO;
     if (sm_shard_plan(cfg, world, c->rank, o && o->moe_tp ? SM_MOE_TP : SM_MOE_EP, &c->plan, e))
         return sm_errprefix(e, "cuda backend");
     c->kvs = sm_kv_shape_of(kv);
@@ -270,6 +271,7 @@ void cb_dev_destroy(sm_cuda_dev *c) {
     SM_CUDA_CHECK_PRINT(cudaSetDevice(c->device));
     if (c->st) SM_CUDA_CHECK_PRINT(cudaStreamSynchronize(c->st));
     cb_graphs_drop(c, 0);
+    cb_mono_free(c);
     if (c->layers) {
         for (int l = 0; l < c->cfg.L; l++) {
             cb_layer *L = &c->layers[l];

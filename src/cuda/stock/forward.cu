@@ -48,23 +48,38 @@ static int cb_attention(sm_cuda_dev *c, const cb_run *r, int l, const uint16_t *
     return 0;
 }
 
-/* Decoder layer l over the n rows of r: x (its normed input) -> s updated, x = the next
- * layer's normed input (after the last layer: h). */
-static int cb_layer_fwd(sm_cuda_dev *c, const cb_run *r, int l, sm_err *e) {
+/* The projections buffer of layer l: a mono step alternates two (a launch reads layer l's
+ * while it writes layer l+1's); stock steps use one. */
+static uint16_t *cb_qkv(const sm_cuda_dev *c, const cb_run *r, int l) { return r->mono && (l & 1) ? c->qkv2 : c->qkvg; }
+
+/* 1 when layer l of run r is a monokernel layer. */
+static int cb_is_mono(const sm_cuda_dev *c, const cb_run *r, int l) { return r->mono && l >= 1 && l <= c->cfg.L - 2; }
+
+/* The projections of layer l into q: q | k | v | gate = x Wqkvg^T, then per-head QK norm, RoPE
+ * on sliding layers, K (normed, roped) and V (raw) into the cache. */
+static int cb_layer_qkv(sm_cuda_dev *c, const cb_run *r, int l, uint16_t *q, sm_err *e) {
     const sm_config *cf = &c->cfg;
     const cb_layer *L = &c->layers[l];
-    const int n = r->n, H = cf->H, QD = cf->nH * cf->D, KD = cf->nKV * cf->D, NQ = 2 * QD + 2 * KD, K = cf->K;
+    const int n = r->n, H = cf->H, QD = cf->nH * cf->D, KD = cf->nKV * cf->D, NQ = 2 * QD + 2 * KD;
+    uint16_t *k = q + QD, *v = k + KD;
+    if (sm_k_mm(&c->kc, c->x, n, H, L->wqkvg, NQ, q, c->st, e)) return sm_errprefix(e, "cuda step: layer %d qkvg projection", l);
+    if (sm_k_qk_rope_kv(q, NQ, k, v, NQ, n, cf->nH, cf->nKV, c->d_pos, c->d_slot, L->full ? 0.0 : cf->rope_theta, cf->rms_eps,
+                        q, NQ, L->kv, c->kvs.nblocks, c->st, e))
+        return sm_errprefix(e, "cuda step: layer %d qk norm / rope / kv insert", l);
+    return 0;
+}
+
+/* Decoder layer l from its projections q: s updated, x = the next layer's normed input
+ * (after the last layer: h). */
+static int cb_layer_rest(sm_cuda_dev *c, const cb_run *r, int l, uint16_t *q, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    const cb_layer *L = &c->layers[l];
+    const int n = r->n, H = cf->H, QD = cf->nH * cf->D, KD = cf->nKV * cf->D, K = cf->K;
     cudaStream_t st = c->st;
     sm_cuda_ctx *kc = &c->kc;
-    uint16_t *q = c->qkvg, *k = q + QD, *v = k + KD, *g = v + KD;
+    uint16_t *g = q + QD + 2 * KD;
     int *idx = c->idx + (size_t)l * c->cap * K;
     float *w = c->rw + (size_t)l * c->cap * K;
-    /* q | k | v | gate = x @ Wqkvg^T */
-    if (sm_k_mm(kc, c->x, n, H, L->wqkvg, NQ, c->qkvg, st, e)) return sm_errprefix(e, "cuda step: layer %d qkvg projection", l);
-    /* per-head QK norm, RoPE on sliding layers, K (normed, roped) and V (raw) into the cache */
-    if (sm_k_qk_rope_kv(q, NQ, k, v, NQ, n, cf->nH, cf->nKV, c->d_pos, c->d_slot, L->full ? 0.0 : cf->rope_theta, cf->rms_eps,
-                        q, NQ, L->kv, c->kvs.nblocks, st, e))
-        return sm_errprefix(e, "cuda step: layer %d qk norm / rope / kv insert", l);
     /* paged attention + output norm + sigmoid gate */
     if (cb_attention(c, r, l, q, g, e)) return -1;
     /* a = mm(o, Wo) */
@@ -89,6 +104,19 @@ static int cb_layer_fwd(sm_cuda_dev *c, const cb_run *r, int l, sm_err *e) {
     if (sm_k_post_ffn(c->s, c->f, L->post_ffn_norm, L->ffn_alpha, L->ffn_beta, nw, last, n, H, cf->post_eps, cf->rms_eps, c->x,
                       st, e))
         return sm_errprefix(e, "cuda step: layer %d post-FFN boundary", l);
+    return 0;
+}
+
+/* Layer l of run r: a monokernel layer's launches (attention of l .. projections of l+1), or
+ * a stock layer (its projections unless the previous mono launch made them; then, when the
+ * next layer runs mono, that layer's projections, where its launch starts). */
+static int cb_layer_fwd(sm_cuda_dev *c, const cb_run *r, int l, sm_err *e) {
+    if (cb_is_mono(c, r, l)) return cb_mono_layer(c, r->n, l, e);
+    uint16_t *q = cb_qkv(c, r, l);
+    const int have_qkv = l > r->l0 && cb_is_mono(c, r, l - 1);
+    if (!have_qkv && cb_layer_qkv(c, r, l, q, e)) return -1;
+    if (cb_layer_rest(c, r, l, q, e)) return -1;
+    if (l + 1 < r->l1 && cb_is_mono(c, r, l + 1) && cb_layer_qkv(c, r, l + 1, cb_qkv(c, r, l + 1), e)) return -1;
     return 0;
 }
 

@@ -106,6 +106,8 @@ int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int 
     }
     cb_run r = cb_run_step(c, s, nb);
     r.logits_dev = wl ? c->logits : NULL;
+    r.mono = cb_mono_bucket(c, nb, e); /* plans the bucket's launches before the capture */
+    if (r.mono < 0) return -1;
     /* first use: run eagerly (warms every launcher up), then capture for the next steps */
     if (cb_enqueue(c, &r, e)) return -1;
     if (cb_capture(c, &r, &G->exec, e)) return -1;

@@ -113,8 +113,10 @@ static int cb_collect(sm_cuda_dev *c, const sm_step *s, int r0, int n, int graph
     for (int a = 0; a < s->naux; a++)
         SM_CUDA_CHECK(cudaMemcpyAsync(s->aux + ((size_t)a * s->nrows + r0) * cf->H, c->aux + (size_t)a * c->cap * cf->H,
                                       (size_t)n * cf->H * 4, cudaMemcpyDeviceToHost, c->st));
+    if (cb_mono_health_fetch(c, e)) return -1;
     cudaError_t r = cudaStreamSynchronize(c->st);
     if (r != cudaSuccess) return sm_errf(e, "cuda step: the step failed on device %d: %s", c->device, cudaGetErrorString(r));
+    if (cb_mono_health_check(c, e)) return sm_errprefix(e, "cuda step");
     if (s->argmax) memcpy(s->argmax + r0, c->h_am, (size_t)n * 4);
     return 0;
 }
@@ -154,7 +156,9 @@ int cb_step(void *vctx, const sm_step *s, sm_err *e) {
     if (sm_step_check(&c->cfg, &c->kvs, s, "cuda step", e)) return -1;
     if (s->nrows == 0) return 0;
     if (cb_enter(c, e) || cb_reserve_outputs(c, s->naux, s->logits != NULL, e)) return -1;
-    int rc = cb_graph_form(s) ? cb_step_graphs(c, s, e) : cb_step_eager(c, s, e);
+    const int graphs = cb_graph_form(s);
+    if (!graphs && c->mono_mode != SM_MONO_OFF) cb_mono_note_eager(c);
+    int rc = graphs ? cb_step_graphs(c, s, e) : cb_step_eager(c, s, e);
     if (rc) cudaStreamSynchronize(c->st); /* leave nothing of a failed step in flight */
     return rc;
 }

@@ -121,6 +121,11 @@ typedef struct sm_cuda_dev {
     int *tab_of_req;           /* [max_req] host scratch: table index of a request, -1 */
     /* graphs */
     cb_graph graphs[CB_NBUCKETS][2]; /* [bucket][logits wanted] */
+    /* monokernel (src/cuda/mono/) */
+    int mono_mode;             /* SM_MONO_* (backend.h); OFF when not eligible */
+    struct cb_mono *mono;      /* its state (mono/build.cu), NULL: none */
+    uint16_t *qkv2;            /* [cap, NQ] second projections buffer: mono layer l reads layer l's
+                                  projections (buffer l & 1) while it writes layer l+1's */
     int last_nb;               /* rows (padded) of the last step's final chunk */
     int last_graph;            /* that chunk ran through a graph */
 } sm_cuda_dev;
@@ -147,6 +152,7 @@ typedef struct cb_run {
     const cb_att_item *att;    /* [natt] eager attention plan; NULL: one generic call */
     int natt;
     int moe_only;              /* bench: only layer l0's MoE stage */
+    int mono;                  /* layers 1..L-2 run as monokernel launches (n is a planned bucket) */
 } cb_run;
 
 /* The run of a whole step of n rows: embedding, every layer, logits, the step's aux layers. */
@@ -234,6 +240,23 @@ int cb_capture(sm_cuda_dev *c, const cb_run *r, cudaGraphExec_t *out, sm_err *e)
 int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e);
 /* Destroy every graph (aux_only: only those that copy aux entries). */
 void cb_graphs_drop(sm_cuda_dev *c, int aux_only);
+
+/* ---- mono/build.cu ---- */
+/* Static eligibility of the monokernel after the upload (c->mono_mode from the options):
+ * auto + refused: one log line, mode OFF; on + refused: error listing every reason. */
+int cb_mono_init(sm_cuda_dev *c, sm_err *e);
+void cb_mono_free(sm_cuda_dev *c);
+/* 1 when steps of bucket rows nb run mono (plans the bucket's descriptors on first use),
+ * 0 for stock (mode off, refused bucket: logged once), -1 on error. */
+int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e);
+/* Enqueue layer l's launches (1 <= l <= L-2) for a planned bucket nb on c->st. */
+int cb_mono_layer(sm_cuda_dev *c, int nb, int l, sm_err *e);
+/* Enqueue the health words' copy to the host (before the step's sync); after it, check them:
+ * -1 with one line naming device, layer, phase and block when a grid barrier timed out. */
+int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e);
+int cb_mono_health_check(sm_cuda_dev *c, sm_err *e);
+/* An eager (prefill) step ran stock while the monokernel is on: logged once. */
+void cb_mono_note_eager(sm_cuda_dev *c);
 
 /* ---- step.cu ---- */
 /* The sm_backend step entry (backend.h). */

@@ -152,6 +152,7 @@ extern "C" int sm_cuda_backend_create_synth(const sm_config *cf, int expert_fmt,
     free(w.hv);
     free(w.ta);
     free(w.tb);
+    if (!rc) rc = cb_mono_init(c, e);
     if (rc) {
         cb_dev_destroy(c);
         return -1;

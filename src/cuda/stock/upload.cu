@@ -152,6 +152,7 @@ extern "C" int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const 
     }
     int rc = cb_upload(c, &sh, e);
     sm_shard_free(&sh);
+    if (!rc) rc = cb_mono_init(c, e);
     if (rc) {
         cb_dev_destroy(c);
         return -1;

@@ -1,0 +1,374 @@
+/* mono/build.cu: the host side of the monokernel on one rank's context (stock.h): static
+ * eligibility at engine creation, the per-bucket descriptors, the launches of one layer, the
+ * health words after a step, and the bench hooks (mode, trace).
+ *
+ * A bucket's descriptors (one per layer 1..L-2) are planned the first time the bucket runs,
+ * before its graph is captured, from the context's fixed buffers: the same calls the stock
+ * enqueue makes (sm_wg_plan_mm, sm_att_nsplit, moe_*_make), so the descriptors hold the stock
+ * decomposition.  They are written once and never while a graph runs; a mode change drops
+ * the graphs.  Static refusals are collected, all of them, into one line; --mono on turns
+ * them into an engine-creation error, auto into one log line and stock steps.
+ * We rejected planning per step (a graph replay must not depend on host work) and a single
+ * descriptor rewritten per layer (a graph holds all layers' launches at once).
+ */
+#include "cuda/mono/mono.cuh"
+#include "cuda/stock/stock.h"
+#include "cuda/stock/bench.h"
+extern "C" {
+#include "outfile.h"
+}
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The monokernel state of one context. */
+struct cb_mono {
+    mono_ctl *ctl;              /* device control words */
+    mono_ctl *ctl_h;            /* pinned host copy (health words after a step) */
+    void *ws;                   /* device: wgmma partial tiles | router partials | attention partials */
+    size_t part_bytes, rpart_bytes, att_bytes;
+    mono_desc *desc[CB_NBUCKETS]; /* device [L] per bucket (layers 1..L-2 filled), NULL: not built */
+    int refused[CB_NBUCKETS];   /* 1: the bucket's plan failed (its steps run stock) */
+    int grid;                   /* blocks of a launch: one per SM */
+    size_t smem;                /* dynamic shared memory of a launch */
+    unsigned long long *trace;  /* device trace buffer (bench), NULL */
+    int logged_eager;           /* "stock step (prefill rows)" said */
+};
+
+static const int mono_buckets[CB_NBUCKETS] = {8, 16, 24, 32, 48, 64, 96, 128};
+
+/* Token box of bucket rows nb: the wgmma N (8, 16, 32, 64, 128). */
+static int mono_box(int nb) { return nb <= 8 ? 8 : nb <= 16 ? 16 : nb <= 32 ? 32 : nb <= 64 ? 64 : 128; }
+
+static void reason_add(char *buf, size_t cap, const char *fmt, ...) {
+    size_t l = strlen(buf);
+    if (l + 3 >= cap) return;
+    if (l) { buf[l++] = ';'; buf[l++] = ' '; buf[l] = 0; }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + l, cap - l, fmt, ap);
+    va_end(ap);
+}
+
+/* Every static refusal of config cf on the context's device, into buf ("" = eligible). */
+static void mono_static_reasons(const sm_cuda_dev *c, char *buf, size_t cap) {
+    const sm_config *cf = &c->cfg;
+    buf[0] = 0;
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
+    if (major != 9 || !c->kc.tma_encode) reason_add(buf, cap, "device %d is sm_%d%d, not Hopper sm_90 with TMA", c->device, major, minor);
+    if (c->world != 1) reason_add(buf, cap, "world %d (the multi-rank monokernel is not built yet)", c->world);
+    if (cf->L < 3) reason_add(buf, cap, "%d layers (layers 1..L-2 run mono: needs L >= 3)", cf->L);
+    if (cf->D != 64) reason_add(buf, cap, "head_dim %d (the build takes 64)", cf->D);
+    const int G = cf->nKV > 0 ? cf->nH / cf->nKV : 0;
+    if (G != 2 && G != 8) reason_add(buf, cap, "%d query heads per KV head (the build takes 2 or 8)", G);
+    if (cf->E > 1024 || cf->K > 32) reason_add(buf, cap, "E=%d, K=%d (the router body takes E <= 1024, K <= 32)", cf->E, cf->K);
+    if (cf->H % 64 || cf->Hm % 64 || (cf->nH * cf->D) % 64)
+        reason_add(buf, cap, "H=%d, Hm=%d, nH*D=%d not multiples of 64 (wgmma k stages)", cf->H, cf->Hm, cf->nH * cf->D);
+    for (int l = 1; l < cf->L - 1; l++) {
+        const sm_cuda_moe_layer *M = &c->layers[l].moe;
+        if (!c->layers[l].have_moe || (M->fmt != SM_EXP_MXFP4 && M->fmt != SM_EXP_FP8 && M->fmt != SM_EXP_BF16)) {
+            reason_add(buf, cap, "layer %d experts in a format the build does not run", l);
+            break;
+        }
+    }
+    const size_t smem = mono_smem_bytes(16, G, cf->Hm, cf->I, cf->E);
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
+    if (smem > (size_t)optin - 1024) reason_add(buf, cap, "%zu bytes of shared memory a block > %d", smem, optin);
+    (void)cudaGetLastError();
+}
+
+/* Descriptor of layer l for bucket rows nb (host copy). */
+static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *e) {
+    cb_mono *M = c->mono;
+    const sm_config *cf = &c->cfg;
+    const cb_layer *L = &c->layers[l], *Ln = &c->layers[l + 1];
+    const int H = cf->H, Hm = cf->Hm, QD = cf->nH * cf->D, KD = cf->nKV * cf->D, NQ = 2 * QD + 2 * KD, N = mono_box(nb);
+    uint16_t *q = (l & 1) ? c->qkv2 : c->qkvg, *nq = ((l + 1) & 1) ? c->qkv2 : c->qkvg;
+    memset(d, 0, sizeof *d);
+    char *ws = (char *)M->ws;
+    void *part = ws;
+    if (sm_wg_plan_mm(&c->kc, N, c->att, nb, QD, L->wo, H, c->a, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw, &d->mm[0].tx, e) ||
+        sm_wg_plan_mm(&c->kc, N, c->xf, nb, H, L->pooler, Hm, c->h1, part, M->part_bytes, &d->mm[1].a, &d->mm[1].tw, &d->mm[1].tx, e) ||
+        sm_wg_plan_mm(&c->kc, N, c->mo, nb, Hm, L->unpooler, H, c->f, part, M->part_bytes, &d->mm[2].a, &d->mm[2].tw, &d->mm[2].tx, e) ||
+        sm_wg_plan_mm(&c->kc, N, c->x, nb, H, Ln->wqkvg, NQ, nq, part, M->part_bytes, &d->mm[3].a, &d->mm[3].tw, &d->mm[3].tx, e))
+        return sm_errprefix(e, "layer %d", l);
+    d->ctl = M->ctl;
+    d->layer = l;
+    d->n = nb;
+    d->H = H; d->Hm = Hm; d->E = cf->E; d->K = cf->K; d->nh = cf->nH; d->nkv = cf->nKV; d->G = cf->nH / cf->nKV;
+    d->eps = cf->rms_eps; d->post_eps = cf->post_eps;
+    /* attention of layer l: as cb_attention's graph-form call */
+    d->q = q; d->gate = q + QD + 2 * KD; d->ldq = NQ;
+    d->kv = L->kv; d->tables = c->d_tab; d->max_bpr = c->kvs.max_bpr; d->rreq = c->d_rreq; d->pos = c->d_pos;
+    d->window = L->full ? 0 : cf->window;
+    d->nsplit = sm_att_nsplit(&c->kc, nb, cf->nH, cf->nKV, d->window, c->kvs.max_len);
+    d->scale = cf->qk_scale_factor / sqrtf((float)cf->D);
+    const size_t per = (size_t)nb * cf->nH;
+    if ((size_t)d->nsplit * per * 66 * 4 > M->att_bytes) return sm_errf(e, "layer %d: attention partials exceed the workspace", l);
+    d->wsO = (float *)(ws + M->part_bytes + M->rpart_bytes);
+    d->wsM = d->wsO + (size_t)d->nsplit * per * 64;
+    d->wsL = d->wsM + (size_t)d->nsplit * per;
+    d->att = c->att;
+    /* post-attention boundary */
+    d->s = c->s; d->a = c->a; d->att_alpha = L->att_alpha; d->att_beta = L->att_beta; d->pre_ffn = L->pre_ffn_norm; d->xf = c->xf;
+    /* router: the GEMV body's split (sm_k_mm_f32w's main path) */
+    d->router = L->router; d->rbias = L->router_bias;
+    d->rS = sm_cdiv(H, SM_RG_KL);
+    d->rnt = nb <= 8 ? 8 : 16;
+    const size_t need = d->rS > 1 ? (size_t)d->rS * nb * cf->E * 4 : 0;
+    if (need > c->kc.ws_bytes || sm_cdiv(nb, d->rnt) > 65535)
+        return sm_errf(e, "layer %d: the stock router takes its fallback body at %d rows", l, nb);
+    if ((size_t)d->rS * nb * cf->E * 4 > M->rpart_bytes) return sm_errf(e, "layer %d: router partials exceed the workspace", l);
+    d->rpart = (float *)(ws + M->part_bytes);
+    d->rlog = c->rlog;
+    d->idx = c->idx + (size_t)l * c->cap * cf->K;
+    d->w = c->rw + (size_t)l * c->cap * cf->K;
+    d->m_o = cf->out_mult; d->route_scale = cf->route_scale;
+    /* pooler norm, experts */
+    d->h1 = c->h1; d->pre_expert = L->pre_expert_norm;
+    d->fmt = L->moe.fmt;
+    d->ga = moe_group_make(&L->moe, d->idx, nb, &c->mws);
+    d->a1 = moe_mm_make(&L->moe, c->h1, &c->mws, 1);
+    d->a2 = moe_mm_make(&L->moe, c->h1, &c->mws, 2);
+    d->ca = moe_combine_make(&L->moe, d->w, nb, c->mo, &c->mws);
+    /* post-FFN boundary + the next layer's input norm */
+    d->f = c->f; d->post_ffn = L->post_ffn_norm; d->ffn_alpha = L->ffn_alpha; d->ffn_beta = L->ffn_beta;
+    d->next_norm = Ln->in_norm; d->x = c->x;
+    /* the next layer's qk norm / rope / kv insert */
+    d->nq = nq; d->nkvc = Ln->kv; d->slot = c->d_slot; d->nslots = (int64_t)c->kvs.nblocks * SM_KV_BLOCK;
+    d->rope = !Ln->full;
+    d->tab = sm_rope_make_tab(Ln->full ? 0.0 : cf->rope_theta);
+    return 0;
+}
+
+int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
+    if (c->mono_mode == SM_MONO_OFF) return 0;
+    char why[1024];
+    mono_static_reasons(c, why, sizeof why);
+    const sm_config *cf = &c->cfg;
+    const int G = cf->nKV > 0 ? cf->nH / cf->nKV : 0;
+    int occ = 0;
+    size_t smem = 0;
+    if (!why[0]) {
+        smem = mono_smem_bytes(128, G, cf->Hm, cf->I, cf->E);
+        for (int i = 0; i < CB_NBUCKETS && !why[0]; i++) {
+            const int N = mono_box(mono_buckets[i]);
+            const size_t sb = mono_smem_bytes(N, G, cf->Hm, cf->I, cf->E);
+            if (sb > smem) smem = sb;
+        }
+        sm_err e2;
+        if (mono_occupancy(16, smem, &occ, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
+        else if (occ < 1) reason_add(why, sizeof why, "a 512-thread block with %zu bytes of shared memory is not resident", smem);
+    }
+    if (why[0]) {
+        if (c->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: the monokernel cannot run this model here: %s", why);
+        fprintf(stderr, "sparkmono: monokernel not eligible (%s): every step runs stock\n", why);
+        c->mono_mode = SM_MONO_OFF;
+        return 0;
+    }
+    cb_mono *M = (cb_mono *)calloc(1, sizeof *M);
+    if (!M) return sm_errf(e, "monokernel: out of host memory");
+    c->mono = M;
+    M->grid = c->kc.num_sms;
+    M->smem = smem;
+    const size_t R = (size_t)(c->cap < CB_GRAPH_ROWS ? c->cap : CB_GRAPH_ROWS);
+    const int Nmax = mono_box((int)R);
+    M->part_bytes = (size_t)2 * M->grid * SM_WG_BM(1) * Nmax * 4;
+    M->rpart_bytes = (size_t)sm_cdiv(cf->H, SM_RG_KL) * R * cf->E * 4;
+    M->att_bytes = 0;
+    for (int i = 0; i < CB_NBUCKETS; i++) {
+        if ((size_t)mono_buckets[i] > R) break;
+        for (int w = 0; w < 2; w++) {
+            const int ns = sm_att_nsplit(&c->kc, mono_buckets[i], cf->nH, cf->nKV, w ? cf->window : 0, c->kvs.max_len);
+            const size_t b = (size_t)ns * mono_buckets[i] * cf->nH * 66 * 4;
+            if (b > M->att_bytes) M->att_bytes = b;
+        }
+    }
+    M->part_bytes = (M->part_bytes + 255) & ~(size_t)255;
+    M->rpart_bytes = (M->rpart_bytes + 255) & ~(size_t)255;
+    SM_CUDA_CHECK(cudaMalloc(&M->ws, M->part_bytes + M->rpart_bytes + M->att_bytes + 256));
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->qkv2, (size_t)c->cap * (2 * cf->nH + 2 * cf->nKV) * cf->D * 2));
+    SM_CUDA_CHECK(cudaMalloc((void **)&M->ctl, sizeof(mono_ctl)));
+    SM_CUDA_CHECK(cudaMallocHost((void **)&M->ctl_h, sizeof(mono_ctl)));
+    memset(M->ctl_h, 0, sizeof(mono_ctl));
+    const char *b = getenv("SPARKMONO_MONO_BOUND_MS");
+    M->ctl_h->bound_ns = (unsigned long long)((b && atof(b) > 0 ? atof(b) : 2000.0) * 1e6);
+    M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1;
+    const char *f = getenv("SPARKMONO_MONO_FAULT"); /* test hook: "layer:phase" */
+    if (f && sscanf(f, "%d:%d", &M->ctl_h->fault_layer, &M->ctl_h->fault_phase) != 2)
+        return sm_errf(e, "SPARKMONO_MONO_FAULT='%s': expected layer:phase", f);
+    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+    return 0;
+}
+
+void cb_mono_free(sm_cuda_dev *c) {
+    cb_mono *M = c->mono;
+    if (!M) return;
+    for (int i = 0; i < CB_NBUCKETS; i++)
+        if (M->desc[i]) SM_CUDA_CHECK_PRINT(cudaFree(M->desc[i]));
+    if (M->ws) SM_CUDA_CHECK_PRINT(cudaFree(M->ws));
+    if (M->ctl) SM_CUDA_CHECK_PRINT(cudaFree(M->ctl));
+    if (M->ctl_h) SM_CUDA_CHECK_PRINT(cudaFreeHost(M->ctl_h));
+    if (M->trace) SM_CUDA_CHECK_PRINT(cudaFree(M->trace));
+    if (c->qkv2) SM_CUDA_CHECK_PRINT(cudaFree(c->qkv2));
+    c->qkv2 = NULL;
+    free(M);
+    c->mono = NULL;
+}
+
+static int mono_bucket_index(int nb) {
+    for (int i = 0; i < CB_NBUCKETS; i++)
+        if (mono_buckets[i] == nb) return i;
+    return -1;
+}
+
+int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e) {
+    cb_mono *M = c->mono;
+    const int bi = mono_bucket_index(nb);
+    if (!M || c->mono_mode == SM_MONO_OFF || bi < 0 || nb > c->cap || M->refused[bi]) return 0;
+    if (M->desc[bi]) return 1;
+    const int L = c->cfg.L;
+    mono_desc *h = (mono_desc *)calloc((size_t)L, sizeof(mono_desc));
+    if (!h) return sm_errf(e, "monokernel: out of host memory");
+    sm_err pe;
+    pe.msg[0] = 0;
+    for (int l = 1; l < L - 1; l++)
+        if (mono_plan_layer(c, nb, l, &h[l], &pe)) break;
+    if (pe.msg[0]) {
+        free(h);
+        M->refused[bi] = 1;
+        if (c->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: %d-row steps: %s", nb, pe.msg);
+        fprintf(stderr, "sparkmono: stock step (%d rows: %s)\n", nb, pe.msg);
+        return 0;
+    }
+    mono_desc *d = NULL;
+    if (cudaMalloc((void **)&d, (size_t)L * sizeof(mono_desc)) != cudaSuccess) {
+        free(h);
+        return sm_errf(e, "monokernel: cannot allocate %zu bytes of descriptors on device %d", (size_t)L * sizeof(mono_desc), c->device);
+    }
+    cudaError_t r = cudaMemcpyAsync(d, h, (size_t)L * sizeof(mono_desc), cudaMemcpyHostToDevice, c->st);
+    if (r == cudaSuccess) r = cudaStreamSynchronize(c->st); /* h is freed next */
+    free(h);
+    if (r != cudaSuccess) {
+        cudaFree(d);
+        return sm_errf(e, "monokernel: descriptor copy failed on device %d: %s", c->device, cudaGetErrorString(r));
+    }
+    M->desc[bi] = d;
+    fprintf(stderr, "sparkmono: monokernel engaged: %d rows, %s S=%d\n", nb, nb <= 16 ? "K3" : "K5", nb);
+    return 1;
+}
+
+int cb_mono_layer(sm_cuda_dev *c, int nb, int l, sm_err *e) {
+    cb_mono *M = c->mono;
+    const int bi = mono_bucket_index(nb);
+    if (!M || bi < 0 || !M->desc[bi] || l < 1 || l > c->cfg.L - 2) return sm_errf(e, "monokernel: layer %d of a %d-row step not planned", l, nb);
+    const mono_desc *d = M->desc[bi] + l;
+    const int N = mono_box(nb);
+    if (nb <= 16) return mono_launch(N, d, 0, MP_N, M->grid, M->smem, c->st, e) ? sm_errprefix(e, "monokernel layer %d", l) : 0;
+    /* K5: HA = attention .. pre-expert norm, HM = experts, HB = unpooler .. next layer's qkv */
+    if (mono_launch(N, d, MP_ATT, MP_MM1, M->grid, M->smem, c->st, e) || mono_launch(N, d, MP_MM1, MP_UNPOOL, M->grid, M->smem, c->st, e) ||
+        mono_launch(N, d, MP_UNPOOL, MP_N, M->grid, M->smem, c->st, e))
+        return sm_errprefix(e, "monokernel layer %d", l);
+    return 0;
+}
+
+int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e) {
+    if (!c->mono) return 0;
+    SM_CUDA_CHECK(cudaMemcpyAsync(c->mono->ctl_h->health, c->mono->ctl->health, sizeof c->mono->ctl_h->health, cudaMemcpyDeviceToHost,
+                                  c->st));
+    return 0;
+}
+
+int cb_mono_health_check(sm_cuda_dev *c, sm_err *e) {
+    cb_mono *M = c->mono;
+    if (!M || !M->ctl_h->health[0]) return 0;
+    const unsigned l = M->ctl_h->health[1], p = M->ctl_h->health[2], b = M->ctl_h->health[3];
+    sm_errf(e, "monokernel: device %d, layer %u, phase %s: block %u waited past the %.0f ms bound at the grid barrier (a block "
+               "stopped arriving); the step's results are void",
+            c->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6);
+    /* reset the control words so later steps run again */
+    M->ctl_h->health[0] = M->ctl_h->health[1] = M->ctl_h->health[2] = M->ctl_h->health[3] = 0;
+    mono_ctl z = *M->ctl_h;
+    z.count = 0; z.gen = 0; z.abort = 0;
+    *M->ctl_h = z;
+    if (cudaMemcpy(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice) != cudaSuccess) cudaGetLastError();
+    return -1;
+}
+
+void cb_mono_note_eager(sm_cuda_dev *c) {
+    if (c->mono && !c->mono->logged_eager) {
+        c->mono->logged_eager = 1;
+        fprintf(stderr, "sparkmono: stock step (a prefill row in the step)\n");
+    }
+}
+
+/* ---- bench hooks ---- */
+
+extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
+    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
+    if (!c) return -1;
+    if (on && !c->mono) return sm_errf(e, "cuda bench: the monokernel is not available on this engine (see the log line)");
+    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+    cb_graphs_drop(c, 0);
+    c->mono_mode = on ? SM_MONO_AUTO : SM_MONO_OFF;
+    if (!on) return 0;
+    return 0;
+}
+
+extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, sm_err *e) {
+    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
+    if (!c) return -1;
+    cb_mono *M = c->mono;
+    if (!M || c->mono_mode == SM_MONO_OFF) return sm_errf(e, "cuda bench --trace: the monokernel is off on this engine");
+    const size_t nb = (size_t)MONO_TRACE_MAX * M->grid * MP_N * 2;
+    if (!M->trace) {
+        SM_CUDA_CHECK(cudaMalloc((void **)&M->trace, nb * 8));
+    }
+    SM_CUDA_CHECK(cudaMemsetAsync(M->trace, 0, nb * 8, c->st));
+    M->ctl_h->trace = M->trace;
+    SM_CUDA_CHECK(cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, c->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+    int rc = b->step(b->ctx, s, e);
+    unsigned long long *h = NULL;
+    if (!rc) {
+        h = (unsigned long long *)malloc(nb * 8);
+        if (!h) rc = sm_errf(e, "cuda bench --trace: out of host memory");
+    }
+    if (!rc && cudaMemcpy(h, M->trace, nb * 8, cudaMemcpyDeviceToHost) != cudaSuccess) rc = sm_errf(e, "cuda bench --trace: copy failed");
+    M->ctl_h->trace = NULL;
+    cudaMemcpy(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice);
+    if (rc) {
+        free(h);
+        return -1;
+    }
+    /* Chrome / Perfetto trace: one track (tid) per SM block, one slice per (layer, phase) */
+    unsigned long long t0 = ~0ull;
+    for (size_t i = 0; i < nb; i++)
+        if (h[i] && h[i] < t0) t0 = h[i];
+    sm_outfile of;
+    if (sm_outfile_open(&of, path, e)) {
+        free(h);
+        return sm_errprefix(e, "bench --trace");
+    }
+    FILE *fp = of.f;
+    fprintf(fp, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
+    int first = 1;
+    for (int l = 0; l < MONO_TRACE_MAX; l++)
+        for (int bk = 0; bk < M->grid; bk++)
+            for (int p = 0; p < MP_N; p++) {
+                const unsigned long long *q = h + (((size_t)l * M->grid + bk) * MP_N + p) * 2;
+                if (!q[0] || !q[1]) continue;
+                fprintf(fp, "%s{\"name\":\"L%d %s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", first ? "" : ",\n", l,
+                        mono_phase_name[p], bk, (double)(q[0] - t0) / 1000.0, (double)(q[1] - q[0]) / 1000.0);
+                first = 0;
+            }
+    fprintf(fp, "\n]}\n");
+    free(h);
+    if (sm_outfile_commit(&of, e)) return sm_errprefix(e, "bench --trace");
+    return 0;
+}

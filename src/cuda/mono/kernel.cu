@@ -1,0 +1,340 @@
+/* mono/kernel.cu: the persistent kernel of the monokernel (mono.cuh): one 512-thread block per
+ * SM runs a range of phases of one layer, calling the stock kernels' device bodies with the
+ * stock decomposition, a bounded grid barrier between phases.
+ *
+ * Thread roles per phase: teams (common.cuh sm_team) of 128 (attention items), 256 (router
+ * GEMV, expert stages, combine) or sm_norm_threads(width) (norm rows); the wgmma matmuls keep
+ * the stock roles (threads 0..255 consume, thread 256 produces, the rest wait at the next
+ * barrier).  The wgmma ring (mbarriers + stages in shared memory) is set up once per launch and
+ * its position carried from one matmul phase to the next.  Before its arrival every thread
+ * fences its global writes towards the async proxy (the next phase may read them by TMA).
+ * We rejected a block of 384 threads (the stock wgmma block): the norms need 512-thread teams
+ * at H = 8192 to give the stock bits, and the attention and expert phases run 4 / 2 items a
+ * block at 512.
+ */
+#include "cuda/mono/mono.cuh"
+#include "cuda/ops/attention.cuh"
+#include "cuda/ops/norm.cuh"
+#include "cuda/ops/router.cuh"
+
+const char *const mono_phase_name[MP_N] = {
+    "attention", "attention split sum", "o_proj", "post-attention boundary", "router", "top-k", "pooler",
+    "pre-expert norm + grouping", "experts gate_up", "experts down", "expert combine", "unpooler", "post-FFN boundary",
+    "next layer qkvg projection", "next layer qk norm / rope / kv insert"};
+
+__device__ __forceinline__ unsigned long long mono_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned mono_ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void mono_st_release(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/* Grid barrier after phase `phase` of layer `layer` (every thread calls it): 1 when every block
+ * has arrived, 0 when this block must leave (a wait timed out here or anywhere). */
+__device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, int *flag) {
+    asm volatile("fence.proxy.async.global;" ::: "memory"); /* our writes, for TMA readers */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int ok = 1;
+        if (ctl->fault_layer == layer && ctl->fault_phase == phase && blockIdx.x == 1) {
+            ok = 0; /* test hook: this block stops arriving */
+        } else {
+            const unsigned g = mono_ld_acquire(&ctl->gen); /* cannot advance before we arrive */
+            __threadfence();
+            const unsigned old = atomicAdd(&ctl->count, 1u);
+            if (old == gridDim.x - 1) {
+                atomicExch(&ctl->count, 0u); /* ordered before the release below */
+                __threadfence();
+                mono_st_release(&ctl->gen, g + 1u);
+            } else {
+                const unsigned long long t0 = mono_now(), bound = ctl->bound_ns;
+                while (mono_ld_acquire(&ctl->gen) == g) {
+                    if (*(volatile unsigned *)&ctl->abort) { ok = 0; break; }
+                    if (mono_now() - t0 > bound) {
+                        if (atomicCAS(&ctl->health[0], 0u, 1u) == 0u) {
+                            ctl->health[1] = (unsigned)layer;
+                            ctl->health[2] = (unsigned)phase;
+                            ctl->health[3] = blockIdx.x;
+                        }
+                        atomicExch(&ctl->abort, 1u);
+                        ok = 0;
+                        break;
+                    }
+                }
+            }
+            __threadfence();
+        }
+        *flag = ok;
+    }
+    __syncthreads();
+    return *flag;
+}
+
+/* ---- phases ----
+ * Each phase is its own (not inlined) function: registers are allocated per phase, so the
+ * expert stages keep the stock kernel's allocation instead of the whole kernel's maximum. */
+
+template <int G>
+__device__ __noinline__ void mono_att(const mono_desc *d, uint8_t *dyn) {
+    const int k = threadIdx.x >> 7; /* team of 128: one decode item at a time */
+    const sm_team t = sm_team_slice(k, SM_ATT_THREADS);
+    sm_att_decode_smem<G> *sh = (sm_att_decode_smem<G> *)dyn + k;
+    const int nr = d->n * d->nkv, items = nr * d->nsplit;
+    for (int v = blockIdx.x * 4 + k; v < items; v += gridDim.x * 4) {
+        /* the stock grid: x = row * nkv + KV head, y = split */
+        const int split = v / nr, rem = v - split * nr, row = rem / d->nkv, h = rem - row * d->nkv;
+        sm_att_decode_item<G>(d->q, d->ldq, d->gate, d->ldq, d->kv, d->tables, d->max_bpr, d->rreq, d->pos, d->n, d->nh, d->nkv,
+                              d->window, d->scale, d->eps, d->att, d->wsO, d->wsM, d->wsL, row, h, split, d->nsplit, *sh, t);
+    }
+}
+
+__device__ __noinline__ void mono_att_sum(const mono_desc *d) {
+    const int nw = MONO_THREADS / 32;
+    for (int id = blockIdx.x * nw + (threadIdx.x >> 5); id < d->n * d->nh; id += gridDim.x * nw)
+        sm_att_combine_item(d->wsO, d->wsM, d->wsL, d->nsplit, d->n, d->nh, d->gate, d->ldq, d->eps, d->att, id);
+}
+
+/* One matmul over the stock stream-K split (G = min(grid, units) virtual blocks); inlined:
+ * a wgmma pipeline must not cross a function call. */
+template <int N>
+__device__ __forceinline__ void mono_mm_phase(const mono_mm *mm, const sm_wg_smem &sm, int &rs, unsigned &rph) {
+    const sm_wg_args a = mm->a;
+    const int G = (int)gridDim.x < a.units ? (int)gridDim.x : a.units, b = blockIdx.x;
+    if (b >= G) return;
+    const int u0 = sm_wg_unit0(b, G, a.units), u1 = sm_wg_unit0(b + 1, G, a.units);
+    if (threadIdx.x < 256) {
+        sm_wg_consume_mm<N, 1>(a, b, G, u0, u1, sm, rs, rph);
+    } else if (threadIdx.x == 256) {
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        sm_wg_produce<N, 1>(&mm->tw, &mm->tx, a.ki, u0, u1, SM_WG_ST(N, 1), sm, rs, rph);
+    }
+}
+
+/* Norm rows: teams of sm_norm_threads(width), rows dealt over blocks [0, nblk). */
+__device__ __forceinline__ int mono_norm_team(int width, int *k, sm_team *t) {
+    const int T = sm_norm_threads(width), per = MONO_THREADS / T;
+    *k = threadIdx.x / T;
+    *t = sm_team_slice(*k, T);
+    return per;
+}
+
+__device__ __noinline__ void mono_post_att(const mono_desc *d, float (*red)[32]) {
+    int k;
+    sm_team t;
+    const int per = mono_norm_team(d->H, &k, &t);
+    for (int row = blockIdx.x * per + k; row < d->n; row += gridDim.x * per)
+        sm_norm_post_attn_row(d->s, d->a, d->att_alpha, d->att_beta, d->pre_ffn, d->H, d->post_eps, d->eps, d->xf, (size_t)row,
+                              red[k], t);
+}
+
+template <int NT>
+__device__ __noinline__ void mono_router(const mono_desc *d, uint8_t *dyn) {
+    const int k = threadIdx.x >> 8;
+    const sm_team t = sm_team_slice(k, 256);
+    float4(*xs)[SM_RG_KL / 4] = (float4(*)[SM_RG_KL / 4])(dyn + (size_t)k * NT * SM_RG_KL * 4);
+    const int gx = (d->E + SM_RG_ROWS - 1) / SM_RG_ROWS, gy = (d->n + NT - 1) / NT, items = gx * gy * d->rS;
+    for (int v = blockIdx.x * 2 + k; v < items; v += gridDim.x * 2) {
+        const int bx = v % gx, by = (v / gx) % gy, bz = v / (gx * gy);
+        sm_mm_f32w_gemv_block<NT>(d->xf, d->n, d->H, d->router, d->E, d->rpart, bx, by, bz, xs, t);
+        sm_team_sync(t); /* xs is rewritten by the team's next item */
+    }
+}
+
+__device__ __noinline__ void mono_topk(const mono_desc *d, uint8_t *dyn) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = MONO_THREADS / 32;
+    const size_t count = (size_t)d->n * d->E;
+    for (int row = blockIdx.x * nw + warp; row < d->n; row += gridDim.x * nw) {
+        /* the split sum of sm_mm_reduce_f32_range, in split order */
+        for (int x = lane; x < d->E; x += 32) {
+            const size_t i = (size_t)row * d->E + x;
+            float a = d->rpart[i];
+            for (int s = 1; s < d->rS; s++) a += d->rpart[(size_t)s * count + i];
+            d->rlog[i] = a;
+        }
+        __syncwarp();
+        sm_route_topk_row(d->rlog, d->rbias, d->E, d->K, d->m_o, d->route_scale, d->idx, d->w, row,
+                          (float *)dyn + (size_t)warp * 2 * d->E);
+    }
+}
+
+__device__ __noinline__ void mono_pre_norm(const mono_desc *d, uint8_t *dyn, float (*red)[32]) {
+    if (blockIdx.x == gridDim.x - 1) { /* the last block groups the routes by expert */
+        moe_group<MONO_THREADS>(d->ga, (moe_group_smem *)dyn);
+        return;
+    }
+    int k;
+    sm_team t;
+    const int per = mono_norm_team(d->Hm, &k, &t), nblk = gridDim.x - 1;
+    for (int row = blockIdx.x * per + k; row < d->n; row += nblk * per)
+        sm_norm_rms_bf16_row(d->h1, d->Hm, d->pre_expert, d->eps, d->h1, (size_t)row, red[k], t);
+}
+
+template <int F, int STAGE>
+__device__ __noinline__ void mono_experts(const mono_desc *d, uint8_t *dyn) {
+    const int k = threadIdx.x >> 8;
+    const sm_team t = sm_team_slice(k, MOE_THREADS);
+    const moe_args &a = STAGE == 1 ? d->a1 : d->a2;
+    moe_mm_block<F, STAGE, 0>(a, blockIdx.x * 2 + k, gridDim.x * 2, dyn + (size_t)k * a.Kp * 16, t);
+}
+
+template <int STAGE>
+__device__ __forceinline__ void mono_experts_fmt(const mono_desc *d, uint8_t *dyn) {
+    switch (d->fmt) {
+    case SM_EXP_MXFP4: mono_experts<SM_EXP_MXFP4, STAGE>(d, dyn); break;
+    case SM_EXP_FP8: mono_experts<SM_EXP_FP8, STAGE>(d, dyn); break;
+    default: mono_experts<SM_EXP_BF16, STAGE>(d, dyn); break;
+    }
+}
+
+__device__ __noinline__ void mono_combine(const mono_desc *d, uint8_t *dyn, float (*red)[32]) {
+    const int k = threadIdx.x >> 8;
+    const sm_team t = sm_team_slice(k, MOE_COMBINE_THREADS);
+    moe_combine_rows(d->ca, blockIdx.x * 2 + k, gridDim.x * 2, (float *)dyn + (size_t)k * d->Hm, red[k], t);
+}
+
+__device__ __noinline__ void mono_post_ffn(const mono_desc *d, float (*red)[32]) {
+    int k;
+    sm_team t;
+    const int per = mono_norm_team(d->H, &k, &t);
+    for (int row = blockIdx.x * per + k; row < d->n; row += gridDim.x * per)
+        sm_norm_post_ffn_row(d->s, d->f, d->post_ffn, d->ffn_alpha, d->ffn_beta, d->next_norm, 0, d->H, d->post_eps, d->eps, d->x,
+                             (size_t)row, red[k], t);
+}
+
+__device__ __noinline__ void mono_rope(const mono_desc *d) {
+    const int nw = MONO_THREADS / 32, heads = d->nh + 2 * d->nkv, QD = d->nh * 64, KD = d->nkv * 64;
+    const sm_rope_tab tab = d->tab;
+    for (int it = blockIdx.x * nw + (threadIdx.x >> 5); it < d->n * heads; it += gridDim.x * nw) {
+        const int row = it / heads, hh = it - row * heads;
+        sm_rope_kv_head(d->nq, d->ldq, d->nq + QD, d->nq + QD + KD, d->ldq, d->nh, d->nkv, d->pos, d->slot, d->rope, tab, d->eps,
+                        d->nq, d->ldq, d->nkvc, d->nslots, (size_t)row, hh);
+    }
+}
+
+/* ---- the kernel ---- */
+
+template <int N>
+__global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const mono_desc *__restrict__ d, int p0, int p1) {
+    constexpr int ST = SM_WG_ST(N, 1);
+    extern __shared__ uint8_t mono_dyn[];
+    __shared__ __align__(8) uint64_t full_bar[ST], empty_bar[ST];
+    __shared__ int last_s, flag_s;
+    __shared__ float red_s[4][32];
+    mono_ctl *ctl = d->ctl;
+    if (*(volatile unsigned *)&ctl->abort) return; /* an earlier launch of the step timed out */
+    uint8_t *dyn = (uint8_t *)(((uintptr_t)mono_dyn + 1023) & ~(uintptr_t)1023);
+    sm_wg_smem sm;
+    sm.base = sm_wg_u32(dyn);
+    sm.full = sm_wg_u32(full_bar);
+    sm.empty = sm_wg_u32(empty_bar);
+    sm.last = &last_s;
+    if (threadIdx.x == 0) sm_wg_ring_init<ST>(sm);
+    __syncthreads();
+    int rs = 0;       /* ring position, carried across the matmul phases (each role its own copy) */
+    unsigned rph = 0;
+    unsigned long long *trace = ctl->trace;
+    const int layer = d->layer;
+    unsigned long long *tr = trace ? trace + ((size_t)(layer % MONO_TRACE_MAX) * gridDim.x + blockIdx.x) * MP_N * 2 : NULL;
+    for (int p = p0; p < p1; p++) {
+        if (p == MP_ATT_SUM && d->nsplit == 1) continue;
+        if (tr && threadIdx.x == 0) tr[2 * p] = mono_now();
+        switch (p) {
+        case MP_ATT:
+            if (d->G == 8) mono_att<8>(d, dyn);
+            else mono_att<2>(d, dyn);
+            break;
+        case MP_ATT_SUM: mono_att_sum(d); break;
+        case MP_OPROJ: mono_mm_phase<N>(&d->mm[0], sm, rs, rph); break;
+        case MP_POST_ATT: mono_post_att(d, red_s); break;
+        case MP_ROUTER:
+            if (d->rnt == 8) mono_router<8>(d, dyn);
+            else mono_router<16>(d, dyn);
+            break;
+        case MP_TOPK: mono_topk(d, dyn); break;
+        case MP_POOLER: mono_mm_phase<N>(&d->mm[1], sm, rs, rph); break;
+        case MP_PRE_NORM: mono_pre_norm(d, dyn, red_s); break;
+        case MP_MM1: mono_experts_fmt<1>(d, dyn); break;
+        case MP_MM2: mono_experts_fmt<2>(d, dyn); break;
+        case MP_COMBINE: mono_combine(d, dyn, red_s); break;
+        case MP_UNPOOL: mono_mm_phase<N>(&d->mm[2], sm, rs, rph); break;
+        case MP_POST_FFN: mono_post_ffn(d, red_s); break;
+        case MP_QKVG: mono_mm_phase<N>(&d->mm[3], sm, rs, rph); break;
+        case MP_ROPE: mono_rope(d); break;
+        default: break;
+        }
+        if (tr) {
+            __syncthreads();
+            if (threadIdx.x == 0) tr[2 * p + 1] = mono_now();
+        }
+        if (p + 1 < p1 && !mono_grid_sync(ctl, layer, p, &flag_s)) return;
+    }
+}
+
+/* ---- host side ---- */
+
+size_t mono_smem_bytes(int N, int G, int Hm, int I, int E) {
+    size_t b = SM_WG_SMEM(N, 1);                                           /* the wgmma ring */
+    const size_t att = 4 * (G == 8 ? sizeof(sm_att_decode_smem<8>) : sizeof(sm_att_decode_smem<2>));
+    const size_t rt = (size_t)2 * 16 * SM_RG_KL * 4;                         /* router x tiles */
+    const size_t tk = (size_t)(MONO_THREADS / 32) * 2 * E * 4;              /* top-k scratch */
+    const size_t gr = sizeof(moe_group_smem);
+    const size_t ex = (size_t)2 * 16 * (size_t)(((Hm > I ? Hm : I) + MOE_KALIGN - 1) / MOE_KALIGN * MOE_KALIGN); /* B tiles */
+    const size_t cb = (size_t)2 * Hm * 4;                                   /* combine sums */
+    const size_t o[6] = {att, rt, tk, gr, ex, cb};
+    for (int i = 0; i < 6; i++) if (o[i] > b) b = o[i];
+    return b + 1024;                                                        /* 1024-byte alignment */
+}
+
+template <int N>
+static int mono_launch_n(const mono_desc *d, int p0, int p1, int grid, size_t smem, cudaStream_t st, sm_err *e) {
+    SM_CUDA_CHECK(cudaFuncSetAttribute(mono_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeCooperative; /* the driver refuses a grid that is not co-resident */
+    at[0].val.cooperative = 1;
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(MONO_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    SM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mono_kernel<N>, d, p0, p1));
+    return 0;
+}
+
+int mono_launch(int N, const mono_desc *d, int p0, int p1, int grid, size_t smem, cudaStream_t st, sm_err *e) {
+    switch (N) {
+    case 8: return mono_launch_n<8>(d, p0, p1, grid, smem, st, e);
+    case 16: return mono_launch_n<16>(d, p0, p1, grid, smem, st, e);
+    case 32: return mono_launch_n<32>(d, p0, p1, grid, smem, st, e);
+    case 64: return mono_launch_n<64>(d, p0, p1, grid, smem, st, e);
+    case 128: return mono_launch_n<128>(d, p0, p1, grid, smem, st, e);
+    default: return sm_errf(e, "monokernel: no build for a token box of %d rows", N);
+    }
+}
+
+template <int N>
+static int mono_occ_n(size_t smem, int *b, sm_err *e) {
+    SM_CUDA_CHECK(cudaFuncSetAttribute(mono_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    SM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(b, mono_kernel<N>, MONO_THREADS, smem));
+    return 0;
+}
+
+int mono_occupancy(int N, size_t smem, int *b, sm_err *e) {
+    *b = 0;
+    switch (N) {
+    case 8: return mono_occ_n<8>(smem, b, e);
+    case 16: return mono_occ_n<16>(smem, b, e);
+    case 32: return mono_occ_n<32>(smem, b, e);
+    case 64: return mono_occ_n<64>(smem, b, e);
+    case 128: return mono_occ_n<128>(smem, b, e);
+    default: return sm_errf(e, "monokernel: no build for a token box of %d rows", N);
+    }
+}

@@ -1,0 +1,145 @@
+/* mono/mono.cuh: the monokernel: decoder layers 1..L-2 of a verify step as persistent launches
+ * (docs/architecture.md, "monokernel"; the math is docs/model.md sections 3-7, unchanged).
+ *
+ * One launch runs a range of PHASES of one layer l on a co-resident grid of one 512-thread
+ * block per SM; a grid barrier separates consecutive phases.  The phases, in order:
+ *   ATT        paged attention + output norm + gate of layer l (decode items, 4 teams a block)
+ *   ATT_SUM    merge of the key splits (one warp per (row, head)), when the items split keys
+ *   OPROJ      a = att Wo^T (the wgmma stream-K body, threads 0..255 consume, 256 produces)
+ *   POST_ATT   attention residual boundary + pre-FFN norm (a team per row)
+ *   ROUTER     router logits, f32 (the split-k GEMV body, 2 teams a block)
+ *   TOPK       split sum in split order + sigmoid + top-K (a warp per row)
+ *   POOLER     h1 = xf Wpool^T
+ *   PRE_NORM   pre-expert norm of h1 (a team per row) | grouping of the routes (last block)
+ *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies, 2 teams a block)
+ *   COMBINE    post-expert norm + weighted sum in route order (2 teams a block)
+ *   UNPOOL     f = m Wunpool^T
+ *   POST_FFN   FFN residual boundary + the NEXT layer's input norm (a team per row)
+ *   QKVG       the next layer's q | k | v | gate projection
+ *   ROPE       the next layer's QK norm, RoPE (sliding layers) and K/V insert (a warp per head)
+ * K3 (buckets of 8 and 16 rows) runs all of them in ONE launch a layer; K5 (24..128 rows) in
+ * three: HA = ATT..PRE_NORM, HM = MM1..COMBINE, HB = UNPOOL..ROPE.  Every phase calls the
+ * stock kernels' device bodies with the stock kernels' decomposition (same virtual blocks,
+ * team sizes, split counts), so a mono step gives the stock step's bits: the tests compare
+ * them exactly.  Each phase boundary is a grid barrier, the point where the cross-rank
+ * exchange of docs/parallelism.md will go.
+ *
+ * Everything a launch reads is in a descriptor (mono_desc, one per (bucket, layer), device
+ * memory, written once when the bucket's graph is first built and never while a graph may
+ * run): pointers, shapes, the four matmuls' tensor maps.  The kernel's arguments are the
+ * descriptor's address and the phase range: a CUDA graph bakes them in.
+ * The grid barrier is bounded: a block that waits longer than ctl->bound_ns records (layer,
+ * phase, block) in the health words, raises ctl->abort, and every block leaves; the host reads
+ * the health words after the step and fails it with one line.  We rejected cooperative-groups
+ * grid.sync (unbounded: a lost block hangs the process) and one launch per phase (the stock
+ * path: launch gaps and a cold start of every phase).
+ */
+#ifndef SM_CUDA_MONO_CUH
+#define SM_CUDA_MONO_CUH
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+#include "cuda/ops/matmul.cuh"
+#include "cuda/ops/rope_kv.cuh"
+#include "cuda/moe.h"
+#include "cuda/moe/mm.cuh"
+#include "cuda/moe/group.cuh"
+#include "cuda/moe/combine.cuh"
+#include <cuda.h>
+
+#define MONO_THREADS 512   /* threads of a block: 4 teams of 128, 2 of 256 or 1 of 512 */
+#define MONO_TRACE_MAX 64  /* layers a trace buffer holds */
+
+enum {
+    MP_ATT, MP_ATT_SUM, MP_OPROJ, MP_POST_ATT, MP_ROUTER, MP_TOPK, MP_POOLER, MP_PRE_NORM,
+    MP_MM1, MP_MM2, MP_COMBINE, MP_UNPOOL, MP_POST_FFN, MP_QKVG, MP_ROPE, MP_N
+};
+/* Phase names (trace, health messages), indexed by MP_*. */
+extern const char *const mono_phase_name[MP_N];
+
+/* Launch shapes: the phase ranges of one layer's launches. */
+#define MONO_K3_LAUNCHES 1
+#define MONO_K5_LAUNCHES 3
+
+/* Shared control words of one context (device memory): the grid barrier, the health words,
+ * the trace pointer and the fault-injection hook. */
+typedef struct mono_ctl {
+    unsigned count;             /* blocks arrived at the current barrier */
+    unsigned gen;               /* barriers completed (wraps) */
+    unsigned abort;             /* 1: a wait timed out; every block leaves at its next barrier */
+    unsigned health[4];         /* first timeout: {1, layer, phase, block} */
+    unsigned long long bound_ns; /* longest wait at a barrier */
+    unsigned long long *trace;  /* NULL, or [MONO_TRACE_MAX][grid][MP_N][2] globaltimer ns */
+    int fault_layer;            /* test hook: block 1 stops arriving after this (layer, phase); -1 off */
+    int fault_phase;
+} mono_ctl;
+
+/* One matmul of a layer: tensor maps first (CUtensorMap carries its own alignment). */
+typedef struct mono_mm {
+    CUtensorMap tw;             /* W [m, k], boxes of 128 rows x 64 k */
+    CUtensorMap tx;             /* x [n, k], boxes of N tokens x 64 k */
+    sm_wg_args a;               /* shape, split, partial tiles, counters, y */
+} mono_mm;
+
+/* Everything one layer's launches read (device memory). */
+typedef struct mono_desc {
+    mono_mm mm[4];              /* OPROJ, POOLER, UNPOOL, QKVG (the next layer's) */
+    mono_ctl *ctl;
+    int layer;                  /* l */
+    int n;                      /* rows (the bucket's, padding included) */
+    int H, Hm, E, K, nh, nkv, G;
+    float eps, post_eps;
+    /* ATT, ATT_SUM */
+    const uint16_t *q, *gate;   /* [n, NQ] rows of this layer's projections (q normed, roped) */
+    int ldq;                    /* NQ */
+    const uint16_t *kv;         /* this layer's paged cache */
+    const int *tables;          /* [*, max_bpr] block tables of the step */
+    int max_bpr;
+    const int *rreq, *pos;      /* [n] table index, position of each row */
+    int window, nsplit;
+    float scale;
+    float *wsO, *wsM, *wsL;     /* key-split partials (nsplit > 1) */
+    uint16_t *att;              /* [n, nh 64] */
+    /* POST_ATT */
+    float *s;                   /* [n, H] residual stream */
+    const uint16_t *a;          /* [n, H] o_proj output */
+    const float *att_alpha, *att_beta, *pre_ffn;
+    uint16_t *xf;               /* [n, H] */
+    /* ROUTER, TOPK */
+    const float *router, *rbias; /* [E, H], [E] */
+    int rS, rnt;                /* k splits of 512, token block (8 or 16) */
+    float *rpart;               /* [rS, n, E] */
+    int *idx;                   /* [n, K] */
+    float *w;                   /* [n, K] */
+    float m_o, route_scale;
+    float *rlog;                /* [n, E] summed router logits */
+    /* PRE_NORM, MoE */
+    uint16_t *h1;               /* [n, Hm] */
+    const float *pre_expert;
+    int fmt;                    /* sm_expert_fmt of the layer's experts */
+    moe_group_args ga;
+    moe_args a1, a2;
+    moe_combine_args ca;
+    /* POST_FFN */
+    const uint16_t *f;          /* [n, H] unpooler output */
+    const float *post_ffn, *ffn_alpha, *ffn_beta, *next_norm;
+    uint16_t *x;                /* [n, H] the next layer's normed input */
+    /* ROPE (the next layer) */
+    uint16_t *nq;               /* [n, NQ] the next layer's projections (q normed / roped in place) */
+    uint16_t *nkvc;             /* the next layer's paged cache */
+    const int64_t *slot;        /* [n] cache slot of each row, -1: padding */
+    int64_t nslots;
+    int rope;                   /* the next layer is a sliding (RoPE) layer */
+    sm_rope_tab tab;
+} mono_desc;
+
+/* Dynamic shared memory of a launch for token box N, G query heads a KV head, expert widths
+ * Hm, I and E experts: the largest phase's (usually the wgmma ring). */
+size_t mono_smem_bytes(int N, int G, int Hm, int I, int E);
+/* Launch phases [p0, p1) of the layer whose descriptor is d (device address) over grid
+ * blocks (one per SM), token box N, smem bytes of dynamic shared memory, on st (a
+ * cooperative launch: the driver refuses a grid that cannot be co-resident). */
+int mono_launch(int N, const mono_desc *d, int p0, int p1, int grid, size_t smem, cudaStream_t st, sm_err *e);
+/* Resident blocks per SM of the kernel for token box N with smem bytes (co-residency check). */
+int mono_occupancy(int N, size_t smem, int *blocks_per_sm, sm_err *e);
+
+#endif
