@@ -296,7 +296,9 @@ int cb_mono_health_check(sm_cuda_dev *c, sm_err *e) {
     mono_ctl z = *M->ctl_h;
     z.count = 0; z.gen = 0; z.abort = 0;
     *M->ctl_h = z;
-    if (cudaMemcpy(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice) != cudaSuccess) cudaGetLastError();
+    if (cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st) != cudaSuccess ||
+        cudaStreamSynchronize(c->st) != cudaSuccess)
+        cudaGetLastError();
     return -1;
 }
 
@@ -339,9 +341,13 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
         h = (unsigned long long *)malloc(nb * 8);
         if (!h) rc = sm_errf(e, "cuda bench --trace: out of host memory");
     }
-    if (!rc && cudaMemcpy(h, M->trace, nb * 8, cudaMemcpyDeviceToHost) != cudaSuccess) rc = sm_errf(e, "cuda bench --trace: copy failed");
+    if (!rc && (cudaMemcpyAsync(h, M->trace, nb * 8, cudaMemcpyDeviceToHost, c->st) != cudaSuccess ||
+                cudaStreamSynchronize(c->st) != cudaSuccess))
+        rc = sm_errf(e, "cuda bench --trace: copy failed on device %d", c->device);
     M->ctl_h->trace = NULL;
-    cudaMemcpy(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice);
+    if (cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, c->st) != cudaSuccess ||
+        cudaStreamSynchronize(c->st) != cudaSuccess)
+        if (!rc) rc = sm_errf(e, "cuda bench --trace: cannot switch the trace off on device %d", c->device);
     if (rc) {
         free(h);
         return -1;
