@@ -28,11 +28,13 @@ struct cb_mono {
     mono_ctl *ctl_h;            /* pinned host copy (health words after a step) */
     void *ws;                   /* device: wgmma partial tiles | router partials | attention partials */
     size_t part_bytes, rpart_bytes, att_bytes;
-    mono_desc *desc[CB_NBUCKETS]; /* device [L] per bucket (layers 1..L-2 filled), NULL: not built */
+    mono_desc *desc[CB_NBUCKETS]; /* host [L] per bucket (layers 1..L-2 filled), NULL: not built */
     int refused[CB_NBUCKETS];   /* 1: the bucket's plan failed (its steps run stock) */
-    int grid;                   /* blocks of a launch: one per SM */
+    int grid;                   /* blocks of a dense launch: one per SM */
+    int moe_grid;               /* blocks of an expert launch: 2 per SM (the stock expert grid) */
     size_t smem;                /* dynamic shared memory of a launch */
     unsigned long long *trace;  /* device trace buffer (bench), NULL */
+    mono_prog prog;             /* launch scratch (a launch copies it into its parameters) */
     int logged_eager;           /* "stock step (prefill rows)" said */
 };
 
@@ -109,6 +111,9 @@ static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *
     d->scale = cf->qk_scale_factor / sqrtf((float)cf->D);
     const size_t per = (size_t)nb * cf->nH;
     if ((size_t)d->nsplit * per * 66 * 4 > M->att_bytes) return sm_errf(e, "layer %d: attention partials exceed the workspace", l);
+    /* one wave of 4 teams a block or the stock kernel (its occupancy hides the key loads better
+     * than a second partial wave would) */
+    d->att_fused = (long long)nb * cf->nKV * d->nsplit <= 4LL * M->grid;
     d->wsO = (float *)(ws + M->part_bytes + M->rpart_bytes);
     d->wsM = d->wsO + (size_t)d->nsplit * per * 64;
     d->wsL = d->wsM + (size_t)d->nsplit * per;
@@ -151,7 +156,7 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     mono_static_reasons(c, why, sizeof why);
     const sm_config *cf = &c->cfg;
     const int G = cf->nKV > 0 ? cf->nH / cf->nKV : 0;
-    int occ = 0;
+    int occ = 0, mocc = 0;
     size_t smem = 0;
     if (!why[0]) {
         smem = mono_smem_bytes(128, G, cf->Hm, cf->I, cf->E);
@@ -163,6 +168,13 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
         sm_err e2;
         if (mono_occupancy(16, smem, &occ, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
         else if (occ < 1) reason_add(why, sizeof why, "a 512-thread block with %zu bytes of shared memory is not resident", smem);
+        mono_moe mm;
+        memset(&mm, 0, sizeof mm);
+        mm.a1 = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 1);
+        mm.a2 = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 2);
+        mm.ca = moe_combine_make(&c->layers[1].moe, c->rw, 1, c->mo, &c->mws);
+        if (!why[0] && mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
+        else if (!why[0] && mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
     }
     if (why[0]) {
         if (c->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: the monokernel cannot run this model here: %s", why);
@@ -174,6 +186,7 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     if (!M) return sm_errf(e, "monokernel: out of host memory");
     c->mono = M;
     M->grid = c->kc.num_sms;
+    M->moe_grid = c->kc.num_sms * (mocc < 2 ? mocc : 2);
     M->smem = smem;
     const size_t R = (size_t)(c->cap < CB_GRAPH_ROWS ? c->cap : CB_GRAPH_ROWS);
     const int Nmax = mono_box((int)R);
@@ -210,7 +223,7 @@ void cb_mono_free(sm_cuda_dev *c) {
     cb_mono *M = c->mono;
     if (!M) return;
     for (int i = 0; i < CB_NBUCKETS; i++)
-        if (M->desc[i]) SM_CUDA_CHECK_PRINT(cudaFree(M->desc[i]));
+        free(M->desc[i]);
     if (M->ws) SM_CUDA_CHECK_PRINT(cudaFree(M->ws));
     if (M->ctl) SM_CUDA_CHECK_PRINT(cudaFree(M->ctl));
     if (M->ctl_h) SM_CUDA_CHECK_PRINT(cudaFreeHost(M->ctl_h));
@@ -246,34 +259,55 @@ int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e) {
         fprintf(stderr, "sparkmono: stock step (%d rows: %s)\n", nb, pe.msg);
         return 0;
     }
-    mono_desc *d = NULL;
-    if (cudaMalloc((void **)&d, (size_t)L * sizeof(mono_desc)) != cudaSuccess) {
-        free(h);
-        return sm_errf(e, "monokernel: cannot allocate %zu bytes of descriptors on device %d", (size_t)L * sizeof(mono_desc), c->device);
-    }
-    cudaError_t r = cudaMemcpyAsync(d, h, (size_t)L * sizeof(mono_desc), cudaMemcpyHostToDevice, c->st);
-    if (r == cudaSuccess) r = cudaStreamSynchronize(c->st); /* h is freed next */
-    free(h);
-    if (r != cudaSuccess) {
-        cudaFree(d);
-        return sm_errf(e, "monokernel: descriptor copy failed on device %d: %s", c->device, cudaGetErrorString(r));
-    }
+    mono_desc *d = h;
     M->desc[bi] = d;
-    fprintf(stderr, "sparkmono: monokernel engaged: %d rows, %s S=%d\n", nb, nb <= 16 ? "K3" : "K5", nb);
+    fprintf(stderr, "sparkmono: monokernel engaged: %d rows, %s S=%d%s\n", nb, nb <= 16 ? "K3" : "K5", nb,
+            h[1].att_fused ? "" : " (attention unfused: more key items than teams; the stock kernel runs it between launches)");
     return 1;
 }
 
-int cb_mono_layer(sm_cuda_dev *c, int nb, int l, sm_err *e) {
+/* Segment g of P: phases [p0, p1) of descriptor d. */
+static void mono_seg(mono_prog *P, const mono_desc &d, int p0, int p1) {
+    const int g = P->nseg++;
+    P->d[g] = d;
+    P->p0[g] = p0;
+    P->p1[g] = p1;
+}
+
+/* The start of layer l (attention .. pre-expert norm) as segment of P; the stock attention
+ * kernel first (enqueued now) when the layer's attention is unfused. */
+static int mono_start(sm_cuda_dev *c, const mono_desc &d, int nb, mono_prog *P, sm_err *e) {
+    if (!d.att_fused &&
+        sm_k_attention(&c->kc, d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, nb, d.nh, d.nkv, d.window, d.scale,
+                       d.eps, c->kvs.max_len, c->att, c->st, e))
+        return sm_errprefix(e, "monokernel layer %d: attention", d.layer);
+    mono_seg(P, d, d.att_fused ? MP_ATT : MP_OPROJ, MP_MM1);
+    return 0;
+}
+
+int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, sm_err *e) {
     cb_mono *M = c->mono;
     const int bi = mono_bucket_index(nb);
     if (!M || bi < 0 || !M->desc[bi] || l < 1 || l > c->cfg.L - 2) return sm_errf(e, "monokernel: layer %d of a %d-row step not planned", l, nb);
-    const mono_desc *d = M->desc[bi] + l;
+    const mono_desc *D = M->desc[bi];
+    const mono_desc &d = D[l];
     const int N = mono_box(nb);
-    if (nb <= 16) return mono_launch(N, d, 0, MP_N, M->grid, M->smem, c->st, e) ? sm_errprefix(e, "monokernel layer %d", l) : 0;
-    /* K5: HA = attention .. pre-expert norm, HM = experts, HB = unpooler .. next layer's qkv */
-    if (mono_launch(N, d, MP_ATT, MP_MM1, M->grid, M->smem, c->st, e) || mono_launch(N, d, MP_MM1, MP_UNPOOL, M->grid, M->smem, c->st, e) ||
-        mono_launch(N, d, MP_UNPOOL, MP_N, M->grid, M->smem, c->st, e))
-        return sm_errprefix(e, "monokernel layer %d", l);
+    mono_prog *P = &M->prog;
+    /* the start of layer l, unless the previous layer's launch ran it */
+    if (!(prev_mono && d.att_fused)) {
+        P->nseg = 0;
+        if (mono_start(c, d, nb, P, e) || mono_launch(N, *P, M->grid, M->smem, c->st, e)) return sm_errprefix(e, "monokernel layer %d", l);
+    }
+    /* the experts */
+    mono_moe mm;
+    memset(&mm, 0, sizeof mm);
+    mm.a1 = d.a1; mm.a2 = d.a2; mm.ca = d.ca; mm.ctl = d.ctl; mm.layer = l;
+    if (mono_moe_launch(d.fmt, mm, M->moe_grid, c->st, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
+    /* the end of layer l (+ the start of layer l+1 when it runs mono with fused attention) */
+    P->nseg = 0;
+    mono_seg(P, d, MP_UNPOOL, MP_N);
+    if (next_mono && D[l + 1].att_fused) mono_seg(P, D[l + 1], D[l + 1].att_fused ? MP_ATT : MP_OPROJ, MP_MM1);
+    if (mono_launch(N, *P, M->grid, M->smem, c->st, e)) return sm_errprefix(e, "monokernel layer %d", l);
     return 0;
 }
 
@@ -327,13 +361,15 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
     if (!c) return -1;
     cb_mono *M = c->mono;
     if (!M || c->mono_mode == SM_MONO_OFF) return sm_errf(e, "cuda bench --trace: the monokernel is off on this engine");
-    const size_t nb = (size_t)MONO_TRACE_MAX * M->grid * MP_N * 2;
+    const int tb = M->moe_grid > M->grid ? M->moe_grid : M->grid;
+    const size_t nb = (size_t)MONO_TRACE_MAX * tb * MP_N * 2;
     if (!M->trace) {
         SM_CUDA_CHECK(cudaMalloc((void **)&M->trace, nb * 8));
     }
     SM_CUDA_CHECK(cudaMemsetAsync(M->trace, 0, nb * 8, c->st));
     M->ctl_h->trace = M->trace;
-    SM_CUDA_CHECK(cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, c->st));
+    M->ctl_h->trace_blocks = tb;
+    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st));
     SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
     int rc = b->step(b->ctx, s, e);
     unsigned long long *h = NULL;
@@ -365,12 +401,14 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
     fprintf(fp, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
     int first = 1;
     for (int l = 0; l < MONO_TRACE_MAX; l++)
-        for (int bk = 0; bk < M->grid; bk++)
+        for (int bk = 0; bk < tb; bk++)
             for (int p = 0; p < MP_N; p++) {
-                const unsigned long long *q = h + (((size_t)l * M->grid + bk) * MP_N + p) * 2;
+                const unsigned long long *q = h + (((size_t)l * tb + bk) * MP_N + p) * 2;
                 if (!q[0] || !q[1]) continue;
+                /* dense blocks: one per SM; expert blocks: two per SM, shown on their SM's track */
+                const int sm_track = p >= MP_MM1 && p <= MP_COMBINE ? bk / 2 : bk;
                 fprintf(fp, "%s{\"name\":\"L%d %s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", first ? "" : ",\n", l,
-                        mono_phase_name[p], bk, (double)(q[0] - t0) / 1000.0, (double)(q[1] - q[0]) / 1000.0);
+                        mono_phase_name[p], sm_track, (double)(q[0] - t0) / 1000.0, (double)(q[1] - q[0]) / 1000.0);
                 first = 0;
             }
     fprintf(fp, "\n]}\n");

@@ -17,6 +17,8 @@
 #include "cuda/ops/norm.cuh"
 #include "cuda/ops/router.cuh"
 
+static_assert(sizeof(mono_prog) <= 32000, "the program is a kernel parameter (at most 32764 bytes on sm_90)");
+
 const char *const mono_phase_name[MP_N] = {
     "attention", "attention split sum", "o_proj", "post-attention boundary", "router", "top-k", "pooler",
     "pre-expert norm + grouping", "experts gate_up", "experts down", "expert combine", "unpooler", "post-FFN boundary",
@@ -36,7 +38,7 @@ __device__ __forceinline__ void mono_st_release(unsigned *p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-/* Grid barrier after phase `phase` of layer `layer` (every thread calls it): 1 when every block
+/* Grid barrier before phase `phase` of layer `layer` (every thread calls it): 1 when every block
  * has arrived, 0 when this block must leave (a wait timed out here or anywhere). */
 __device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, int *flag) {
     asm volatile("fence.proxy.async.global;" ::: "memory"); /* our writes, for TMA readers */
@@ -78,27 +80,30 @@ __device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, 
 }
 
 /* ---- phases ----
- * Each phase is its own (not inlined) function: registers are allocated per phase, so the
- * expert stages keep the stock kernel's allocation instead of the whole kernel's maximum. */
+ * The descriptor is the kernel's __grid_constant__ parameter (constant bank, as the stock
+ * kernels' arguments).  The expert stages, the combine and the matmuls are inlined, so their
+ * arguments stay constant-bank operands (the expert stage sits at the stock kernel's 128
+ * registers); the other phases are functions of their own, so their registers do not add to
+ * the kernel's. */
 
 template <int G>
-__device__ __noinline__ void mono_att(const mono_desc *d, uint8_t *dyn) {
+__device__ __noinline__ void mono_att(const mono_desc &d, uint8_t *dyn) {
     const int k = threadIdx.x >> 7; /* team of 128: one decode item at a time */
     const sm_team t = sm_team_slice(k, SM_ATT_THREADS);
     sm_att_decode_smem<G> *sh = (sm_att_decode_smem<G> *)dyn + k;
-    const int nr = d->n * d->nkv, items = nr * d->nsplit;
+    const int nr = d.n * d.nkv, items = nr * d.nsplit;
     for (int v = blockIdx.x * 4 + k; v < items; v += gridDim.x * 4) {
         /* the stock grid: x = row * nkv + KV head, y = split */
-        const int split = v / nr, rem = v - split * nr, row = rem / d->nkv, h = rem - row * d->nkv;
-        sm_att_decode_item<G>(d->q, d->ldq, d->gate, d->ldq, d->kv, d->tables, d->max_bpr, d->rreq, d->pos, d->n, d->nh, d->nkv,
-                              d->window, d->scale, d->eps, d->att, d->wsO, d->wsM, d->wsL, row, h, split, d->nsplit, *sh, t);
+        const int split = v / nr, rem = v - split * nr, row = rem / d.nkv, h = rem - row * d.nkv;
+        sm_att_decode_item<G>(d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, d.n, d.nh, d.nkv,
+                              d.window, d.scale, d.eps, d.att, d.wsO, d.wsM, d.wsL, row, h, split, d.nsplit, *sh, t);
     }
 }
 
-__device__ __noinline__ void mono_att_sum(const mono_desc *d) {
+__device__ __noinline__ void mono_att_sum(const mono_desc &d) {
     const int nw = MONO_THREADS / 32;
-    for (int id = blockIdx.x * nw + (threadIdx.x >> 5); id < d->n * d->nh; id += gridDim.x * nw)
-        sm_att_combine_item(d->wsO, d->wsM, d->wsL, d->nsplit, d->n, d->nh, d->gate, d->ldq, d->eps, d->att, id);
+    for (int id = blockIdx.x * nw + (threadIdx.x >> 5); id < d.n * d.nh; id += gridDim.x * nw)
+        sm_att_combine_item(d.wsO, d.wsM, d.wsL, d.nsplit, d.n, d.nh, d.gate, d.ldq, d.eps, d.att, id);
 }
 
 /* One matmul over the stock stream-K split (G = min(grid, units) virtual blocks); inlined:
@@ -125,109 +130,121 @@ __device__ __forceinline__ int mono_norm_team(int width, int *k, sm_team *t) {
     return per;
 }
 
-__device__ __noinline__ void mono_post_att(const mono_desc *d, float (*red)[32]) {
+__device__ __noinline__ void mono_post_att(const mono_desc &d, float (*red)[32]) {
     int k;
     sm_team t;
-    const int per = mono_norm_team(d->H, &k, &t);
-    for (int row = blockIdx.x * per + k; row < d->n; row += gridDim.x * per)
-        sm_norm_post_attn_row(d->s, d->a, d->att_alpha, d->att_beta, d->pre_ffn, d->H, d->post_eps, d->eps, d->xf, (size_t)row,
+    const int per = mono_norm_team(d.H, &k, &t);
+    for (int row = blockIdx.x * per + k; row < d.n; row += gridDim.x * per)
+        sm_norm_post_attn_row(d.s, d.a, d.att_alpha, d.att_beta, d.pre_ffn, d.H, d.post_eps, d.eps, d.xf, (size_t)row,
                               red[k], t);
 }
 
 template <int NT>
-__device__ __noinline__ void mono_router(const mono_desc *d, uint8_t *dyn) {
+__device__ __noinline__ void mono_router(const mono_desc &d, uint8_t *dyn) {
     const int k = threadIdx.x >> 8;
     const sm_team t = sm_team_slice(k, 256);
     float4(*xs)[SM_RG_KL / 4] = (float4(*)[SM_RG_KL / 4])(dyn + (size_t)k * NT * SM_RG_KL * 4);
-    const int gx = (d->E + SM_RG_ROWS - 1) / SM_RG_ROWS, gy = (d->n + NT - 1) / NT, items = gx * gy * d->rS;
+    const int gx = (d.E + SM_RG_ROWS - 1) / SM_RG_ROWS, gy = (d.n + NT - 1) / NT, items = gx * gy * d.rS;
     for (int v = blockIdx.x * 2 + k; v < items; v += gridDim.x * 2) {
         const int bx = v % gx, by = (v / gx) % gy, bz = v / (gx * gy);
-        sm_mm_f32w_gemv_block<NT>(d->xf, d->n, d->H, d->router, d->E, d->rpart, bx, by, bz, xs, t);
+        sm_mm_f32w_gemv_block<NT>(d.xf, d.n, d.H, d.router, d.E, d.rpart, bx, by, bz, xs, t);
         sm_team_sync(t); /* xs is rewritten by the team's next item */
     }
 }
 
-__device__ __noinline__ void mono_topk(const mono_desc *d, uint8_t *dyn) {
+__device__ __noinline__ void mono_topk(const mono_desc &d, uint8_t *dyn) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = MONO_THREADS / 32;
-    const size_t count = (size_t)d->n * d->E;
-    for (int row = blockIdx.x * nw + warp; row < d->n; row += gridDim.x * nw) {
+    const size_t count = (size_t)d.n * d.E;
+    for (int row = blockIdx.x * nw + warp; row < d.n; row += gridDim.x * nw) {
         /* the split sum of sm_mm_reduce_f32_range, in split order */
-        for (int x = lane; x < d->E; x += 32) {
-            const size_t i = (size_t)row * d->E + x;
-            float a = d->rpart[i];
-            for (int s = 1; s < d->rS; s++) a += d->rpart[(size_t)s * count + i];
-            d->rlog[i] = a;
+        for (int x = lane; x < d.E; x += 32) {
+            const size_t i = (size_t)row * d.E + x;
+            float a = d.rpart[i];
+            for (int s = 1; s < d.rS; s++) a += d.rpart[(size_t)s * count + i];
+            d.rlog[i] = a;
         }
         __syncwarp();
-        sm_route_topk_row(d->rlog, d->rbias, d->E, d->K, d->m_o, d->route_scale, d->idx, d->w, row,
-                          (float *)dyn + (size_t)warp * 2 * d->E);
+        sm_route_topk_row(d.rlog, d.rbias, d.E, d.K, d.m_o, d.route_scale, d.idx, d.w, row,
+                          (float *)dyn + (size_t)warp * 2 * d.E);
     }
 }
 
-__device__ __noinline__ void mono_pre_norm(const mono_desc *d, uint8_t *dyn, float (*red)[32]) {
+__device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, float (*red)[32]) {
     if (blockIdx.x == gridDim.x - 1) { /* the last block groups the routes by expert */
-        moe_group<MONO_THREADS>(d->ga, (moe_group_smem *)dyn);
+        moe_group<MONO_THREADS>(d.ga, (moe_group_smem *)dyn);
         return;
     }
     int k;
     sm_team t;
-    const int per = mono_norm_team(d->Hm, &k, &t), nblk = gridDim.x - 1;
-    for (int row = blockIdx.x * per + k; row < d->n; row += nblk * per)
-        sm_norm_rms_bf16_row(d->h1, d->Hm, d->pre_expert, d->eps, d->h1, (size_t)row, red[k], t);
+    const int per = mono_norm_team(d.Hm, &k, &t), nblk = gridDim.x - 1;
+    for (int row = blockIdx.x * per + k; row < d.n; row += nblk * per)
+        sm_norm_rms_bf16_row(d.h1, d.Hm, d.pre_expert, d.eps, d.h1, (size_t)row, red[k], t);
 }
 
-template <int F, int STAGE>
-__device__ __noinline__ void mono_experts(const mono_desc *d, uint8_t *dyn) {
-    const int k = threadIdx.x >> 8;
-    const sm_team t = sm_team_slice(k, MOE_THREADS);
-    const moe_args &a = STAGE == 1 ? d->a1 : d->a2;
-    moe_mm_block<F, STAGE, 0>(a, blockIdx.x * 2 + k, gridDim.x * 2, dyn + (size_t)k * a.Kp * 16, t);
-}
-
-template <int STAGE>
-__device__ __forceinline__ void mono_experts_fmt(const mono_desc *d, uint8_t *dyn) {
-    switch (d->fmt) {
-    case SM_EXP_MXFP4: mono_experts<SM_EXP_MXFP4, STAGE>(d, dyn); break;
-    case SM_EXP_FP8: mono_experts<SM_EXP_FP8, STAGE>(d, dyn); break;
-    default: mono_experts<SM_EXP_BF16, STAGE>(d, dyn); break;
-    }
-}
-
-__device__ __noinline__ void mono_combine(const mono_desc *d, uint8_t *dyn, float (*red)[32]) {
-    const int k = threadIdx.x >> 8;
-    const sm_team t = sm_team_slice(k, MOE_COMBINE_THREADS);
-    moe_combine_rows(d->ca, blockIdx.x * 2 + k, gridDim.x * 2, (float *)dyn + (size_t)k * d->Hm, red[k], t);
-}
-
-__device__ __noinline__ void mono_post_ffn(const mono_desc *d, float (*red)[32]) {
+__device__ __noinline__ void mono_post_ffn(const mono_desc &d, float (*red)[32]) {
     int k;
     sm_team t;
-    const int per = mono_norm_team(d->H, &k, &t);
-    for (int row = blockIdx.x * per + k; row < d->n; row += gridDim.x * per)
-        sm_norm_post_ffn_row(d->s, d->f, d->post_ffn, d->ffn_alpha, d->ffn_beta, d->next_norm, 0, d->H, d->post_eps, d->eps, d->x,
+    const int per = mono_norm_team(d.H, &k, &t);
+    for (int row = blockIdx.x * per + k; row < d.n; row += gridDim.x * per)
+        sm_norm_post_ffn_row(d.s, d.f, d.post_ffn, d.ffn_alpha, d.ffn_beta, d.next_norm, 0, d.H, d.post_eps, d.eps, d.x,
                              (size_t)row, red[k], t);
 }
 
-__device__ __noinline__ void mono_rope(const mono_desc *d) {
-    const int nw = MONO_THREADS / 32, heads = d->nh + 2 * d->nkv, QD = d->nh * 64, KD = d->nkv * 64;
-    const sm_rope_tab tab = d->tab;
-    for (int it = blockIdx.x * nw + (threadIdx.x >> 5); it < d->n * heads; it += gridDim.x * nw) {
+__device__ __noinline__ void mono_rope(const mono_desc &d) {
+    const int nw = MONO_THREADS / 32, heads = d.nh + 2 * d.nkv, QD = d.nh * 64, KD = d.nkv * 64;
+    const sm_rope_tab tab = d.tab;
+    for (int it = blockIdx.x * nw + (threadIdx.x >> 5); it < d.n * heads; it += gridDim.x * nw) {
         const int row = it / heads, hh = it - row * heads;
-        sm_rope_kv_head(d->nq, d->ldq, d->nq + QD, d->nq + QD + KD, d->ldq, d->nh, d->nkv, d->pos, d->slot, d->rope, tab, d->eps,
-                        d->nq, d->ldq, d->nkvc, d->nslots, (size_t)row, hh);
+        sm_rope_kv_head(d.nq, d.ldq, d.nq + QD, d.nq + QD + KD, d.ldq, d.nh, d.nkv, d.pos, d.slot, d.rope, tab, d.eps,
+                        d.nq, d.ldq, d.nkvc, d.nslots, (size_t)row, hh);
     }
 }
 
-/* ---- the kernel ---- */
+/* ---- the kernels ---- */
 
+/* Phase p of layer descriptor d (a dense phase: not the experts). */
 template <int N>
-__global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const mono_desc *__restrict__ d, int p0, int p1) {
+__device__ __forceinline__ void mono_phase(const mono_desc &d, int p, uint8_t *dyn, const sm_wg_smem &sm, int &rs, unsigned &rph,
+                                           float (*red)[32]) {
+    switch (p) {
+    case MP_ATT:
+        if (d.G == 8) mono_att<8>(d, dyn);
+        else mono_att<2>(d, dyn);
+        break;
+    case MP_ATT_SUM: mono_att_sum(d); break;
+    case MP_OPROJ: mono_mm_phase<N>(&d.mm[0], sm, rs, rph); break;
+    case MP_POST_ATT: mono_post_att(d, red); break;
+    case MP_ROUTER:
+        if (d.rnt == 8) mono_router<8>(d, dyn);
+        else mono_router<16>(d, dyn);
+        break;
+    case MP_TOPK: mono_topk(d, dyn); break;
+    case MP_POOLER: mono_mm_phase<N>(&d.mm[1], sm, rs, rph); break;
+    case MP_PRE_NORM: mono_pre_norm(d, dyn, red); break;
+    case MP_UNPOOL: mono_mm_phase<N>(&d.mm[2], sm, rs, rph); break;
+    case MP_POST_FFN: mono_post_ffn(d, red); break;
+    case MP_QKVG: mono_mm_phase<N>(&d.mm[3], sm, rs, rph); break;
+    case MP_ROPE: mono_rope(d); break;
+    default: break;
+    }
+}
+
+/* Trace slot of (layer, block, phase) (ctl->trace_blocks blocks a layer), or NULL. */
+__device__ __forceinline__ unsigned long long *mono_tr(const mono_ctl *ctl, int layer, int p) {
+    unsigned long long *t = ctl->trace;
+    return t ? t + (((size_t)(layer % MONO_TRACE_MAX) * ctl->trace_blocks + blockIdx.x) * MP_N + p) * 2 : NULL;
+}
+
+/* The dense kernel: segment 0 (phases [p0[0], p1[0]) of d[0]), then segment 1 (of d[1]),
+ * a grid barrier between consecutive phases. */
+template <int N>
+__global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_constant__ mono_prog P) {
     constexpr int ST = SM_WG_ST(N, 1);
     extern __shared__ uint8_t mono_dyn[];
     __shared__ __align__(8) uint64_t full_bar[ST], empty_bar[ST];
     __shared__ int last_s, flag_s;
     __shared__ float red_s[4][32];
-    mono_ctl *ctl = d->ctl;
+    mono_ctl *ctl = P.d[0].ctl;
     if (*(volatile unsigned *)&ctl->abort) return; /* an earlier launch of the step timed out */
     uint8_t *dyn = (uint8_t *)(((uintptr_t)mono_dyn + 1023) & ~(uintptr_t)1023);
     sm_wg_smem sm;
@@ -239,41 +256,49 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const mono_desc *
     __syncthreads();
     int rs = 0;       /* ring position, carried across the matmul phases (each role its own copy) */
     unsigned rph = 0;
-    unsigned long long *trace = ctl->trace;
-    const int layer = d->layer;
-    unsigned long long *tr = trace ? trace + ((size_t)(layer % MONO_TRACE_MAX) * gridDim.x + blockIdx.x) * MP_N * 2 : NULL;
-    for (int p = p0; p < p1; p++) {
-        if (p == MP_ATT_SUM && d->nsplit == 1) continue;
-        if (tr && threadIdx.x == 0) tr[2 * p] = mono_now();
-        switch (p) {
-        case MP_ATT:
-            if (d->G == 8) mono_att<8>(d, dyn);
-            else mono_att<2>(d, dyn);
-            break;
-        case MP_ATT_SUM: mono_att_sum(d); break;
-        case MP_OPROJ: mono_mm_phase<N>(&d->mm[0], sm, rs, rph); break;
-        case MP_POST_ATT: mono_post_att(d, red_s); break;
-        case MP_ROUTER:
-            if (d->rnt == 8) mono_router<8>(d, dyn);
-            else mono_router<16>(d, dyn);
-            break;
-        case MP_TOPK: mono_topk(d, dyn); break;
-        case MP_POOLER: mono_mm_phase<N>(&d->mm[1], sm, rs, rph); break;
-        case MP_PRE_NORM: mono_pre_norm(d, dyn, red_s); break;
-        case MP_MM1: mono_experts_fmt<1>(d, dyn); break;
-        case MP_MM2: mono_experts_fmt<2>(d, dyn); break;
-        case MP_COMBINE: mono_combine(d, dyn, red_s); break;
-        case MP_UNPOOL: mono_mm_phase<N>(&d->mm[2], sm, rs, rph); break;
-        case MP_POST_FFN: mono_post_ffn(d, red_s); break;
-        case MP_QKVG: mono_mm_phase<N>(&d->mm[3], sm, rs, rph); break;
-        case MP_ROPE: mono_rope(d); break;
-        default: break;
+    int first = 1;
+    for (int g = 0; g < P.nseg; g++) {
+        const mono_desc &d = P.d[g];
+        for (int p = P.p0[g]; p < P.p1[g]; p++) {
+            if (p == MP_ATT_SUM && d.nsplit == 1) continue;
+            if (!first && !mono_grid_sync(ctl, d.layer, p, &flag_s)) return;
+            first = 0;
+            unsigned long long *tr = mono_tr(ctl, d.layer, p);
+            if (tr && threadIdx.x == 0) tr[0] = mono_now();
+            mono_phase<N>(d, p, dyn, sm, rs, rph, red_s);
+            if (tr) {
+                __syncthreads();
+                if (threadIdx.x == 0) tr[1] = mono_now();
+            }
+        }
+    }
+}
+
+/* The expert kernel of one layer: stage 1 | stage 2 | combine, the stock expert kernels'
+ * blocks (MOE_THREADS threads, 2 an SM, the same body, arguments in the constant bank: the
+ * stock register allocation), a grid barrier between the phases. */
+template <int F>
+__global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_constant__ mono_moe P) {
+    extern __shared__ uint4 moe_dyn[];
+    __shared__ int flag_s;
+    __shared__ float red_s[32];
+    mono_ctl *ctl = P.ctl;
+    if (*(volatile unsigned *)&ctl->abort) return;
+    const sm_team t = sm_team_block();
+    for (int p = MP_MM1; p <= MP_COMBINE; p++) {
+        if (p > MP_MM1 && !mono_grid_sync(ctl, P.layer, p, &flag_s)) return;
+        unsigned long long *tr = mono_tr(ctl, P.layer, p);
+        if (tr && threadIdx.x == 0) tr[0] = mono_now();
+        if (p == MP_MM1) moe_mm_block<F, 1, 1>(P.a1, blockIdx.x, gridDim.x, moe_dyn, t); /* h1: an earlier launch's */
+        else if (p == MP_MM2) moe_mm_block<F, 2, 0>(P.a2, blockIdx.x, gridDim.x, moe_dyn, t);
+        else {
+            __syncthreads(); /* the stage's smem is the combine's now */
+            moe_combine_rows(P.ca, blockIdx.x, gridDim.x, (float *)moe_dyn, red_s, t);
         }
         if (tr) {
             __syncthreads();
-            if (threadIdx.x == 0) tr[2 * p + 1] = mono_now();
+            if (threadIdx.x == 0) tr[1] = mono_now();
         }
-        if (p + 1 < p1 && !mono_grid_sync(ctl, layer, p, &flag_s)) return;
     }
 }
 
@@ -285,39 +310,68 @@ size_t mono_smem_bytes(int N, int G, int Hm, int I, int E) {
     const size_t rt = (size_t)2 * 16 * SM_RG_KL * 4;                         /* router x tiles */
     const size_t tk = (size_t)(MONO_THREADS / 32) * 2 * E * 4;              /* top-k scratch */
     const size_t gr = sizeof(moe_group_smem);
-    const size_t ex = (size_t)2 * 16 * (size_t)(((Hm > I ? Hm : I) + MOE_KALIGN - 1) / MOE_KALIGN * MOE_KALIGN); /* B tiles */
-    const size_t cb = (size_t)2 * Hm * 4;                                   /* combine sums */
-    const size_t o[6] = {att, rt, tk, gr, ex, cb};
-    for (int i = 0; i < 6; i++) if (o[i] > b) b = o[i];
+    const size_t o[4] = {att, rt, tk, gr};
+    (void)Hm;
+    (void)I;
+    for (int i = 0; i < 4; i++) if (o[i] > b) b = o[i];
     return b + 1024;                                                        /* 1024-byte alignment */
 }
 
-template <int N>
-static int mono_launch_n(const mono_desc *d, int p0, int p1, int grid, size_t smem, cudaStream_t st, sm_err *e) {
-    SM_CUDA_CHECK(cudaFuncSetAttribute(mono_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+/* A cooperative launch: the driver refuses a grid that cannot be co-resident. */
+template <typename T>
+static int mono_coop(void (*k)(T), const T &arg, int grid, int threads, size_t smem, cudaStream_t st, sm_err *e) {
+    SM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeCooperative; /* the driver refuses a grid that is not co-resident */
+    at[0].id = cudaLaunchAttributeCooperative;
     at[0].val.cooperative = 1;
     cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(MONO_THREADS);
+    cfg.blockDim = dim3(threads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    SM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, mono_kernel<N>, d, p0, p1));
+    SM_CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, arg));
     return 0;
 }
 
-int mono_launch(int N, const mono_desc *d, int p0, int p1, int grid, size_t smem, cudaStream_t st, sm_err *e) {
+int mono_launch(int N, const mono_prog &P, int grid, size_t smem, cudaStream_t st, sm_err *e) {
     switch (N) {
-    case 8: return mono_launch_n<8>(d, p0, p1, grid, smem, st, e);
-    case 16: return mono_launch_n<16>(d, p0, p1, grid, smem, st, e);
-    case 32: return mono_launch_n<32>(d, p0, p1, grid, smem, st, e);
-    case 64: return mono_launch_n<64>(d, p0, p1, grid, smem, st, e);
-    case 128: return mono_launch_n<128>(d, p0, p1, grid, smem, st, e);
+    case 8: return mono_coop(mono_kernel<8>, P, grid, MONO_THREADS, smem, st, e);
+    case 16: return mono_coop(mono_kernel<16>, P, grid, MONO_THREADS, smem, st, e);
+    case 32: return mono_coop(mono_kernel<32>, P, grid, MONO_THREADS, smem, st, e);
+    case 64: return mono_coop(mono_kernel<64>, P, grid, MONO_THREADS, smem, st, e);
+    case 128: return mono_coop(mono_kernel<128>, P, grid, MONO_THREADS, smem, st, e);
     default: return sm_errf(e, "monokernel: no build for a token box of %d rows", N);
     }
+}
+
+size_t mono_moe_smem(const mono_moe &P) {
+    const size_t a = (size_t)P.a1.Kp * 16, b = (size_t)P.a2.Kp * 16, c = (size_t)P.ca.Hm * 4;
+    return a > b ? (a > c ? a : c) : (b > c ? b : c);
+}
+
+int mono_moe_launch(int fmt, const mono_moe &P, int grid, cudaStream_t st, sm_err *e) {
+    const size_t smem = mono_moe_smem(P);
+    switch (fmt) {
+    case SM_EXP_MXFP4: return mono_coop(mono_moe_kernel<SM_EXP_MXFP4>, P, grid, MOE_THREADS, smem, st, e);
+    case SM_EXP_FP8: return mono_coop(mono_moe_kernel<SM_EXP_FP8>, P, grid, MOE_THREADS, smem, st, e);
+    case SM_EXP_BF16: return mono_coop(mono_moe_kernel<SM_EXP_BF16>, P, grid, MOE_THREADS, smem, st, e);
+    default: return sm_errf(e, "monokernel: expert format %d has no build", fmt);
+    }
+}
+
+int mono_moe_occupancy(const mono_moe &P, int *b, sm_err *e) {
+    const size_t smem = mono_moe_smem(P);
+    *b = 0;
+    int o[3];
+    void (*k[3])(mono_moe) = {mono_moe_kernel<SM_EXP_MXFP4>, mono_moe_kernel<SM_EXP_FP8>, mono_moe_kernel<SM_EXP_BF16>};
+    for (int i = 0; i < 3; i++) {
+        SM_CUDA_CHECK(cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        SM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o[i], k[i], MOE_THREADS, smem));
+    }
+    *b = o[0] < o[1] ? (o[0] < o[2] ? o[0] : o[2]) : (o[1] < o[2] ? o[1] : o[2]);
+    return 0;
 }
 
 template <int N>

@@ -1,8 +1,8 @@
 /* mono/mono.cuh: the monokernel: decoder layers 1..L-2 of a verify step as persistent launches
  * (docs/architecture.md, "monokernel"; the math is docs/model.md sections 3-7, unchanged).
  *
- * One launch runs a range of PHASES of one layer l on a co-resident grid of one 512-thread
- * block per SM; a grid barrier separates consecutive phases.  The phases, in order:
+ * A launch runs a range of PHASES on a co-resident grid (cooperative launch); a grid barrier
+ * separates consecutive phases.  The phases of layer l, in order:
  *   ATT        paged attention + output norm + gate of layer l (decode items, 4 teams a block)
  *   ATT_SUM    merge of the key splits (one warp per (row, head)), when the items split keys
  *   OPROJ      a = att Wo^T (the wgmma stream-K body, threads 0..255 consume, 256 produces)
@@ -11,23 +11,26 @@
  *   TOPK       split sum in split order + sigmoid + top-K (a warp per row)
  *   POOLER     h1 = xf Wpool^T
  *   PRE_NORM   pre-expert norm of h1 (a team per row) | grouping of the routes (last block)
- *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies, 2 teams a block)
- *   COMBINE    post-expert norm + weighted sum in route order (2 teams a block)
+ *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies)
+ *   COMBINE    post-expert norm + weighted sum in route order
  *   UNPOOL     f = m Wunpool^T
  *   POST_FFN   FFN residual boundary + the NEXT layer's input norm (a team per row)
  *   QKVG       the next layer's q | k | v | gate projection
  *   ROPE       the next layer's QK norm, RoPE (sliding layers) and K/V insert (a warp per head)
- * K3 (buckets of 8 and 16 rows) runs all of them in ONE launch a layer; K5 (24..128 rows) in
- * three: HA = ATT..PRE_NORM, HM = MM1..COMBINE, HB = UNPOOL..ROPE.  Every phase calls the
- * stock kernels' device bodies with the stock kernels' decomposition (same virtual blocks,
+ * The expert phases (MM1..COMBINE) are a kernel of their own (the stock expert blocks: 256
+ * threads, 2 an SM, arguments in the constant bank; inside the 512-thread kernel they ran 40%
+ * slower); every other phase is in the dense kernel, whose launch runs the end of layer l
+ * (UNPOOL..ROPE) and the start of layer l+1 (ATT..PRE_NORM) together: two launches a layer.
+ * The dense kernel has one 512-thread block per SM.  K3 (8 and 16 rows) and K5 (24..128 rows)
+ * differ only in the token box of the matmuls.  Every phase calls the stock kernels' device bodies with the stock kernels' decomposition (same virtual blocks,
  * team sizes, split counts), so a mono step gives the stock step's bits: the tests compare
  * them exactly.  Each phase boundary is a grid barrier, the point where the cross-rank
  * exchange of docs/parallelism.md will go.
  *
- * Everything a launch reads is in a descriptor (mono_desc, one per (bucket, layer), device
- * memory, written once when the bucket's graph is first built and never while a graph may
- * run): pointers, shapes, the four matmuls' tensor maps.  The kernel's arguments are the
- * descriptor's address and the phase range: a CUDA graph bakes them in.
+ * Everything a launch reads is in a descriptor (mono_desc, one per (bucket, layer), planned
+ * once when the bucket first runs): pointers, shapes, the four matmuls' tensor maps.  It is the
+ * kernel's __grid_constant__ parameter (with the phase range), so a CUDA graph bakes it in and
+ * the kernel reads it from the constant bank, never from memory a phase writes.
  * The grid barrier is bounded: a block that waits longer than ctl->bound_ns records (layer,
  * phase, block) in the health words, raises ctl->abort, and every block leaves; the host reads
  * the health words after the step and fails it with one line.  We rejected cooperative-groups
@@ -56,9 +59,6 @@ enum {
 /* Phase names (trace, health messages), indexed by MP_*. */
 extern const char *const mono_phase_name[MP_N];
 
-/* Launch shapes: the phase ranges of one layer's launches. */
-#define MONO_K3_LAUNCHES 1
-#define MONO_K5_LAUNCHES 3
 
 /* Shared control words of one context (device memory): the grid barrier, the health words,
  * the trace pointer and the fault-injection hook. */
@@ -68,7 +68,8 @@ typedef struct mono_ctl {
     unsigned abort;             /* 1: a wait timed out; every block leaves at its next barrier */
     unsigned health[4];         /* first timeout: {1, layer, phase, block} */
     unsigned long long bound_ns; /* longest wait at a barrier */
-    unsigned long long *trace;  /* NULL, or [MONO_TRACE_MAX][grid][MP_N][2] globaltimer ns */
+    unsigned long long *trace;  /* NULL, or [MONO_TRACE_MAX][trace_blocks][MP_N][2] globaltimer ns */
+    int trace_blocks;           /* blocks a layer's trace holds (the expert kernel's grid: 2 an SM) */
     int fault_layer;            /* test hook: block 1 stops arriving after this (layer, phase); -1 off */
     int fault_phase;
 } mono_ctl;
@@ -85,6 +86,7 @@ typedef struct mono_desc {
     mono_mm mm[4];              /* OPROJ, POOLER, UNPOOL, QKVG (the next layer's) */
     mono_ctl *ctl;
     int layer;                  /* l */
+    int att_fused;              /* 1: ATT runs in the launch; 0: the stock attention kernel runs before it */
     int n;                      /* rows (the bucket's, padding included) */
     int H, Hm, E, K, nh, nkv, G;
     float eps, post_eps;
@@ -132,13 +134,34 @@ typedef struct mono_desc {
     sm_rope_tab tab;
 } mono_desc;
 
+/* A dense launch: up to two segments of phases, each of one layer's descriptor (the end of
+ * layer l, UNPOOL..ROPE, then the start of layer l+1, ATT..PRE_NORM). */
+typedef struct mono_prog {
+    mono_desc d[2];
+    int p0[2], p1[2];           /* phases [p0, p1) of each segment */
+    int nseg;                   /* 1 or 2 */
+} mono_prog;
+
+/* The expert launch of one layer (its own kernel: the stock expert blocks and registers). */
+typedef struct mono_moe {
+    moe_args a1, a2;
+    moe_combine_args ca;
+    mono_ctl *ctl;
+    int layer;
+} mono_moe;
+
 /* Dynamic shared memory of a launch for token box N, G query heads a KV head, expert widths
  * Hm, I and E experts: the largest phase's (usually the wgmma ring). */
 size_t mono_smem_bytes(int N, int G, int Hm, int I, int E);
-/* Launch phases [p0, p1) of the layer whose descriptor is d (device address) over grid
- * blocks (one per SM), token box N, smem bytes of dynamic shared memory, on st (a
- * cooperative launch: the driver refuses a grid that cannot be co-resident). */
-int mono_launch(int N, const mono_desc *d, int p0, int p1, int grid, size_t smem, cudaStream_t st, sm_err *e);
+/* Launch program P (a kernel parameter) over grid blocks (one per SM), token box N, smem bytes
+ * of dynamic shared memory, on st (a cooperative launch: the driver refuses a grid that cannot
+ * be co-resident). */
+int mono_launch(int N, const mono_prog &P, int grid, size_t smem, cudaStream_t st, sm_err *e);
+/* The expert launch of format fmt over grid blocks of MOE_THREADS (2 an SM); its shared memory
+ * and resident blocks per SM. */
+int mono_moe_launch(int fmt, const mono_moe &P, int grid, cudaStream_t st, sm_err *e);
+size_t mono_moe_smem(const mono_moe &P);
+int mono_moe_occupancy(const mono_moe &P, int *blocks_per_sm, sm_err *e);
 /* Resident blocks per SM of the kernel for token box N with smem bytes (co-residency check). */
 int mono_occupancy(int N, size_t smem, int *blocks_per_sm, sm_err *e);
 

@@ -111,7 +111,8 @@ static int cb_layer_rest(sm_cuda_dev *c, const cb_run *r, int l, uint16_t *q, sm
  * a stock layer (its projections unless the previous mono launch made them; then, when the
  * next layer runs mono, that layer's projections, where its launch starts). */
 static int cb_layer_fwd(sm_cuda_dev *c, const cb_run *r, int l, sm_err *e) {
-    if (cb_is_mono(c, r, l)) return cb_mono_layer(c, r->n, l, e);
+    if (cb_is_mono(c, r, l))
+        return cb_mono_layer(c, r->n, l, l > r->l0 && cb_is_mono(c, r, l - 1), l + 1 < r->l1 && cb_is_mono(c, r, l + 1), e);
     uint16_t *q = cb_qkv(c, r, l);
     const int have_qkv = l > r->l0 && cb_is_mono(c, r, l - 1);
     if (!have_qkv && cb_layer_qkv(c, r, l, q, e)) return -1;

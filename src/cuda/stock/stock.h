@@ -249,8 +249,11 @@ void cb_mono_free(sm_cuda_dev *c);
 /* 1 when steps of bucket rows nb run mono (plans the bucket's descriptors on first use),
  * 0 for stock (mode off, refused bucket: logged once), -1 on error. */
 int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e);
-/* Enqueue layer l's launches (1 <= l <= L-2) for a planned bucket nb on c->st. */
-int cb_mono_layer(sm_cuda_dev *c, int nb, int l, sm_err *e);
+/* Enqueue layer l's launches (1 <= l <= L-2) for a planned bucket nb on c->st: its start
+ * (attention .. pre-expert norm) unless prev_mono (the previous layer ran mono in this run and
+ * its last launch ran this start), the experts, and its end (unpooler .. the next layer's
+ * projections), merged with the next layer's start when next_mono. */
+int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, sm_err *e);
 /* Enqueue the health words' copy to the host (before the step's sync); after it, check them:
  * -1 with one line naming device, layer, phase and block when a grid barrier timed out. */
 int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e);
