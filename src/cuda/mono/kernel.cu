@@ -122,6 +122,30 @@ __device__ __forceinline__ void mono_mm_phase(const mono_mm *mm, const sm_wg_sme
     }
 }
 
+/* Units of the next matmul whose W boxes a block prefetches into L2 while it waits at the
+ * barrier before it (the weights do not depend on the activations). */
+#define MONO_PREFETCH_UNITS 8
+
+/* The W boxes of this block's first MONO_PREFETCH_UNITS units of matmul mm into L2 (one thread). */
+template <int N>
+__device__ __forceinline__ void mono_mm_prefetch(const mono_mm *mm) {
+    const int units = mm->a.units, ki = mm->a.ki;
+    const int G = (int)gridDim.x < units ? (int)gridDim.x : units, b = blockIdx.x;
+    if (b >= G) return;
+    const int u0 = sm_wg_unit0(b, G, units), u1 = sm_wg_unit0(b + 1, G, units);
+    for (int u = u0; u < u1 && u < u0 + MONO_PREFETCH_UNITS; u++) {
+        const int t = u / ki, kq = u - t * ki;
+        asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(&mm->tw), "r"(kq * SM_WG_BK),
+                     "r"(t * SM_WG_BM(1))
+                     : "memory");
+    }
+}
+
+/* The matmul of phase p, or NULL. */
+__device__ __forceinline__ const mono_mm *mono_phase_mm(const mono_desc &d, int p) {
+    return p == MP_OPROJ ? &d.mm[0] : p == MP_POOLER ? &d.mm[1] : p == MP_UNPOOL ? &d.mm[2] : p == MP_QKVG ? &d.mm[3] : NULL;
+}
+
 /* Norm rows: teams of sm_norm_threads(width), rows dealt over blocks [0, nblk). */
 __device__ __forceinline__ int mono_norm_team(int width, int *k, sm_team *t) {
     const int T = sm_norm_threads(width), per = MONO_THREADS / T;
@@ -261,7 +285,11 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
         const mono_desc &d = P.d[g];
         for (int p = P.p0[g]; p < P.p1[g]; p++) {
             if (p == MP_ATT_SUM && d.nsplit == 1) continue;
-            if (!first && !mono_grid_sync(ctl, d.layer, p, &flag_s)) return;
+            if (!first) {
+                const mono_mm *pm = mono_phase_mm(d, p);
+                if (pm && threadIdx.x == 256) mono_mm_prefetch<N>(pm); /* while the others finish */
+                if (!mono_grid_sync(ctl, d.layer, p, &flag_s)) return;
+            }
             first = 0;
             unsigned long long *tr = mono_tr(ctl, d.layer, p);
             if (tr && threadIdx.x == 0) tr[0] = mono_now();
