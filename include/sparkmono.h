@@ -5,9 +5,11 @@
  * The engine runs greedy decoding with speculative verify steps: each step feeds, per live
  * request, its last token and R-1 drafts from an n-gram drafter, and accepts drafts while
  * they match the model's argmax (docs/model.md section 8), so the output is token for token that
- * of one-token-at-a-time greedy decoding.  C11, no CUDA types; one engine is used by one
- * thread at a time.  We rejected exposing the internal structs (sm_model, sm_kv): the GPU
- * and multi-rank layouts will change behind this header.
+ * of one-token-at-a-time greedy decoding.  A request may sample instead (sparkmono_add_sampled):
+ * drafts are then accepted by the rule that keeps plain sampling's distribution exactly.
+ * C11, no CUDA types; one engine is used by one thread at a time.  We rejected exposing the
+ * internal structs (sm_model, sm_kv): the GPU and multi-rank layouts will change behind this
+ * header.
  *
  * Typical use:
  *   sparkmono_model *m; sparkmono_engine *g; int req;
@@ -119,7 +121,8 @@ sm_status sparkmono_remove(sparkmono_engine *g, int req);
 
 /* Run the prompt of req through the model (in steps of at most prefill_chunk rows).
  * logits: NULL, or [n, V] f32 softcapped logits of every prompt row (ids >= vocab_used are
- * -inf).  When max_tokens >= 1 the argmax of the last row is the first generated token. */
+ * -inf).  When max_tokens >= 1 the argmax of the last row (a sampled request: its draw) is the
+ * first generated token. */
 sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits);
 
 /* One verify step over every live request that is prefilled and not finished.  For request

@@ -24,6 +24,9 @@ typedef struct sm_step {
     const int *req;          /* [nrows] request slot of each row (sm_kv slot) */
     const sm_kv *kv;         /* block tables, pages reserved for every (req, pos) above */
     float *logits;           /* [nrows, V] f32 softcapped logits, ids >= vocab_used = -inf; or NULL */
+    const int *logits_at;    /* NULL: logits holds every row (row i at row i); else [nrows]: row i's
+                                logits go to row logits_at[i] of logits, none when -1 (the rows of
+                                the sampled requests of a verify step, packed) */
     int *argmax;             /* [nrows] greedy id among ids < vocab_used, ties to the lowest id;
                                 -1 when any of those logits is NaN or +-Inf (non-finite row) */
     int naux;                /* aux hidden states requested */

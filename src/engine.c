@@ -1,5 +1,5 @@
 /* engine.c: the engine of include/sparkmono.h: requests, prefill, verify steps with n-gram
- * drafts and greedy acceptance, KV bookkeeping, generation loop.
+ * drafts and greedy or sampled acceptance, KV bookkeeping, generation loop.
  *
  * Every step is built as flat row arrays (token, position, request slot) and handed to the
  * backend's single step function; a request's rows are consecutive.  The engine reserves
@@ -11,6 +11,10 @@
  * anything is emitted or committed; logits handed to the caller are scanned too, so no backend
  * can return a NaN row silently.  We rejected a scan of the weights at load (sm_check_finite
  * does it for `sparkmono check`): it would read a 400 GB checkpoint before the first token.
+ * Sampled requests (sample.h) take the same steps; the step also returns the logits of their
+ * rows only (sm_step.logits_at), so greedy requests cost no logits traffic and keep their
+ * argmax path bit for bit.  The token at position i of a sampled request is drawn with the
+ * uniform of (seed, i), whatever step (prefill, verify row, bonus) produces it.
  */
 #include "engine.h"
 #include <stdarg.h>
@@ -180,10 +184,12 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     g->pos = malloc(rows * sizeof(int));
     g->rreq = malloc(rows * sizeof(int));
     g->argmax = malloc(rows * sizeof(int));
+    g->logits_at = malloc(rows * sizeof(int));
     g->draft = malloc((size_t)R * sizeof(int));
     g->aux_layers = malloc((size_t)(o->naux ? o->naux : 1) * sizeof(int));
     if (o->naux) g->aux = malloc((size_t)o->naux * rows * (size_t)c->H * sizeof(float));
-    if (!g->reqs || !g->tok || !g->pos || !g->rreq || !g->argmax || !g->draft || !g->aux_layers || (o->naux && !g->aux)) {
+    if (!g->reqs || !g->tok || !g->pos || !g->rreq || !g->argmax || !g->logits_at || !g->draft || !g->aux_layers ||
+        (o->naux && !g->aux)) {
         sparkmono_engine_destroy(g);
         return fail(SM_E_NOMEM, "sparkmono_engine_create: out of memory for %zu step rows", rows);
     }
@@ -245,6 +251,9 @@ void sparkmono_engine_destroy(sparkmono_engine *g) {
     free(g->pos);
     free(g->rreq);
     free(g->argmax);
+    free(g->logits_at);
+    free(g->slog);
+    if (g->have_sws) sm_sample_ws_free(&g->sws);
     free(g->draft);
     free(g->aux_layers);
     free(g->aux);
@@ -282,8 +291,20 @@ static int emit(const sm_config *c, sm_request *r, const int *t, int n) {
 }
 
 sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_tokens, int *req) {
+    return sparkmono_add_sampled(g, prompt, n, max_tokens, NULL, req);
+}
+
+sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, int max_tokens, const sparkmono_sampling *smp,
+                                int *req) {
     if (!g || !req) return fail(SM_E_INVALID, "sparkmono_add: NULL argument");
     *req = -1;
+    sm_err e = {{0}};
+    if (smp && sm_sample_check(smp, &e)) return fail(SM_E_INVALID, "sparkmono_add_sampled: %s", e.msg);
+    const int sampled = smp && smp->temperature > 0;
+    if (sampled && !g->have_sws) { /* the sampler's row buffers, once per engine */
+        if (sm_sample_ws_init(&g->sws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
+        g->have_sws = 1;
+    }
     if (n <= 0 || !prompt) return fail(SM_E_INVALID, "sparkmono_add: prompt is empty");
     if (max_tokens < 0) return fail(SM_E_INVALID, "sparkmono_add: max tokens %d is negative", max_tokens);
     for (int i = 0; i < n; i++)
@@ -294,7 +315,6 @@ sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_t
                     n, max_tokens, g->max_len);
     int *hist = malloc(((size_t)n + (size_t)max_tokens) * sizeof(int));
     if (!hist) return fail(SM_E_NOMEM, "sparkmono_add: out of memory for %d tokens", n + max_tokens);
-    sm_err e = {{0}};
     int slot;
     if (sm_kv_add(&g->kv, &slot, &e) != 0) {
         free(hist);
@@ -308,6 +328,8 @@ sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_t
     r->hist = hist;
     memcpy(hist, prompt, (size_t)n * sizeof(int));
     r->nhist = n;
+    r->sampled = sampled;
+    if (sampled) r->samp = *smp;
     *req = slot;
     return ok();
 }
@@ -322,8 +344,9 @@ sm_status sparkmono_remove(sparkmono_engine *g, int req) {
     return ok();
 }
 
-/* Run the rows staged in g->tok/pos/rreq [0, nrows) as one backend step. */
-static sm_status run_step(sparkmono_engine *g, int nrows, float *logits) {
+/* Run the rows staged in g->tok/pos/rreq [0, nrows) as one backend step; logits (NULL: none)
+ * gets every row, or with logits_at (NULL: every row) the rows it maps. */
+static sm_status run_step(sparkmono_engine *g, int nrows, float *logits, const int *logits_at) {
     sm_step st = {0};
     st.nrows = nrows;
     st.tokens = g->tok;
@@ -331,6 +354,7 @@ static sm_status run_step(sparkmono_engine *g, int nrows, float *logits) {
     st.req = g->rreq;
     st.kv = &g->kv;
     st.logits = logits;
+    st.logits_at = logits_at;
     st.argmax = g->argmax;
     st.naux = g->naux;
     st.aux_layers = g->naux ? g->aux_layers : NULL;
@@ -349,6 +373,47 @@ static sm_status run_step(sparkmono_engine *g, int nrows, float *logits) {
 static sm_status nonfinite(const char *what, int step, int req, int row) {
     return fail(SM_E_MODEL, "%s step %d, request %d, row %d: non-finite logits (NaN or Inf in the weights or "
                 "activations; run `sparkmono check`)", what, step, req, row);
+}
+
+/* Room for rows [rows, V] in g->slog. */
+static sm_status slog_reserve(sparkmono_engine *g, int rows) {
+    if (rows <= g->slog_rows) return SM_OK;
+    float *p = realloc(g->slog, (size_t)rows * (size_t)g->cfg->V * sizeof(float));
+    if (!p) return fail(SM_E_NOMEM, "engine: out of memory for the logits of %d sampled rows", rows);
+    g->slog = p;
+    g->slog_rows = rows;
+    return SM_OK;
+}
+
+/* The token at position pos of sampled request r, drawn from the logits row lg [V]; with
+ * draft >= 0 the speculative rule (sample.h) also says whether it is that draft. */
+static sm_status sample_at(sparkmono_engine *g, const sm_request *r, const float *lg, int64_t pos, int draft, int *tok,
+                           int *accepted) {
+    sm_err e = {{0}};
+    if (sm_sample_dist(&g->sws, lg, g->cfg->vocab_used, &r->samp, &e)) return fail_err(SM_E_MODEL, &e);
+    double u = sm_sample_uniform(r->samp.seed, pos);
+    *accepted = 0;
+    *tok = draft >= 0 ? sm_sample_accept(&g->sws, draft, u, accepted) : sm_sample_draw(&g->sws, u);
+    return SM_OK;
+}
+
+/* Sampled acceptance of one request's verify rows (docs/model.md section 8): t [nrows] the rows'
+ * input tokens (t[0] at position p0, then drafts), lg [nrows, V] their logits.  The token of
+ * row j sits at position p0 + 1 + j; while it is the draft t[j + 1] (accepted with probability
+ * p(draft)) the walk goes on; the first other token (a draw from p without the draft) or the
+ * last row's bonus token ends it.  Writes the tokens to out; *cnt = accepted drafts + 1. */
+static sm_status accept_sampled(sparkmono_engine *g, const sm_request *r, const int *t, int nrows, const float *lg, int p0,
+                                int *out, int *cnt) {
+    const size_t V = (size_t)g->cfg->V;
+    for (int j = 0;; j++) {
+        int acc;
+        sm_status s = sample_at(g, r, lg + (size_t)j * V, (int64_t)p0 + 1 + j, j + 1 < nrows ? t[j + 1] : -1, &out[j], &acc);
+        if (s) return s;
+        if (!acc) {
+            *cnt = j + 1;
+            return SM_OK;
+        }
+    }
 }
 
 sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
@@ -370,19 +435,35 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         }
         for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
         float *lg = logits ? logits + (size_t)a * (size_t)V : NULL;
-        if ((s = run_step(g, b - a, lg))) return s;
+        const int *at = NULL;
+        if (!lg && r->sampled && r->max_tokens > 0 && b == n) {
+            /* a sampled request without the caller's logits: only its last row comes back */
+            if ((s = slog_reserve(g, 1))) return s;
+            for (int i = 0; i < b - a; i++) g->logits_at[i] = i == b - a - 1 ? 0 : -1;
+            lg = g->slog;
+            at = g->logits_at;
+        }
+        if ((s = run_step(g, b - a, lg, at))) return s;
         /* a non-finite row fails the prefill: argmax -1, or a NaN / Inf in the logits handed out */
         for (int i = 0; i < b - a; i++)
-            if (g->argmax[i] < 0 || (lg && ref_argmax_row(lg + (size_t)i * (size_t)V, g->cfg->vocab_used) < 0))
+            if (g->argmax[i] < 0 || (logits && ref_argmax_row(lg + (size_t)i * (size_t)V, g->cfg->vocab_used) < 0))
                 return nonfinite("prefill", a / g->chunk + 1, req, a + i);
         r->row0 = 0;
         r->nrows = b - a;
         g->kv.len[req] = b; /* prompt K/V committed up to b */
     }
     r->prefilled = 1;
-    /* the last row's argmax is the first generated token */
-    if (r->max_tokens == 0) r->done = 2;
-    else emit(g->cfg, r, &g->argmax[g->last_nrows - 1], 1);
+    /* the first generated token: the last row's argmax, or (sampled) its draw at position n */
+    if (r->max_tokens == 0) {
+        r->done = 2;
+    } else if (r->sampled) {
+        const float *last = logits ? logits + (size_t)(n - 1) * (size_t)V : g->slog;
+        int t, acc;
+        if ((s = sample_at(g, r, last, n, -1, &t, &acc))) return s;
+        emit(g->cfg, r, &t, 1);
+    } else {
+        emit(g->cfg, r, &g->argmax[g->last_nrows - 1], 1);
+    }
     return ok();
 }
 
@@ -403,7 +484,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
     }
     if (n == 0) return ok(); /* nothing to do; the last step's aux stays readable */
     /* stage rows: per request, its last token then R-1 drafts, at positions nhist-1 .. */
-    int nrows = 0;
+    int nrows = 0, nsel = 0;
     for (int q = 0; q < g->max_req; q++) {
         sm_request *r = &g->reqs[q];
         r->nrows = 0;
@@ -423,23 +504,31 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         for (int i = 0; i < rows; i++) {
             g->pos[nrows + i] = p0 + i;
             g->rreq[nrows + i] = q;
+            g->logits_at[nrows + i] = r->sampled ? nsel + i : -1; /* sampled rows' logits, packed */
         }
         r->row0 = nrows;
         r->nrows = rows;
+        r->lrow0 = nsel;
+        if (r->sampled) nsel += rows;
         nrows += rows;
     }
     sm_status s;
-    if ((s = run_step(g, nrows, NULL))) return s;
+    if (nsel && (s = slog_reserve(g, nsel))) return s;
+    if ((s = run_step(g, nrows, nsel ? g->slog : NULL, nsel ? g->logits_at : NULL))) return s;
     /* a non-finite row fails the step before anything is emitted or committed */
     for (int q = 0; q < g->max_req; q++)
         for (int i = 0; i < g->reqs[q].nrows; i++)
             if (g->argmax[g->reqs[q].row0 + i] < 0) return nonfinite("verify", g->reqs[q].steps + 1, q, i);
-    /* greedy acceptance per request; commit K/V of the last token and accepted drafts */
+    /* greedy or sampled acceptance per request; commit K/V of the last token and accepted drafts */
     for (int q = 0; q < g->max_req; q++) {
         sm_request *r = &g->reqs[q];
         if (!r->nrows) continue;
-        int p0 = r->nhist - 1;
-        int cnt = sm_accept_greedy(g->tok + r->row0, g->argmax + r->row0, r->nrows, g->draft);
+        int p0 = r->nhist - 1, cnt;
+        if (!r->sampled)
+            cnt = sm_accept_greedy(g->tok + r->row0, g->argmax + r->row0, r->nrows, g->draft);
+        else if ((s = accept_sampled(g, r, g->tok + r->row0, r->nrows, g->slog + (size_t)r->lrow0 * (size_t)g->cfg->V, p0,
+                                     g->draft, &cnt)))
+            return s;
         int kept = emit(g->cfg, r, g->draft, cnt);
         r->steps++;
         r->accepted += kept < cnt - 1 ? kept : cnt - 1;

@@ -5,13 +5,15 @@
  * ids).  Positions 0 .. nhist-2 of a generating request have committed K/V; its last token is
  * the first row of its next verify step, followed by R-1 n-gram drafts.  We rejected keeping
  * the drafts' K/V bookkeeping separate from the committed length: rejected rows are simply
- * overwritten by the next step, as in docs/model.md section 8.
+ * overwritten by the next step, as in docs/model.md section 8.  A sampled request's rows also
+ * bring their logits back from the step (sm_step.logits_at), packed into slog.
  */
 #ifndef SM_ENGINE_H
 #define SM_ENGINE_H
 #include "sparkmono.h"
 #include "backend.h"
 #include "kvcache.h"
+#include "sample.h"
 #include "weights.h"
 
 typedef struct sm_request {
@@ -25,6 +27,9 @@ typedef struct sm_request {
     int steps;         /* verify steps taken */
     int accepted;      /* drafts accepted over all steps */
     int row0, nrows;   /* its rows in the engine's last step; nrows = 0 if absent */
+    int sampled;       /* 1: tokens drawn under samp (temperature > 0); 0: greedy */
+    sparkmono_sampling samp; /* its sampling parameters (sampled requests) */
+    int lrow0;         /* sampled: its first row in the last verify step's sampled logits */
 } sm_request;
 
 struct sparkmono_model {
@@ -48,6 +53,12 @@ struct sparkmono_engine {
     sm_request *reqs;      /* [max_req] */
     int *tok, *pos, *rreq; /* [max_rows] step inputs: token, position, request slot */
     int *argmax;           /* [max_rows] step output */
+    int *logits_at;        /* [max_rows] step input: row of slog each row's logits go to, -1 */
+    float *slog;           /* [slog_rows, V] logits of the rows of sampled requests, or NULL */
+    int slog_rows;         /* rows slog holds */
+    sm_sample_ws sws;      /* the sampler's distribution of one row (allocated with the first
+                              sampled request: have_sws) */
+    int have_sws;
     float *aux;            /* [naux, max_rows, H] step output, NULL when naux = 0 */
     int last_nrows;        /* rows of the last step (aux rows are strided by it) */
     int *draft;            /* [R] scratch for the drafter */
@@ -61,7 +72,7 @@ struct sparkmono_engine {
 /* Greedy acceptance of one request's verify rows (docs/model.md section 8): t [r] the rows' input
  * tokens (t[0] the last accepted token, t[1..r) drafts), a [r] the rows' argmax.  Accepts
  * draft j while t[j] == a[j-1]; writes the accepted drafts and then a[k] (k = drafts accepted)
- * to out [r]; returns k + 1. */
+ * to out [r]; returns k + 1.  (Sampled requests: engine.c accept_sampled, sample.h.) */
 int sm_accept_greedy(const int *t, const int *a, int r, int *out);
 
 #endif

@@ -45,6 +45,12 @@ int sm_step_check(const sm_config *c, const sm_kv_shape *made, const sm_step *s,
     for (int a = 0; a < s->naux; a++)
         if (s->aux_layers[a] < 0 || s->aux_layers[a] > c->L)
             return sm_errf(e, "%s: aux layer %d (entry %d) outside [0, %d]", who, s->aux_layers[a], a, c->L);
+    if (s->logits_at) {
+        if (!s->logits) return sm_errf(e, "%s: logits_at needs a logits buffer", who);
+        for (int i = 0; i < s->nrows; i++)
+            if (s->logits_at[i] < -1 || s->logits_at[i] >= s->nrows)
+                return sm_errf(e, "%s: row %d: logits_at %d outside [-1, %d)", who, i, s->logits_at[i], s->nrows);
+    }
     for (int i = 0; i < s->nrows; i++)
         if (check_row(c, s->kv, s, i, who, e)) return -1;
     return 0;

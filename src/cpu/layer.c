@@ -293,10 +293,16 @@ static int rank_logits(cpu_rank *r, const sm_step *st, sm_err *e) {
     const sm_shard *sh = &r->sh;
     int n = st->nrows;
     /* logits of this rank's vocabulary rows (straight into the caller's buffer when the rank
-     * holds the whole vocabulary), gathered into the caller's buffer on rank 0 */
-    float *lg = sh->nv == c->V && st->logits ? st->logits : r->lg;
+     * holds the whole vocabulary and every row is wanted), gathered into the caller's buffer on
+     * rank 0: every row, or (logits_at) the rows asked for, each to its row there */
+    float *lg = sh->nv == c->V && st->logits && !st->logits_at ? st->logits : r->lg;
     ref_logits_rows(r->pool, c, r->x, n, sh->lm_head, sh->v0, sh->nv, lg);
-    if (st->logits) COMM(r->comm->ops->vocab_gather(r->comm, lg, n, sh->nv, r->rank == 0 ? st->logits : NULL, e));
+    if (st->logits && !st->logits_at)
+        COMM(r->comm->ops->vocab_gather(r->comm, lg, n, sh->nv, r->rank == 0 ? st->logits : NULL, e));
+    for (int i = 0; st->logits && st->logits_at && i < n; i++)
+        if (st->logits_at[i] >= 0)
+            COMM(r->comm->ops->vocab_gather(r->comm, lg + (int64_t)i * sh->nv, 1, sh->nv,
+                                            r->rank == 0 ? st->logits + (int64_t)st->logits_at[i] * c->V : NULL, e));
     /* greedy: this rank's first maximum among ids < vocab_used, then the first over ranks */
     int vend = c->vocab_used - sh->v0 < sh->nv ? c->vocab_used - sh->v0 : sh->nv;
     for (int i = 0; i < n; i++) {

@@ -122,7 +122,7 @@ static int cb_layer_fwd(sm_cuda_dev *c, const cb_run *r, int l, sm_err *e) {
 }
 
 /* logits = c * tanh(h . lm_head * m_o / c), masked; argmax.  Into the device buffer (graph
- * form) or, eager, in chunks of CB_LOGIT_ROWS copied to the host buffer. */
+ * form) or, eager, in chunks of CB_LOGIT_ROWS copied to the host buffer (the rows asked for). */
 static int cb_head(sm_cuda_dev *c, const cb_run *r, sm_err *e) {
     const sm_config *cf = &c->cfg;
     const int n = r->n, H = cf->H;
@@ -137,8 +137,9 @@ static int cb_head(sm_cuda_dev *c, const cb_run *r, sm_err *e) {
         if (sm_k_logits(&c->kc, c->x + (size_t)c0 * H, nc, H, c->lm_head, cf->V, cf->vocab_used, cf->out_mult, cf->softcap,
                         c->logits, c->am + c0, c->st, e))
             return sm_errprefix(e, "cuda step: logits");
-        SM_CUDA_CHECK(cudaMemcpyAsync(r->logits_host + (size_t)c0 * cf->V, c->logits, (size_t)nc * cf->V * 4,
-                                      cudaMemcpyDeviceToHost, c->st));
+        if (cb_logits_to_host(c, c->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
+                              r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
+            return -1;
     }
     return 0;
 }

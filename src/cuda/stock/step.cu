@@ -3,7 +3,8 @@
  * A step is: check it (step.h: the one validator), pack its metadata (tokens, positions,
  * slots, per-row block-table index, the block tables of its requests) into the pinned
  * staging buffer, copy it with one async copy into the fixed device buffer, enqueue the math
- * (forward.cu), copy argmax (logits, aux) back and wait.  Two forms, chosen from the shape:
+ * (forward.cu), copy argmax (logits: every row, or the rows sm_step.logits_at asks for, aux)
+ * back and wait.  Two forms, chosen from the shape:
  *  - verify / decode (no run of one request longer than CB_GRAPH_REQ_ROWS = 16 rows): chunks
  *    of at most CB_GRAPH_ROWS = 128 rows, each replaying its bucket's graph (graph.cu);
  *  - prefill (a longer run of one request): eager, in chunks of `cap` rows, the prefill
@@ -97,19 +98,39 @@ static int cb_launch_eager(sm_cuda_dev *c, const sm_step *s, int r0, int n, cb_a
         if (att[i].kind == 1) att[i].tab = rreq_h[att[i].r0];
     SM_CUDA_CHECK(cudaMemcpyAsync(c->meta_d, c->meta_h, bytes, cudaMemcpyHostToDevice, c->st));
     cb_run r = cb_run_step(c, s, n);
-    r.logits_host = s->logits ? s->logits + (size_t)r0 * c->cfg.V : NULL;
+    r.logits_host = !s->logits ? NULL : s->logits_at ? s->logits : s->logits + (size_t)r0 * c->cfg.V;
+    r.logits_at = s->logits && s->logits_at ? s->logits_at + r0 : NULL;
     r.att = att;
     r.natt = na;
     return cb_enqueue(c, &r, e);
 }
 
-/* Copy argmax (and aux, and graph logits) of rows [r0, r0 + n) back and wait for the step. */
+int cb_logits_to_host(sm_cuda_dev *c, const float *dev, int n, const int *at, float *host, sm_err *e) {
+    const size_t V = (size_t)c->cfg.V;
+    if (!at) {
+        SM_CUDA_CHECK(cudaMemcpyAsync(host, dev, (size_t)n * V * 4, cudaMemcpyDeviceToHost, c->st));
+        return 0;
+    }
+    for (int i = 0; i < n;) {
+        if (at[i] < 0) { i++; continue; }
+        int j = i + 1;
+        while (j < n && at[j] == at[i] + (j - i)) j++; /* rows i..j-1 go to consecutive rows */
+        SM_CUDA_CHECK(cudaMemcpyAsync(host + (size_t)at[i] * V, dev + (size_t)i * V, (size_t)(j - i) * V * 4,
+                                      cudaMemcpyDeviceToHost, c->st));
+        i = j;
+    }
+    return 0;
+}
+
+/* Copy argmax (and aux, and graph logits: every row, or the rows logits_at asks for) of rows
+ * [r0, r0 + n) back and wait for the step. */
 static int cb_collect(sm_cuda_dev *c, const sm_step *s, int r0, int n, int graph_logits, sm_err *e) {
     const sm_config *cf = &c->cfg;
     SM_CUDA_CHECK(cudaMemcpyAsync(c->h_am, c->am, (size_t)n * 4, cudaMemcpyDeviceToHost, c->st));
-    if (graph_logits)
-        SM_CUDA_CHECK(cudaMemcpyAsync(s->logits + (size_t)r0 * cf->V, c->logits, (size_t)n * cf->V * 4,
-                                      cudaMemcpyDeviceToHost, c->st));
+    if (graph_logits &&
+        cb_logits_to_host(c, c->logits, n, s->logits_at ? s->logits_at + r0 : NULL,
+                          s->logits_at ? s->logits : s->logits + (size_t)r0 * cf->V, e))
+        return -1;
     for (int a = 0; a < s->naux; a++)
         SM_CUDA_CHECK(cudaMemcpyAsync(s->aux + ((size_t)a * s->nrows + r0) * cf->H, c->aux + (size_t)a * c->cap * cf->H,
                                       (size_t)n * cf->H * 4, cudaMemcpyDeviceToHost, c->st));

@@ -147,6 +147,8 @@ typedef struct cb_run {
     int head;                  /* run the logits after l1 - 1 (l1 must be L) */
     float *logits_dev;         /* head: device logits [n, V] (n <= CB_LOGIT_ROWS), or NULL */
     float *logits_host;        /* head, eager: host logits [n, V] written in chunks, or NULL */
+    const int *logits_at;      /* head, eager: NULL (row i to row i of logits_host), or [n] the row
+                                  of logits_host each row's logits go to, -1 for none */
     int naux;                  /* aux entries */
     const int *aux;            /* [naux] layer ids */
     const cb_att_item *att;    /* [natt] eager attention plan; NULL: one generic call */
@@ -220,6 +222,11 @@ sm_cuda_dev *cb_from_backend(const sm_backend *b, const char *who, sm_err *e);
 /* The dense tensors of layer l of shard sh (l = -1: embedding, lm_head, final norm) as
  * copies to / from c's buffers; returns their count (<= CB_MAX_XFER). */
 int cb_dense_xfers(const sm_cuda_dev *c, const sm_shard *sh, int l, cb_xfer *t);
+
+/* ---- step.cu ---- */
+/* Enqueue the copy of device logits [n, V] to the host: row i to row at[i] of host (none when
+ * -1; runs of consecutive rows in one copy), or, at NULL, all n rows to host [n, V]. */
+int cb_logits_to_host(sm_cuda_dev *c, const float *dev, int n, const int *at, float *host, sm_err *e);
 
 /* ---- forward.cu ---- */
 /* Enqueue the work of r on c->st (capturable when r->logits_host is NULL). */
