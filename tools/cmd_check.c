@@ -3,6 +3,9 @@
  * sm_model_load rather than a separate validator means `check` passing is exactly "the engine
  * will load it".  The directory is --model DIR like every other command; the bare DIR of
  * earlier versions is kept, and giving both is an error rather than a silent choice. */
+#ifdef SM_HAVE_CUDA
+#include "cuda/mono.h"
+#endif
 #include "check.h"
 #include "cli.h"
 #include "weights.h"
@@ -11,7 +14,7 @@
 const cli_cmd cli_help_check = {
     "check",
     "validate a checkpoint directory with the engine's loader and print a summary",
-    "(--model DIR | DIR) [--online-mxfp4]",
+    "(--model DIR | DIR) [--online-mxfp4] [--mono]",
     "sparkmono check --model build/models/tiny",
     "Prints the configuration, layer kinds, expert format per layer and bytes per component, and\n"
     "scans every stored value for NaN and Inf (multi-threaded; progress on a terminal).\n"
@@ -19,11 +22,28 @@ const cli_cmd cli_help_check = {
     "the first problem (for a non-finite value: tensor, element, coordinates).",
 };
 
+/* `--mono`: the monokernel's static refusals of m on device 0 (docs/architecture.md). */
+static int check_mono(const sm_model *m, sm_err *e) {
+#ifdef SM_HAVE_CUDA
+    int fmt[SM_MAX_LAYERS];
+    for (int l = 0; l < m->cfg.L; l++) fmt[l] = (int)m->layers[l].ex.fmt;
+    char why[1024];
+    if (sm_cuda_mono_check(&m->cfg, fmt, 0, why, sizeof why, e)) return sm_errprefix(e, "check --mono");
+    if (why[0]) printf("monokernel: not eligible on device 0: %s\n", why);
+    else printf("monokernel: eligible on device 0 (buckets 8 16 24 32 48 64 96 128: layers 1..%d of every verify step)\n", m->cfg.L - 2);
+    return 0;
+#else
+    (void)m;
+    return sm_errf(e, "check --mono: this sparkmono was built without CUDA (no nvcc at build time)");
+#endif
+}
+
 int cmd_check(int argc, char **argv) {
     const char *cmd = "check";
     cli_opt opts[] = {
         CLI_OPT("model", "DIR", NULL, "checkpoint directory (config.json + safetensors); or give DIR alone"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load, as the engine can"),
+        CLI_SWITCH("mono", "also print whether the monokernel can run this model on CUDA device 0, with every refusal"),
     };
     const int no = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1];
@@ -47,6 +67,10 @@ int cmd_check(int argc, char **argv) {
     printf("checkpoint %s: valid\n", dir);
     sm_check_print(&m, stdout);
     sm_check_finite_print(&fs, stdout);
+    if (cli_find(opts, no, "mono")->present && check_mono(&m, &e)) {
+        sm_model_free(&m);
+        goto bad;
+    }
     sm_model_free(&m);
     return 0;
 bad:

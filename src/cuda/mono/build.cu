@@ -14,6 +14,7 @@
 #include "cuda/mono/mono.cuh"
 #include "cuda/stock/stock.h"
 #include "cuda/stock/bench.h"
+#include "cuda/mono.h"
 extern "C" {
 #include "outfile.h"
 }
@@ -53,15 +54,19 @@ static void reason_add(char *buf, size_t cap, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* Every static refusal of config cf on the context's device, into buf ("" = eligible). */
-static void mono_static_reasons(const sm_cuda_dev *c, char *buf, size_t cap) {
-    const sm_config *cf = &c->cfg;
+/* Every static refusal of config cf with expert formats fmt [L] (NULL: not known yet) on
+ * device `device` for `world` ranks, into buf ("" = eligible). */
+static void mono_reasons(const sm_config *cf, const int *fmt, int device, int world, char *buf, size_t cap) {
     buf[0] = 0;
     int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
-    if (major != 9 || !c->kc.tma_encode) reason_add(buf, cap, "device %d is sm_%d%d, not Hopper sm_90 with TMA", c->device, major, minor);
-    if (c->world != 1) reason_add(buf, cap, "world %d (the multi-rank monokernel is not built yet)", c->world);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    const int tma = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+                    q == cudaDriverEntryPointSuccess;
+    if (major != 9 || !tma) reason_add(buf, cap, "device %d is sm_%d%d, not Hopper sm_90 with TMA", device, major, minor);
+    if (world != 1) reason_add(buf, cap, "world %d (the multi-rank monokernel is not built yet)", world);
     if (cf->L < 3) reason_add(buf, cap, "%d layers (layers 1..L-2 run mono: needs L >= 3)", cf->L);
     if (cf->D != 64) reason_add(buf, cap, "head_dim %d (the build takes 64)", cf->D);
     const int G = cf->nKV > 0 ? cf->nH / cf->nKV : 0;
@@ -69,18 +74,36 @@ static void mono_static_reasons(const sm_cuda_dev *c, char *buf, size_t cap) {
     if (cf->E > 1024 || cf->K > 32) reason_add(buf, cap, "E=%d, K=%d (the router body takes E <= 1024, K <= 32)", cf->E, cf->K);
     if (cf->H % 64 || cf->Hm % 64 || (cf->nH * cf->D) % 64)
         reason_add(buf, cap, "H=%d, Hm=%d, nH*D=%d not multiples of 64 (wgmma k stages)", cf->H, cf->Hm, cf->nH * cf->D);
-    for (int l = 1; l < cf->L - 1; l++) {
-        const sm_cuda_moe_layer *M = &c->layers[l].moe;
-        if (!c->layers[l].have_moe || (M->fmt != SM_EXP_MXFP4 && M->fmt != SM_EXP_FP8 && M->fmt != SM_EXP_BF16)) {
+    for (int l = 1; fmt && l < cf->L - 1; l++)
+        if (fmt[l] != SM_EXP_MXFP4 && fmt[l] != SM_EXP_FP8 && fmt[l] != SM_EXP_BF16) {
             reason_add(buf, cap, "layer %d experts in a format the build does not run", l);
             break;
         }
-    }
-    const size_t smem = mono_smem_bytes(16, G, cf->Hm, cf->I, cf->E);
+    const size_t smem = mono_smem_bytes(128, G, cf->Hm, cf->I, cf->E);
     int optin = 0;
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (smem > (size_t)optin - 1024) reason_add(buf, cap, "%zu bytes of shared memory a block > %d", smem, optin);
+    if (!buf[0]) {
+        int occ = 0;
+        sm_err e2;
+        if (mono_occupancy(16, smem, &occ, &e2)) reason_add(buf, cap, "occupancy query failed: %s", e2.msg);
+        else if (occ < 1) reason_add(buf, cap, "a 512-thread block with %zu bytes of shared memory is not resident", smem);
+    }
     (void)cudaGetLastError();
+}
+
+/* Every static refusal of the context, into buf ("" = eligible). */
+static void mono_static_reasons(const sm_cuda_dev *c, char *buf, size_t cap) {
+    int fmt[SM_MAX_LAYERS];
+    for (int l = 0; l < c->cfg.L; l++) fmt[l] = c->layers[l].have_moe ? c->layers[l].moe.fmt : -1;
+    mono_reasons(&c->cfg, fmt, c->device, c->world, buf, cap);
+}
+
+extern "C" int sm_cuda_mono_check(const sm_config *cf, const int *fmt, int device, char *buf, size_t cap, sm_err *e) {
+    if (cb_device_check(device, 0, "monokernel check", e)) return -1;
+    SM_CUDA_CHECK(cudaSetDevice(device));
+    mono_reasons(cf, fmt, device, 1, buf, cap);
+    return 0;
 }
 
 /* Descriptor of layer l for bucket rows nb (host copy). */
@@ -156,25 +179,22 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     mono_static_reasons(c, why, sizeof why);
     const sm_config *cf = &c->cfg;
     const int G = cf->nKV > 0 ? cf->nH / cf->nKV : 0;
-    int occ = 0, mocc = 0;
+    int mocc = 0;
     size_t smem = 0;
     if (!why[0]) {
         smem = mono_smem_bytes(128, G, cf->Hm, cf->I, cf->E);
-        for (int i = 0; i < CB_NBUCKETS && !why[0]; i++) {
-            const int N = mono_box(mono_buckets[i]);
-            const size_t sb = mono_smem_bytes(N, G, cf->Hm, cf->I, cf->E);
+        for (int i = 0; i < CB_NBUCKETS; i++) {
+            const size_t sb = mono_smem_bytes(mono_box(mono_buckets[i]), G, cf->Hm, cf->I, cf->E);
             if (sb > smem) smem = sb;
         }
         sm_err e2;
-        if (mono_occupancy(16, smem, &occ, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
-        else if (occ < 1) reason_add(why, sizeof why, "a 512-thread block with %zu bytes of shared memory is not resident", smem);
         mono_moe mm;
         memset(&mm, 0, sizeof mm);
         mm.a1 = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 1);
         mm.a2 = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 2);
         mm.ca = moe_combine_make(&c->layers[1].moe, c->rw, 1, c->mo, &c->mws);
-        if (!why[0] && mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
-        else if (!why[0] && mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
+        if (mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
+        else if (mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
     }
     if (why[0]) {
         if (c->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: the monokernel cannot run this model here: %s", why);
