@@ -10,7 +10,7 @@ OPT      ?= -O2
 SAN      ?=
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -MMD -MP -D_GNU_SOURCE \
             -Isrc -Iinclude -Itools $(SAN)
-LDLIBS   := -l:libjansson.a -lm -lpthread
+LDLIBS   := -l:libjansson.a -l:libpcre2-8.a -lm -lpthread
 NVCC     ?= $(shell command -v nvcc 2>/dev/null)
 CUDA     ?= $(if $(NVCC),1,0)
 

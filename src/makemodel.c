@@ -18,6 +18,7 @@
 #include "codec.h"
 #include "safetensors.h"
 #include "outfile.h"
+#include "tokenizer.h"
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -568,8 +569,31 @@ static int mm_cycle(mm_job *j, sm_err *e) {
     return sm_make_cycle_ids(j->c, o->cycle, j->cyc, e);
 }
 
+/* tokenizer.json in dir: a byte-level BPE (tokenizer.h) whose special tokens are the config's
+ * pad, bos and eos ids and whose other ids are below vocab_used; none when the 256 byte
+ * tokens do not fit there. */
+static int mm_tokenizer(const sm_config *c, const char *dir, sm_err *e) {
+    sm_tok_special sp[2 + SM_MAX_EOS];
+    char names[SM_MAX_EOS][24];
+    int n = 0, below = 0;
+    for (int i = -2; i < c->n_eos; i++) {
+        int id = i == -2 ? c->pad : i == -1 ? c->bos : c->eos[i];
+        const char *nm = i == -2 ? "<|pad|>" : i == -1 ? "<|bos|>" : names[i];
+        if (i >= 0) snprintf(names[i], sizeof names[i], i ? "<|eos_%d|>" : "<|eos|>", i);
+        int dup = id < 0;
+        for (int k = 0; k < n; k++) dup |= sp[k].id == id;
+        if (dup) continue;
+        sp[n++] = (sm_tok_special){nm, id};
+        below += id < c->vocab_used;
+    }
+    if (c->vocab_used - below < 256) return 0;
+    char path[4608];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    return sm_tokenizer_write_trained(path, sp, n, c->vocab_used, NULL, e);
+}
+
 /* The output directory (trailing slashes dropped): refuse a non-empty one; create the
- * temporary <out>.tmp.<pid> and write config.json into it. */
+ * temporary <out>.tmp.<pid> and write config.json and tokenizer.json into it. */
 static int mm_outdir(mm_job *j, const char *outdir, sm_err *e) {
     size_t ol = strlen(outdir);
     while (ol > 1 && outdir[ol - 1] == '/') ol--;
@@ -582,7 +606,8 @@ static int mm_outdir(mm_job *j, const char *outdir, sm_err *e) {
     j->tmp_made = 1;
     char path[4608];
     snprintf(path, sizeof path, "%s/config.json", j->tmp);
-    return sm_config_save(j->c, path, e);
+    if (sm_config_save(j->c, path, e)) return -1;
+    return mm_tokenizer(j->c, j->tmp, e);
 }
 
 /* The files: contiguous runs of the list of about total/K bytes each, every file non-empty. */

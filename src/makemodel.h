@@ -5,7 +5,10 @@
  * matrices ~ N(0, 1/fan_in) in bf16, norm gains small around 0 (effective weights near 1),
  * residual gates ~ N(0, 0.5), router bias ~ N(0, 0.01), embedding rows of RMS ~ 1.
  * The directory is written under a temporary name and renamed when complete; a failure or an
- * interruption (the `stop` flag) removes it.
+ * interruption (the `stop` flag) removes it.  Beside config.json it gets a tokenizer.json: a
+ * byte-level BPE learned from a small built-in English text (sm_tokenizer_write_trained) with
+ * the config's pad, bos and eos ids as the special tokens <|pad|>, <|bos|>, <|eos|> (<|eos_1|>
+ * ...) and every other id below vocab_used (none when the 256 byte tokens do not fit).
  *
  * Cycle models (cycle = N): a random model whose greedy output walks a cycle of N ids, so the
  * n-gram drafter's drafts are accepted (a demonstration of speculative decoding).  The cycle is

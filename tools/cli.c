@@ -187,8 +187,7 @@ int cli_int_list(const char *what, const char *s, long lo, long hi, int **out, i
 
 #define PROMPT_MAX_BYTES ((size_t)1 << 30)
 
-/* The whole of path ("-": stdin) into *buf [*len] (malloc'd). */
-static int read_all(const char *what, const char *path, char **buf, size_t *len, sm_err *e) {
+int cli_read_all(const char *what, const char *path, char **buf, size_t *len, sm_err *e) {
     FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
     if (!f) return sm_errf(e, "%s: cannot open: %s", what, strerror(errno));
     size_t cap = 1 << 16, n = 0;
@@ -287,7 +286,7 @@ int cli_prompt(const char *cmd, const cli_opt *ids, const cli_opt *file, int **o
     snprintf(what, sizeof what, "%s: %s", cmd, srcbuf);
     char *text = NULL;
     size_t len = 0;
-    if (read_all(what, file->value, &text, &len, e)) return -1;
+    if (cli_read_all(what, file->value, &text, &len, e)) return -1;
     int rc = parse_ids(what, text, len, out, n, e);
     free(text);
     return rc;

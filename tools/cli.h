@@ -71,6 +71,9 @@ int cli_world(const char *cmd, const cli_opt *world, const cli_opt *moe, int *nw
  * later messages.  Errors name the file, token index (0-based) and line of the bad word. */
 int cli_prompt(const char *cmd, const cli_opt *ids, const cli_opt *file, int **out, int *n, const char **src,
                sm_err *e);
+/* The whole of path ("-": stdin) into *buf [*len] (malloc'd; at most 1 GiB); errors start
+ * with what. */
+int cli_read_all(const char *what, const char *path, char **buf, size_t *len, sm_err *e);
 /* Every id in [0, vocab): else an error naming src and the token index. */
 int cli_prompt_check(const char *cmd, const char *src, const int *ids, int n, int vocab, sm_err *e);
 /* Open the model of --model DIR (online MXFP4 when asked) and check the prompt's ids against
@@ -87,6 +90,8 @@ int cmd_check(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-extern const cli_cmd cli_help_make_model, cli_help_check, cli_help_generate, cli_help_logits, cli_help_bench;
+int cmd_tokenize(int argc, char **argv);
+extern const cli_cmd cli_help_make_model, cli_help_check, cli_help_generate, cli_help_logits, cli_help_bench,
+    cli_help_tokenize;
 
 #endif

@@ -20,6 +20,8 @@ const cli_cmd cli_help_make_model = {
     "Every tensor is a pure function of (seed, tensor name): the same options give the same bytes.\n"
     "DIR is written as DIR.tmp.<pid> and renamed when complete; on an error, SIGINT or SIGTERM\n"
     "that temporary directory is removed (exit status 2, 130 or 143).\n"
+    "DIR also gets a tokenizer.json (byte-level BPE learned from a small English text; the\n"
+    "config's pad, bos and eos ids are <|pad|>, <|bos|>, <|eos|>): see `sparkmono tokenize`.\n"
     "--cycle N: the N smallest ids that are not bos, eos or pad form a cycle (printed on stdout),\n"
     "and greedy decoding from any of them walks it: id i of the cycle is followed by id i+1 mod N.\n"
     "The model is the random one of the seed with residual-dominant gates (every layer keeps\n"
