@@ -11,6 +11,9 @@ SAN      ?=
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -MMD -MP -D_GNU_SOURCE \
             -Isrc -Iinclude -Itools $(SAN)
 LDLIBS   := -l:libjansson.a -l:libpcre2-8.a -lm -lpthread
+# `sparkmono serve`'s HTTP server: libmicrohttpd linked statically, its TLS library (gnutls,
+# never used: the server speaks plain HTTP) dynamically.
+SERVE_LIBS := -l:libmicrohttpd.a -lgnutls
 NVCC     ?= $(shell command -v nvcc 2>/dev/null)
 CUDA     ?= $(if $(NVCC),1,0)
 
@@ -67,7 +70,7 @@ endif
 LINK_LIBS = -Wl,--start-group $(B)/libsparkmono.a $(CU_LIB) -Wl,--end-group $(LDLIBS) $(CUDA_LIBS)
 
 $(B)/sparkmono: $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB)
-	$(CC) $(CFLAGS) $(CLI_OBJ) $(LINK_LIBS) -o $@
+	$(CC) $(CFLAGS) $(CLI_OBJ) $(LINK_LIBS) $(SERVE_LIBS) -o $@
 
 # Each CPU test is its own program; tests may use tools/cli.c for shared parsing.
 $(B)/tests/%: $(B)/tests/%.o $(B)/libsparkmono.a $(CU_LIB)
