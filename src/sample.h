@@ -8,8 +8,9 @@
  * in id order: p(i) = w[i] / W.  The cut orders ids by logit, ties to the lowest id; only the
  * ids that can be in it are sorted: a histogram of (l_max - l) / T in 1/8 steps finds the
  * first bucket by which k ids, or a top_p share of the mass, are reached, and the sort covers
- * the buckets up to it (the kept ids are a prefix of the order, so they all lie there).  A
- * draw walks the ids in increasing order to the first cumulative weight above u * W.  The
+ * the buckets up to it (the kept ids are a prefix of the order, so they all lie there); with
+ * top-k, only those candidates get a weight computed.  A draw walks the kept ids in
+ * increasing order to the first cumulative weight above u * W.  The
  * uniform of the token at position `pos` of a request is a counter-based function of
  * (seed, pos) (src/rng.h), so a request's tokens never depend on the batch it runs in.
  *
@@ -45,7 +46,10 @@ typedef struct sm_sample_ws {
     double *w;         /* [cap] weight of each id: exp((l - l_max) / T) when kept, else 0 */
     double total;      /* W: sum of w[0..nv) in id order */
     int nkept;         /* ids with a nonzero weight: kept by the cut, exp not underflowed */
-    sm_sample_item *cand; /* [cap] scratch: the cut's candidates, sorted by (logit desc, id asc) */
+    sm_sample_item *cand; /* [cap] the cut's candidates, sorted by (logit desc, id asc); then its
+                             kept ids in increasing order in [0, ncut) */
+    int ncut;          /* kept ids of a top-k / top-p cut (in cand); 0: no cut, every id */
+    int *bkt;          /* [cap] scratch: bucket of each id */
     int *bcount;       /* [SM_SAMPLE_BUCKETS] scratch: ids a bucket */
     double *bmass;     /* [SM_SAMPLE_BUCKETS] scratch: weight a bucket */
 } sm_sample_ws;

@@ -1,28 +1,62 @@
-/* cmd_generate.c: `sparkmono generate`: greedy generation of one prompt through the public
- * API, with speculative verify steps (n-gram drafts, R rows a request) or plain decoding
- * (--no-spec).
+/* cmd_generate.c: `sparkmono generate`: generation through the public API, greedy or sampled
+ * (--temperature, --top-k, --top-p, --seed), with speculative verify steps (n-gram drafts, R
+ * rows a request) or plain decoding (--no-spec); one prompt, or a JSONL file of requests
+ * (--batch) run with continuous batching.
  *
- * Prints three lines on stdout: the generated ids (comma-separated, so they can be fed back as
- * --prompt-ids), the tokens emitted by every verify step (accepted drafts + 1), and tokens/s
- * with the mean accepted drafts a step.  It drives add / prefill / verify itself rather than
- * sparkmono_generate so it can print the per-step acceptance; we rejected a callback in the
- * public API for this one use.
+ * One prompt: three lines on stdout: the generated ids (comma-separated, so they can be fed
+ * back as --prompt-ids), the tokens emitted by every verify step (accepted drafts + 1), and
+ * tokens/s with the mean accepted drafts a step.  It drives add / prefill / verify itself
+ * rather than sparkmono_generate so it can print the per-step acceptance; we rejected a
+ * callback in the public API for this one use.
+ *
+ * --batch FILE: every line is checked (JSON, keys, values, ids against the vocabulary, length
+ * against --max-len) before the first step, so a bad line costs no compute.  Then up to
+ * --max-requests requests are live at once: between two verify steps the finished ones leave
+ * (their slots and cache pages freed) and waiting ones join (add + prefill), in file order.
+ * Results are JSONL in input order (a finished request waits for those before it), on stdout
+ * or through src/outfile.c into --out; a progress line goes to stderr.  Since a request's
+ * tokens depend only on its prompt and sampling (sample.h: batch-invariant draws), each
+ * result equals what `generate` gives for that request alone.  We rejected a fixed batch
+ * (start the next group when the whole group is done): a long request would idle every slot.
  */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <jansson.h>
 #include "cli.h"
+#include "outfile.h"
+#include "sample.h"
 #include "sparkmono.h"
+
+/* Text prompts and decoded text need the tokenizer (src/tokenizer.h), built in once its
+ * source is in the tree; without it a text prompt is refused. */
+#if defined(__has_include)
+#if __has_include("tokenizer.c")
+#define GEN_TOKENIZER 1
+#include "tokenizer.h"
+#endif
+#endif
 
 const cli_cmd cli_help_generate = {
     "generate",
-    "greedy generation with speculative verify steps (n-gram drafts)",
-    "--model DIR (--prompt-ids LIST | --prompt-file FILE) --max-tokens N [options]",
+    "generation (greedy or sampled) with speculative verify steps (n-gram drafts); one prompt or a batch",
+    "--model DIR (--prompt-ids LIST | --prompt-file FILE | --batch FILE.jsonl) [--max-tokens N] [options]",
     "sparkmono generate --model build/models/tiny --prompt-ids 11,12,13,11,12 --max-tokens 32",
-    "Prints three lines: 'ids: ...' (the generated ids, comma-separated), 'accept: ...' (tokens\n"
-    "emitted by each verify step: accepted drafts + 1) and 'tokens/s: ...' (with the mean\n"
-    "accepted drafts a step).  Speculative and plain (--no-spec) runs emit the same ids.",
+    "One prompt: prints three lines: 'ids: ...' (the generated ids, comma-separated), 'accept: ...'\n"
+    "(tokens emitted by each verify step: accepted drafts + 1) and 'tokens/s: ...' (with the mean\n"
+    "accepted drafts a step).  Speculative and plain (--no-spec) runs emit the same ids, sampled\n"
+    "ones too (for the same --seed).\n"
+    "--batch FILE.jsonl: one request a line, {\"ids\": [1, 2]} or {\"prompt\": \"text\"} (with a\n"
+    "tokenizer.json in the model directory), and optionally \"max_tokens\", \"temperature\",\n"
+    "\"top_k\", \"top_p\", \"seed\" (the flags give their defaults).  Prints one JSON line a request,\n"
+    "in input order: index, ids, text (with a tokenizer), prompt_tokens, completion_tokens,\n"
+    "steps, accepted, finish_reason (\"stop\": an eos id, \"length\": max_tokens); a progress line\n"
+    "on stderr.",
 };
 
 static double now_s(void) {
@@ -31,19 +65,363 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A number option (its value, else its default) within [lo, hi]. */
+static int opt_number(const char *cmd, const cli_opt *o, double lo, double hi, double *out, sm_err *e) {
+    const char *s = cli_str(o);
+    char *end = NULL;
+    errno = 0;
+    double v = s ? strtod(s, &end) : NAN;
+    if (!s || !*s || *end || errno == ERANGE || !isfinite(v) || v < lo || v > hi)
+        return sm_errf(e, "%s: --%s %s is not a number in [%g, %g]", cmd, o->name, s ? s : "", lo, hi);
+    *out = v;
+    return 0;
+}
+
+/* The sampling flags into *s (temperature 0: greedy). */
+static int sampling_opts(const char *cmd, cli_opt *opts, int no, sparkmono_sampling *s, sm_err *e) {
+    double t, p;
+    long k, seed;
+    if (opt_number(cmd, cli_find(opts, no, "temperature"), 0, 1e6, &t, e) ||
+        opt_number(cmd, cli_find(opts, no, "top-p"), 0, 1, &p, e) || cli_int(cmd, cli_find(opts, no, "top-k"), 0, INT_MAX, &k, e) ||
+        cli_int(cmd, cli_find(opts, no, "seed"), 0, LONG_MAX, &seed, e))
+        return -1;
+    memset(s, 0, sizeof *s);
+    s->temperature = (float)t;
+    s->top_k = (int)k;
+    s->top_p = (float)p;
+    s->seed = (unsigned long long)seed;
+    return 0;
+}
+
+/* ---- batch ------------------------------------------------------------------------------ */
+
+/* One request of the batch file. */
+typedef struct breq {
+    long line;               /* its line in the file (1-based) */
+    int *ids;                /* [n] prompt ids (malloc'd; from "ids" or the encoded "prompt") */
+    int n;
+    char *text;              /* "prompt" (malloc'd), NULL for "ids" */
+    int max_tokens;
+    sparkmono_sampling s;
+    char *result;            /* its JSON result line once finished (malloc'd), else NULL */
+} breq;
+
+static void breqs_free(breq *q, int n) {
+    for (int i = 0; q && i < n; i++) {
+        free(q[i].ids);
+        free(q[i].text);
+        free(q[i].result);
+    }
+    free(q);
+}
+
+/* A JSON integer within [lo, hi] into *out; else an error naming file:line and the key. */
+static int json_int_in(const char *where, const char *key, json_t *v, long long lo, long long hi, long long *out, sm_err *e) {
+    if (!json_is_integer(v)) return sm_errf(e, "%s: \"%s\" must be an integer", where, key);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return sm_errf(e, "%s: \"%s\" = %lld is not in [%lld, %lld]", where, key, x, lo, hi);
+    *out = x;
+    return 0;
+}
+
+/* Parse one line (len bytes, a JSON object) into q; dflt gives max_tokens (0: none) and the
+ * sampling of keys left out. */
+static int parse_request(const char *where, const char *buf, size_t len, const breq *dflt, breq *q, sm_err *e) {
+    json_error_t je;
+    json_t *o = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) return sm_errf(e, "%s: malformed JSON at column %d: %s", where, je.column, je.text);
+    int rc = -1;
+    const char *key;
+    json_t *v;
+    long long x;
+    q->max_tokens = dflt->max_tokens;
+    q->s = dflt->s;
+    if (!json_is_object(o)) { sm_errf(e, "%s: a request is a JSON object, not %s", where, json_is_array(o) ? "a list" : "a value"); goto out; }
+    json_object_foreach(o, key, v) {
+        if (!strcmp(key, "ids")) {
+            size_t n = json_is_array(v) ? json_array_size(v) : 0;
+            if (!n || n > INT_MAX) { sm_errf(e, "%s: \"ids\" must be a non-empty list of token ids", where); goto out; }
+            if (!(q->ids = malloc(n * sizeof(int)))) { sm_errf(e, "%s: out of memory for %zu ids", where, n); goto out; }
+            for (size_t i = 0; i < n; i++) {
+                json_t *t = json_array_get(v, i);
+                if (!json_is_integer(t) || json_integer_value(t) < INT_MIN || json_integer_value(t) > INT_MAX) {
+                    sm_errf(e, "%s: \"ids\"[%zu] is not an integer id", where, i);
+                    goto out;
+                }
+                q->ids[i] = (int)json_integer_value(t);
+            }
+            q->n = (int)n;
+        } else if (!strcmp(key, "prompt")) {
+            if (!json_is_string(v) || json_string_length(v) == 0) { sm_errf(e, "%s: \"prompt\" must be a non-empty string", where); goto out; }
+            if (!(q->text = strdup(json_string_value(v)))) { sm_errf(e, "%s: out of memory", where); goto out; }
+        } else if (!strcmp(key, "max_tokens")) {
+            if (json_int_in(where, key, v, 1, 1 << 24, &x, e)) goto out;
+            q->max_tokens = (int)x;
+        } else if (!strcmp(key, "top_k")) {
+            if (json_int_in(where, key, v, 0, INT_MAX, &x, e)) goto out;
+            q->s.top_k = (int)x;
+        } else if (!strcmp(key, "seed")) {
+            if (json_int_in(where, key, v, 0, LLONG_MAX, &x, e)) goto out;
+            q->s.seed = (unsigned long long)x;
+        } else if (!strcmp(key, "temperature") || !strcmp(key, "top_p")) {
+            if (!json_is_number(v)) { sm_errf(e, "%s: \"%s\" must be a number", where, key); goto out; }
+            if (!strcmp(key, "top_p")) q->s.top_p = (float)json_number_value(v);
+            else q->s.temperature = (float)json_number_value(v);
+        } else {
+            sm_errf(e, "%s: unknown key \"%s\" (known: ids, prompt, max_tokens, temperature, top_k, top_p, seed)", where, key);
+            goto out;
+        }
+    }
+    if (!q->ids == !q->text) { sm_errf(e, "%s: give exactly one of \"ids\" and \"prompt\"", where); goto out; }
+    if (!q->max_tokens) { sm_errf(e, "%s: \"max_tokens\" is missing (and no --max-tokens default)", where); goto out; }
+    if (sm_sample_check(&q->s, e)) { sm_errprefix(e, "%s", where); goto out; }
+    rc = 0;
+out:
+    json_decref(o);
+    return rc;
+}
+
+/* Read and parse every request of path; blank lines are skipped. */
+static int read_batch(const char *cmd, const char *path, const breq *dflt, breq **out, int *nout, sm_err *e) {
+    *out = NULL;
+    *nout = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return sm_errf(e, "%s: --batch %s: cannot open: %s", cmd, path, strerror(errno));
+    breq *q = NULL;
+    int n = 0, cap = 0, rc = -1;
+    char *buf = NULL, where[600];
+    size_t bcap = 0;
+    ssize_t len;
+    long line = 0;
+    while ((len = getline(&buf, &bcap, f)) >= 0) {
+        line++;
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r')) len--;
+        size_t i = 0;
+        while (i < (size_t)len && (buf[i] == ' ' || buf[i] == '\t')) i++;
+        if (i == (size_t)len) continue;
+        if (n == cap) {
+            int nc = cap ? cap * 2 : 64;
+            breq *nq = realloc(q, (size_t)nc * sizeof *q);
+            if (!nq) { sm_errf(e, "%s: %s:%ld: out of memory", cmd, path, line); goto out; }
+            q = nq;
+            cap = nc;
+        }
+        memset(&q[n], 0, sizeof q[n]);
+        q[n].line = line;
+        snprintf(where, sizeof where, "%s: %s:%ld", cmd, path, line);
+        n++;
+        if (parse_request(where, buf, (size_t)len, dflt, &q[n - 1], e)) goto out;
+    }
+    if (ferror(f)) { sm_errf(e, "%s: %s: read error after line %ld", cmd, path, line); goto out; }
+    if (n == 0) { sm_errf(e, "%s: %s: no requests (one JSON object a line)", cmd, path); goto out; }
+    rc = 0;
+out:
+    free(buf);
+    fclose(f);
+    if (rc) breqs_free(q, n);
+    else { *out = q; *nout = n; }
+    return rc;
+}
+
+/* The JSON result line of request i (ids [n] generated), into q->result. */
+static int result_line(int i, breq *q, const int *ids, int n, const sparkmono_request_info *in, const char *text, sm_err *e) {
+    json_t *o = json_object(), *a = json_array();
+    int bad = !o || !a;
+    for (int k = 0; k < n && !bad; k++) bad = json_array_append_new(a, json_integer(ids[k])) != 0;
+    bad = bad || json_object_set_new(o, "index", json_integer(i)) || json_object_set(o, "ids", a) ||
+          (text && json_object_set_new(o, "text", json_string(text))) ||
+          json_object_set_new(o, "prompt_tokens", json_integer(in->prompt_len)) ||
+          json_object_set_new(o, "completion_tokens", json_integer(n)) ||
+          json_object_set_new(o, "steps", json_integer(in->steps)) ||
+          json_object_set_new(o, "accepted", json_integer(in->accepted)) ||
+          json_object_set_new(o, "finish_reason", json_string(in->done == 1 ? "stop" : "length"));
+    if (!bad) bad = !(q->result = json_dumps(o, JSON_COMPACT));
+    json_decref(a);
+    json_decref(o);
+    return bad ? sm_errf(e, "generate: request %d: cannot write its JSON result (out of memory, or its text is not UTF-8)", i) : 0;
+}
+
+/* Progress on stderr: on a terminal one line rewritten in place (at most 10 a second). */
+static void progress(int done, int n, int live, long toks, double t0, int last) {
+    static double shown;
+    if (!isatty(2)) return;
+    double t = now_s();
+    if (!last && t - shown < 0.1) return;
+    shown = t;
+    fprintf(stderr, "\rgenerate --batch: %d/%d done, %d live, %ld tokens, %.1f tokens/s%s", done, n, live, toks,
+            t > t0 ? toks / (t - t0) : 0.0, last ? "\n" : "");
+    fflush(stderr);
+}
+
+typedef struct batch_cfg {
+    const char *path;        /* --batch FILE */
+    const char *out;         /* --out FILE or NULL (stdout) */
+    int max_requests;        /* --max-requests */
+    long max_len;            /* --max-len (0: the longest request) */
+} batch_cfg;
+
+static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const sparkmono_engine_opts *eo0, const batch_cfg *bc,
+                     const breq *dflt) {
+    breq *q = NULL;
+    int nq = 0, rc = 2, *slot_of = NULL;
+    sm_err e = {{0}};
+    sparkmono_model *m = NULL;
+    sparkmono_engine *g = NULL;
+    sm_outfile of;
+    memset(&of, 0, sizeof of);
+#ifdef GEN_TOKENIZER
+    sm_tokenizer *tk = NULL;
+#endif
+    if (read_batch(cmd, bc->path, dflt, &q, &nq, &e)) goto bad;
+    if (bc->out && sm_outfile_open(&of, bc->out, &e)) { sm_errprefix(&e, "%s: --out", cmd); goto bad; }
+    sparkmono_model_opts mo = {0};
+    mo.online_mxfp4 = online_mxfp4;
+    if (sparkmono_model_open(dir, &mo, &m)) goto fail;
+    sparkmono_model_info info;
+    if (sparkmono_model_get_info(m, &info)) goto fail;
+    /* the tokenizer of the model directory, when it has one */
+    char tpath[4200];
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
+    int have_tj = access(tpath, F_OK) == 0;
+#ifdef GEN_TOKENIZER
+    if (have_tj && sm_tokenizer_load(tpath, &tk, &e)) { sm_errprefix(&e, "%s", cmd); goto bad; }
+#endif
+    /* text prompts to ids; every id in the vocabulary; lengths within --max-len */
+    long max_len = 0;
+    for (int i = 0; i < nq; i++) {
+        breq *r = &q[i];
+        char where[600];
+        snprintf(where, sizeof where, "%s: %s:%ld", cmd, bc->path, r->line);
+        if (r->text) {
+#ifdef GEN_TOKENIZER
+            if (!tk) { sm_errf(&e, "%s: a text prompt needs %s", where, tpath); goto bad; }
+            if (sm_tokenizer_encode(tk, r->text, strlen(r->text), &r->ids, &r->n, &e)) { sm_errprefix(&e, "%s", where); goto bad; }
+            if (r->n == 0) { sm_errf(&e, "%s: the prompt encodes to no tokens", where); goto bad; }
+#else
+            sm_errf(&e, "%s: text prompts need the tokenizer, which this build does not have; give \"ids\"%s", where,
+                    have_tj ? "" : " (nor has the model a tokenizer.json)");
+            goto bad;
+#endif
+        }
+        for (int k = 0; k < r->n; k++)
+            if (r->ids[k] < 0 || r->ids[k] >= info.vocab_size) {
+                sm_errf(&e, "%s: token index %d is %d, outside the vocabulary [0, %d)", where, k, r->ids[k], info.vocab_size);
+                goto bad;
+            }
+        long need = (long)r->n + r->max_tokens;
+        if (bc->max_len && need > bc->max_len) {
+            sm_errf(&e, "%s: prompt of %d tokens + max_tokens %d exceeds --max-len %ld", where, r->n, r->max_tokens, bc->max_len);
+            goto bad;
+        }
+        if (need > max_len) max_len = need;
+    }
+    if (bc->max_len) max_len = bc->max_len;
+    if (max_len > (1 << 24)) { sm_errf(&e, "%s: %s: a request needs %ld positions, more than %d", cmd, bc->path, max_len, 1 << 24); goto bad; }
+    sparkmono_engine_opts eo = *eo0;
+    eo.max_requests = bc->max_requests < nq ? bc->max_requests : nq;
+    eo.max_len = (int)max_len;
+    if (sparkmono_engine_create(m, &eo, &g)) goto fail;
+    if (!(slot_of = malloc((size_t)eo.max_requests * sizeof(int)))) { sm_errf(&e, "%s: out of memory", cmd); goto bad; }
+    for (int i = 0; i < eo.max_requests; i++) slot_of[i] = -1;
+
+    /* continuous batching: join, one verify step, leave; results flushed in input order */
+    FILE *out = bc->out ? of.f : stdout;
+    int next = 0, finished = 0, live = 0, flushed = 0;
+    long toks = 0, steps = 0, acc_sum = 0, step_sum = 0;
+    double t0 = now_s();
+    while (finished < nq) {
+        while (live < eo.max_requests && next < nq) {
+            int id;
+            if (sparkmono_add_sampled(g, q[next].ids, q[next].n, q[next].max_tokens, &q[next].s, &id)) goto fail;
+            slot_of[id] = next++;
+            live++;
+            if (sparkmono_prefill(g, id, NULL)) goto fail;
+        }
+        int nreq;
+        if (sparkmono_verify(g, NULL, NULL, &nreq)) goto fail;
+        steps += nreq > 0;
+        for (int id = 0; id < eo.max_requests; id++) {
+            sparkmono_request_info in;
+            if (slot_of[id] < 0) continue;
+            if (sparkmono_request_get_info(g, id, &in)) goto fail;
+            if (!in.done) continue;
+            const int *ids;
+            int n;
+            char *text = NULL;
+            breq *r = &q[slot_of[id]];
+            if (sparkmono_output(g, id, &ids, &n)) goto fail;
+#ifdef GEN_TOKENIZER
+            size_t tl;
+            if (tk && sm_tokenizer_decode(tk, ids, n, &text, &tl, &e)) { sm_errprefix(&e, "%s: %s:%ld", cmd, bc->path, r->line); goto bad; }
+#endif
+            int bad_json = result_line(slot_of[id], r, ids, n, &in, text, &e);
+            free(text);
+            if (bad_json) goto bad;
+            toks += n;
+            acc_sum += in.accepted;
+            step_sum += in.steps;
+            if (sparkmono_remove(g, id)) goto fail;
+            slot_of[id] = -1;
+            live--;
+            finished++;
+        }
+        /* results in input order: every finished one whose predecessors are written */
+        for (; flushed < nq && q[flushed].result; flushed++) {
+            fprintf(out, "%s\n", q[flushed].result);
+            free(q[flushed].result);
+            q[flushed].result = NULL;
+        }
+        if (!bc->out) fflush(stdout);
+        progress(finished, nq, live, toks, t0, finished == nq);
+    }
+    double dt = now_s() - t0;
+    if (ferror(out)) { sm_errf(&e, "%s: writing the results failed", cmd); goto bad; }
+    if (bc->out && sm_outfile_commit(&of, &e)) { sm_errprefix(&e, "%s: --out", cmd); goto bad; }
+    fprintf(stderr, "generate --batch: %d requests, %ld tokens in %.3f s: %.1f tokens/s (%ld verify steps; up to %d requests "
+            "at once; %.2f accepted drafts a request step)\n", nq, toks, dt, dt > 0 ? toks / dt : 0.0, steps, eo.max_requests,
+            step_sum ? (double)acc_sum / (double)step_sum : 0.0);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "%s: %s\n", cmd, sparkmono_errmsg());
+    goto out;
+bad:
+    fprintf(stderr, "%s\n", e.msg);
+out:
+    sm_outfile_abort(&of);
+#ifdef GEN_TOKENIZER
+    sm_tokenizer_free(tk);
+#endif
+    free(slot_of);
+    breqs_free(q, nq);
+    sparkmono_engine_destroy(g);
+    sparkmono_model_close(m);
+    return rc;
+}
+
+/* ---- the command ------------------------------------------------------------------------ */
+
 int cmd_generate(int argc, char **argv) {
     const char *cmd = "generate";
     cli_opt opts[] = {
         CLI_OPT("model", "DIR", NULL, "checkpoint directory (required)"),
         CLI_OPT("prompt-ids", "LIST", NULL, "prompt token ids, comma-separated: 1,2,3"),
         CLI_OPT("prompt-file", "FILE", NULL, "prompt token ids from FILE, separated by whitespace and/or commas; - reads stdin"),
-        CLI_OPT("max-tokens", "N", NULL, "tokens to generate (required; fewer when an eos id is emitted)"),
+        CLI_OPT("batch", "FILE", NULL, "requests from a JSONL file, one a line (see below), run with continuous batching"),
+        CLI_OPT("max-tokens", "N", NULL, "tokens to generate (fewer when an eos id is emitted); required, except that with "
+                "--batch it is the default of the lines without \"max_tokens\""),
+        CLI_OPT("temperature", "T", "0", "sampling temperature; 0 is greedy (with --batch: the default of a request)"),
+        CLI_OPT("top-k", "K", "0", "sample among the K most likely ids (0: all)"),
+        CLI_OPT("top-p", "P", "1", "sample among the most likely ids that hold P of the probability (1: all)"),
+        CLI_OPT("seed", "N", "0", "seed of the sampled tokens (a request's tokens depend only on it and its prompt)"),
+        CLI_OPT("max-requests", "N", "16", "with --batch: requests live at once (the others wait for a free slot)"),
+        CLI_OPT("out", "FILE", NULL, "with --batch: write the results to FILE (replaced whole) instead of stdout"),
         CLI_OPT("request-rows", "R", "8", "rows per request in a verify step: the last token + R-1 n-gram drafts"),
-        CLI_SWITCH("no-spec", "plain greedy decoding, one token a step (R = 1)"),
+        CLI_SWITCH("no-spec", "plain decoding, one token a step (R = 1)"),
         CLI_OPT("backend", "cpu|cuda", "cpu", "where the steps run"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
-        CLI_OPT("max-len", "L", "prompt + max-tokens", "max model length the KV cache is sized for"),
+        CLI_OPT("max-len", "L", "prompt + max-tokens", "max model length the KV cache is sized for (--batch: the longest request)"),
         CLI_OPT("world", "W", "1", "CPU backend as W tensor + expert parallel ranks (threads)"),
         CLI_OPT("moe", "ep|tp", "ep", "with --world: experts split across ranks (ep) or each along its width (tp)"),
         CLI_RENAMED("rows", "--rows is now --request-rows R (rows per request: the last token + R-1 drafts)"),
@@ -56,19 +434,44 @@ int cmd_generate(int argc, char **argv) {
     if (r > 0) return 0;
     if (r < 0) goto bad;
     cli_opt *model = cli_find(opts, no, "model"), *mt = cli_find(opts, no, "max-tokens"),
-            *rows_o = cli_find(opts, no, "request-rows"), *backend = cli_find(opts, no, "backend");
+            *rows_o = cli_find(opts, no, "request-rows"), *backend = cli_find(opts, no, "backend"),
+            *batch = cli_find(opts, no, "batch");
     if (!model->present) { sm_errf(&e, "%s: --model DIR is required", cmd); goto bad; }
-    if (!mt->present) { sm_errf(&e, "%s: --max-tokens N is required", cmd); goto bad; }
-    long max_tokens, rows, threads, max_len;
-    if (cli_int(cmd, mt, 1, 1 << 24, &max_tokens, &e) || cli_int(cmd, rows_o, 1, 256, &rows, &e) ||
+    if (!mt->present && !batch->present) { sm_errf(&e, "%s: --max-tokens N is required", cmd); goto bad; }
+    long max_tokens = 0, rows, threads, max_len, max_req;
+    sparkmono_sampling samp;
+    if ((mt->present && cli_int(cmd, mt, 1, 1 << 24, &max_tokens, &e)) || cli_int(cmd, rows_o, 1, 256, &rows, &e) ||
         cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-len"), 1, 1 << 24, &max_len, &e) ||
+        cli_int(cmd, cli_find(opts, no, "max-requests"), 1, 65536, &max_req, &e) ||
         cli_world(cmd, cli_find(opts, no, "world"), cli_find(opts, no, "moe"), &nworld, &moe_tp, &e) ||
-        cli_choice(cmd, backend, "cpu|cuda", &e))
+        cli_choice(cmd, backend, "cpu|cuda", &e) || sampling_opts(cmd, opts, no, &samp, &e))
         goto bad;
     if (cli_find(opts, no, "no-spec")->present) {
         if (rows_o->present) { sm_errf(&e, "%s: give --request-rows or --no-spec, not both", cmd); goto bad; }
         rows = 1;
+    }
+    sparkmono_engine_opts eo = {0};
+    eo.backend = cli_str(backend);
+    eo.request_rows = (int)rows;
+    eo.threads = (int)threads;
+    eo.world = nworld;
+    eo.moe_tp = moe_tp;
+    if (batch->present) {
+        cli_opt *pi = cli_find(opts, no, "prompt-ids"), *pf = cli_find(opts, no, "prompt-file"), *outo = cli_find(opts, no, "out");
+        if (pi->present || pf->present) { sm_errf(&e, "%s: --batch FILE holds the prompts: no --prompt-ids / --prompt-file", cmd); goto bad; }
+        if (!*batch->value) { sm_errf(&e, "%s: --batch needs a file name", cmd); goto bad; }
+        if (outo->present && !*outo->value) { sm_errf(&e, "%s: --out needs a file name", cmd); goto bad; }
+        breq dflt;
+        memset(&dflt, 0, sizeof dflt);
+        dflt.max_tokens = (int)max_tokens;
+        dflt.s = samp;
+        batch_cfg bc = {batch->value, outo->present ? outo->value : NULL, (int)max_req, max_len};
+        return run_batch(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, &eo, &bc, &dflt);
+    }
+    if (cli_find(opts, no, "max-requests")->present || cli_find(opts, no, "out")->present) {
+        sm_errf(&e, "%s: --max-requests and --out go with --batch FILE", cmd);
+        goto bad;
     }
     if (cli_prompt(cmd, cli_find(opts, no, "prompt-ids"), cli_find(opts, no, "prompt-file"), &prompt, &n, &src, &e))
         goto bad;
@@ -83,19 +486,13 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "%s\n", e.msg);
         goto out;
     }
-    sparkmono_engine_opts eo = {0};
-    eo.backend = cli_str(backend);
-    eo.request_rows = (int)rows;
     eo.max_requests = 1;
     eo.max_len = (int)max_len;
     /* KV pages for this one request only */
     long need = (long)n + max_tokens < max_len ? (long)n + max_tokens : max_len;
     eo.kv_blocks = (int)((need + 15) / 16);
-    eo.threads = (int)threads;
-    eo.world = nworld;
-    eo.moe_tp = moe_tp;
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
-    if (sparkmono_add(g, prompt, n, (int)max_tokens, &req)) goto fail;
+    if (sparkmono_add_sampled(g, prompt, n, (int)max_tokens, &samp, &req)) goto fail;
     ntok = calloc(1, sizeof(int));
     toks = calloc((size_t)rows, sizeof(int));
     acc = calloc((size_t)max_tokens + 1, sizeof(int));

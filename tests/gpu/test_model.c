@@ -154,6 +154,34 @@ static void tm_step(tm_duo *d, const char *what, int n, const int *tok, const in
     if (!logits)
         for (int i = 0; i < n; i++)
             TM_CHECK(d->ag2[i] == d->ag[i], "%s: row %d: argmax without logits %d, with logits %d", what, i, d->ag2[i], d->ag[i]);
+    /* the logits of selected rows (sm_step.logits_at: every other row, packed in reverse) are
+     * the full step's rows (the same kernels: equal unless a kernel is not deterministic run to
+     * run, hence the 1e-6), with the same argmax */
+    int *at = malloc(sizeof(int) * (size_t)n), *am3 = malloc(sizeof(int) * (size_t)n), nsel = (n + 1) / 2;
+    float *sel = malloc(sizeof(float) * (size_t)nsel * c->V);
+    if (!at || !am3 || !sel) {
+        TM_CHECK(0, "%s: out of host memory", what);
+    } else {
+        for (int i = 0; i < n; i++) at[i] = i % 2 ? -1 : nsel - 1 - i / 2;
+        sm_step g = s;
+        g.logits = sel;
+        g.logits_at = at;
+        g.argmax = am3;
+        g.naux = 0;
+        g.aux = NULL;
+        if (d->gpu.step(d->gpu.ctx, &g, &e)) {
+            TM_CHECK(0, "%s: cuda step (logits of selected rows): %s", what, e.msg);
+        } else {
+            int bad = 0;
+            for (int i = 0; i < n; i++)
+                bad += am3[i] != d->ag[i] ||
+                       (at[i] >= 0 && tm_relerr(sel + (size_t)at[i] * c->V, d->lg + (size_t)i * c->V, (size_t)c->V) > 1e-6);
+            TM_CHECK(bad == 0, "%s: %d rows of the selected-rows step differ from the full step", what, bad);
+        }
+    }
+    free(at);
+    free(am3);
+    free(sel);
     for (int a = 0; a < naux; a++) {
         double ra = tm_relerr(d->xg + (size_t)a * n * c->H, d->xc + (size_t)a * n * c->H, (size_t)n * c->H);
         printf("    residual entering layer %d: rel err %.2e\n", auxl[a], ra);
