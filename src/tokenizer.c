@@ -114,13 +114,21 @@ typedef struct strtab {
     uint32_t cap, n;      /* slots (a power of two), entries */
 } strtab;
 
-static slot *tab_find(const strtab *t, const arena *a, const void *k, size_t n, uint64_t h) {
+/* Equal bytes (short keys inline: most pieces are a few bytes). */
+static inline int same(const char *x, const char *y, size_t n) {
+    if (n > 16) return !memcmp(x, y, n);
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != y[i]) return 0;
+    return 1;
+}
+
+static inline slot *tab_find(const strtab *t, const arena *a, const void *k, size_t n, uint64_t h) {
     if (!t->cap) return NULL;
     uint32_t m = t->cap - 1;
     for (uint32_t i = (uint32_t)h & m;; i = (i + 1) & m) {
         slot *s = &t->s[i];
         if (!s->h) return NULL;
-        if (s->h == h && s->len == n && !memcmp(a->b + s->off, k, n)) return s;
+        if (s->h == h && s->len == n && same(a->b + s->off, k, n)) return s;
     }
 }
 
@@ -858,6 +866,10 @@ typedef struct enc {
 } enc;
 
 static int push_ids(enc *c, const int *ids, size_t n) {
+    if (n == 1 && c->n < c->cap) { /* the common case: one token */
+        c->ids[c->n++] = ids[0];
+        return 0;
+    }
     if (c->n + n > c->cap) {
         size_t nc = c->cap ? c->cap : 256;
         while (nc < c->n + n) nc *= 2;

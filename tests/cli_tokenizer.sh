@@ -59,7 +59,7 @@ else
     fail batch "rc $rc: $(head -c 300 "$T/b.out" "$T/err")"
 fi
 "$SM" tokenize "$T/tiny" --text-file "$T/in.txt" --stats >/dev/null 2>"$T/err"
-if grep -q '^tokenize: encoded [0-9]* bytes into [0-9]* ids in [0-9.]* s: [0-9.]* MB/s$' "$T/err"; then pass stats; else fail stats "$(cat "$T/err")"; fi
+if grep -q '^tokenize: encoded [0-9]* bytes into [0-9]* ids in [0-9.]* s: [0-9.]* MB/s ([0-9.]* s of CPU: [0-9.]* MB/s)$' "$T/err"; then pass stats; else fail stats "$(cat "$T/err")"; fi
 
 # ---- bad input: exit 2, one line
 printf 'ab\377cd' >"$T/bad_utf8.txt"

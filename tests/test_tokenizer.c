@@ -331,6 +331,22 @@ static void test_long_piece(void) {
     CHECK(ok, "one piece of 1 MiB: rc %d, %d ids", rc, k);
     CHECK(sec < 2.0, "1 MiB piece took %.2f s (merging is not n log n)", sec);
     free(ids);
+    sm_tokenizer_free(t);
+    /* a match that backtracks through a group n times: past PCRE2's default JIT stack */
+    r = base();
+    json_object_set_new(r, "pre_tokenizer",
+                        json_pack("{s:s, s:[{s:s, s:{s:s}, s:s, s:b}, {s:s, s:b, s:b}]}", "type", "Sequence", "pretokenizers",
+                                  "type", "Split", "pattern", "Regex", "(a|b)+(?=b)|x", "behavior", "Isolated", "invert", 0,
+                                  "type", "ByteLevel", "add_prefix_space", 0, "use_regex", 0));
+    t = load(r, "deep", NULL, &e);
+    CHECK(t, "load: %s", e.msg);
+    if (t) {
+        n = 1 << 18;
+        s[n - 1] = 'b';
+        rc = sm_tokenizer_encode(t, s, n, &ids, &k, &e);
+        CHECK(rc == 0 && k == (int)n, "a deep match: rc %d, %d ids: %s", rc, k, e.msg);
+        free(ids);
+    }
     free(s);
     sm_tokenizer_free(t);
 }
