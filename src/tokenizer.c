@@ -507,6 +507,8 @@ static int parse_pretok1(lctx *x, json_t *o, const char *where, int *bytelevel) 
         json_t *ps = json_is_string(rx) ? rx : lit;
         if (!json_is_object(pat) || !json_is_string(ps))
             return sm_errf(x->e, "%s: %s must be {\"Regex\": STRING} or {\"String\": STRING}", x->path, w);
+        if (ps == lit && !json_string_length(ps)) /* the library matches nothing; PCRE2 would match everywhere */
+            return sm_errf(x->e, "%s: %s is an empty string; it is not supported", x->path, w);
         return add_split(x, w, json_string_value(ps), json_string_length(ps), ps == lit, b, invert);
     }
     return sm_errf(x->e, "%s: %s is '%s'; supported: ByteLevel, Split, Sequence", x->path, where, type);

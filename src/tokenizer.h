@@ -19,7 +19,9 @@ typedef struct sm_tokenizer sm_tokenizer;
 int sm_tokenizer_load(const char *path, sm_tokenizer **out, sm_err *e);
 void sm_tokenizer_free(sm_tokenizer *t);
 /* Ids of text [len bytes, UTF-8]: *ids malloc'd [*n] (caller frees).  Special tokens in the
- * text are recognized.  Invalid UTF-8 is an error naming the byte offset. */
+ * text are recognized.  Invalid UTF-8 is an error naming the byte offset.  The ids of the text
+ * alone (the file's post_processor is not applied): a caller that wants bos prepends it.
+ * Thread-safe: concurrent calls on one tokenizer are fine (one at a time uses the cache). */
 int sm_tokenizer_encode(const sm_tokenizer *t, const char *text, size_t len, int **ids, int *n, sm_err *e);
 /* Text of ids [n]: *text malloc'd, NUL-terminated, *len bytes (caller frees).  An id outside
  * the vocabulary is an error naming it and its index. */

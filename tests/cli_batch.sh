@@ -4,7 +4,9 @@
 # every result equals `generate` run on that request alone (greedy and sampled, flags as the
 # defaults of lines that leave keys out), results come in input order with their stats, --out
 # writes the same lines, --no-spec gives the same ids, a sampled batch on the cycle model
-# accepts drafts; bad lines and files are refused with one line naming file:line, exit 2.
+# accepts drafts, text prompts are encoded with the model's tokenizer.json and every result's
+# text is its ids decoded (as `sparkmono tokenize` decodes them); bad lines and files are
+# refused with one line naming file:line, exit 2.
 # Prints PASS/FAIL lines and a DONE line.
 NAME=cli_batch
 . "$(dirname "$0")/lib_cli.sh"
@@ -28,7 +30,9 @@ cat >"$T/b.jsonl" <<EOF
 {"ids": [9], "max_tokens": 1, "temperature": 0.5, "seed": 11}
 {"ids": [11, 12, 13], "max_tokens": 40, "temperature": 1.3, "top_p": 0.8}
 {"ids": [42, 43], "max_tokens": 7}
+{"prompt": "The cat sat on the mat.", "max_tokens": 8, "seed": 21}
 EOF
+TEXT_IDS=$("$SM" tokenize "$T/tiny" --text "The cat sat on the mat.")
 # the same requests as `generate` flags (one line each, in order)
 cat >"$T/alone.txt" <<EOF
 --prompt-ids 5,6,7,8,5,6,7,8,5,6 --max-tokens 12 --temperature 0
@@ -38,11 +42,13 @@ cat >"$T/alone.txt" <<EOF
 --prompt-ids 9 --max-tokens 1 --temperature 0.5 --seed 11
 --prompt-ids 11,12,13 --max-tokens 40 --temperature 1.3 --top-p 0.8 --seed 5
 --prompt-ids 42,43 --max-tokens 7 --temperature 0.9 --seed 5
+--prompt-ids $TEXT_IDS --max-tokens 8 --temperature 0.9 --seed 21
 EOF
-NREQ=7
+NREQ=8
 G="generate --model $T/tiny --threads 2"
 "$SM" $G --batch "$T/b.jsonl" --max-requests 3 --temperature 0.9 --seed 5 >"$T/r.jsonl" 2>"$T/r.err"; rc=$?
-if [ $rc -eq 0 ] && [ "$(wc -l <"$T/r.jsonl")" -eq $NREQ ] && grep -q '^generate --batch: 7 requests, [0-9]* tokens in .* tokens/s' "$T/r.err"; then
+if [ $rc -eq 0 ] && [ "$(wc -l <"$T/r.jsonl")" -eq $NREQ ] && grep -q "^generate --batch: $NREQ requests, [0-9]* tokens in .* tokens/s" "$T/r.err" &&
+    [ -n "$TEXT_IDS" ]; then
     pass batch_runs; echo "  $(tail -n 1 "$T/r.err")"
 else
     fail batch_runs "rc $rc: $(head -c 300 "$T/r.err")"
@@ -51,7 +57,7 @@ fi
 # input order, one object a line with every field
 i=0; bad=
 while IFS= read -r l; do
-    echo "$l" | grep -q "^{\"index\":$i,\"ids\":\[[0-9,]*\],\"prompt_tokens\":[0-9]*,\"completion_tokens\":[0-9]*,\"steps\":[0-9]*,\"accepted\":[0-9]*,\"finish_reason\":\"\(stop\|length\)\"}\$" || bad="$bad $i"
+    printf "%s\n" "$l" | grep -q "^{\"index\":$i,\"ids\":\[[0-9,]*\],\"text\":\".*\",\"prompt_tokens\":[0-9]*,\"completion_tokens\":[0-9]*,\"steps\":[0-9]*,\"accepted\":[0-9]*,\"finish_reason\":\"\(stop\|length\)\"}\$" || bad="$bad $i"
     i=$((i + 1))
 done <"$T/r.jsonl"
 if [ -z "$bad" ] && [ $i -eq $NREQ ]; then pass batch_order_and_fields; else fail batch_order_and_fields "lines:$bad"; fi
@@ -66,11 +72,23 @@ while IFS= read -r flags; do
 done <"$T/alone.txt"
 if [ -z "$bad" ]; then pass batch_equals_alone; else fail batch_equals_alone "$bad"; fi
 
+# text: the ids decoded without special tokens; the text prompt's prompt_tokens are its ids
+sed 's/.*"ids":\(\[[^]]*\]\).*/\1/' "$T/r.jsonl" >"$T/ids.jsonl"
+"$SM" tokenize "$T/tiny" --batch "$T/ids.jsonl" --skip-special >"$T/texts.want" 2>"$T/texts.err"
+sed 's/.*"text":\(".*"\),"prompt_tokens".*/\1/' "$T/r.jsonl" >"$T/texts.got"
+ntext=$(echo "$TEXT_IDS" | tr ',' '\n' | wc -l)
+if [ -s "$T/texts.want" ] && cmp -s "$T/texts.want" "$T/texts.got" &&
+    sed -n "${NREQ}p" "$T/r.jsonl" | grep -q "\"prompt_tokens\":$ntext,\"completion_tokens\":8,"; then
+    pass batch_text
+else
+    fail batch_text "$(diff "$T/texts.want" "$T/texts.got" | head -c 300; head -c 200 "$T/texts.err")"
+fi
+
 # stats: the eos request stops early ("stop"), the others run to max_tokens ("length")
 l4=$(sed -n 4p "$T/r.jsonl"); l6=$(sed -n 6p "$T/r.jsonl"); l5=$(sed -n 5p "$T/r.jsonl")
-if echo "$l4" | grep -q '"finish_reason":"stop"' && ! echo "$l4" | grep -q '"completion_tokens":16,' &&
-    echo "$l6" | grep -q '"prompt_tokens":3,"completion_tokens":40,.*"finish_reason":"length"' &&
-    echo "$l5" | grep -q '"completion_tokens":1,"steps":0,'; then
+if printf "%s\n" "$l4" | grep -q '"finish_reason":"stop"' && ! printf "%s\n" "$l4" | grep -q '"completion_tokens":16,' &&
+    printf "%s\n" "$l6" | grep -q '"prompt_tokens":3,"completion_tokens":40,.*"finish_reason":"length"' &&
+    printf "%s\n" "$l5" | grep -q '"completion_tokens":1,"steps":0,'; then
     pass batch_stats
 else
     fail batch_stats "$l4 / $l5 / $l6"
@@ -131,8 +149,13 @@ badline bad_top_k 'top_k' '{"ids": [1, 2], "max_tokens": 3, "top_k": 2.5}'
 badline bad_max_tokens 'max_tokens' '{"ids": [1, 2], "max_tokens": 0}'
 badline bad_duplicate_key 'duplicate' '{"ids": [1, 2], "max_tokens": 3, "max_tokens": 4}'
 badline bad_too_long 'exceeds --max-len 16' '{"ids": [1, 2, 3], "max_tokens": 20}' '--max-len 16'
-if [ ! -f "$T/tiny/tokenizer.json" ]; then
-    badline bad_text_without_tokenizer 'text prompt' '{"prompt": "hello", "max_tokens": 3}'
+rm -f "$T/cyc/tokenizer.json"
+printf '%s\n' '{"prompt": "hello", "max_tokens": 3}' >"$T/bad.jsonl"
+"$SM" generate --model "$T/cyc" --batch "$T/bad.jsonl" >"$T/bad.out" 2>"$T/bad.err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$T/bad.err")" -eq 1 ] && grep -q "bad.jsonl:1: a text prompt needs .*tokenizer.json" "$T/bad.err"; then
+    pass bad_text_without_tokenizer; echo "  $(cat "$T/bad.err")"
+else
+    fail bad_text_without_tokenizer "rc $rc: $(head -c 300 "$T/bad.err")"
 fi
 printf '\n  \n' >"$T/empty.jsonl"
 bad bad_no_requests $G --batch "$T/empty.jsonl"

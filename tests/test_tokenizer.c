@@ -263,6 +263,10 @@ static void test_refusals(void) {
          "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"a\"}, "
          "\"behavior\": \"Sideways\", \"invert\": false}, {\"type\": \"ByteLevel\"}]}",
          "pre_tokenizer.pretokenizers[0].behavior must be one of"},
+        {"empty_literal", "pre_tokenizer",
+         "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"String\": \"\"}, "
+         "\"behavior\": \"Removed\", \"invert\": true}, {\"type\": \"ByteLevel\"}]}",
+         "pre_tokenizer.pretokenizers[0].pattern is an empty string"},
         {"decoder", "decoder", "{\"type\": \"WordPiece\"}", "decoder.type is 'WordPiece'"},
         {"decoder_null", "decoder", "null", "decoder is null"},
         {"merge_tok", "model.merges", "[\"q zz\"]", "model.merges[0]: 'zz' is not in model.vocab"},

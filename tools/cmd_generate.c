@@ -10,7 +10,9 @@
  * callback in the public API for this one use.
  *
  * --batch FILE: every line is checked (JSON, keys, values, ids against the vocabulary, length
- * against --max-len) before the first step, so a bad line costs no compute.  Then up to
+ * against --max-len) before the first step, so a bad line costs no compute; a text prompt is
+ * encoded with the model directory's tokenizer.json (src/tokenizer.h; no bos added), and a
+ * result's text is its ids decoded without the special tokens.  Then up to
  * --max-requests requests are live at once: between two verify steps the finished ones leave
  * (their slots and cache pages freed) and waiting ones join (add + prefill), in file order.
  * Results are JSONL in input order (a finished request waits for those before it), on stdout
@@ -32,15 +34,7 @@
 #include "outfile.h"
 #include "sample.h"
 #include "sparkmono.h"
-
-/* Text prompts and decoded text need the tokenizer (src/tokenizer.h), built in once its
- * source is in the tree; without it a text prompt is refused. */
-#if defined(__has_include)
-#if __has_include("tokenizer.c")
-#define GEN_TOKENIZER 1
 #include "tokenizer.h"
-#endif
-#endif
 
 const cli_cmd cli_help_generate = {
     "generate",
@@ -51,12 +45,12 @@ const cli_cmd cli_help_generate = {
     "(tokens emitted by each verify step: accepted drafts + 1) and 'tokens/s: ...' (with the mean\n"
     "accepted drafts a step).  Speculative and plain (--no-spec) runs emit the same ids, sampled\n"
     "ones too (for the same --seed).\n"
-    "--batch FILE.jsonl: one request a line, {\"ids\": [1, 2]} or {\"prompt\": \"text\"} (with a\n"
-    "tokenizer.json in the model directory), and optionally \"max_tokens\", \"temperature\",\n"
-    "\"top_k\", \"top_p\", \"seed\" (the flags give their defaults).  Prints one JSON line a request,\n"
-    "in input order: index, ids, text (with a tokenizer), prompt_tokens, completion_tokens,\n"
-    "steps, accepted, finish_reason (\"stop\": an eos id, \"length\": max_tokens); a progress line\n"
-    "on stderr.",
+    "--batch FILE.jsonl: one request a line, {\"ids\": [1, 2]} or {\"prompt\": \"text\"} (encoded with\n"
+    "the model directory's tokenizer.json, no bos added), and optionally \"max_tokens\",\n"
+    "\"temperature\", \"top_k\", \"top_p\", \"seed\" (the flags give their defaults).  Prints one JSON\n"
+    "line a request, in input order: index, ids, text (decoded without special tokens, when the\n"
+    "model has a tokenizer), prompt_tokens, completion_tokens, steps, accepted, finish_reason\n"
+    "(\"stop\": an eos id, \"length\": max_tokens); a progress line on stderr.",
 };
 
 static double now_s(void) {
@@ -241,6 +235,18 @@ static int result_line(int i, breq *q, const int *ids, int n, const sparkmono_re
     return bad ? sm_errf(e, "generate: request %d: cannot write its JSON result (out of memory, or its text is not UTF-8)", i) : 0;
 }
 
+/* The text of ids [n] without the special tokens (eos, ...): *text malloc'd. */
+static int decode_text(const sm_tokenizer *tk, const int *ids, int n, char **text, sm_err *e) {
+    int *keep = malloc(sizeof(int) * (size_t)(n ? n : 1)), k = 0;
+    if (!keep) return sm_errf(e, "out of memory for %d ids", n);
+    for (int i = 0; i < n; i++)
+        if (!sm_tokenizer_is_special(tk, ids[i])) keep[k++] = ids[i];
+    size_t len;
+    int rc = sm_tokenizer_decode(tk, keep, k, text, &len, e);
+    free(keep);
+    return rc;
+}
+
 /* Progress on stderr: on a terminal one line rewritten in place (at most 10 a second). */
 static void progress(int done, int n, int live, long toks, double t0, int last) {
     static double shown;
@@ -269,9 +275,7 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const s
     sparkmono_engine *g = NULL;
     sm_outfile of;
     memset(&of, 0, sizeof of);
-#ifdef GEN_TOKENIZER
     sm_tokenizer *tk = NULL;
-#endif
     if (read_batch(cmd, bc->path, dflt, &q, &nq, &e)) goto bad;
     if (bc->out && sm_outfile_open(&of, bc->out, &e)) { sm_errprefix(&e, "%s: --out", cmd); goto bad; }
     sparkmono_model_opts mo = {0};
@@ -279,13 +283,17 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const s
     if (sparkmono_model_open(dir, &mo, &m)) goto fail;
     sparkmono_model_info info;
     if (sparkmono_model_get_info(m, &info)) goto fail;
-    /* the tokenizer of the model directory, when it has one */
+    /* the tokenizer of the model directory, when it has one: needed by text prompts; without
+     * them, one that does not load only costs the results their text (one warning) */
     char tpath[4200];
     snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
-    int have_tj = access(tpath, F_OK) == 0;
-#ifdef GEN_TOKENIZER
-    if (have_tj && sm_tokenizer_load(tpath, &tk, &e)) { sm_errprefix(&e, "%s", cmd); goto bad; }
-#endif
+    int ntext = 0;
+    for (int i = 0; i < nq; i++) ntext += q[i].text != NULL;
+    if (access(tpath, F_OK) == 0 && sm_tokenizer_load(tpath, &tk, &e)) {
+        if (ntext) { sm_errprefix(&e, "%s", cmd); goto bad; }
+        fprintf(stderr, "%s: warning: %s; the results have no text\n", cmd, e.msg);
+        tk = NULL;
+    }
     /* text prompts to ids; every id in the vocabulary; lengths within --max-len */
     long max_len = 0;
     for (int i = 0; i < nq; i++) {
@@ -293,15 +301,9 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const s
         char where[600];
         snprintf(where, sizeof where, "%s: %s:%ld", cmd, bc->path, r->line);
         if (r->text) {
-#ifdef GEN_TOKENIZER
-            if (!tk) { sm_errf(&e, "%s: a text prompt needs %s", where, tpath); goto bad; }
+            if (!tk) { sm_errf(&e, "%s: a text prompt needs the model's tokenizer, %s, which does not exist", where, tpath); goto bad; }
             if (sm_tokenizer_encode(tk, r->text, strlen(r->text), &r->ids, &r->n, &e)) { sm_errprefix(&e, "%s", where); goto bad; }
             if (r->n == 0) { sm_errf(&e, "%s: the prompt encodes to no tokens", where); goto bad; }
-#else
-            sm_errf(&e, "%s: text prompts need the tokenizer, which this build does not have; give \"ids\"%s", where,
-                    have_tj ? "" : " (nor has the model a tokenizer.json)");
-            goto bad;
-#endif
         }
         for (int k = 0; k < r->n; k++)
             if (r->ids[k] < 0 || r->ids[k] >= info.vocab_size) {
@@ -350,10 +352,7 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const s
             char *text = NULL;
             breq *r = &q[slot_of[id]];
             if (sparkmono_output(g, id, &ids, &n)) goto fail;
-#ifdef GEN_TOKENIZER
-            size_t tl;
-            if (tk && sm_tokenizer_decode(tk, ids, n, &text, &tl, &e)) { sm_errprefix(&e, "%s: %s:%ld", cmd, bc->path, r->line); goto bad; }
-#endif
+            if (tk && decode_text(tk, ids, n, &text, &e)) { sm_errprefix(&e, "%s: %s:%ld", cmd, bc->path, r->line); goto bad; }
             int bad_json = result_line(slot_of[id], r, ids, n, &in, text, &e);
             free(text);
             if (bad_json) goto bad;
@@ -389,9 +388,7 @@ bad:
     fprintf(stderr, "%s\n", e.msg);
 out:
     sm_outfile_abort(&of);
-#ifdef GEN_TOKENIZER
     sm_tokenizer_free(tk);
-#endif
     free(slot_of);
     breqs_free(q, nq);
     sparkmono_engine_destroy(g);
