@@ -2,7 +2,8 @@
 # and runs every CPU test and ends with "N passed, N failed"; `make test-asan` does the same
 # under ASan + UBSan in build-asan/ (CPU only).  When nvcc is present, src/cuda/*.cu is
 # compiled for sm_90a into build/libsparkmono_cuda.a and linked into the CLI (SM_HAVE_CUDA);
-# `make gpu-test` builds the GPU test program (run it on a machine with a Hopper GPU).
+# `make gpu-test` builds the GPU test program (run it on a machine with a Hopper GPU); `make
+# shared` builds build/libsparkmono.so, the library of the Python binding (python/).
 
 B        ?= build
 CC       ?= gcc
@@ -11,6 +12,9 @@ SAN      ?=
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -MMD -MP -D_GNU_SOURCE \
             -Isrc -Iinclude -Itools $(SAN)
 LDLIBS   := -l:libjansson.a -l:libpcre2-8.a -lm -lpthread
+# `sparkmono serve`'s HTTP server: libmicrohttpd linked statically, its TLS library (gnutls,
+# never used: the server speaks plain HTTP) dynamically.
+SERVE_LIBS := -l:libmicrohttpd.a -lgnutls
 NVCC     ?= $(shell command -v nvcc 2>/dev/null)
 CUDA     ?= $(if $(NVCC),1,0)
 
@@ -33,7 +37,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt 
 GPU_TEST_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu bench/gpu/*.c bench/gpu/*.cu)
 endif
 
-.PHONY: all test test-asan demo gpu-test clean
+.PHONY: all test test-asan demo gpu-test shared clean
 # Keep every intermediate (test objects) so `make test` ends with the runner's summary line.
 .SECONDARY:
 all: $(B)/libsparkmono.a $(B)/sparkmono
@@ -67,13 +71,28 @@ endif
 LINK_LIBS = -Wl,--start-group $(B)/libsparkmono.a $(CU_LIB) -Wl,--end-group $(LDLIBS) $(CUDA_LIBS)
 
 $(B)/sparkmono: $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB)
-	$(CC) $(CFLAGS) $(CLI_OBJ) $(LINK_LIBS) -o $@
+	$(CC) $(CFLAGS) $(CLI_OBJ) $(LINK_LIBS) $(SERVE_LIBS) -o $@
+
+# The Python binding's shared library (python/, CPU backend only): the library's sources again,
+# compiled with -fPIC into $(B)/pic/ without the CUDA backend, linked against the system's
+# shared jansson and pcre2 (their static archives are not position-independent).  The server
+# (src/serve*) stays out: it needs libmicrohttpd, and Python has its own HTTP servers.
+PIC_SRC  := $(filter-out src/serve%,$(LIB_SRC))
+PIC_OBJ  := $(PIC_SRC:%.c=$(B)/pic/%.o)
+PIC_CFLAGS = $(filter-out -DSM_HAVE_CUDA=1,$(CFLAGS)) -fPIC
+SO_LIBS  := -ljansson -lpcre2-8 -lm -lpthread
+$(B)/pic/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(PIC_CFLAGS) -c $< -o $@
+$(B)/libsparkmono.so: $(PIC_OBJ)
+	$(CC) $(PIC_CFLAGS) -shared -Wl,--no-undefined $^ $(SO_LIBS) -o $@
+shared: $(B)/libsparkmono.so
 
 # Each CPU test is its own program; tests may use tools/cli.c for shared parsing.
 $(B)/tests/%: $(B)/tests/%.o $(B)/libsparkmono.a $(CU_LIB)
 	$(CC) $(CFLAGS) $< $(LINK_LIBS) -o $@
 
-test: all $(TESTS)
+test: all $(TESTS) $(B)/libsparkmono.so
 	@sh tests/run.sh $(B)
 
 test-asan:

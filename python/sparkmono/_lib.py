@@ -1,0 +1,98 @@
+"""_lib.py: finds and loads libsparkmono.so and declares the C functions the binding calls
+(include/sparkmono.h, and src/tokenizer.h for text), each with its argument and result types.
+
+The library is the first of: $SPARKMONO_LIB; libsparkmono.so beside this file (copied there by
+`pip install ./python`); build/libsparkmono.so of the source tree this file sits in.  We
+rejected searching the system's library path: a stale copy there would be used silently."""
+import ctypes
+import os
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _candidates():
+    env = os.environ.get("SPARKMONO_LIB")
+    if env:
+        return [env]
+    return [os.path.join(_HERE, "libsparkmono.so"), os.path.join(_HERE, "..", "..", "build", "libsparkmono.so")]
+
+
+def _load():
+    tried = _candidates()
+    for path in tried:
+        if os.path.isfile(path):
+            return ctypes.CDLL(os.path.abspath(path)), path
+    raise ImportError("sparkmono: libsparkmono.so not found (tried %s); build it with `make shared` and set "
+                      "SPARKMONO_LIB to its path, or `pip install ./python` after `make shared`" % ", ".join(tried))
+
+
+lib, path = _load()
+
+c_int_p = ctypes.POINTER(ctypes.c_int)
+
+
+class ModelOpts(ctypes.Structure):
+    _fields_ = [("online_mxfp4", ctypes.c_int)]
+
+
+class ModelInfo(ctypes.Structure):
+    _fields_ = [("num_layers", ctypes.c_int), ("hidden_size", ctypes.c_int), ("vocab_size", ctypes.c_int),
+                ("vocab_used", ctypes.c_int), ("bos", ctypes.c_int), ("n_eos", ctypes.c_int),
+                ("eos", ctypes.c_int * 8)]
+
+
+class EngineOpts(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_char_p), ("request_rows", ctypes.c_int), ("max_requests", ctypes.c_int),
+                ("max_len", ctypes.c_int), ("kv_blocks", ctypes.c_int), ("prefill_chunk", ctypes.c_int),
+                ("naux", ctypes.c_int), ("aux_layers", c_int_p), ("threads", ctypes.c_int), ("world", ctypes.c_int),
+                ("moe_tp", ctypes.c_int)]
+
+
+class Sampling(ctypes.Structure):
+    _fields_ = [("temperature", ctypes.c_float), ("top_k", ctypes.c_int), ("top_p", ctypes.c_float),
+                ("seed", ctypes.c_ulonglong)]
+
+
+class RequestInfo(ctypes.Structure):
+    _fields_ = [("prompt_len", ctypes.c_int), ("max_tokens", ctypes.c_int), ("ngen", ctypes.c_int),
+                ("kv_len", ctypes.c_int), ("prefilled", ctypes.c_int), ("done", ctypes.c_int),
+                ("steps", ctypes.c_int), ("accepted", ctypes.c_int)]
+
+
+class Err(ctypes.Structure):
+    """sm_err of src/err.h: one line."""
+    _fields_ = [("msg", ctypes.c_char * 1024)]
+
+
+def _fn(name, res, *args):
+    f = getattr(lib, name)
+    f.restype = res
+    f.argtypes = list(args)
+    return f
+
+
+vp = ctypes.c_void_p
+errmsg = _fn("sparkmono_errmsg", ctypes.c_char_p)
+status_str = _fn("sparkmono_status_str", ctypes.c_char_p, ctypes.c_int)
+model_open = _fn("sparkmono_model_open", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ModelOpts), ctypes.POINTER(vp))
+model_close = _fn("sparkmono_model_close", None, vp)
+model_get_info = _fn("sparkmono_model_get_info", ctypes.c_int, vp, ctypes.POINTER(ModelInfo))
+engine_create = _fn("sparkmono_engine_create", ctypes.c_int, vp, ctypes.POINTER(EngineOpts), ctypes.POINTER(vp))
+engine_destroy = _fn("sparkmono_engine_destroy", None, vp)
+add_sampled = _fn("sparkmono_add_sampled", ctypes.c_int, vp, c_int_p, ctypes.c_int, ctypes.c_int,
+                  ctypes.POINTER(Sampling), c_int_p)
+remove = _fn("sparkmono_remove", ctypes.c_int, vp, ctypes.c_int)
+prefill = _fn("sparkmono_prefill", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(ctypes.c_float))
+verify = _fn("sparkmono_verify", ctypes.c_int, vp, c_int_p, c_int_p, c_int_p)
+request_get_info = _fn("sparkmono_request_get_info", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(RequestInfo))
+output = _fn("sparkmono_output", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(c_int_p), c_int_p)
+tok_load = _fn("sm_tokenizer_load", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(vp), ctypes.POINTER(Err))
+tok_free = _fn("sm_tokenizer_free", None, vp)
+tok_encode = _fn("sm_tokenizer_encode", ctypes.c_int, vp, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(c_int_p),
+                 c_int_p, ctypes.POINTER(Err))
+tok_is_special = _fn("sm_tokenizer_is_special", ctypes.c_int, vp, ctypes.c_int)
+c_char_pp = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))  # text out: bytes, may hold NUL
+tok_decode = _fn("sm_tokenizer_decode", ctypes.c_int, vp, c_int_p, ctypes.c_int, c_char_pp,
+                 ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(Err))
+# the tokenizer's buffers are malloc'd by the library: freed with the C library's free
+libc_free = _fn("free", None, vp)

@@ -1,0 +1,67 @@
+#!/bin/sh
+# cli_serve.sh BUILD_DIR: `sparkmono serve`.  Its command line here (every bad flag, a missing
+# model, a port in use, a broken tokenizer.json: exit 2 with one line on stderr; every option
+# of --help in the README), then the HTTP API through the official `openai` Python client
+# (tests/serve, pytest with the passfail plugin: one PASS/FAIL line a test): completions,
+# streaming, concurrent clients equal to each alone, bad bodies, the 503 queue, client
+# disconnects, SIGTERM.  Prints PASS/FAIL lines and a DONE line.
+NAME=cli_serve
+. "$(dirname "$0")/lib_cli.sh"
+HERE=$(cd "$(dirname "$0")" && pwd)
+SM_ABS=$(cd "$(dirname "$SM")" && pwd)/$(basename "$SM")
+
+# ---- --help: the README's Command line section lists every option
+README="$HERE/../README.md"
+if "$SM" serve --help >"$T/h.out" 2>"$T/h.err" && grep -q '^usage: sparkmono serve ' "$T/h.out" && [ ! -s "$T/h.err" ]; then
+    pass help_serve
+else
+    fail help_serve "$(head -c 200 "$T/h.err")"
+fi
+sed -n '/^## Command line/,/^## /p' "$README" >"$T/readme_cli"
+missing=
+for f in $(sed -n 's/^  \(--[a-z0-9-]*\).*/\1/p' "$T/h.out"); do
+    grep -q -e "$f\([^a-z0-9-]\|\$\)" "$T/readme_cli" || missing="$missing $f"
+done
+if [ -z "$missing" ] && grep -q 'sparkmono serve' "$T/readme_cli"; then pass readme_lists_serve_options; else fail readme_lists_serve_options "missing:$missing"; fi
+
+# ---- bad command lines
+if ! "$SM" make-model --quiet --preset tiny --experts mxfp4 --seed 1 --out "$T/tiny" >"$T/mm.out" 2>&1; then
+    cat "$T/mm.out"; fail make_model; done_
+fi
+bad serve_no_model serve
+bad serve_model_twice serve "$T/tiny" --model "$T/tiny"
+bad serve_missing_dir serve "$T/no-such-model" --port 0
+bad serve_bad_port serve "$T/tiny" --port 70000
+bad serve_bad_host serve "$T/tiny" --host 300.1.2.3 --port 0
+bad serve_bad_backend serve "$T/tiny" --backend tpu
+bad serve_small_body serve "$T/tiny" --max-body 10
+bad serve_rows_and_nospec serve "$T/tiny" --request-rows 4 --no-spec
+mkdir "$T/badtok" && cp "$T/tiny/config.json" "$T/badtok/" && ln -s "$T/tiny/model.safetensors" "$T/badtok/" &&
+    printf '{"model": {"type": "BPE", "vocab": 5}' >"$T/badtok/tokenizer.json"
+bad serve_broken_tokenizer serve "$T/badtok" --port 0
+# a port in use: a first server holds it
+"$SM" serve "$T/tiny" --port 0 --threads 1 --quiet >"$T/s1.out" 2>"$T/s1.err" &
+pid=$!
+i=0; while [ $i -lt 100 ] && ! grep -q listening "$T/s1.out"; do sleep 0.05; i=$((i + 1)); done
+port=$(sed -n 's/.*:\([0-9][0-9]*\)\/v1.*/\1/p' "$T/s1.out")
+if [ -n "$port" ]; then
+    bad serve_port_in_use serve "$T/tiny" --port "$port"
+else
+    fail serve_port_in_use "the first server did not start: $(cat "$T/s1.err")"
+fi
+kill -TERM $pid; wait $pid; rc=$?
+if [ $rc -eq 0 ] && [ "$(grep -c . "$T/s1.err")" -le 2 ]; then pass serve_sigterm_idle_exit0; else fail serve_sigterm_idle_exit0 "exit $rc: $(cat "$T/s1.err")"; fi
+
+# ---- the HTTP API (pytest)
+if python3 -c 'import openai, pytest, requests, tokenizers' 2>"$T/imp"; then
+    PYTHONDONTWRITEBYTECODE=1 SM_BIN="$SM_ABS" PYTHONPATH="$HERE/serve" \
+        python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve" >"$T/py.out" 2>&1
+    rc=$?
+    cat "$T/py.out"
+    p=$(grep -c '^PASS ' "$T/py.out"); f=$(grep -c '^FAIL ' "$T/py.out")
+    np=$((np + p)); nf=$((nf + f))
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then fail serve_pytest "pytest exit $rc"; fi
+else
+    fail serve_python_deps "$(tail -n 1 "$T/imp"); run: python3 -m pip install -r tools/py-requirements.txt"
+fi
+done_

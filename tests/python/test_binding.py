@@ -1,0 +1,149 @@
+"""test_binding.py: the Python binding (python/sparkmono) against the CLI: generate and
+generate_many equal `sparkmono generate` alone, prefill logits equal `sparkmono logits`, text
+in and out through the model's tokenizer.json equals the `tokenizers` package, every engine
+error is a SparkmonoError with the engine's line, and `pip install ./python` gives a package
+that finds its library by itself."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sparkmono
+from smtest import SM_BIN, generate_cli
+
+PROMPTS = [[5, 6, 7, 8, 5, 6], [11, 12, 13], [100, 200, 300, 400, 100, 200], [42], [7, 7, 7, 7, 7]]
+MAX_TOKENS = [12, 9, 16, 5, 14]
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    return [generate_cli(model_dir, p, n) for p, n in zip(PROMPTS, MAX_TOKENS)]
+
+
+def test_model_info(model):
+    assert model.vocab_size == 512 and model.num_layers == 4 and model.hidden_size == 256
+    assert model.bos == 1 and model.eos == (2,) and not model.has_tokenizer
+
+
+def test_generate_equals_cli(model, reference):
+    with sparkmono.Engine(model, threads=2) as e:
+        for p, n, ref in zip(PROMPTS, MAX_TOKENS, reference):
+            c = e.generate(p, max_tokens=n)
+            assert c.ids == ref
+            assert c.finish_reason == ("length" if len(ref) == n else "stop")
+            assert c.prompt_tokens == len(p) and c.text is None
+
+
+def test_no_spec_equals(model, reference):
+    with sparkmono.Engine(model, request_rows=1, threads=2) as e:
+        assert e.generate(np.array(PROMPTS[0]), max_tokens=MAX_TOKENS[0]).ids == reference[0]
+
+
+def test_generate_many_equals_alone(model, reference):
+    """5 prompts through 2 slots: continuous batching, results in order, each as alone."""
+    with sparkmono.Engine(model, max_requests=2, threads=2) as e:
+        outs = [e.generate_many([p], max_tokens=n)[0].ids for p, n in zip(PROMPTS, MAX_TOKENS)]
+        assert outs == reference
+        many = e.generate_many(PROMPTS, max_tokens=16)
+        assert [c.ids[:n] for c, n in zip(many, MAX_TOKENS)] == [r[:n] for r, n in zip(reference, MAX_TOKENS)]
+
+
+def test_prefill_logits_equal_cli(model, model_dir, tmp):
+    p = [5, 6, 7, 8]
+    with sparkmono.Engine(model, threads=2) as e:
+        a = e.prefill_logits(p)
+    assert a.shape == (4, 512) and a.dtype == np.float32 and np.isfinite(a).all()
+    out = os.path.join(tmp, "l.npy")
+    subprocess.run([SM_BIN, "logits", "--model", model_dir, "--prompt-ids", "5,6,7,8", "--out", out, "--threads", "2"],
+                   check=True, capture_output=True)
+    b = np.load(out)
+    assert np.array_equal(a, b)
+    # the last row's argmax is the first greedy token
+    assert int(a[-1].argmax()) == generate_cli(model_dir, p, 1)[0]
+
+
+def test_errors_carry_engine_message(model, tmp):
+    with pytest.raises(sparkmono.SparkmonoError) as ex:
+        sparkmono.Model(os.path.join(tmp, "no-such-dir"))
+    assert "no-such-dir" in str(ex.value) and ex.value.status_name == "model error"
+    with sparkmono.Engine(model, max_len=16, threads=2) as e:
+        with pytest.raises(sparkmono.SparkmonoError) as ex:
+            e.generate([1, 512], max_tokens=2)
+        assert "512" in str(ex.value) and ex.value.status == 1
+        with pytest.raises(sparkmono.SparkmonoError, match="max model length"):
+            e.generate([1, 2, 3], max_tokens=20)
+        with pytest.raises(sparkmono.SparkmonoError, match="empty"):
+            e.generate([], max_tokens=2)
+        with pytest.raises(sparkmono.SparkmonoError, match="tokenizer"):
+            e.generate("text without a tokenizer", max_tokens=2)
+        assert e.generate([5, 6], max_tokens=3).ids  # the engine still works after errors
+    with pytest.raises(sparkmono.SparkmonoError, match="backend 'tpu'"):
+        sparkmono.Engine(model, backend="tpu")
+    with pytest.raises(sparkmono.SparkmonoError, match="request_rows"):
+        sparkmono.Engine(model, request_rows=1000)
+    e = sparkmono.Engine(model, threads=1)
+    with pytest.raises(sparkmono.SparkmonoError, match="open engine"):
+        model.close()
+    e.close()
+    with pytest.raises(sparkmono.SparkmonoError, match="closed"):
+        e.generate([1], 1)
+
+
+def test_text(model_dir):
+    """Text in and out through the model's tokenizer.json, as the `tokenizers` package reads it."""
+    tokenizers = pytest.importorskip("tokenizers")
+    hf = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
+    with sparkmono.Model(model_dir) as m, sparkmono.Engine(m, threads=2) as e:
+        assert m.has_tokenizer
+        for t in ["the quick brown fox", "café 東京 🙂", "  spaces\tand\nlines  ", "<|eos|> special", ""]:
+            assert m.encode(t) == hf.encode(t).ids, t
+        for p in ([5, 6, 7], [300, 2, 301], list(range(3, 60))):
+            assert m.decode(p) == hf.decode(p)
+            assert m.decode(p, skip_special_tokens=False) == hf.decode(p, skip_special_tokens=False)
+        ids = m.encode("Serving models means")
+        c = e.generate("Serving models means", max_tokens=12)
+        assert c.ids == e.generate(ids, max_tokens=12).ids
+        assert c.text == hf.decode(c.ids) and c.prompt_tokens == len(ids)
+
+
+def test_library_not_found_is_clear(tmp):
+    env = dict(os.environ, SPARKMONO_LIB=os.path.join(tmp, "missing.so"))
+    r = subprocess.run([sys.executable, "-c", "import sparkmono"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "make shared" in r.stderr and "missing.so" in r.stderr
+
+
+def test_pip_install_finds_its_library(tmp, model_dir):
+    """`pip install ./python` (here into a target folder) copies the library into the package,
+    which then needs no SPARKMONO_LIB."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    pkg = os.path.join(tmp, "python")  # a copy: pip's build leaves folders in the tree it builds
+    shutil.copytree(os.path.join(here, "..", "..", "python"), pkg,
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.so"))
+    target = os.path.join(tmp, "site")
+    env = dict(os.environ, SPARKMONO_LIB=os.path.abspath(sparkmono.library_path))
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                        "--target", target, pkg], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert os.path.isfile(os.path.join(target, "sparkmono", "libsparkmono.so"))
+    env.pop("SPARKMONO_LIB", None)
+    env["PYTHONPATH"] = target
+    code = ("import sparkmono; m = sparkmono.Model(%r); e = sparkmono.Engine(m, threads=1); "
+            "print(sparkmono.library_path); print(e.generate([5, 6, 7], max_tokens=3).ids)" % model_dir)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(target) and lines[1] == str(generate_cli(model_dir, [5, 6, 7], 3))
+
+
+def test_sampling_reproducible(model):
+    with sparkmono.Engine(model, max_requests=3, threads=2) as e:
+        kw = dict(max_tokens=10, temperature=0.8, top_p=0.9, top_k=40, seed=99)
+        a = e.generate([5, 6, 7], **kw).ids
+        assert e.generate([5, 6, 7], **kw).ids == a
+        many = e.generate_many([[5, 6, 7], [11, 12], [42, 43, 44]], **kw)
+        assert many[0].ids == a
+        assert [e.generate(p, **kw).ids for p in ([11, 12], [42, 43, 44])] == [m.ids for m in many[1:]]
+        assert e.generate([5, 6, 7], **dict(kw, seed=100)).ids != a or e.generate([5, 6, 7], **dict(kw, seed=101)).ids != a

@@ -1,0 +1,96 @@
+/* cmd_serve.c: `sparkmono serve MODEL_DIR`: the command line of the OpenAI-compatible HTTP
+ * server (src/serve.h does the serving).  This file only turns flags into sm_serve_opts;
+ * every bad flag is one line and exit status 2, as everywhere in the CLI.  We rejected a
+ * configuration file: every setting is one flag, listed by --help from the table below. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli.h"
+#include "serve.h"
+
+const cli_cmd cli_help_serve = {
+    "serve",
+    "OpenAI-compatible HTTP server: /v1/completions (streaming too), /v1/models, /health",
+    "MODEL_DIR [options]   (or --model DIR)",
+    "sparkmono serve build/models/tiny --port 8000 --max-requests 16",
+    "Prints 'serve: listening on http://HOST:PORT/v1 ...' on stdout once it accepts requests; one\n"
+    "line a request on stderr (--quiet: none).  Up to --max-requests requests run in every verify\n"
+    "step (continuous batching); --queue more wait, and one more gets a 503.  Text prompts and\n"
+    "text output need MODEL_DIR/tokenizer.json; without it prompts are lists of token ids.\n"
+    "SIGTERM / SIGINT: stop accepting, let the requests in flight finish (--drain-timeout), exit 0.",
+};
+
+int cmd_serve(int argc, char **argv) {
+    const char *cmd = "serve";
+    cli_opt opts[] = {
+        CLI_OPT("model", "DIR", NULL, "checkpoint directory (or give it as the first word)"),
+        CLI_OPT("host", "ADDR", "127.0.0.1", "address to listen on (0.0.0.0: every interface; IPv6 too)"),
+        CLI_OPT("port", "N", "8000", "TCP port (0: any free port, printed when listening)"),
+        CLI_OPT("model-name", "NAME", "MODEL_DIR's last component", "the model id clients give in \"model\""),
+        CLI_OPT("backend", "cpu|cuda", "cpu", "where the steps run"),
+        CLI_OPT("request-rows", "R", "8", "rows per request in a verify step: the last token + R-1 n-gram drafts"),
+        CLI_SWITCH("no-spec", "plain decoding, one token a step (R = 1)"),
+        CLI_OPT("max-requests", "N", "16", "requests batched in one verify step"),
+        CLI_OPT("queue", "N", "64", "requests waiting beyond --max-requests; one more is answered 503"),
+        CLI_OPT("max-len", "L", "4096", "most tokens of a request: prompt + max_tokens"),
+        CLI_OPT("max-body", "BYTES", "1048576", "largest request body; a longer one is answered 413"),
+        CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
+        CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
+        CLI_OPT("world", "W", "1", "CPU backend as W tensor + expert parallel ranks (threads)"),
+        CLI_OPT("moe", "ep|tp", "ep", "with --world: experts split across ranks (ep) or each along its width (tp)"),
+        CLI_OPT("drain-timeout", "S", "30", "seconds the requests in flight may take after SIGTERM before they are cancelled"),
+        CLI_SWITCH("quiet", "no log line per request"),
+    };
+    const int no = (int)(sizeof opts / sizeof opts[0]);
+    const char *pos[1];
+    int npos;
+    sm_err e = {{0}};
+    int r = cli_parse(&cli_help_serve, argc, argv, opts, no, pos, 1, &npos, &e);
+    if (r > 0) return 0;
+    if (r < 0) goto bad;
+    cli_opt *model = cli_find(opts, no, "model"), *rows_o = cli_find(opts, no, "request-rows"),
+            *backend = cli_find(opts, no, "backend");
+    if (model->present == (npos == 1)) {
+        sm_errf(&e, "%s: give the model directory once: MODEL_DIR or --model DIR", cmd);
+        goto bad;
+    }
+    sm_serve_opts so = {0};
+    so.model_dir = model->present ? model->value : pos[0];
+    so.host = cli_str(cli_find(opts, no, "host"));
+    so.model_name = cli_find(opts, no, "model-name")->present ? cli_find(opts, no, "model-name")->value : NULL;
+    so.backend = cli_str(backend);
+    so.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
+    so.quiet = cli_find(opts, no, "quiet")->present;
+    long port, rows, maxreq, queue, maxlen, maxbody, threads, drain;
+    if (cli_int(cmd, cli_find(opts, no, "port"), 0, 65535, &port, &e) || cli_int(cmd, rows_o, 1, 256, &rows, &e) ||
+        cli_int(cmd, cli_find(opts, no, "max-requests"), 1, 4096, &maxreq, &e) ||
+        cli_int(cmd, cli_find(opts, no, "queue"), 0, 1 << 20, &queue, &e) ||
+        cli_int(cmd, cli_find(opts, no, "max-len"), 2, 1 << 24, &maxlen, &e) ||
+        cli_int(cmd, cli_find(opts, no, "max-body"), 1024, 1L << 30, &maxbody, &e) ||
+        cli_int(cmd, cli_find(opts, no, "drain-timeout"), 0, 86400, &drain, &e) ||
+        cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
+        cli_world(cmd, cli_find(opts, no, "world"), cli_find(opts, no, "moe"), &so.world, &so.moe_tp, &e) ||
+        cli_choice(cmd, backend, "cpu|cuda", &e))
+        goto bad;
+    if (so.model_name && !*so.model_name) {
+        sm_errf(&e, "%s: --model-name is empty", cmd);
+        goto bad;
+    }
+    if (cli_find(opts, no, "no-spec")->present) {
+        if (rows_o->present) { sm_errf(&e, "%s: give --request-rows or --no-spec, not both", cmd); goto bad; }
+        rows = 1;
+    }
+    so.port = (int)port;
+    so.request_rows = (int)rows;
+    so.max_requests = (int)maxreq;
+    so.queue = (int)queue;
+    so.max_len = (int)maxlen;
+    so.max_body = (size_t)maxbody;
+    so.threads = (int)threads;
+    so.drain_s = (int)drain;
+    if (sm_serve_run(&so, &e)) goto bad;
+    return 0;
+bad:
+    fprintf(stderr, "%s\n", e.msg);
+    return 2;
+}
