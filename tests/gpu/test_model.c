@@ -345,6 +345,7 @@ static int tm_generate(const char *dir, const char *backend, int rows, int np, i
     sparkmono_engine_opts o;
     memset(&o, 0, sizeof o);
     o.backend = backend;
+    o.mono = strcmp(backend, "cuda") ? NULL : "on"; /* speculative == plain greedy with the monokernel */
     o.request_rows = rows;
     o.max_requests = np;
     o.max_len = 256;

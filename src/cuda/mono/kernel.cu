@@ -21,7 +21,7 @@ static_assert(sizeof(mono_prog) <= 32000, "the program is a kernel parameter (at
 
 const char *const mono_phase_name[MP_N] = {
     "attention", "attention split sum", "o_proj", "post-attention boundary", "router", "top-k", "pooler",
-    "pre-expert norm + grouping", "experts gate_up", "experts down", "expert combine", "unpooler", "post-FFN boundary",
+    "pre-expert norm | top-k + grouping", "experts gate_up", "experts down", "expert combine", "unpooler", "post-FFN boundary",
     "next layer qkvg projection", "next layer qk norm / rope / kv insert"};
 
 __device__ __forceinline__ unsigned long long mono_now(void) {
@@ -38,9 +38,12 @@ __device__ __forceinline__ void mono_st_release(unsigned *p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-/* Grid barrier before phase `phase` of layer `layer` (every thread calls it): 1 when every block
- * has arrived, 0 when this block must leave (a wait timed out here or anywhere). */
-__device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, int *flag) {
+/* Grid barrier number k (1, 2, ... within the launch) before phase `phase` of layer `layer`
+ * (every thread calls it): 1 when every block has arrived, 0 when this block must leave (a
+ * wait timed out here or anywhere).  The arrival count only grows within a launch (barrier k
+ * is passed at k * grid arrivals: one release-add a block, acquire polls, no read-modify-write
+ * round trip on the wait path); mono_exit resets it for the next launch. */
+__device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, unsigned k, int *flag) {
     asm volatile("fence.proxy.async.global;" ::: "memory"); /* our writes, for TMA readers */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -48,16 +51,11 @@ __device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, 
         if (ctl->fault_layer == layer && ctl->fault_phase == phase && blockIdx.x == 1) {
             ok = 0; /* test hook: this block stops arriving */
         } else {
-            const unsigned g = mono_ld_acquire(&ctl->gen); /* cannot advance before we arrive */
-            __threadfence();
-            const unsigned old = atomicAdd(&ctl->count, 1u);
-            if (old == gridDim.x - 1) {
-                atomicExch(&ctl->count, 0u); /* ordered before the release below */
-                __threadfence();
-                mono_st_release(&ctl->gen, g + 1u);
-            } else {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&ctl->count) : "memory");
+            const unsigned target = k * gridDim.x;
+            if (mono_ld_acquire(&ctl->count) < target) {
                 const unsigned long long t0 = mono_now(), bound = ctl->bound_ns;
-                while (mono_ld_acquire(&ctl->gen) == g) {
+                while (mono_ld_acquire(&ctl->count) < target) {
                     if (*(volatile unsigned *)&ctl->abort) { ok = 0; break; }
                     if (mono_now() - t0 > bound) {
                         if (atomicCAS(&ctl->health[0], 0u, 1u) == 0u) {
@@ -71,12 +69,24 @@ __device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, 
                     }
                 }
             }
-            __threadfence();
         }
         *flag = ok;
     }
     __syncthreads();
     return *flag;
+}
+
+/* Every block at the end of a launch: the last one out zeroes the arrival count (the next
+ * launch on the stream starts after this one has ended). */
+__device__ __forceinline__ void mono_exit(mono_ctl *ctl) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned old = atomicAdd(&ctl->gen, 1u);
+        if (old == gridDim.x - 1) {
+            ctl->count = 0;
+            ctl->gen = 0;
+        }
+    }
 }
 
 /* ---- phases ----
@@ -176,10 +186,11 @@ __device__ __noinline__ void mono_router(const mono_desc &d, uint8_t *dyn) {
     }
 }
 
-__device__ __noinline__ void mono_topk(const mono_desc &d, uint8_t *dyn) {
+/* Top-K of every row by the calling block (a warp a row). */
+__device__ __forceinline__ void mono_topk(const mono_desc &d, uint8_t *dyn) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = MONO_THREADS / 32;
     const size_t count = (size_t)d.n * d.E;
-    for (int row = blockIdx.x * nw + warp; row < d.n; row += gridDim.x * nw) {
+    for (int row = warp; row < d.n; row += nw) {
         /* the split sum of sm_mm_reduce_f32_range, in split order */
         for (int x = lane; x < d.E; x += 32) {
             const size_t i = (size_t)row * d.E + x;
@@ -194,7 +205,11 @@ __device__ __noinline__ void mono_topk(const mono_desc &d, uint8_t *dyn) {
 }
 
 __device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, float (*red)[32]) {
-    if (blockIdx.x == gridDim.x - 1) { /* the last block groups the routes by expert */
+    if (blockIdx.x == gridDim.x - 1) {
+        /* the last block: top-K of every row, then the grouping of the routes by expert (the
+         * other blocks norm the pooled rows meanwhile) */
+        mono_topk(d, dyn);
+        __syncthreads(); /* idx complete (block-visible), smem free */
         moe_group<MONO_THREADS>(d.ga, (moe_group_smem *)dyn);
         return;
     }
@@ -242,7 +257,6 @@ __device__ __forceinline__ void mono_phase(const mono_desc &d, int p, uint8_t *d
         if (d.rnt == 8) mono_router<8>(d, dyn);
         else mono_router<16>(d, dyn);
         break;
-    case MP_TOPK: mono_topk(d, dyn); break;
     case MP_POOLER: mono_mm_phase<N>(&d.mm[1], sm, rs, rph); break;
     case MP_PRE_NORM: mono_pre_norm(d, dyn, red); break;
     case MP_UNPOOL: mono_mm_phase<N>(&d.mm[2], sm, rs, rph); break;
@@ -280,15 +294,16 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
     __syncthreads();
     int rs = 0;       /* ring position, carried across the matmul phases (each role its own copy) */
     unsigned rph = 0;
+    unsigned nbar = 0; /* barriers passed in this launch */
     int first = 1;
     for (int g = 0; g < P.nseg; g++) {
         const mono_desc &d = P.d[g];
         for (int p = P.p0[g]; p < P.p1[g]; p++) {
-            if (p == MP_ATT_SUM && d.nsplit == 1) continue;
+            if ((p == MP_ATT_SUM && d.nsplit == 1) || p == MP_TOPK) continue; /* top-K runs in PRE_NORM */
             if (!first) {
                 const mono_mm *pm = mono_phase_mm(d, p);
                 if (pm && threadIdx.x == 256) mono_mm_prefetch<N>(pm); /* while the others finish */
-                if (!mono_grid_sync(ctl, d.layer, p, &flag_s)) return;
+                if (!mono_grid_sync(ctl, d.layer, p, ++nbar, &flag_s)) return;
             }
             first = 0;
             unsigned long long *tr = mono_tr(ctl, d.layer, p);
@@ -300,6 +315,7 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
             }
         }
     }
+    mono_exit(ctl);
 }
 
 /* The expert kernel of one layer: stage 1 | stage 2 | combine, the stock expert kernels'
@@ -314,7 +330,7 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_c
     if (*(volatile unsigned *)&ctl->abort) return;
     const sm_team t = sm_team_block();
     for (int p = MP_MM1; p <= MP_COMBINE; p++) {
-        if (p > MP_MM1 && !mono_grid_sync(ctl, P.layer, p, &flag_s)) return;
+        if (p > MP_MM1 && !mono_grid_sync(ctl, P.layer, p, (unsigned)(p - MP_MM1), &flag_s)) return;
         unsigned long long *tr = mono_tr(ctl, P.layer, p);
         if (tr && threadIdx.x == 0) tr[0] = mono_now();
         if (p == MP_MM1) moe_mm_block<F, 1, 1>(P.a1, blockIdx.x, gridDim.x, moe_dyn, t); /* h1: an earlier launch's */
@@ -328,6 +344,7 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_c
             if (threadIdx.x == 0) tr[1] = mono_now();
         }
     }
+    mono_exit(ctl);
 }
 
 /* ---- host side ---- */

@@ -8,9 +8,10 @@
  *   OPROJ      a = att Wo^T (the wgmma stream-K body, threads 0..255 consume, 256 produces)
  *   POST_ATT   attention residual boundary + pre-FFN norm (a team per row)
  *   ROUTER     router logits, f32 (the split-k GEMV body, 2 teams a block)
- *   TOPK       split sum in split order + sigmoid + top-K (a warp per row)
  *   POOLER     h1 = xf Wpool^T
- *   PRE_NORM   pre-expert norm of h1 (a team per row) | grouping of the routes (last block)
+ *   PRE_NORM   pre-expert norm of h1 (a team per row) | on the last block: split sum in split
+ *              order + sigmoid + top-K (a warp a row; the TOPK slot stays in the numbering),
+ *              then the grouping of the routes
  *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies)
  *   COMBINE    post-expert norm + weighted sum in route order
  *   UNPOOL     f = m Wunpool^T
@@ -63,8 +64,8 @@ extern const char *const mono_phase_name[MP_N];
 /* Shared control words of one context (device memory): the grid barrier, the health words,
  * the trace pointer and the fault-injection hook. */
 typedef struct mono_ctl {
-    unsigned count;             /* blocks arrived at the current barrier */
-    unsigned gen;               /* barriers completed (wraps) */
+    unsigned count;             /* arrivals in the running launch (barrier k passes at k * grid) */
+    unsigned gen;               /* blocks that ended the running launch (the last resets both) */
     unsigned abort;             /* 1: a wait timed out; every block leaves at its next barrier */
     unsigned health[4];         /* first timeout: {1, layer, phase, block} */
     unsigned long long bound_ns; /* longest wait at a barrier */

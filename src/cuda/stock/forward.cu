@@ -12,6 +12,13 @@
 #include "stock.h"
 #include <math.h>
 
+/* 1 when run r copies the residual stream entering layer j. */
+static int cb_wants_aux(const cb_run *r, int j) {
+    for (int a = 0; a < r->naux; a++)
+        if (r->aux[a] == j) return 1;
+    return 0;
+}
+
 /* Copy the residual stream entering layer j into every aux entry that asks for it. */
 static int cb_aux_copy(sm_cuda_dev *c, const cb_run *r, int j, sm_err *e) {
     for (int a = 0; a < r->naux; a++)
@@ -111,8 +118,11 @@ static int cb_layer_rest(sm_cuda_dev *c, const cb_run *r, int l, uint16_t *q, sm
  * a stock layer (its projections unless the previous mono launch made them; then, when the
  * next layer runs mono, that layer's projections, where its launch starts). */
 static int cb_layer_fwd(sm_cuda_dev *c, const cb_run *r, int l, sm_err *e) {
+    /* the end of layer l-1 and the start of l share a launch unless the residual entering l
+     * is an aux output (copied between the two) */
     if (cb_is_mono(c, r, l))
-        return cb_mono_layer(c, r->n, l, l > r->l0 && cb_is_mono(c, r, l - 1), l + 1 < r->l1 && cb_is_mono(c, r, l + 1), e);
+        return cb_mono_layer(c, r->n, l, l > r->l0 && cb_is_mono(c, r, l - 1) && !cb_wants_aux(r, l),
+                             l + 1 < r->l1 && cb_is_mono(c, r, l + 1) && !cb_wants_aux(r, l + 1), e);
     uint16_t *q = cb_qkv(c, r, l);
     const int have_qkv = l > r->l0 && cb_is_mono(c, r, l - 1);
     if (!have_qkv && cb_layer_qkv(c, r, l, q, e)) return -1;
