@@ -186,19 +186,10 @@ __device__ __noinline__ void mono_router(const mono_desc &d, uint8_t *dyn) {
     }
 }
 
-/* Top-K of every row by the calling block (a warp a row). */
+/* Top-K of every row by the calling block (a warp a row), from the summed logits. */
 __device__ __forceinline__ void mono_topk(const mono_desc &d, uint8_t *dyn) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = MONO_THREADS / 32;
-    const size_t count = (size_t)d.n * d.E;
+    const int warp = threadIdx.x >> 5, nw = MONO_THREADS / 32;
     for (int row = warp; row < d.n; row += nw) {
-        /* the split sum of sm_mm_reduce_f32_range, in split order */
-        for (int x = lane; x < d.E; x += 32) {
-            const size_t i = (size_t)row * d.E + x;
-            float a = d.rpart[i];
-            for (int s = 1; s < d.rS; s++) a += d.rpart[(size_t)s * count + i];
-            d.rlog[i] = a;
-        }
-        __syncwarp();
         sm_route_topk_row(d.rlog, d.rbias, d.E, d.K, d.m_o, d.route_scale, d.idx, d.w, row,
                           (float *)dyn + (size_t)warp * 2 * d.E);
     }
@@ -257,7 +248,15 @@ __device__ __forceinline__ void mono_phase(const mono_desc &d, int p, uint8_t *d
         if (d.rnt == 8) mono_router<8>(d, dyn);
         else mono_router<16>(d, dyn);
         break;
-    case MP_POOLER: mono_mm_phase<N>(&d.mm[1], sm, rs, rph); break;
+    case MP_POOLER:
+        /* the matmul's idle warps (9..15) sum the router's k splits meanwhile, in split order
+         * (sm_mm_reduce_f32_range: the stock reduce's arithmetic) */
+        if (threadIdx.x >= 288) {
+            const size_t nt = MONO_THREADS - 288;
+            sm_mm_reduce_f32_range(d.rpart, d.rS, (size_t)d.n * d.E, d.rlog, blockIdx.x * nt + (threadIdx.x - 288), gridDim.x * nt);
+        }
+        mono_mm_phase<N>(&d.mm[1], sm, rs, rph);
+        break;
     case MP_PRE_NORM: mono_pre_norm(d, dyn, red); break;
     case MP_UNPOOL: mono_mm_phase<N>(&d.mm[2], sm, rs, rph); break;
     case MP_POST_FFN: mono_post_ffn(d, red); break;

@@ -8,10 +8,9 @@
  *   OPROJ      a = att Wo^T (the wgmma stream-K body, threads 0..255 consume, 256 produces)
  *   POST_ATT   attention residual boundary + pre-FFN norm (a team per row)
  *   ROUTER     router logits, f32 (the split-k GEMV body, 2 teams a block)
- *   POOLER     h1 = xf Wpool^T
- *   PRE_NORM   pre-expert norm of h1 (a team per row) | on the last block: split sum in split
- *              order + sigmoid + top-K (a warp a row; the TOPK slot stays in the numbering),
- *              then the grouping of the routes
+ *   POOLER     h1 = xf Wpool^T | the router's split sum in split order (the matmul's idle warps)
+ *   PRE_NORM   pre-expert norm of h1 (a team per row) | on the last block: sigmoid + top-K (a
+ *              warp a row; the TOPK slot stays in the numbering), then the route grouping
  *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies)
  *   COMBINE    post-expert norm + weighted sum in route order
  *   UNPOOL     f = m Wunpool^T
