@@ -85,8 +85,10 @@ typedef struct sparkmono_engine_opts {
                                 backend "cpu" and a model whose dims it divides */
     int moe_tp;              /* with world > 1: 0 experts split across ranks (EP), 1 every
                                 expert split along its FFN width (TP without EP) */
-    const char *mono;        /* cuda: "auto" (default: the monokernel runs layers 1..L-2 of verify
-                                steps where eligible), "on" (a static refusal is an error) or "off" */
+    const char *mono;        /* cuda: "off" (default: stock steps), "auto" (the monokernel runs layers
+                                1..L-2 of verify steps where eligible) or "on" (a static refusal is
+                                an error); the default stays "off" while the monokernel measures
+                                slower than the stock path (bench/results.md) */
 } sparkmono_engine_opts;
 
 /* Create an engine on m (m must outlive it). o may be NULL (all defaults). */

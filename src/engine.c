@@ -207,9 +207,9 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     bo.moe_tp = o->moe_tp;
     bo.max_rows = g->max_rows;
     bo.verify_rows = R;      /* a backend that captures fewer rows a request refuses here */
-    if (!o->mono || !strcmp(o->mono, "auto")) bo.mono = SM_MONO_AUTO;
+    if (!o->mono || !strcmp(o->mono, "off")) bo.mono = SM_MONO_OFF; /* the default: measured slower (bench/results.md) */
+    else if (!strcmp(o->mono, "auto")) bo.mono = SM_MONO_AUTO;
     else if (!strcmp(o->mono, "on")) bo.mono = SM_MONO_ON;
-    else if (!strcmp(o->mono, "off")) bo.mono = SM_MONO_OFF;
     else {
         sparkmono_engine_destroy(g);
         return fail(SM_E_INVALID, "sparkmono_engine_create: mono '%s' is not one of auto, on, off", o->mono);

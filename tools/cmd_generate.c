@@ -416,7 +416,7 @@ int cmd_generate(int argc, char **argv) {
         CLI_OPT("request-rows", "R", "8", "rows per request in a verify step: the last token + R-1 n-gram drafts"),
         CLI_SWITCH("no-spec", "plain decoding, one token a step (R = 1)"),
         CLI_OPT("backend", "cpu|cuda", "cpu", "where the steps run"),
-        CLI_OPT("mono", "auto|on|off", "auto", "cuda: layers 1..L-2 of verify steps as monokernel launches (auto: where eligible)"),
+        CLI_OPT("mono", "auto|on|off", "off", "cuda: layers 1..L-2 of verify steps as monokernel launches (auto: where eligible)"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
         CLI_OPT("max-len", "L", "prompt + max-tokens", "max model length the KV cache is sized for (--batch: the longest request)"),
