@@ -404,6 +404,8 @@ int cmd_generate(int argc, char **argv) {
         CLI_OPT("model", "DIR", NULL, "checkpoint directory (required)"),
         CLI_OPT("prompt-ids", "LIST", NULL, "prompt token ids, comma-separated: 1,2,3"),
         CLI_OPT("prompt-file", "FILE", NULL, "prompt token ids from FILE, separated by whitespace and/or commas; - reads stdin"),
+        CLI_OPT("prompt", "TEXT", NULL, "prompt text, encoded with the model directory's tokenizer.json (no bos added); the "
+                "output's text is printed too"),
         CLI_OPT("batch", "FILE", NULL, "requests from a JSONL file, one a line (see below), run with continuous batching"),
         CLI_OPT("max-tokens", "N", NULL, "tokens to generate (fewer when an eos id is emitted); required, except that with "
                 "--batch it is the default of the lines without \"max_tokens\""),
@@ -427,6 +429,7 @@ int cmd_generate(int argc, char **argv) {
     const int no = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1], *src = "";
     int npos, *prompt = NULL, n = 0, nworld = 1, moe_tp = 0;
+    sm_tokenizer *tk = NULL; /* --prompt TEXT: the model's tokenizer */
     sm_err e = {{0}};
     int r = cli_parse(&cli_help_generate, argc, argv, opts, no, pos, 0, &npos, &e);
     if (r > 0) return 0;
@@ -477,7 +480,23 @@ int cmd_generate(int argc, char **argv) {
         sm_errf(&e, "%s: --max-requests and --out go with --batch FILE", cmd);
         goto bad;
     }
-    if (cli_prompt(cmd, cli_find(opts, no, "prompt-ids"), cli_find(opts, no, "prompt-file"), &prompt, &n, &src, &e))
+    cli_opt *ptext = cli_find(opts, no, "prompt");
+    if (ptext->present) {
+        /* text in: the model directory's tokenizer; its ids are checked like any prompt's */
+        if (cli_find(opts, no, "prompt-ids")->present || cli_find(opts, no, "prompt-file")->present) {
+            sm_errf(&e, "%s: give one of --prompt, --prompt-ids and --prompt-file", cmd);
+            goto bad;
+        }
+        char tpath[4096];
+        snprintf(tpath, sizeof tpath, "%s/tokenizer.json", model->value);
+        if (access(tpath, F_OK) != 0) { sm_errf(&e, "%s: --prompt TEXT needs the model's tokenizer, %s, which does not exist", cmd, tpath); goto bad; }
+        if (sm_tokenizer_load(tpath, &tk, &e) || sm_tokenizer_encode(tk, ptext->value, strlen(ptext->value), &prompt, &n, &e)) {
+            sm_errprefix(&e, "%s: --prompt", cmd);
+            goto bad;
+        }
+        if (n < 1) { sm_errf(&e, "%s: --prompt: the text encodes to no tokens", cmd); goto bad; }
+        src = "--prompt";
+    } else if (cli_prompt(cmd, cli_find(opts, no, "prompt-ids"), cli_find(opts, no, "prompt-file"), &prompt, &n, &src, &e))
         goto bad;
     if (!max_len) max_len = (long)n + max_tokens; /* the default: exactly this request */
 
@@ -518,6 +537,18 @@ int cmd_generate(int argc, char **argv) {
     if (sparkmono_output(g, req, &out, &nout)) goto fail;
     printf("ids:");
     for (int i = 0; i < nout; i++) printf("%s%d", i ? "," : " ", out[i]);
+    if (tk) {
+        char *text = NULL;
+        sm_err te = {{0}};
+        if (decode_text(tk, out, nout, &text, &te)) { fprintf(stderr, "%s: %s\n", cmd, te.msg); goto out; }
+        /* as a JSON string: the text may hold newlines and U+FFFD of cut UTF-8 sequences */
+        json_t *js = json_string(text);
+        char *q = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+        printf("\ntext: %s", q ? q : "\"\"");
+        free(q);
+        json_decref(js);
+        free(text);
+    }
     printf("\naccept:");
     long sum = 0;
     for (int i = 0; i < nsteps; i++) {
@@ -536,11 +567,13 @@ out:
     free(toks);
     free(acc);
     free(prompt);
+    sm_tokenizer_free(tk);
     sparkmono_engine_destroy(g);
     sparkmono_model_close(m);
     return rc;
 bad:
     free(prompt);
+    sm_tokenizer_free(tk);
     fprintf(stderr, "%s\n", e.msg);
     return 2;
 }

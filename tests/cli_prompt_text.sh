@@ -1,0 +1,37 @@
+#!/bin/sh
+# cli_prompt_text.sh BUILD_DIR: `generate --prompt TEXT` on a fresh tiny model: the text is
+# encoded with the model directory's tokenizer.json exactly as `sparkmono tokenize` encodes it
+# (the same generated ids as --prompt-ids of those ids), the output's "text:" line is its ids
+# decoded without special tokens (a JSON string), and the refusals (no tokenizer.json, --prompt with
+# --prompt-ids, a text that encodes to nothing) are one line, exit 2.
+# Prints PASS/FAIL lines and a DONE line.
+NAME=cli_prompt_text
+. "$(dirname "$0")/lib_cli.sh"
+
+if ! "$SM" make-model --quiet --preset tiny --experts mxfp4 --seed 3 --out "$T/tiny" >"$T/mm.out" 2>&1; then
+    cat "$T/mm.out"; fail make_model; done_
+fi
+TEXT="The quick brown fox, 42 times: jumps!"
+ids=$("$SM" tokenize "$T/tiny" --text "$TEXT" 2>"$T/tok.err") || { cat "$T/tok.err"; fail tokenize; done_; }
+"$SM" generate --model "$T/tiny" --prompt "$TEXT" --max-tokens 12 >"$T/text.out" 2>"$T/text.err"
+rc1=$?
+"$SM" generate --model "$T/tiny" --prompt-ids "$ids" --max-tokens 12 >"$T/ids.out" 2>"$T/ids.err"
+rc2=$?
+if [ "$rc1" = 0 ] && [ "$rc2" = 0 ] && [ "$(grep '^ids:' "$T/text.out")" = "$(grep '^ids:' "$T/ids.out")" ]; then
+    pass prompt_text_equals_its_ids
+else
+    cat "$T/text.err" "$T/ids.err"; fail prompt_text_equals_its_ids
+fi
+out_ids=$(sed -n 's/^ids: //p' "$T/text.out")
+"$SM" tokenize "$T/tiny" --ids "$out_ids" --skip-special >"$T/want.txt" 2>/dev/null
+sed -n 's/^text: //p' "$T/text.out" >"$T/got.json"
+# the text line is a JSON string; tokenize prints the raw text and a newline
+if python3 -c 'import json, sys; g = json.load(open(sys.argv[1])); w = open(sys.argv[2], encoding="utf-8").read(); sys.exit(0 if g + "\n" == w else 1)' \
+    "$T/got.json" "$T/want.txt"; then pass output_text_is_decoded_ids; else fail output_text_is_decoded_ids; fi
+
+mkdir -p "$T/notok" && cp "$T/tiny"/*.json "$T/tiny"/*.safetensors "$T/notok/" 2>/dev/null && rm -f "$T/notok/tokenizer.json"
+bad no_tokenizer generate --model "$T/notok" --prompt "hi" --max-tokens 2
+grep -q "tokenizer.json" "$T/bad.err" || fail no_tokenizer_names_the_file
+bad prompt_and_ids generate --model "$T/tiny" --prompt "hi" --prompt-ids 1 --max-tokens 2
+bad empty_text generate --model "$T/tiny" --prompt "" --max-tokens 2
+done_
