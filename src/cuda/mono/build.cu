@@ -325,7 +325,7 @@ int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, s
     if (mono_moe_launch(d.fmt, mm, M->moe_grid, c->st, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
     /* the end of layer l (+ the start of layer l+1 when it runs mono with fused attention) */
     P->nseg = 0;
-    mono_seg(P, d, MP_UNPOOL, MP_N);
+    mono_seg(P, d, MP_COMBINE, MP_N);
     if (next_mono && D[l + 1].att_fused) mono_seg(P, D[l + 1], D[l + 1].att_fused ? MP_ATT : MP_OPROJ, MP_MM1);
     if (mono_launch(N, *P, M->grid, M->smem, c->st, e)) return sm_errprefix(e, "monokernel layer %d", l);
     return 0;
@@ -425,8 +425,8 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
             for (int p = 0; p < MP_N; p++) {
                 const unsigned long long *q = h + (((size_t)l * tb + bk) * MP_N + p) * 2;
                 if (!q[0] || !q[1]) continue;
-                /* dense blocks: one per SM; expert blocks: two per SM, shown on their SM's track */
-                const int sm_track = p >= MP_MM1 && p <= MP_COMBINE ? bk / 2 : bk;
+                /* dense blocks: one per SM; expert-stage blocks: two per SM, shown on their SM's track */
+                const int sm_track = p >= MP_MM1 && p <= MP_MM2 ? bk / 2 : bk;
                 fprintf(fp, "%s{\"name\":\"L%d %s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", first ? "" : ",\n", l,
                         mono_phase_name[p], sm_track, (double)(q[0] - t0) / 1000.0, (double)(q[1] - q[0]) / 1000.0);
                 first = 0;

@@ -132,9 +132,10 @@ __device__ __forceinline__ void mono_mm_phase(const mono_mm *mm, const sm_wg_sme
     }
 }
 
-/* Units of the next matmul whose W boxes a block prefetches into L2 while it waits at the
- * barrier before it (the weights do not depend on the activations). */
-#define MONO_PREFETCH_UNITS 8
+/* Units of the next matmul whose W boxes a block prefetches into L2 during the phase before
+ * it (the weights do not depend on the activations; the phases before a matmul (norms,
+ * router, combine, attention) keep a few SMs busy and leave HBM idle). */
+#define MONO_PREFETCH_UNITS 14  /* x 16 KB x 132 blocks: ~30 MB of the 50 MB L2 */
 
 /* The W boxes of this block's first MONO_PREFETCH_UNITS units of matmul mm into L2 (one thread). */
 template <int N>
@@ -258,6 +259,10 @@ __device__ __forceinline__ void mono_phase(const mono_desc &d, int p, uint8_t *d
         mono_mm_phase<N>(&d.mm[1], sm, rs, rph);
         break;
     case MP_PRE_NORM: mono_pre_norm(d, dyn, red); break;
+    case MP_COMBINE: /* team 0 (the stock combine's 256 threads: its bits); 1 row a block */
+        if (threadIdx.x < MOE_COMBINE_THREADS)
+            moe_combine_rows(d.ca, blockIdx.x, gridDim.x, (float *)dyn, red[0], sm_team_slice(0, MOE_COMBINE_THREADS));
+        break;
     case MP_UNPOOL: mono_mm_phase<N>(&d.mm[2], sm, rs, rph); break;
     case MP_POST_FFN: mono_post_ffn(d, red); break;
     case MP_QKVG: mono_mm_phase<N>(&d.mm[3], sm, rs, rph); break;
@@ -299,10 +304,14 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
         const mono_desc &d = P.d[g];
         for (int p = P.p0[g]; p < P.p1[g]; p++) {
             if ((p == MP_ATT_SUM && d.nsplit == 1) || p == MP_TOPK) continue; /* top-K runs in PRE_NORM */
-            if (!first) {
-                const mono_mm *pm = mono_phase_mm(d, p);
-                if (pm && threadIdx.x == 256) mono_mm_prefetch<N>(pm); /* while the others finish */
-                if (!mono_grid_sync(ctl, d.layer, p, ++nbar, &flag_s)) return;
+            if (!first && !mono_grid_sync(ctl, d.layer, p, ++nbar, &flag_s)) return;
+            if (threadIdx.x == 256 && !mono_phase_mm(d, p)) {
+                /* the next matmul of the segment: its first W boxes into L2 during this phase */
+                for (int q = p + 1; q < P.p1[g]; q++)
+                    if (mono_phase_mm(d, q)) {
+                        mono_mm_prefetch<N>(mono_phase_mm(d, q));
+                        break;
+                    }
             }
             first = 0;
             unsigned long long *tr = mono_tr(ctl, d.layer, p);
@@ -317,27 +326,22 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
     mono_exit(ctl);
 }
 
-/* The expert kernel of one layer: stage 1 | stage 2 | combine, the stock expert kernels'
+/* The expert kernel of one layer: stage 1 | stage 2, the stock expert kernels'
  * blocks (MOE_THREADS threads, 2 an SM, the same body, arguments in the constant bank: the
  * stock register allocation), a grid barrier between the phases. */
 template <int F>
 __global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_constant__ mono_moe P) {
     extern __shared__ uint4 moe_dyn[];
     __shared__ int flag_s;
-    __shared__ float red_s[32];
     mono_ctl *ctl = P.ctl;
     if (*(volatile unsigned *)&ctl->abort) return;
     const sm_team t = sm_team_block();
-    for (int p = MP_MM1; p <= MP_COMBINE; p++) {
+    for (int p = MP_MM1; p <= MP_MM2; p++) {
         if (p > MP_MM1 && !mono_grid_sync(ctl, P.layer, p, (unsigned)(p - MP_MM1), &flag_s)) return;
         unsigned long long *tr = mono_tr(ctl, P.layer, p);
         if (tr && threadIdx.x == 0) tr[0] = mono_now();
         if (p == MP_MM1) moe_mm_block<F, 1, 1>(P.a1, blockIdx.x, gridDim.x, moe_dyn, t); /* h1: an earlier launch's */
-        else if (p == MP_MM2) moe_mm_block<F, 2, 0>(P.a2, blockIdx.x, gridDim.x, moe_dyn, t);
-        else {
-            __syncthreads(); /* the stage's smem is the combine's now */
-            moe_combine_rows(P.ca, blockIdx.x, gridDim.x, (float *)moe_dyn, red_s, t);
-        }
+        else moe_mm_block<F, 2, 0>(P.a2, blockIdx.x, gridDim.x, moe_dyn, t);
         if (tr) {
             __syncthreads();
             if (threadIdx.x == 0) tr[1] = mono_now();
@@ -354,10 +358,10 @@ size_t mono_smem_bytes(int N, int G, int Hm, int I, int E) {
     const size_t rt = (size_t)2 * 16 * SM_RG_KL * 4;                         /* router x tiles */
     const size_t tk = (size_t)(MONO_THREADS / 32) * 2 * E * 4;              /* top-k scratch */
     const size_t gr = sizeof(moe_group_smem);
-    const size_t o[4] = {att, rt, tk, gr};
-    (void)Hm;
+    const size_t cb = (size_t)Hm * 4;                                       /* combine sums (team 0) */
+    const size_t o[5] = {att, rt, tk, gr, cb};
     (void)I;
-    for (int i = 0; i < 4; i++) if (o[i] > b) b = o[i];
+    for (int i = 0; i < 5; i++) if (o[i] > b) b = o[i];
     return b + 1024;                                                        /* 1024-byte alignment */
 }
 

@@ -17,10 +17,12 @@
  *   POST_FFN   FFN residual boundary + the NEXT layer's input norm (a team per row)
  *   QKVG       the next layer's q | k | v | gate projection
  *   ROPE       the next layer's QK norm, RoPE (sliding layers) and K/V insert (a warp per head)
- * The expert phases (MM1..COMBINE) are a kernel of their own (the stock expert blocks: 256
+ * The expert stages (MM1, MM2) are a kernel of their own (the stock expert blocks: 256
  * threads, 2 an SM, arguments in the constant bank; inside the 512-thread kernel they ran 40%
  * slower); every other phase is in the dense kernel, whose launch runs the end of layer l
- * (UNPOOL..ROPE) and the start of layer l+1 (ATT..PRE_NORM) together: two launches a layer.
+ * (COMBINE..ROPE) and the start of layer l+1 (ATT..PRE_NORM) together: two launches a layer.
+ * During a phase that is not a matmul (few SMs busy, HBM idle) each block's producer thread
+ * prefetches its first W boxes of the next matmul into L2.
  * The dense kernel has one 512-thread block per SM.  K3 (8 and 16 rows) and K5 (24..128 rows)
  * differ only in the token box of the matmuls.  Every phase calls the stock kernels' device bodies with the stock kernels' decomposition (same virtual blocks,
  * team sizes, split counts), so a mono step gives the stock step's bits: the tests compare
@@ -142,7 +144,7 @@ typedef struct mono_prog {
     int nseg;                   /* 1 or 2 */
 } mono_prog;
 
-/* The expert launch of one layer (its own kernel: the stock expert blocks and registers). */
+/* The expert-stage launch of one layer (its own kernel: the stock expert blocks and registers). */
 typedef struct mono_moe {
     moe_args a1, a2;
     moe_combine_args ca;
