@@ -132,31 +132,6 @@ __device__ __forceinline__ void mono_mm_phase(const mono_mm *mm, const sm_wg_sme
     }
 }
 
-/* Units of the next matmul whose W boxes a block prefetches into L2 during the phase before
- * it (the weights do not depend on the activations; the phases before a matmul (norms,
- * router, combine, attention) keep a few SMs busy and leave HBM idle). */
-#define MONO_PREFETCH_UNITS 14  /* x 16 KB x 132 blocks: ~30 MB of the 50 MB L2 */
-
-/* The W boxes of this block's first MONO_PREFETCH_UNITS units of matmul mm into L2 (one thread). */
-template <int N>
-__device__ __forceinline__ void mono_mm_prefetch(const mono_mm *mm) {
-    const int units = mm->a.units, ki = mm->a.ki;
-    const int G = (int)gridDim.x < units ? (int)gridDim.x : units, b = blockIdx.x;
-    if (b >= G) return;
-    const int u0 = sm_wg_unit0(b, G, units), u1 = sm_wg_unit0(b + 1, G, units);
-    for (int u = u0; u < u1 && u < u0 + MONO_PREFETCH_UNITS; u++) {
-        const int t = u / ki, kq = u - t * ki;
-        asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(&mm->tw), "r"(kq * SM_WG_BK),
-                     "r"(t * SM_WG_BM(1))
-                     : "memory");
-    }
-}
-
-/* The matmul of phase p, or NULL. */
-__device__ __forceinline__ const mono_mm *mono_phase_mm(const mono_desc &d, int p) {
-    return p == MP_OPROJ ? &d.mm[0] : p == MP_POOLER ? &d.mm[1] : p == MP_UNPOOL ? &d.mm[2] : p == MP_QKVG ? &d.mm[3] : NULL;
-}
-
 /* Norm rows: teams of sm_norm_threads(width), rows dealt over blocks [0, nblk). */
 __device__ __forceinline__ int mono_norm_team(int width, int *k, sm_team *t) {
     const int T = sm_norm_threads(width), per = MONO_THREADS / T;
@@ -305,14 +280,6 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
         for (int p = P.p0[g]; p < P.p1[g]; p++) {
             if ((p == MP_ATT_SUM && d.nsplit == 1) || p == MP_TOPK) continue; /* top-K runs in PRE_NORM */
             if (!first && !mono_grid_sync(ctl, d.layer, p, ++nbar, &flag_s)) return;
-            if (threadIdx.x == 256 && !mono_phase_mm(d, p)) {
-                /* the next matmul of the segment: its first W boxes into L2 during this phase */
-                for (int q = p + 1; q < P.p1[g]; q++)
-                    if (mono_phase_mm(d, q)) {
-                        mono_mm_prefetch<N>(mono_phase_mm(d, q));
-                        break;
-                    }
-            }
             first = 0;
             unsigned long long *tr = mono_tr(ctl, d.layer, p);
             if (tr && threadIdx.x == 0) tr[0] = mono_now();

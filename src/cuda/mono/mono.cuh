@@ -21,8 +21,9 @@
  * threads, 2 an SM, arguments in the constant bank; inside the 512-thread kernel they ran 40%
  * slower); every other phase is in the dense kernel, whose launch runs the end of layer l
  * (COMBINE..ROPE) and the start of layer l+1 (ATT..PRE_NORM) together: two launches a layer.
- * During a phase that is not a matmul (few SMs busy, HBM idle) each block's producer thread
- * prefetches its first W boxes of the next matmul into L2.
+ * We measured and dropped an L2 prefetch of the next matmul's first W boxes (at the barrier,
+ * or during the phase before it): no matmul phase got shorter and the norm phases beside it
+ * got longer (bench/results.md, 2026-12-03).
  * The dense kernel has one 512-thread block per SM.  K3 (8 and 16 rows) and K5 (24..128 rows)
  * differ only in the token box of the matmuls.  Every phase calls the stock kernels' device bodies with the stock kernels' decomposition (same virtual blocks,
  * team sizes, split counts), so a mono step gives the stock step's bits: the tests compare
