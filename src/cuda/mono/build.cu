@@ -192,7 +192,6 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
         memset(&mm, 0, sizeof mm);
         mm.a1 = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 1);
         mm.a2 = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 2);
-        mm.ca = moe_combine_make(&c->layers[1].moe, c->rw, 1, c->mo, &c->mws);
         if (mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
         else if (mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
     }
@@ -321,7 +320,7 @@ int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, s
     /* the experts */
     mono_moe mm;
     memset(&mm, 0, sizeof mm);
-    mm.a1 = d.a1; mm.a2 = d.a2; mm.ca = d.ca; mm.ctl = d.ctl; mm.layer = l;
+    mm.a1 = d.a1; mm.a2 = d.a2; mm.ctl = d.ctl; mm.layer = l;
     if (mono_moe_launch(d.fmt, mm, M->moe_grid, c->st, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
     /* the end of layer l (+ the start of layer l+1 when it runs mono with fused attention) */
     P->nseg = 0;

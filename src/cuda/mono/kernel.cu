@@ -362,8 +362,8 @@ int mono_launch(int N, const mono_prog &P, int grid, size_t smem, cudaStream_t s
 }
 
 size_t mono_moe_smem(const mono_moe &P) {
-    const size_t a = (size_t)P.a1.Kp * 16, b = (size_t)P.a2.Kp * 16, c = (size_t)P.ca.Hm * 4;
-    return a > b ? (a > c ? a : c) : (b > c ? b : c);
+    const size_t a = (size_t)P.a1.Kp * 16, b = (size_t)P.a2.Kp * 16;
+    return a > b ? a : b;
 }
 
 int mono_moe_launch(int fmt, const mono_moe &P, int grid, cudaStream_t st, sm_err *e) {

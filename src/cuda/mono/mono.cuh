@@ -148,7 +148,6 @@ typedef struct mono_prog {
 /* The expert-stage launch of one layer (its own kernel: the stock expert blocks and registers). */
 typedef struct mono_moe {
     moe_args a1, a2;
-    moe_combine_args ca;
     mono_ctl *ctl;
     int layer;
 } mono_moe;
