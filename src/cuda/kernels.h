@@ -57,6 +57,9 @@ extern "C" {
 #endif
 
 /* ---- context ---- */
+/* The driver's cuTensorMapEncodeTiled, or NULL when the driver has none (the one probe of the
+ * wgmma / TMA path). */
+void *sm_cuda_tma_encoder(void);
 /* Workspace bytes that let every launcher below use its preferred split counts for steps of
  * up to max_rows rows of model c (attention contexts of any length). */
 size_t sm_cuda_ws_bytes(const sm_config *c, int max_rows);

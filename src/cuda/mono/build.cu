@@ -61,10 +61,7 @@ static void mono_reasons(const sm_config *cf, const int *fmt, int device, int wo
     int major = 0, minor = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    void *fn = NULL;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    const int tma = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-                    q == cudaDriverEntryPointSuccess;
+    const int tma = sm_cuda_tma_encoder() != NULL;
     if (major != 9 || !tma) reason_add(buf, cap, "device %d is sm_%d%d, not Hopper sm_90 with TMA", device, major, minor);
     if (world != 1) reason_add(buf, cap, "world %d (the multi-rank monokernel is not built yet)", world);
     if (cf->L < 3) reason_add(buf, cap, "%d layers (layers 1..L-2 run mono: needs L >= 3)", cf->L);
@@ -371,7 +368,6 @@ extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
     SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
     cb_graphs_drop(c, 0);
     c->mono_mode = on ? SM_MONO_AUTO : SM_MONO_OFF;
-    if (!on) return 0;
     return 0;
 }
 

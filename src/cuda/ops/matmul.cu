@@ -93,15 +93,18 @@ int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e) {
     }
     /* the wgmma path needs a Hopper device and the driver's tensor-map encoder; this is a
      * probe (a failure means "no wgmma path", not an error), so its error state is cleared */
-    if (major == 9) {
-        void *fn = NULL;
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            c->tma_encode = fn;
-        (void)cudaGetLastError();
-    }
+    if (major == 9) c->tma_encode = sm_cuda_tma_encoder();
     return 0;
+}
+
+void *sm_cuda_tma_encoder(void) {
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+        fn = NULL;
+    (void)cudaGetLastError(); /* a probe: a failure means "no wgmma path", not an error */
+    return fn;
 }
 
 void sm_cuda_ctx_free(sm_cuda_ctx *c) {
