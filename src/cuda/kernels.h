@@ -116,6 +116,18 @@ int sm_k_mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t
  * NULL). */
 int sm_k_mm_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                  uint16_t *y, cudaStream_t st, sm_err *e);
+/* f32-output variant (a rank's partial sum, e.g. o_proj over its heads' columns): y [n, m] =
+ * x [n, k] @ W [m, k]^T, bf16 in, f32 accumulation, f32 output NOT rounded.  n <= 128: the
+ * work split of sm_k_mm (wgmma stream-K, or the mma.sync core where the wgmma path is
+ * unavailable) with an f32 epilogue, so a row's f32 bits do not depend on n on the wgmma path
+ * and r16 of them is sm_k_mm's output; more rows: cuBLAS with f32 output.  Same
+ * preconditions and workspace use as sm_k_mm.  A column slice of a wider matrix must be
+ * packed contiguous ([m, k]) by the caller. */
+int sm_k_mm_f32(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                float *y, cudaStream_t st, sm_err *e);
+/* sm_k_mm_f32 with the path forced (n <= 128; SM_PATH_AUTO, SM_PATH_SYNC or SM_PATH_WG1). */
+int sm_k_mm_f32_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                     float *y, cudaStream_t st, sm_err *e);
 /* f32-weight variant (router): y [n, m] = x [n, k] (bf16) @ W [m, k]^T (f32), f32
  * accumulation, f32 output NOT rounded.  Any n; k % 4 == 0, x 8-byte and W 16-byte aligned. */
 int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W, int m,

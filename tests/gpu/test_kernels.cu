@@ -269,6 +269,89 @@ static void case_mm_paths(int paths, int n, int k, int m) {
     case_end();
 }
 
+/* sm_k_mm_f32 (paths: mask of P_AUTO, P_SYNC, P_WG1) against ref_mm_partial: W is the column
+ * slice [c0, c0 + k) of a host matrix [m, kfull] (kfull == k: the whole matrix; else a rank's
+ * o_proj columns, read by the reference through the strided view, packed contiguous for the
+ * device).  Each path runs twice (same bits), and at n <= 128 r16 of its f32 output must equal
+ * sm_k_mm_path's bf16 output of the same path bit for bit (the same work split). */
+static void case_mm_f32(int paths, int n, int k, int m, int kfull) {
+    sm_err e = {""};
+    const int c0 = kfull - k;
+    uint16_t *hx = (uint16_t *)halloc((size_t)n * k * 2), *hwf = (uint16_t *)halloc((size_t)m * kfull * 2);
+    uint16_t *hw = (uint16_t *)halloc((size_t)m * k * 2);
+    fill_bf16(hx, (size_t)n * k, 1.0f);
+    fill_bf16(hwf, (size_t)m * kfull, 1.0f / sqrtf((float)kfull));
+    for (int r = 0; r < m; r++) memcpy(hw + (size_t)r * k, hwf + (size_t)r * kfull + c0, (size_t)k * 2);
+    float *xf = (float *)halloc((size_t)n * k * 4), *ref = (float *)halloc((size_t)n * m * 4);
+    bf16_to_f32(hx, xf, (size_t)n * k);
+    ref_mm_partial(g_pool, xf, n, k, hwf + c0, kfull, m, ref);
+    uint16_t *dx = (uint16_t *)dup_to_dev("x", hx, 2, (size_t)n * k);
+    uint16_t *dw = (uint16_t *)dup_to_dev("W", hw, 2, (size_t)m * k);
+    float *h1 = (float *)halloc((size_t)n * m * 4), *h2 = (float *)halloc((size_t)n * m * 4);
+    uint16_t *hb = (uint16_t *)halloc((size_t)n * m * 2);
+    for (int p = SM_PATH_AUTO; p <= SM_PATH_WG1; p++) {
+        if (!(paths & (1 << p)) || (n > SM_MM_SMALL_MAX && p != SM_PATH_AUTO)) continue;
+        char name[160];
+        snprintf(name, sizeof name, "mm_f32_%s n=%d k=%d m=%d%s", path_name(p), n, k, m, kfull > k ? " (column slice)" : "");
+        float *dy = (float *)dalloc("y32", 4, (size_t)n * m);
+        int ok = 1;
+        for (int run = 0; run < 2 && ok; run++) {
+            if (run) cudaMemset(dy, 0xFF, (size_t)n * m * 4);
+            int rc = n > SM_MM_SMALL_MAX ? sm_k_mm_f32(&g_ctx, dx, n, k, dw, m, dy, g_st, &e)
+                                         : sm_k_mm_f32_path(&g_ctx, p, dx, n, k, dw, m, dy, g_st, &e);
+            if (rc) { printf("  %s\n", e.msg); ok = 0; }
+            if (ok && !sync_ok()) ok = 0;
+            if (ok) to_host(run ? h2 : h1, dy, (size_t)n * m * 4);
+        }
+        if (ok && memcmp(h1, h2, (size_t)n * m * 4)) { printf("  second run differs from the first\n"); ok = 0; }
+        if (ok && n <= SM_MM_SMALL_MAX) {
+            /* the bf16 matmul of the same path rounds exactly these sums */
+            uint16_t *dyb = (uint16_t *)dalloc("y", 2, (size_t)n * m);
+            if (sm_k_mm_path(&g_ctx, p, dx, n, k, dw, m, dyb, g_st, &e)) { printf("  %s\n", e.msg); ok = 0; }
+            if (ok && !sync_ok()) ok = 0;
+            if (ok) {
+                to_host(hb, dyb, (size_t)n * m * 2);
+                long bad = 0;
+                for (size_t i = 0; i < (size_t)n * m; i++) bad += sm_f32_to_bf16(h1[i]) != hb[i];
+                if (bad) { printf("  %ld outputs: r16(f32 output) differs from sm_k_mm's bf16 output\n", bad); ok = 0; }
+            }
+        }
+        rel_acc a = {0, 0, 0, 0};
+        if (ok) rel_add(&a, h1, ref, (size_t)n * m);
+        else a.nan = 1;
+        verdict_keep(name, ok, &a, 1e-4);
+    }
+    case_end();
+}
+
+/* Batch invariance of sm_k_mm_f32 (the auto path): the rows of a 128-row input run as n = 1,
+ * 8, 37 and 128 rows give every row the same f32 bits (speculative verify == greedy). */
+static void case_mm_f32_invariance(int k, int m) {
+    char name[128];
+    snprintf(name, sizeof name, "mm_f32 batch invariance k=%d m=%d (n = 1, 8, 37 vs 128)", k, m);
+    if (!g_ctx.tma_encode) { printf("INFO %s: skipped, no wgmma path on this device\n", name); return; }
+    sm_err e = {""};
+    const int N = 128, ns[3] = {1, 8, 37};
+    uint16_t *hx = (uint16_t *)halloc((size_t)N * k * 2), *hw = (uint16_t *)halloc((size_t)m * k * 2);
+    fill_bf16(hx, (size_t)N * k, 1.0f);
+    fill_bf16(hw, (size_t)m * k, 1.0f / sqrtf((float)k));
+    uint16_t *dx = (uint16_t *)dup_to_dev("x", hx, 2, (size_t)N * k);
+    uint16_t *dw = (uint16_t *)dup_to_dev("W", hw, 2, (size_t)m * k);
+    float *dy = (float *)dalloc("y32", 4, (size_t)N * m);
+    float *all = (float *)halloc((size_t)N * m * 4), *part = (float *)halloc((size_t)N * m * 4);
+    int ok = sm_k_mm_f32(&g_ctx, dx, N, k, dw, m, dy, g_st, &e) == 0 && sync_ok();
+    if (ok) to_host(all, dy, (size_t)N * m * 4);
+    for (int i = 0; i < 3 && ok; i++) {
+        cudaMemset(dy, 0xFF, (size_t)N * m * 4);
+        if (sm_k_mm_f32(&g_ctx, dx, ns[i], k, dw, m, dy, g_st, &e) || !sync_ok()) { ok = 0; break; }
+        to_host(part, dy, (size_t)ns[i] * m * 4);
+        if (memcmp(part, all, (size_t)ns[i] * m * 4)) { printf("  n=%d: rows differ from the n=128 run\n", ns[i]); ok = 0; }
+    }
+    if (e.msg[0]) printf("  %s\n", e.msg);
+    rel_acc a = {0, 0, 0, 0};
+    verdict(name, ok, &a, 1.0);
+}
+
 static void case_mm_f32w(int n, int k, int m) {
     char name[128];
     snprintf(name, sizeof name, "mm_f32w n=%d k=%d m=%d", n, k, m);
@@ -997,6 +1080,18 @@ int gpu_test_kernels(void) {
     case_mm(0, 700, 8192, 1024);
     case_mm(2, 8, 1024, 1000);
     case_mm(2, 128, 8192, 1024);
+    /* f32-output matmul (partial sums): n = 1 .. 200 (200: cuBLAS), a column slice of o_proj
+     * (W = 4: 2048 of 8192 columns), a short odd shape, and batch invariance */
+    {
+        static const int nf[6] = {1, 8, 16, 37, 128, 200};
+        for (int i = 0; i < 6; i++) case_mm_f32(P_AUTO | P_SYNC | P_WG1, nf[i], 1024, 1000, 1024);
+        case_mm_f32(P_AUTO | P_SYNC | P_WG1, 8, 2048, 8192, 8192);
+        case_mm_f32(P_AUTO | P_SYNC | P_WG1, 37, 2048, 8192, 8192);
+        case_mm_f32(P_AUTO | P_SYNC | P_WG1, 13, 96, 300, 160);
+        case_mm_f32(P_AUTO, 300, 2048, 1024, 8192);
+        case_mm_f32_invariance(2048, 8192);
+        case_mm_f32_invariance(96, 300);
+    }
     /* router matmul */
     for (int i = 0; i < nn; i++) case_mm_f32w(ns[i], 8192, 256);
     case_mm_f32w(13, 256, 16);

@@ -139,9 +139,11 @@ __global__ void mm_reduce_f32_kernel(const float *__restrict__ part, int S, size
     sm_mm_reduce_f32_range(part, S, count, y, (size_t)blockIdx.x * blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
 }
 
+/* y = r16(x W^T) into y, or (y32 != NULL) the unrounded f32 sums into y32: the same split and
+ * the same split-ordered sums, only the final store differs. */
 template <int NT>
 static int mm_small_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
-                           uint16_t *y, cudaStream_t st, sm_err *e) {
+                           uint16_t *y, float *y32, cudaStream_t st, sm_err *e) {
     const int bm = sm_cdiv(m, SM_MM_ROWS), kc = k / 32;
     /* split k until the grid holds about `target` blocks, each split >= 2 slabs */
     const int target = c->num_sms * (NT >= 8 ? 2 : 4);
@@ -155,6 +157,13 @@ static int mm_small_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, cons
     S = sm_cdiv(kc, cps); /* every split non-empty */
     const size_t smem = SM_MM_SMEM(NT);
     dim3 grid(bm, S);
+    if (S == 1 && y32) {
+        /* one split: its f32 "partial" [1][n][m] is y32 itself */
+        SM_CUDA_CHECK(cudaFuncSetAttribute(mm_small_kernel<NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        mm_small_kernel<NT, 1><<<grid, SM_MM_WARPS * 32, smem, st>>>(x, n, k, W, m, cps, NULL, y32);
+        SM_LAUNCH_CHECK("mm_small_kernel");
+        return 0;
+    }
     if (S == 1) {
         SM_CUDA_CHECK(cudaFuncSetAttribute(mm_small_kernel<NT, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         mm_small_kernel<NT, 0><<<grid, SM_MM_WARPS * 32, smem, st>>>(x, n, k, W, m, cps, y, NULL);
@@ -168,9 +177,24 @@ static int mm_small_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, cons
     size_t count = (size_t)n * m;
     int rb = (int)((count + 255) / 256);
     if (rb > c->num_sms * 8) rb = c->num_sms * 8;
+    if (y32) {
+        mm_reduce_f32_kernel<<<rb, 256, 0, st>>>(part, S, count, y32);
+        SM_LAUNCH_CHECK("mm_reduce_f32_kernel");
+        return 0;
+    }
     mm_reduce_kernel<<<rb, 256, 0, st>>>(part, S, count, y);
     SM_LAUNCH_CHECK("mm_reduce_kernel");
     return 0;
+}
+
+/* The token tile NT of the mma.sync core for n <= 128 rows. */
+static int mm_small_rows(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, float *y32,
+                         cudaStream_t st, sm_err *e) {
+    if (n <= 8) return mm_small_launch<1>(c, x, n, k, W, m, y, y32, st, e);
+    if (n <= 16) return mm_small_launch<2>(c, x, n, k, W, m, y, y32, st, e);
+    if (n <= 32) return mm_small_launch<4>(c, x, n, k, W, m, y, y32, st, e);
+    if (n <= 64) return mm_small_launch<8>(c, x, n, k, W, m, y, y32, st, e);
+    return mm_small_launch<16>(c, x, n, k, W, m, y, y32, st, e);
 }
 
 static int mm_check(const char *who, const uint16_t *x, int n, int k, const void *W, int m, const void *y, sm_err *e) {
@@ -217,8 +241,8 @@ wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtens
         /* consumers: warps 0-3 = warpgroup 0, 4-7 = warpgroup 1 */
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         const int u0 = sm_wg_unit0(b, G, a.units), u1 = sm_wg_unit0(b + 1, G, a.units);
-        if constexpr (EPI == SM_WG_EPI_MM) sm_wg_consume_mm<N, MT>(a, b, G, u0, u1, sm, s, ph);
-        else sm_lg_wg_consume<N, MT, RV>(a, b, G, u0, u1, sm, s, ph, red_v, red_i);
+        if constexpr (EPI == SM_WG_EPI_LOGITS) sm_lg_wg_consume<N, MT, RV>(a, b, G, u0, u1, sm, s, ph, red_v, red_i);
+        else sm_wg_consume_mm<N, MT, EPI>(a, b, G, u0, u1, sm, s, ph);
     }
 }
 
@@ -335,25 +359,28 @@ int sm_k_mm_small(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_
     if (mm_check("sm_k_mm_small", x, n, k, W, m, y, e)) return -1;
     if (n > SM_MM_SMALL_MAX) return sm_errf(e, "sm_k_mm_small: n=%d rows > %d", n, SM_MM_SMALL_MAX);
     if (n == 0) return 0;
-    if (n <= 8) return mm_small_launch<1>(c, x, n, k, W, m, y, st, e);
-    if (n <= 16) return mm_small_launch<2>(c, x, n, k, W, m, y, st, e);
-    if (n <= 32) return mm_small_launch<4>(c, x, n, k, W, m, y, st, e);
-    if (n <= 64) return mm_small_launch<8>(c, x, n, k, W, m, y, st, e);
-    return mm_small_launch<16>(c, x, n, k, W, m, y, st, e);
+    return mm_small_rows(c, x, n, k, W, m, y, NULL, st, e);
+}
+
+/* cuBLAS y = x W^T with f32 compute, output type yt (bf16: r16 of the f32 sums; f32: the
+ * sums); shapes checked by the caller. */
+static int mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, void *y, cudaDataType yt,
+                   cudaStream_t st, sm_err *e) {
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major view: Y^T [m, n] = W [m, k] (row-major = (k x m)^T) x X^T [k, n] */
+    SM_CUBLAS_CHECK(cublasSetStream(c->blas, st));
+    SM_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
+    SM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, W, CUDA_R_16BF, k,
+                                 x, CUDA_R_16BF, k, &zero, y, yt, m, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT));
+    return 0;
 }
 
 int sm_k_mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                  uint16_t *y, cudaStream_t st, sm_err *e) {
     if (mm_check("sm_k_mm_blas", x, n, k, W, m, y, e)) return -1;
     if (n == 0) return 0;
-    const float one = 1.0f, zero = 0.0f;
-    /* column-major view: Y^T [m, n] = W [m, k] (row-major = (k x m)^T) x X^T [k, n] */
-    SM_CUBLAS_CHECK(cublasSetStream(c->blas, st));
-    SM_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
-    SM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, W, CUDA_R_16BF, k,
-                                 x, CUDA_R_16BF, k, &zero, y, CUDA_R_16BF, m, CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT));
-    return 0;
+    return mm_blas(c, x, n, k, W, m, y, CUDA_R_16BF, st, e);
 }
 
 /* The few-row path sm_k_mm takes (bench/results.md, 2026-12-02, `gpu_test --bench-dense`):
@@ -387,6 +414,31 @@ int sm_k_mm(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, 
             uint16_t *y, cudaStream_t st, sm_err *e) {
     if (n <= SM_MM_SMALL_MAX) return sm_k_mm_path(c, SM_PATH_AUTO, x, n, k, W, m, y, st, e);
     return sm_k_mm_blas(c, x, n, k, W, m, y, st, e);
+}
+
+/* ---- f32-output matmul (a rank's partial sum): sm_k_mm's work split, f32 stores ---- */
+
+int sm_k_mm_f32_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                     float *y, cudaStream_t st, sm_err *e) {
+    if (mm_check("sm_k_mm_f32", x, n, k, W, m, y, e)) return -1;
+    if (n > SM_MM_SMALL_MAX) return sm_errf(e, "sm_k_mm_f32_path: n=%d rows > %d", n, SM_MM_SMALL_MAX);
+    if (n == 0) return 0;
+    if (path == SM_PATH_AUTO) path = mm_auto_path(c);
+    if (path == SM_PATH_SYNC) return mm_small_rows(c, x, n, k, W, m, NULL, y, st, e);
+    if (path != SM_PATH_WG1) return sm_errf(e, "sm_k_mm_f32_path: path %d not available (sync or wg128 only)", path);
+    if (!c->tma_encode)
+        return sm_errf(e, "sm_k_mm_f32: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    sm_wg_args a;
+    memset(&a, 0, sizeof a);
+    a.y32 = y;
+    return wg_rows<1, SM_WG_EPI_MM32>(c, x, n, k, W, m, 0, &a, st, e);
+}
+
+int sm_k_mm_f32(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+                float *y, cudaStream_t st, sm_err *e) {
+    if (n <= SM_MM_SMALL_MAX) return sm_k_mm_f32_path(c, SM_PATH_AUTO, x, n, k, W, m, y, st, e);
+    if (mm_check("sm_k_mm_f32", x, n, k, W, m, y, e)) return -1;
+    return mm_blas(c, x, n, k, W, m, y, CUDA_R_32F, st, e);
 }
 
 /* ---- f32-weight matmul (router): bodies in ops/matmul.cuh ---- */

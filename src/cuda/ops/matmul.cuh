@@ -322,6 +322,7 @@ __device__ __forceinline__ void sm_mm_f32w_block(const uint16_t *__restrict__ x,
 #define SM_WG_SMEM(N, MT) ((size_t)SM_WG_ST(N, MT) * SM_WG_STAGE(N, MT) + 1024)
 #define SM_WG_EPI_MM 0                 /* y = r16(acc) */
 #define SM_WG_EPI_LOGITS 1             /* softcap, mask, f32 logits, per-tile argmax */
+#define SM_WG_EPI_MM32 2               /* y32 = acc (f32, not rounded: a rank's partial sum) */
 
 typedef struct sm_wg_args {
     int n, m, k;          /* tokens, rows of W, contraction */
@@ -337,6 +338,7 @@ typedef struct sm_wg_args {
     float *logits;        /* EPI_LOGITS: f32 [n, m], or NULL */
     float *pv;            /* EPI_LOGITS: f32 [tiles][n]: best value of each token in a tile */
     int *pi;              /* EPI_LOGITS: int32 [tiles][n]: its id */
+    float *y32;           /* EPI_MM32: f32 [n, m] (NULL for the other epilogues) */
 } sm_wg_args;
 
 __device__ __forceinline__ uint32_t sm_wg_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -623,17 +625,39 @@ __device__ __forceinline__ void sm_wg_epi_mm(const sm_wg_args &a, int t, const f
             }
 }
 
-/* The consumer role of y = r16(x W^T) over the units [u0, u1) (virtual block b of G, or
- * whole tiles): the 256 threads of warpgroups 0 and 1, after the ring's barriers exist. */
+/* f32 epilogue of finished tile t (EPI_MM32): y32 = acc, not rounded; same fragment map as
+ * sm_wg_epi_mm, so a row's f32 bits are the ones sm_wg_epi_mm rounds. */
 template <int N, int MT>
+__device__ __forceinline__ void sm_wg_epi_mm32(const sm_wg_args &a, int t, const float (&acc)[MT][N / 2]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
+    const int rb = t * SM_WG_BM(MT) + wg * (MT * 64) + (warp & 3) * 16 + g;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < N / 8; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = rb + mt * 64 + (i >> 1) * 8, tok = j * 8 + 2 * t4 + (i & 1);
+                if (row < a.m && tok < a.n) a.y32[(size_t)tok * a.m + row] = acc[mt][4 * j + i];
+            }
+}
+
+/* The consumer role of y = r16(x W^T) (EPI = SM_WG_EPI_MM) or y32 = x W^T in f32
+ * (SM_WG_EPI_MM32) over the units [u0, u1) (virtual block b of G, or whole tiles): the 256
+ * threads of warpgroups 0 and 1, after the ring's barriers exist. */
+template <int N, int MT, int EPI = SM_WG_EPI_MM>
 __device__ __forceinline__ void sm_wg_consume_mm(const sm_wg_args &a, int b, int G, int u0, int u1, const sm_wg_smem &sm,
                                                  int &s, unsigned &ph) {
+    static_assert(EPI == SM_WG_EPI_MM || EPI == SM_WG_EPI_MM32, "sm_wg_consume_mm: matmul epilogues only");
     const int first_tile = u0 / a.ki;
     float acc[MT][N / 2];
     int u = u0;
     while (u < u1) {
         const int t = sm_wg_segment<N, MT>(a, b, G, first_tile, u1, sm, u, s, ph, acc);
-        if (t >= 0) sm_wg_epi_mm<N, MT>(a, t, acc);
+        if (t >= 0) {
+            if constexpr (EPI == SM_WG_EPI_MM32) sm_wg_epi_mm32<N, MT>(a, t, acc);
+            else sm_wg_epi_mm<N, MT>(a, t, acc);
+        }
     }
 }
 
