@@ -20,6 +20,16 @@
  * Limits (checked, error otherwise): Hm and I multiples of 32; E <= 2048; max_rows * K <=
  * 4096.  An expert of more than 8 routes in one call is processed in groups of 8 routes
  * (its weights are then read once per group).  Route ids outside [0, E) contribute nothing.
+ *
+ * W ranks (docs/parallelism.md section 2): a rank uploads the experts or expert slices its
+ * shard holds (sm_cuda_moe_upload_shard: EP, experts [e0, e0 + ne) whole, the layer's E is
+ * ne; TP, every expert's I slice [i0, i0 + ni), the layer's I is ni) and sizes its workspace
+ * for that layer (sm_cuda_moe_ws_alloc_shard: the config with E = ne, I = ni; a shard may
+ * hold fewer experts than K).  EP: sm_cuda_moe_forward_ep gives the f32 partial m of the
+ * rank's routes, which the caller sums over ranks in rank order and rounds (r16).  TP:
+ * sm_cuda_moe_forward_tp gives every route's f32 partial y over the rank's slice; the caller
+ * sums them over ranks in rank order, then sm_cuda_moe_finalize makes m (the same norm and
+ * route-ordered sum as the combine).  Nothing here communicates.
  */
 #ifndef SM_CUDA_MOE_H
 #define SM_CUDA_MOE_H
@@ -30,6 +40,7 @@ extern "C" {
 #endif
 #include "err.h"
 #include "weights.h"
+#include "shard.h"
 #ifdef __cplusplus
 }
 #endif
@@ -63,6 +74,14 @@ extern "C" {
 /* Upload layer l's experts (reads from the mapped checkpoint, expert by expert) on stream st;
  * the layer is complete on return (st synchronized). */
 int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e);
+/* Upload what shard X (layer l's sm_shard_experts of an sm_shard_make of m) holds, reading
+ * only through X's views: local expert j = global expert X->e0 + j, gate/up rows and down
+ * columns of X's I slice.  The layer has E = X->ne, I = X->ni (fmt, K, Hm and the post norm
+ * of m's layer l).  sm_cuda_moe_upload is this for the whole layer (one path).  TP with
+ * MXFP4 experts needs X->ni % 32 == 0 (sm_shard_make refuses otherwise); every format needs
+ * X->ni % 32 == 0 (moe.h limits).  Complete on return (st synchronized). */
+int sm_cuda_moe_upload_shard(const sm_model *m, int l, const sm_shard_experts *X, sm_cuda_moe_layer *L, cudaStream_t st,
+                             sm_err *e);
 /* Fill a layer of config c with device-generated random experts of format fmt
  * (sm_expert_fmt), on stream st, complete on return: the values of make-model (src/rng.h
  * streams keyed by make-model's expert names, N(0, 1/fan_in), quantized as make-model does:
@@ -73,10 +92,33 @@ int sm_cuda_moe_synth(const sm_config *c, int l, int fmt, uint64_t seed, sm_cuda
 void sm_cuda_moe_free(sm_cuda_moe_layer *L);
 size_t sm_cuda_moe_ws_bytes(const sm_config *c, int max_rows);
 int sm_cuda_moe_ws_alloc(const sm_config *c, int max_rows, sm_cuda_moe_ws *ws, sm_err *e);
+/* The workspace (and its bytes) of a layer uploaded from shard X of a model of config c. */
+size_t sm_cuda_moe_ws_bytes_shard(const sm_config *c, const sm_shard_experts *X, int max_rows);
+int sm_cuda_moe_ws_alloc_shard(const sm_config *c, const sm_shard_experts *X, int max_rows, sm_cuda_moe_ws *ws, sm_err *e);
 void sm_cuda_moe_ws_free(sm_cuda_moe_ws *ws);
 /* h1 [n, Hm] bf16, idx [n, K] int32, w [n, K] f32, m_out [n, Hm] bf16; all device pointers. */
 int sm_cuda_moe_forward(const sm_cuda_moe_layer *L, const uint16_t *h1, const int *idx, const float *w,
                         int n, uint16_t *m_out, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e);
+/* EP rank: L holds global experts [e0, e0 + L->E) (sm_cuda_moe_upload_shard).  m_part [n, Hm]
+ * f32 (device) = sum over the routes k = 0..K-1 of row i whose id lies in [e0, e0 + L->E), in
+ * route order, of w[i, k] * yn(i, k), NOT rounded; 0 for a row with none of them (the CPU
+ * rank's partial m before expert_sum).  Other routes contribute nothing.  h1, idx, w as
+ * sm_cuda_moe_forward (idx holds GLOBAL expert ids). */
+int sm_cuda_moe_forward_ep(const sm_cuda_moe_layer *L, int e0, const uint16_t *h1, const int *idx, const float *w, int n,
+                           float *m_part, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e);
+/* TP rank: L holds every expert's slice of I (L->I = ni).  y_part [n * K, Hm] f32 (device):
+ * for route r = i * K + k, act = r16(silu(r16(h1_i . gate_slice)) * r16(h1_i . up_slice)) and
+ * y_part[r] = act . down[:, slice]^T, f32 NOT rounded (the CPU rank's partial y before
+ * expert_sum); 0 for a route whose id lies outside [0, E). */
+int sm_cuda_moe_forward_tp(const sm_cuda_moe_layer *L, const uint16_t *h1, const int *idx, int n, float *y_part,
+                           const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e);
+/* TP finalize: from y [n * K, Hm] f32 (the rank-order sum of every rank's y_part), m_out
+ * [n, Hm] bf16 = r16(sum over the routes k of row i with 0 <= idx < E, in route order, of
+ * w[i, k] * yn), yn = t * rsqrt(mean(t^2) + eps), t = r16(r16(y) * eff(post_expert_norm)).
+ * Reads no workspace data (ws: only checked), so rows lo..hi of a token-sharded finalize are
+ * (y, idx + lo K, w + lo K, hi - lo). */
+int sm_cuda_moe_finalize(const sm_cuda_moe_layer *L, const float *y, const int *idx, const float *w, int n,
+                         uint16_t *m_out, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e);
 /* Bytes one expert of format fmt takes in the DEVICE layout (weights + scales, padded; the
  * same as sm_cuda_moe_layer.expert_bytes), 0 for widths <= 0.  Not the checkpoint bytes. */
 size_t sm_cuda_moe_device_expert_bytes(const sm_config *c, int fmt);

@@ -9,10 +9,16 @@
 #define SM_CUDA_MOE_BUILD_H
 #include "cuda/moe.h"
 
-/* Validate the widths of config c for expert format fmt (moe.h limits); 0 or -1 with e. */
-int moe_check_dims(const sm_config *c, int fmt, sm_err *e);
-/* Allocate blob, desc and post_norm of a layer of config c, format fmt (L zeroed first). */
-int moe_layer_alloc(const sm_config *c, int fmt, sm_cuda_moe_layer *L, sm_err *e);
+/* Validate the widths of config c for expert format fmt (moe.h limits); 0 or -1 with e.
+ * shard: c describes a rank's shard (E = its experts, I = its slice), which may hold fewer
+ * experts than K. */
+int moe_check_dims(const sm_config *c, int fmt, int shard, sm_err *e);
+/* Allocate blob, desc and post_norm of a layer of config c, format fmt (L zeroed first);
+ * shard as moe_check_dims. */
+int moe_layer_alloc(const sm_config *c, int fmt, int shard, sm_cuda_moe_layer *L, sm_err *e);
+
+/* c with E = X->ne experts and I = X->ni: the config a shard's layer and workspace have. */
+sm_config moe_shard_config(const sm_config *c, const sm_shard_experts *X);
 
 /* Where a layer's raw (checkpoint-layout) expert matrices come from. */
 typedef struct moe_source {
@@ -24,6 +30,8 @@ typedef struct moe_source {
     int (*matrix)(const struct moe_source *src, int x, int mat, uint8_t *w, uint8_t *s, cudaStream_t st, sm_err *e);
     /* Write eff(post_expert_norm) [Hm] floats to the device array dst, on st. */
     int (*post_norm)(const struct moe_source *src, float *dst, cudaStream_t st, sm_err *e);
+    int shard;                /* 1: a rank's shard (c's E and I are the shard's; moe_check_dims) */
+    int x0;                   /* global id of local expert 0 (messages) */
 } moe_source;
 
 /* Allocate layer L of config c, format fmt, and fill it from src on stream st; the layer is

@@ -24,9 +24,11 @@ typedef struct moe_group_args {
     int nr;                   /* routes, <= MOE_MAX_ROUTES */
     int E;                    /* experts, <= MOE_MAX_E */
     int *njobs;               /* out: jobs made */
-    int *route_slot;          /* out [nr]: slot of route r, -1 for an id outside [0, E) */
+    int *route_slot;          /* out [nr]: slot of route r, -1 for an id outside [e0, e0 + E) */
     int *slot_route;          /* out [slots]: route of slot s */
     int4 *jobs;               /* out [njobs]: (expert, first slot, routes <= MOE_CH, 0) */
+    int e0;                   /* global id of local expert 0: route r goes to local expert
+                                 idx[r] - e0 when that lies in [0, E) (0: a whole layer) */
 } moe_group_args;
 
 /* Shared memory of the grouping body. */
@@ -58,7 +60,7 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
         const int r = tid + q * NT;
         ex[q] = -1; pos[q] = 0;
         if (r < nr) {
-            const int v = ga.idx[r];
+            const int v = ga.idx[r] - ga.e0; /* local expert id */
             if (v >= 0 && v < E) { ex[q] = v; pos[q] = atomicAdd(&cnt[v], 1); }
         }
     }
@@ -117,7 +119,8 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
 }
 
 /* ---- host side (group.cu) ---- */
-/* The grouping arguments of a forward call of n rows into workspace ws. */
+/* The grouping arguments of a forward call of n rows into workspace ws (e0 = 0: the layer's
+ * experts are ids [0, E); a rank's forward sets e0 to its first global expert). */
 moe_group_args moe_group_make(const sm_cuda_moe_layer *L, const int *idx, int n, const sm_cuda_moe_ws *ws);
 /* The stock launch: one block of MOE_GROUP_THREADS on st. */
 int moe_group_launch(const moe_group_args &ga, cudaStream_t st, sm_err *e);

@@ -12,20 +12,20 @@
 
 #define MOE_PREFETCH_DEFAULT 0 /* k steps of L2 prefetch ahead of the register loads (measured: no gain) */
 
-int moe_check_dims(const sm_config *c, int fmt, sm_err *e) {
+int moe_check_dims(const sm_config *c, int fmt, int shard, sm_err *e) {
     if (fmt != SM_EXP_BF16 && fmt != SM_EXP_FP8 && fmt != SM_EXP_MXFP4) return sm_errf(e, "cuda moe: unknown expert format %d", fmt);
     if (c->Hm <= 0 || c->I <= 0 || c->Hm % 32 || c->I % 32)
         return sm_errf(e, "cuda moe: moe_hidden_size %d and moe_intermediate_size %d must be positive multiples of 32", c->Hm, c->I);
     if (c->E < 1 || c->E > MOE_MAX_E) return sm_errf(e, "cuda moe: num_local_experts %d outside [1, %d]", c->E, MOE_MAX_E);
-    if (c->K < 1 || c->K > c->E) return sm_errf(e, "cuda moe: num_experts_per_tok %d outside [1, E = %d]", c->K, c->E);
+    if (c->K < 1 || (!shard && c->K > c->E)) return sm_errf(e, "cuda moe: num_experts_per_tok %d outside [1, E = %d]", c->K, c->E);
     if ((size_t)moe_rup(c->Hm > c->I ? c->Hm : c->I, MOE_KALIGN) * 16 > 200 * 1024)
         return sm_errf(e, "cuda moe: widths Hm %d / I %d too large for the staged routes in shared memory", c->Hm, c->I);
     return 0;
 }
 
-int moe_layer_alloc(const sm_config *c, int fmt, sm_cuda_moe_layer *L, sm_err *e) {
+int moe_layer_alloc(const sm_config *c, int fmt, int shard, sm_cuda_moe_layer *L, sm_err *e) {
     memset(L, 0, sizeof *L);
-    if (moe_check_dims(c, fmt, e)) return -1;
+    if (moe_check_dims(c, fmt, shard, e)) return -1;
     const moe_geom G = moe_geometry(fmt, c->Hm, c->I);
     L->fmt = fmt; L->E = c->E; L->K = c->K; L->Hm = c->Hm; L->I = c->I; L->post_eps = c->post_eps;
     L->expert_bytes = G.expert;
@@ -60,10 +60,10 @@ extern "C" size_t sm_cuda_moe_ws_bytes(const sm_config *c, int max_rows) {
     return moe_ws_layout(c->E, c->K, c->Hm, c->I, max_rows).total;
 }
 
-extern "C" int sm_cuda_moe_ws_alloc(const sm_config *c, int max_rows, sm_cuda_moe_ws *ws, sm_err *e) {
-    if (!c || !ws) return sm_errf(e, "cuda moe workspace: NULL config or workspace");
+/* The workspace of a layer of config c (shard: as moe_check_dims). */
+static int moe_ws_alloc(const sm_config *c, int shard, int max_rows, sm_cuda_moe_ws *ws, sm_err *e) {
     memset(ws, 0, sizeof *ws);
-    if (moe_check_dims(c, SM_EXP_MXFP4, e)) return -1;
+    if (moe_check_dims(c, SM_EXP_MXFP4, shard, e)) return -1;
     if (max_rows < 1 || (long long)max_rows * c->K > MOE_MAX_ROUTES)
         return sm_errf(e, "cuda moe workspace: max_rows %d x K %d routes outside [1, %d]", max_rows, c->K, MOE_MAX_ROUTES);
     int occ = 1 << 30;
@@ -85,6 +85,31 @@ extern "C" int sm_cuda_moe_ws_alloc(const sm_config *c, int max_rows, sm_cuda_mo
     ws->grid = sms * (occ < 2 ? occ : 2);
     ws->prefetch = MOE_PREFETCH_DEFAULT;
     return 0;
+}
+
+extern "C" int sm_cuda_moe_ws_alloc(const sm_config *c, int max_rows, sm_cuda_moe_ws *ws, sm_err *e) {
+    if (!c || !ws) return sm_errf(e, "cuda moe workspace: NULL config or workspace");
+    return moe_ws_alloc(c, 0, max_rows, ws, e);
+}
+
+/* The shard's config: c with E = X->ne experts and I = X->ni. */
+sm_config moe_shard_config(const sm_config *c, const sm_shard_experts *X) {
+    sm_config s = *c;
+    s.E = X->ne;
+    s.I = X->ni;
+    return s;
+}
+
+extern "C" size_t sm_cuda_moe_ws_bytes_shard(const sm_config *c, const sm_shard_experts *X, int max_rows) {
+    if (!c || !X) return 0;
+    const sm_config s = moe_shard_config(c, X);
+    return sm_cuda_moe_ws_bytes(&s, max_rows);
+}
+
+extern "C" int sm_cuda_moe_ws_alloc_shard(const sm_config *c, const sm_shard_experts *X, int max_rows, sm_cuda_moe_ws *ws, sm_err *e) {
+    if (!c || !X || !ws) return sm_errf(e, "cuda moe workspace: NULL config, shard or workspace");
+    const sm_config s = moe_shard_config(c, X);
+    return moe_ws_alloc(&s, 1, max_rows, ws, e);
 }
 
 extern "C" void sm_cuda_moe_ws_free(sm_cuda_moe_ws *ws) {

@@ -1,7 +1,10 @@
 /* mm.cu: the stock kernels of the expert matmul (mm.cuh), one launch per stage on a
- * persistent grid fixed by the workspace (SMs x resident blocks), and the forward entry of
- * the whole MoE stage (moe.h): group -> stage 1 -> stage 2 -> combine, four launches on the
- * caller's stream, no host synchronization and no allocation (CUDA-graph capturable).
+ * persistent grid fixed by the workspace (SMs x resident blocks), and the forward entries of
+ * the MoE stage (moe.h): group -> stage 1 -> stage 2 -> combine, four launches on the
+ * caller's stream, no host synchronization and no allocation (CUDA-graph capturable).  The
+ * rank entries reuse the same phases: EP groups with the rank's first expert as offset and
+ * combines into an f32 partial m; TP stores stage 2's y in f32 per route (routes of invalid
+ * ids zeroed by a small kernel), and the finalize is the combine reading that y.
  * We rejected cuBLAS grouped GEMM on dequantized bf16 copies (4x the bytes of MXFP4) and a
  * fixed grid of (expert, tile) blocks that mostly exit (256 experts x tiles of launches for
  * ~55 touched ones at 8 rows).
@@ -10,10 +13,19 @@
 #include "cuda/moe/group.cuh"
 #include "cuda/moe/combine.cuh"
 
-template <int F, int STAGE>
+template <int F, int STAGE, int Y32 = 0>
 __global__ void __launch_bounds__(MOE_THREADS, 2) moe_mm_kernel(const moe_args a) {
     extern __shared__ uint4 moe_smem[];
-    moe_mm_block<F, STAGE, 1>(a, blockIdx.x, gridDim.x, moe_smem, sm_team_block());
+    moe_mm_block<F, STAGE, 1, Y32>(a, blockIdx.x, gridDim.x, moe_smem, sm_team_block());
+}
+
+/* TP: rows of y [nr, Hm] f32 of routes without a slot (invalid expert ids) = 0; one block per
+ * route, grid-stride. */
+__global__ void moe_zero_routes_kernel(const int *__restrict__ route_slot, int nr, int Hm, float *__restrict__ y) {
+    for (int r = blockIdx.x; r < nr; r += gridDim.x) {
+        if (route_slot[r] >= 0) continue;
+        for (int x = threadIdx.x; x < Hm; x += blockDim.x) y[(size_t)r * Hm + x] = 0.0f;
+    }
 }
 
 moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, int stage) {
@@ -29,6 +41,7 @@ moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     a.K = L->K;
     a.sb = G.sb;
     a.pf = ws->prefetch < 0 ? 0 : ws->prefetch;
+    a.y32 = NULL;
     if (stage == 1) {
         /* act = r16(silu(r16(h1 gate^T)) * r16(h1 up^T)) */
         a.in = h1; a.out = (uint16_t *)(wb + W.act);
@@ -59,40 +72,116 @@ int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
         moe_prep_kernel<SM_EXP_FP8, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_FP8, 2>(s2, occ, e) ||
         moe_prep_kernel<SM_EXP_BF16, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_BF16, 2>(s2, occ, e))
         return -1;
+    /* the f32-output stage 2 of TP ranks: attributes only (it need not be resident at the
+     * persistent grid's count: its blocks hold no grid barrier) */
+    SM_CUDA_CHECK(cudaFuncSetAttribute(moe_mm_kernel<SM_EXP_MXFP4, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
+    SM_CUDA_CHECK(cudaFuncSetAttribute(moe_mm_kernel<SM_EXP_FP8, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
+    SM_CUDA_CHECK(cudaFuncSetAttribute(moe_mm_kernel<SM_EXP_BF16, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
     return 0;
 }
 
+/* Stages 1 and 2 on st; y32 NULL: y bf16 per slot in the workspace, else f32 per route. */
 template <int F>
-static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e) {
+static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32, cudaStream_t st,
+                         sm_err *e) {
     const moe_args a1 = moe_mm_make(L, h1, ws, 1);
     moe_mm_kernel<F, 1><<<ws->grid, MOE_THREADS, moe_mm_smem(a1), st>>>(a1);
     SM_LAUNCH_CHECK("moe_mm_kernel (gate_up)");
-    const moe_args a2 = moe_mm_make(L, h1, ws, 2);
-    moe_mm_kernel<F, 2><<<ws->grid, MOE_THREADS, moe_mm_smem(a2), st>>>(a2);
+    moe_args a2 = moe_mm_make(L, h1, ws, 2);
+    if (y32) {
+        a2.y32 = y32;
+        moe_mm_kernel<F, 2, 1><<<ws->grid, MOE_THREADS, moe_mm_smem(a2), st>>>(a2);
+    } else {
+        moe_mm_kernel<F, 2><<<ws->grid, MOE_THREADS, moe_mm_smem(a2), st>>>(a2);
+    }
     SM_LAUNCH_CHECK("moe_mm_kernel (down)");
     return 0;
 }
 
+/* The checks every forward entry makes (who: the entry's name in messages); 1 when n == 0
+ * (nothing to do), 0 to go on, -1 with e filled. */
+static int moe_fwd_check(const char *who, const sm_cuda_moe_layer *L, const uint16_t *h1, int n, const sm_cuda_moe_ws *ws, sm_err *e) {
+    if (!L || !L->blob || !ws || !ws->buf) return sm_errf(e, "%s: layer or workspace not allocated", who);
+    if (n < 0 || n > ws->max_rows) return sm_errf(e, "%s: %d rows outside [0, max_rows = %d] of the workspace", who, n, ws->max_rows);
+    if (ws->E != L->E || ws->K != L->K || ws->Hm != L->Hm || ws->I != L->I)
+        return sm_errf(e, "%s: workspace sized for E %d K %d Hm %d I %d, layer has E %d K %d Hm %d I %d", who, ws->E, ws->K, ws->Hm,
+                       ws->I, L->E, L->K, L->Hm, L->I);
+    if (n == 0) return 1;
+    if (h1 && !sm_aligned(h1, 16)) return sm_errf(e, "%s: h1 must be 16-byte aligned", who);
+    return 0;
+}
+
+/* Group the routes (local expert = id - e0), then stages 1 and 2 (y32: as moe_mm_launch). */
+static int moe_experts_run(const char *who, const sm_cuda_moe_layer *L, int e0, const uint16_t *h1, const int *idx, int n,
+                           float *y32, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e) {
+    moe_group_args ga = moe_group_make(L, idx, n, ws);
+    ga.e0 = e0;
+    if (moe_group_launch(ga, st, e)) return -1;
+    switch (L->fmt) {
+    case SM_EXP_MXFP4: return moe_mm_launch<SM_EXP_MXFP4>(L, h1, ws, y32, st, e);
+    case SM_EXP_FP8: return moe_mm_launch<SM_EXP_FP8>(L, h1, ws, y32, st, e);
+    case SM_EXP_BF16: return moe_mm_launch<SM_EXP_BF16>(L, h1, ws, y32, st, e);
+    default: return sm_errf(e, "%s: unknown expert format %d", who, L->fmt);
+    }
+}
+
 extern "C" int sm_cuda_moe_forward(const sm_cuda_moe_layer *L, const uint16_t *h1, const int *idx, const float *w, int n,
                                    uint16_t *m_out, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e) {
-    if (!L || !L->blob || !ws || !ws->buf) return sm_errf(e, "cuda moe forward: layer or workspace not allocated");
-    if (n < 0 || n > ws->max_rows) return sm_errf(e, "cuda moe forward: %d rows outside [0, max_rows = %d] of the workspace", n, ws->max_rows);
-    if (ws->E != L->E || ws->K != L->K || ws->Hm != L->Hm || ws->I != L->I)
-        return sm_errf(e, "cuda moe forward: workspace sized for E %d K %d Hm %d I %d, layer has E %d K %d Hm %d I %d", ws->E,
-                       ws->K, ws->Hm, ws->I, L->E, L->K, L->Hm, L->I);
-    if (n == 0) return 0;
-    if (!h1 || !idx || !w || !m_out) return sm_errf(e, "cuda moe forward: NULL h1, idx, w or m_out");
-    if (!sm_aligned(h1, 16)) return sm_errf(e, "cuda moe forward: h1 must be 16-byte aligned");
-    /* group routes by expert */
-    if (moe_group_launch(moe_group_make(L, idx, n, ws), st, e)) return -1;
-    int rc;
-    switch (L->fmt) {
-    case SM_EXP_MXFP4: rc = moe_mm_launch<SM_EXP_MXFP4>(L, h1, ws, st, e); break;
-    case SM_EXP_FP8: rc = moe_mm_launch<SM_EXP_FP8>(L, h1, ws, st, e); break;
-    case SM_EXP_BF16: rc = moe_mm_launch<SM_EXP_BF16>(L, h1, ws, st, e); break;
-    default: return sm_errf(e, "cuda moe forward: unknown expert format %d", L->fmt);
-    }
-    if (rc) return -1;
+    const char *who = "cuda moe forward";
+    const int ck = moe_fwd_check(who, L, h1, n, ws, e);
+    if (ck) return ck > 0 ? 0 : -1;
+    if (!h1 || !idx || !w || !m_out) return sm_errf(e, "%s: NULL h1, idx, w or m_out", who);
+    /* group routes by expert, gate_up + SiLU, down */
+    if (moe_experts_run(who, L, 0, h1, idx, n, NULL, ws, st, e)) return -1;
     /* post-expert norm and the route-ordered weighted sum */
     return moe_combine_launch(moe_combine_make(L, w, n, m_out, ws), st, e);
+}
+
+extern "C" int sm_cuda_moe_forward_ep(const sm_cuda_moe_layer *L, int e0, const uint16_t *h1, const int *idx, const float *w, int n,
+                                      float *m_part, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e) {
+    const char *who = "cuda moe forward (EP rank)";
+    const int ck = moe_fwd_check(who, L, h1, n, ws, e);
+    if (ck) return ck > 0 ? 0 : -1;
+    if (!h1 || !idx || !w || !m_part) return sm_errf(e, "%s: NULL h1, idx, w or m_part", who);
+    if (e0 < 0) return sm_errf(e, "%s: first expert e0 = %d is negative", who, e0);
+    /* this rank's routes (ids in [e0, e0 + E)) grouped by local expert, gate_up + SiLU, down */
+    if (moe_experts_run(who, L, e0, h1, idx, n, NULL, ws, st, e)) return -1;
+    /* post-expert norm and the route-ordered weighted sum of this rank's routes, f32 */
+    moe_combine_args ca = moe_combine_make(L, w, n, NULL, ws);
+    ca.m_f32 = m_part;
+    return moe_combine_launch(ca, st, e);
+}
+
+extern "C" int sm_cuda_moe_forward_tp(const sm_cuda_moe_layer *L, const uint16_t *h1, const int *idx, int n, float *y_part,
+                                      const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e) {
+    const char *who = "cuda moe forward (TP rank)";
+    const int ck = moe_fwd_check(who, L, h1, n, ws, e);
+    if (ck) return ck > 0 ? 0 : -1;
+    if (!h1 || !idx || !y_part) return sm_errf(e, "%s: NULL h1, idx or y_part", who);
+    /* every valid route grouped by expert, gate_up + SiLU over this rank's I slice, down
+     * columns of the slice: y per route in f32 */
+    if (moe_experts_run(who, L, 0, h1, idx, n, y_part, ws, st, e)) return -1;
+    /* routes of invalid ids: y = 0 */
+    const moe_group_args ga = moe_group_make(L, idx, n, ws);
+    const int nr = n * L->K;
+    moe_zero_routes_kernel<<<nr < 1024 ? nr : 1024, 128, 0, st>>>(ga.route_slot, nr, L->Hm, y_part);
+    SM_LAUNCH_CHECK("moe_zero_routes_kernel");
+    return 0;
+}
+
+extern "C" int sm_cuda_moe_finalize(const sm_cuda_moe_layer *L, const float *y, const int *idx, const float *w, int n,
+                                    uint16_t *m_out, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e) {
+    const char *who = "cuda moe finalize";
+    const int ck = moe_fwd_check(who, L, NULL, n, ws, e);
+    if (ck) return ck > 0 ? 0 : -1;
+    if (!y || !idx || !w || !m_out) return sm_errf(e, "%s: NULL y, idx, w or m_out", who);
+    /* per route: t = r16(r16(y) * eff(post_expert_norm)), yn = t * rsqrt(mean(t^2) + eps);
+     * m = r16(sum_k w_k yn_k) over the valid routes in route order */
+    moe_combine_args ca = moe_combine_make(L, w, n, m_out, ws);
+    ca.y = NULL;
+    ca.route_slot = NULL;
+    ca.y32 = y;
+    ca.idx = idx;
+    ca.E = L->E;
+    return moe_combine_launch(ca, st, e);
 }

@@ -42,6 +42,9 @@ typedef struct moe_args {
     int sb;                   /* bytes of one pair-step block */
     int ipj;                  /* items per job */
     int pf;                   /* L2 prefetch distance in k steps (0: none) */
+    float *y32;               /* stage 2 with Y32 = 1 (moe_mm_block): f32 y NOT rounded per
+                                 ROUTE, [n * K, rows_out] at row slot_route[slot] (out unused);
+                                 NULL otherwise */
 } moe_args;
 
 /* Dynamic shared memory of the body for a stage: the job's routes, [Kp/16][8 routes][4 t]
@@ -224,7 +227,7 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
     }
 }
 
-template <int STAGE>
+template <int STAGE, int Y32>
 __device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp, int lane, const float (&acc)[2][4]) {
     const int g = lane >> 2, t = lane & 3;
     const int job = it / a.ipj, itile = it - job * a.ipj;
@@ -252,8 +255,10 @@ __device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int col = 2 * t + (i & 1), row = tile * 16 + g + (i >> 1) * 8;
-                /* y = r16(sum) */
-                if (col < cnt && row < a.rows_out) a.out[(size_t)(s0 + col) * a.rows_out + row] = sm_tobf(acc[X][i] * mul);
+                if (col < cnt && row < a.rows_out) {
+                    if (Y32) a.y32[(size_t)a.slot_route[s0 + col] * a.rows_out + row] = acc[X][i] * mul; /* y, f32 by route */
+                    else a.out[(size_t)(s0 + col) * a.rows_out + row] = sm_tobf(acc[X][i] * mul);     /* y = r16(sum) */
+                }
             }
         }
     }
@@ -268,7 +273,7 @@ typedef struct moe_loop {
     float acc[2][4];
 } moe_loop;
 
-template <int F, int STAGE, int RO>
+template <int F, int STAGE, int RO, int Y32>
 __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur, moe_buf &n2, const moe_args &a,
                                          uint2 *Bs, int warp, int lane, const sm_team &tm) {
     if (p + 2 < L.N) {
@@ -279,7 +284,7 @@ __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur,
     }
     moe_compute<F>(cur, L.S, Bs, lane, L.acc);
     if (++L.S == a.nsteps) {
-        moe_epilogue<STAGE>(a, L.it, warp, lane, L.acc);
+        moe_epilogue<STAGE, Y32>(a, L.it, warp, lane, L.acc);
 #pragma unroll
         for (int X = 0; X < 2; X++) L.acc[X][0] = L.acc[X][1] = L.acc[X][2] = L.acc[X][3] = 0.0f;
         L.S = 0;
@@ -303,12 +308,15 @@ __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur,
  * all of which call it (it holds team barriers); smem: moe_mm_smem(a) bytes of shared memory
  * of the team, 16-byte aligned.  RO: 1 if a.in was written
  * by an earlier launch (stock path), 0 if earlier in the same persistent launch.  On return
- * other warps of the team may still read smem: sync the team before reusing it.  Needs
+ * other warps of the team may still read smem: sync the team before reusing it.  Y32 (stage 2
+ * only): store y in f32 per route into a.y32 instead of bf16 per slot (a TP rank's partial y).
+ * Needs
  * the grouping complete (a.njobs, a.jobs, a.slot_route) and, for stage 2, every item of
  * stage 1 (act): a persistent kernel separates the phases by grid barriers.
  * (One function, not a range body plus a wrapper: the split changed register allocation.) */
-template <int F, int STAGE, int RO>
+template <int F, int STAGE, int RO, int Y32 = 0>
 __device__ __forceinline__ void moe_mm_block(const moe_args &a, unsigned vb, unsigned nb, void *smem, const sm_team &tm) {
+    static_assert(!Y32 || STAGE == 2, "moe_mm_block: f32 output is a stage 2 option");
     uint2 *Bs = (uint2 *)smem; /* [Kp/16][8 routes][4 lanes t] */
     const int warp = tm.tid >> 5, lane = tm.tid & 31;
     const int total = *a.njobs * a.ipj;
@@ -333,9 +341,9 @@ __device__ __forceinline__ void moe_mm_block(const moe_args &a, unsigned vb, uns
     sm_team_sync(tm);
     /* three register buffers in rotation: step p computes one while p+1, p+2 are in flight */
     for (int p = 0; p < L.N; p += 3) {
-        moe_step<F, STAGE, RO>(L, p, X, Z, a, Bs, warp, lane, tm);
-        if (p + 1 < L.N) moe_step<F, STAGE, RO>(L, p + 1, Y, X, a, Bs, warp, lane, tm);
-        if (p + 2 < L.N) moe_step<F, STAGE, RO>(L, p + 2, Z, Y, a, Bs, warp, lane, tm);
+        moe_step<F, STAGE, RO, Y32>(L, p, X, Z, a, Bs, warp, lane, tm);
+        if (p + 1 < L.N) moe_step<F, STAGE, RO, Y32>(L, p + 1, Y, X, a, Bs, warp, lane, tm);
+        if (p + 2 < L.N) moe_step<F, STAGE, RO, Y32>(L, p + 2, Z, Y, a, Bs, warp, lane, tm);
     }
 }
 

@@ -1,5 +1,8 @@
 /* repack.cu: the device layout of a layer's experts (geom.cuh) built from raw matrices in
- * checkpoint layout, and the upload of a loaded checkpoint through it (moe.h).
+ * checkpoint layout, and the upload of a loaded checkpoint through it (moe.h): one path for a
+ * whole layer and for a rank's shard, both read through sm_shard_mat views (the whole layer is
+ * the shard of one rank), gate and up rows of the slice stacked into the staging buffer as a
+ * [2 ni, Hm] gate_up, down columns copied row by row (a 2D copy) as [Hm, ni].
  *
  * moe_build drives any source (a checkpoint here, the device synthesizer in synth.cu): per
  * expert and matrix the source writes the raw weights and scales into one device staging
@@ -220,8 +223,8 @@ static int moe_build_fill(const sm_config *c, const moe_source *src, sm_cuda_moe
             int nan = 0;
             if (moe_repack(L, x, mat, sg, hd + x, &nan, st, e)) {
                 if (nan)
-                    return sm_errf(e, "%s: layer %d expert %d %s.weight_scale holds the e8m0 NaN byte 0xFF", src->who, src->l, x,
-                                   moe_mat_name(mat));
+                    return sm_errf(e, "%s: layer %d expert %d %s.weight_scale holds the e8m0 NaN byte 0xFF", src->who, src->l,
+                                   src->x0 + x, moe_mat_name(mat));
                 return -1;
             }
         }
@@ -234,7 +237,7 @@ static int moe_build_fill(const sm_config *c, const moe_source *src, sm_cuda_moe
 }
 
 int moe_build(const sm_config *c, int fmt, const moe_source *src, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e) {
-    if (moe_layer_alloc(c, fmt, L, e)) return sm_errprefix(e, "%s: layer %d", src->who, src->l);
+    if (moe_layer_alloc(c, fmt, src->shard, L, e)) return sm_errprefix(e, "%s: layer %d", src->who, src->l);
     moe_staging sg;
     if (moe_staging_alloc(L, &sg, e)) { sm_cuda_moe_free(L); return -1; }
     moe_desc *hd = (moe_desc *)calloc((size_t)c->E, sizeof(moe_desc));
@@ -246,26 +249,43 @@ int moe_build(const sm_config *c, int fmt, const moe_source *src, sm_cuda_moe_la
     return rc;
 }
 
-/* ---- upload of a loaded checkpoint ---- */
+/* ---- upload of a loaded checkpoint (a whole layer, or a rank's shard of it) ---- */
 typedef struct moe_ckpt {
-    const sm_model *m;        /* the loaded model (host views of the checkpoint) */
+    const sm_model *m;            /* the loaded model: post_expert_norm, the config */
+    const sm_shard_experts *X;    /* the views of the experts (or slices) to upload */
 } moe_ckpt;
 
-static int moe_ckpt_matrix(const moe_source *src, int x, int mat, uint8_t *dw, uint8_t *ds, cudaStream_t st, sm_err *e) {
-    const sm_model *m = ((const moe_ckpt *)src->ctx)->m;
-    const sm_config *c = &m->cfg;
-    const sm_experts *X = &m->layers[src->l].ex;
-    const int R = mat ? c->Hm : 2 * c->I, K = mat ? c->I : c->Hm;
-    const void *w = mat ? X->dn[x] : X->gu[x];
-    const void *s = mat ? X->dns[x] : X->gus[x];
-    size_t wb, sbb;
-    sm_expert_mat_bytes(X->fmt, R, K, &wb, &sbb);
-    if (!w || (sbb && !s))
-        return sm_errf(e, "%s: layer %d expert %d %s: missing %s", src->who, src->l, x, moe_mat_name(mat), !w ? "weights" : "scales");
+/* Copy `rows` rows of `cols` values of view v (format fmt) to dw (weights) and ds (scales)
+ * packed, on st: one copy when the view's rows are contiguous, else a 2D copy. */
+static int moe_copy_view(sm_expert_fmt fmt, const sm_shard_mat *v, int rows, int cols, uint8_t *dw, uint8_t *ds, cudaStream_t st,
+                         sm_err *e) {
+    size_t wb, sb, wp, sp; /* bytes of a row's weights / scales: packed, and in the view */
+    sm_expert_mat_bytes(fmt, 1, cols, &wb, &sb);
+    sm_expert_mat_bytes(fmt, 1, v->ld, &wp, &sp);
     /* the mapped checkpoint is pageable: each copy returns once the runtime has staged it */
-    SM_CUDA_CHECK(cudaMemcpyAsync(dw, w, wb, cudaMemcpyHostToDevice, st));
-    if (sbb) SM_CUDA_CHECK(cudaMemcpyAsync(ds, s, sbb, cudaMemcpyHostToDevice, st));
+    if (wp == wb) SM_CUDA_CHECK(cudaMemcpyAsync(dw, v->w, wb * (size_t)rows, cudaMemcpyHostToDevice, st));
+    else SM_CUDA_CHECK(cudaMemcpy2DAsync(dw, wb, v->w, wp, wb, (size_t)rows, cudaMemcpyHostToDevice, st));
+    if (!sb) return 0;
+    if (sp == sb) SM_CUDA_CHECK(cudaMemcpyAsync(ds, v->s, sb * (size_t)rows, cudaMemcpyHostToDevice, st));
+    else SM_CUDA_CHECK(cudaMemcpy2DAsync(ds, sb, v->s, sp, sb, (size_t)rows, cudaMemcpyHostToDevice, st));
     return 0;
+}
+
+static int moe_ckpt_matrix(const moe_source *src, int x, int mat, uint8_t *dw, uint8_t *ds, cudaStream_t st, sm_err *e) {
+    const moe_ckpt *ck = (const moe_ckpt *)src->ctx;
+    const sm_shard_experts *X = ck->X;
+    const int Hm = ck->m->cfg.Hm, ni = X->ni;
+    size_t wb, sb;
+    sm_expert_mat_bytes(X->fmt, 1, mat ? ni : Hm, &wb, &sb);
+    const sm_shard_mat *vs[2] = {mat ? &X->down[x] : &X->gate[x], mat ? NULL : &X->up[x]};
+    for (int h = 0; h < 2 && vs[h]; h++)
+        if (!vs[h]->w || (sb && !vs[h]->s))
+            return sm_errf(e, "%s: layer %d expert %d %s: missing %s", src->who, src->l, src->x0 + x, moe_mat_name(mat),
+                           !vs[h]->w ? "weights" : "scales");
+    if (mat) return moe_copy_view(X->fmt, vs[0], Hm, ni, dw, ds, st, e); /* down [Hm, ni] */
+    /* gate_up [2 ni, Hm]: the slice's gate rows, then its up rows */
+    if (moe_copy_view(X->fmt, vs[0], ni, Hm, dw, ds, st, e)) return -1;
+    return moe_copy_view(X->fmt, vs[1], ni, Hm, dw + wb * (size_t)ni, ds + sb * (size_t)ni, st, e);
 }
 
 static int moe_ckpt_post_norm(const moe_source *src, float *dst, cudaStream_t st, sm_err *e) {
@@ -274,14 +294,61 @@ static int moe_ckpt_post_norm(const moe_source *src, float *dst, cudaStream_t st
     return 0;
 }
 
-extern "C" int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e) {
-    if (!m || !L) return sm_errf(e, "cuda moe upload: NULL model or layer");
-    memset(L, 0, sizeof *L);
-    if (l < 0 || l >= m->cfg.L) return sm_errf(e, "cuda moe upload: layer %d outside [0, %d)", l, m->cfg.L);
+/* Checks of layer l of m shared by both uploads; 0 or -1 with e. */
+static int moe_ckpt_check(const char *who, const sm_model *m, int l, sm_err *e) {
+    if (l < 0 || l >= m->cfg.L) return sm_errf(e, "%s: layer %d outside [0, %d)", who, l, m->cfg.L);
     const sm_layer *ly = &m->layers[l];
-    if (!ly->post_expert_norm) return sm_errf(e, "cuda moe upload: layer %d has no post_expert_norm", l);
-    if (!ly->ex.gu || !ly->ex.dn) return sm_errf(e, "cuda moe upload: layer %d has no experts", l);
-    const moe_ckpt ck = {m};
-    const moe_source src = {"cuda moe upload", l, &ck, moe_ckpt_matrix, moe_ckpt_post_norm};
-    return moe_build(&m->cfg, (int)ly->ex.fmt, &src, L, st, e);
+    if (!ly->post_expert_norm) return sm_errf(e, "%s: layer %d has no post_expert_norm", who, l);
+    if (!ly->ex.gu || !ly->ex.dn) return sm_errf(e, "%s: layer %d has no experts", who, l);
+    return 0;
+}
+
+/* Upload X's experts of layer l of m (shard: X is a rank's shard, not the whole layer). */
+static int moe_upload_views(const char *who, const sm_model *m, int l, const sm_shard_experts *X, int shard, sm_cuda_moe_layer *L,
+                            cudaStream_t st, sm_err *e) {
+    const moe_ckpt ck = {m, X};
+    const moe_source src = {who, l, &ck, moe_ckpt_matrix, moe_ckpt_post_norm, shard, X->e0};
+    const sm_config c = moe_shard_config(&m->cfg, X);
+    return moe_build(&c, (int)X->fmt, &src, L, st, e);
+}
+
+extern "C" int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e) {
+    const char *who = "cuda moe upload";
+    if (!m || !L) return sm_errf(e, "%s: NULL model or layer", who);
+    memset(L, 0, sizeof *L);
+    if (moe_ckpt_check(who, m, l, e)) return -1;
+    /* the whole layer as the shard of one rank: gate rows 0.., up rows I.. of gate_up, all
+     * columns of down (a NULL matrix stays NULL: moe_ckpt_matrix names it) */
+    const sm_config *c = &m->cfg;
+    const sm_experts *x = &m->layers[l].ex;
+    size_t wu, su; /* bytes of the first I rows of gate_up: where the up rows start */
+    sm_expert_mat_bytes(x->fmt, c->I, c->Hm, &wu, &su);
+    sm_shard_mat *v = (sm_shard_mat *)calloc(3 * (size_t)c->E, sizeof *v);
+    if (!v) return sm_errf(e, "%s: out of host memory", who);
+    for (int j = 0; j < c->E; j++) {
+        const uint8_t *gw = (const uint8_t *)x->gu[j], *gs = (const uint8_t *)(x->gus ? x->gus[j] : NULL);
+        v[j] = (sm_shard_mat){gw, gs, c->Hm};
+        v[c->E + j] = (sm_shard_mat){gw ? gw + wu : NULL, gs ? gs + su : NULL, c->Hm};
+        v[2 * c->E + j] = (sm_shard_mat){x->dn[j], x->dns ? x->dns[j] : NULL, c->I};
+    }
+    const sm_shard_experts X = {x->fmt, 0, c->E, 0, c->I, v, v + c->E, v + 2 * c->E};
+    const int rc = moe_upload_views(who, m, l, &X, 0, L, st, e);
+    free(v);
+    return rc;
+}
+
+extern "C" int sm_cuda_moe_upload_shard(const sm_model *m, int l, const sm_shard_experts *X, sm_cuda_moe_layer *L, cudaStream_t st,
+                                        sm_err *e) {
+    const char *who = "cuda moe upload (shard)";
+    if (!m || !X || !L) return sm_errf(e, "%s: NULL model, shard or layer", who);
+    memset(L, 0, sizeof *L);
+    if (moe_ckpt_check(who, m, l, e)) return -1;
+    const sm_config *c = &m->cfg;
+    if (X->fmt != m->layers[l].ex.fmt)
+        return sm_errf(e, "%s: layer %d: shard format %d differs from the layer's %d", who, l, (int)X->fmt, (int)m->layers[l].ex.fmt);
+    if (X->ne < 1 || X->e0 < 0 || X->e0 + X->ne > c->E || X->ni < 1 || X->i0 < 0 || X->i0 + X->ni > c->I || !X->gate || !X->up ||
+        !X->down)
+        return sm_errf(e, "%s: layer %d: shard experts [%d, +%d) of %d, I slice [%d, +%d) of %d, or NULL views", who, l, X->e0, X->ne,
+                       c->E, X->i0, X->ni, c->I);
+    return moe_upload_views(who, m, l, X, 1, L, st, e);
 }

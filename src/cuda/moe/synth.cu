@@ -134,6 +134,6 @@ extern "C" int sm_cuda_moe_synth(const sm_config *c, int l, int fmt, uint64_t se
     if (!c || !L) return sm_errf(e, "cuda moe synth: NULL config or layer");
     memset(L, 0, sizeof *L);
     const moe_synth_ctx sx = {c, fmt, seed};
-    const moe_source src = {"cuda moe synth", l, &sx, moe_synth_matrix, moe_synth_post_norm};
+    const moe_source src = {"cuda moe synth", l, &sx, moe_synth_matrix, moe_synth_post_norm, 0, 0};
     return moe_build(c, fmt, &src, L, st, e);
 }
