@@ -862,6 +862,11 @@ static void case_preconditions(void) {
     uint16_t *y = (uint16_t *)(uintptr_t)256;
     if (sm_k_mm(&g_ctx, p, 4, 33, p, 16, y, g_st, &e) == 0 || !strstr(e.msg, "k=33")) { printf("  mm k=33: '%s'\n", e.msg); ok = 0; }
     if (sm_k_mm_small(&g_ctx, p, 129, 64, p, 16, y, g_st, &e) == 0 || !strstr(e.msg, "n=129")) { printf("  mm_small n=129: '%s'\n", e.msg); ok = 0; }
+    if (sm_k_mm_f32(&g_ctx, p, 4, 33, p, 16, (float *)y, g_st, &e) == 0 || !strstr(e.msg, "k=33")) { printf("  mm_f32 k=33: '%s'\n", e.msg); ok = 0; }
+    if (sm_k_mm_f32_path(&g_ctx, SM_PATH_WG2, p, 4, 64, p, 16, (float *)y, g_st, &e) == 0 || !strstr(e.msg, "path 3")) {
+        printf("  mm_f32 path wg256: '%s'\n", e.msg);
+        ok = 0;
+    }
     if (sm_k_attention(&g_ctx, p, 384, p, 384, p, (const int *)p, 4, (const int *)p, (const int *)p, 1, 6, 4, 0, 1.0f,
                        1e-5f, 0, y, g_st, &e) == 0 || !strstr(e.msg, "nh=6")) { printf("  attention nh=6 nkv=4: '%s'\n", e.msg); ok = 0; }
     if (sm_k_logits(&g_ctx, p, 1, 64, p, 100, 101, 1.0f, 20.0f, NULL, (int *)y, g_st, &e) == 0 || !strstr(e.msg, "vocab_used=101")) {

@@ -779,6 +779,42 @@ static void test_shards(int fmt) {
     for (int li = 0; li < nl; li++)
         for (int W = 2; W <= 4; W += 2)
             for (int lay = 0; lay < 2; lay++) test_shard_layer(tag, &mm.m, li == 0 ? 1 : 0, W, (sm_moe_layout)lay);
+    if (fmt == SM_EXP_MXFP4) {
+        /* refusals: a shard of an empty I slice; a shard layer run with the whole layer's
+         * workspace (E differs) */
+        sm_err e = {{0}};
+        sm_shard sh;
+        sm_cuda_moe_layer L;
+        sm_cuda_moe_ws ws;
+        int ok = 0;
+        if (!sm_shard_make(&mm.m, 2, 1, SM_MOE_EP, &sh, &e)) {
+            sm_shard_experts X = sh.layers[1].ex;
+            X.ni = 0;
+            const int rc = sm_cuda_moe_upload_shard(&mm.m, 1, &X, &L, m_st, &e);
+            ok = rc == -1 && strstr(e.msg, "I slice") != NULL;
+            if (!ok) printf("  empty slice: rc %d msg '%s'\n", rc, e.msg);
+            if (!sm_cuda_moe_upload_shard(&mm.m, 1, &sh.layers[1].ex, &L, m_st, &e)) {
+                if (!sm_cuda_moe_ws_alloc(&mm.c, 4, &ws, &e)) {
+                    e.msg[0] = 0;
+                    const int r2 = sm_cuda_moe_forward_ep(&L, sh.layers[1].ex.e0, (const uint16_t *)ws.buf, (const int *)ws.buf,
+                                                          (const float *)ws.buf, 1, (float *)ws.buf, &ws, m_st, &e);
+                    if (r2 != -1 || !strstr(e.msg, "workspace sized")) { printf("  whole-layer workspace: rc %d msg '%s'\n", r2, e.msg); ok = 0; }
+                    sm_cuda_moe_ws_free(&ws);
+                } else {
+                    printf("  %s\n", e.msg);
+                    ok = 0;
+                }
+                sm_cuda_moe_free(&L);
+            } else {
+                printf("  %s\n", e.msg);
+                ok = 0;
+            }
+            sm_shard_free(&sh);
+        } else {
+            printf("  %s\n", e.msg);
+        }
+        report(ok, "moe_shard_refusals (empty I slice, workspace of another layer)");
+    }
     made_model_close(&mm);
 }
 

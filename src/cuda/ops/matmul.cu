@@ -19,7 +19,9 @@
  *    replicated tensors stay bit-identical across ranks.  x is re-read once per tile of W
  *    rows, not once per 64 rows.
  * Many rows (prefill): cuBLAS bf16 GEMM with f32 compute and bf16 output, i.e. r16 of an f32
- * accumulation.  The router's f32-weight matmul is an FFMA kernel, split-k GEMV style (f32 x f32
+ * accumulation.  The f32-output variant (a rank's partial sum, summed over ranks before any
+ * rounding) runs the same kernels and split with an f32 store (SM_WG_EPI_MM32, the mma.sync
+ * core's f32 partials) and cuBLAS with f32 output.  The router's f32-weight matmul is an FFMA kernel, split-k GEMV style (f32 x f32
  * must stay f32 for exact expert selection).
  * We rejected cuBLAS for the few-row case (its GEMMs read W at a fraction of bandwidth at n = 8),
  * a fixed split-K grid for the wgmma kernel (4096- and 8192-row matrices give 16..80 tiles: a
