@@ -118,7 +118,8 @@ int sm_gcomm_sum_bf16(sm_gcomm *c, int op, int layer, const float *part, size_t 
 int sm_gcomm_sum_f32(sm_gcomm *c, int op, int layer, const float *part, size_t count, float *out, cudaStream_t st,
                      sm_err *e);
 /* Column blocks: blk [n, row_bytes] of each rank -> out [n, W * row_bytes], rank q's row i at
- * bytes [q * row_bytes, (q + 1) * row_bytes) of out's row i.  row_bytes a multiple of 4. */
+ * bytes [q * row_bytes, (q + 1) * row_bytes) of out's row i.  row_bytes a multiple of 4.  out
+ * may be NULL on a rank that does not need the result (the call stays collective). */
 int sm_gcomm_gather_cols(sm_gcomm *c, int op, int layer, const void *blk, int n, size_t row_bytes, void *out,
                          cudaStream_t st, sm_err *e);
 /* embed_gather: rows [n, H] bf16 of each rank -> out [n, H], row i from rank tokens[i] / nv

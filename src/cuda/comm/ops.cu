@@ -87,10 +87,11 @@ __global__ void __launch_bounds__(GC_THREADS) gc_sum_kernel(gc_wait wt, const ui
     }
 }
 
-/* out [n, W * rw] words: rank q's row i (rw 4-byte words) at words [q rw, (q + 1) rw) of row i. */
+/* out [n, W * rw] words: rank q's row i (rw 4-byte words) at words [q rw, (q + 1) rw) of row i;
+ * out NULL: the wait only (the rank takes part, wants no result). */
 __global__ void __launch_bounds__(GC_THREADS) gc_cols_kernel(gc_wait wt, const uint8_t *base, size_t stride, int W,
                                                              int n, size_t rw, uint32_t *out) {
-    if (!gc_block_wait(wt)) return;
+    if (!gc_block_wait(wt) || !out) return;
     const size_t per_row = (size_t)W * rw, total = (size_t)n * per_row;
     for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (size_t)gridDim.x * blockDim.x) {
         size_t i = u / per_row, rem = u - i * per_row, q = rem / rw, c = rem - q * rw;
@@ -243,7 +244,7 @@ int sm_gcomm_gather_cols(sm_gcomm *c, int op, int layer, const void *blk, int n,
                        sm_gcomm_op_name(op), layer, c->r, n, row_bytes);
     if (gc_exchange(c, op, layer, blk, (size_t)n * row_bytes, NULL, 0, st, &base, &stride, &wt, e)) return -1;
     const size_t rw = row_bytes / 4;
-    gc_cols_kernel<<<gc_grid((size_t)n * c->w->W * rw), GC_THREADS, 0, st>>>(wt, base, stride, c->w->W, n, rw,
+    gc_cols_kernel<<<out ? gc_grid((size_t)n * c->w->W * rw) : 1, GC_THREADS, 0, st>>>(wt, base, stride, c->w->W, n, rw,
                                                                               (uint32_t *)out);
     SM_LAUNCH_CHECK("gc_cols_kernel");
     return 0;

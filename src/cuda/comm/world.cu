@@ -244,7 +244,8 @@ int sm_gcomm_create(const sm_gcomm_opts *o, sm_gcomm_world **out, sm_err *e) {
 #undef WHY
     if (why[0]) {
         sm_gcomm_destroy(w);
-        return sm_errf(e, "comm: %s", why);
+        /* the missing library's line stands alone ("--comm nccl: ..."), every other reason under "comm: " */
+        return sm_errf(e, "%s%s", strncmp(why, "--comm", 6) ? "comm: " : "", why);
     }
     int rc2 = create_devices(w, o->devices, e);
     (void)cudaSetDevice(saved);
