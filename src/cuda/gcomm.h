@@ -17,10 +17,11 @@
  *    flag per receiver tagged with the operation's epoch; "take" waits (acquire loads) for the
  *    W flags of its parity, at most bound_ms, then reduces or rearranges the slots in rank order
  *    0..W-1.  A wait that runs out records (rank, layer, op, peer, epoch, waited ms) in the
- *    rank's device health words and leaves; every later wait of that rank is skipped, so a dead
- *    or stalled peer costs one bound, never a hang.  Two parities suffice: a rank rewrites
- *    parity p only after its next take completed, which needs every rank's next put, which each
- *    rank enqueues after its own take of the previous operation.
+ *    rank's device health words and leaves (the output untouched); every later wait of that
+ *    rank is skipped (its operations too), so a dead or stalled peer costs one bound, never a
+ *    hang.  Two parities suffice: a rank rewrites parity p only after its next take completed,
+ *    which needs every rank's next put, which each rank enqueues after its own take of the
+ *    previous operation.
  *  - SM_GCOMM_NCCL: an all-gather of the parts (ncclAllGather; libnccl.so.2 loaded at run
  *    time, its absence named in one line) into the same slot layout, then the same rank-order
  *    finish kernels: NCCL's own reduction order is not fixed, ours is.

@@ -44,6 +44,7 @@ struct sm_gcomm {                 /* one rank */
     cudaEvent_t ev[2];            /* virtual: put done, by parity */
     cudaEvent_t evb;              /* virtual: the previous chunk done (begin) */
     unsigned i;                   /* operations since the last begin (host; the epoch's low part) */
+    int begun;                    /* 1 once begin was called (an operation before it is refused) */
     int faulted;                  /* fault injection fired: puts stop releasing flags */
 };
 

@@ -2,7 +2,9 @@
  * receive area, then a release of the epoch into every receiver's flag; nccl: an all-gather,
  * nccl.cu), and the finish kernels, which wait for the W flags of the operation's parity
  * (peer; bounded, recorded in the health words on timeout) and then reduce or rearrange the
- * W slots in rank order 0..W-1.
+ * W slots in rank order 0..W-1.  A finish block whose wait ran out, or whose rank's health words
+ * were already set, leaves without writing: the output keeps its old bytes, the health words
+ * say why (the world is broken from then on).
  *
  * Put is multi-block: each block copies a stretch of the part to every receiver (16-byte
  * words when the part allows, else 4-byte words), fences at system scope and counts itself in
@@ -147,6 +149,9 @@ static int gc_exchange(sm_gcomm *c, int op, int layer, const void *s0, size_t n0
     sm_gcomm_world *w = c->w;
     const size_t bytes = n0 + n1;
     const char *name = sm_gcomm_op_name(op);
+    if (!c->begun) /* the step counter is 0: the flags' initial zeros would pass for epochs */
+        return sm_errf(e, "comm %s at layer %d, rank %d: no sm_gcomm_begin before the first operation", name, layer,
+                       c->r);
     if (c->i >= GC_EPOCH_OPS)
         return sm_errf(e, "comm %s at layer %d, rank %d: more than %d operations since sm_gcomm_begin", name, layer,
                        c->r, GC_EPOCH_OPS);

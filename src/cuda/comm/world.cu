@@ -393,6 +393,7 @@ int sm_gcomm_begin(sm_gcomm *c, cudaStream_t st, sm_err *e) {
                                       barrier, (unsigned long long)(w->bound_ms * 1e6));
     SM_LAUNCH_CHECK("gc_begin_kernel");
     c->i = 0;
+    c->begun = 1;
     return 0;
 }
 
