@@ -229,8 +229,10 @@ int sm_gcomm_create(const sm_gcomm_opts *o, sm_gcomm_world **out, sm_err *e) {
     if (o->kind == SM_GCOMM_PEER && !bad_dev) {
         for (int r = 0; r < W; r++)
             for (int q = 0; q < W; q++) {
-                int a = o->devices[r], b = o->devices[q], ok = 0;
-                if (a == b) continue;
+                int a = o->devices[r], b = o->devices[q], ok = 0, seen = a == b;
+                for (int k = 0; k < r && !seen; k++) seen = o->devices[k] == a; /* each device pair once */
+                for (int k = 0; k < q && !seen; k++) seen = o->devices[k] == b;
+                if (seen) continue;
                 rc = cudaDeviceCanAccessPeer(&ok, a, b);
                 if (rc != cudaSuccess || !ok) WHY("device %d cannot access device %d's memory (no P2P)", a, b);
             }
