@@ -35,6 +35,10 @@ CU_LIB   := $(B)/libsparkmono_cuda.a
 CFLAGS   += -DSM_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++
 GPU_TEST_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu bench/gpu/*.c bench/gpu/*.cu)
+# NCCL's header (types only: src/cuda/comm/ loads libnccl.so.2 with dlopen), fetched once into
+# the build directory by tools/nccl-header.sh.
+NCCL_INC := $(B)/nccl/include
+COMM_OBJ := $(filter $(B)/src/cuda/comm/%,$(CU_OBJ))
 endif
 
 .PHONY: all test test-asan demo gpu-test shared clean
@@ -62,6 +66,11 @@ $(B)/libsparkmono.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 ifeq ($(CUDA),1)
+$(NCCL_INC)/nccl.h:
+	@CUDA_HOME=$(CUDA_HOME) sh tools/nccl-header.sh $(B)/nccl
+$(COMM_OBJ): NVFLAGS += -I$(NCCL_INC)
+$(COMM_OBJ): | $(NCCL_INC)/nccl.h
+
 $(CU_LIB): $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^

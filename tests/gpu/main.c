@@ -102,6 +102,7 @@ int main(int argc, char **argv) {
         {"kernels", gpu_test_kernels, 0, 0, 0, 0.0},
         {"moe", gpu_test_moe, 0, 0, 0, 0.0},
         {"model", gpu_test_model, 0, 0, 0, 0.0},
+        {"comm", gpu_test_comm, 0, 0, 0, 0.0},
     };
     const int ng = (int)(sizeof gs / sizeof gs[0]);
     int only = -1;
@@ -109,7 +110,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < ng; i++)
             if (!strcmp(argv[1], gs[i].name)) only = i;
     if (argc > 2 || (argc == 2 && only < 0)) {
-        fprintf(stderr, "usage: gpu_test [kernels|moe|model] | gpu_test --bench norm|router|attention|matmul|moe|logits|all[,...]"
+        fprintf(stderr, "usage: gpu_test [kernels|moe|model|comm] | gpu_test --bench norm|router|attention|matmul|moe|logits|all[,...]"
                         " (got '%s'%s)\n", argv[1], argc > 2 ? " and more" : "");
         return 2;
     }
