@@ -56,10 +56,21 @@ moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     return a;
 }
 
+/* Raise kernel k's dynamic shared memory limit to at least smem, never lower it: the limit is
+ * one per kernel and device, and layers of other widths (a TP rank's I slice beside a
+ * one-rank backend in one process) keep launching with their own, larger needs. */
+static int moe_smem_at_least(const void *k, size_t smem, sm_err *e) {
+    cudaFuncAttributes fa;
+    SM_CUDA_CHECK(cudaFuncGetAttributes(&fa, k));
+    if ((size_t)fa.maxDynamicSharedSizeBytes < smem)
+        SM_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return 0;
+}
+
 /* Kernel attributes of one (format, stage) and its resident blocks. */
 template <int F, int STAGE>
 static int moe_prep_kernel(size_t smem, int *occ, sm_err *e) {
-    SM_CUDA_CHECK(cudaFuncSetAttribute(moe_mm_kernel<F, STAGE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (moe_smem_at_least((const void *)moe_mm_kernel<F, STAGE>, smem, e)) return -1;
     int o = 0;
     SM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, moe_mm_kernel<F, STAGE>, MOE_THREADS, smem));
     if (o < *occ) *occ = o;
@@ -74,9 +85,10 @@ int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
         return -1;
     /* the f32-output stage 2 of TP ranks: attributes only (it need not be resident at the
      * persistent grid's count: its blocks hold no grid barrier) */
-    SM_CUDA_CHECK(cudaFuncSetAttribute(moe_mm_kernel<SM_EXP_MXFP4, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
-    SM_CUDA_CHECK(cudaFuncSetAttribute(moe_mm_kernel<SM_EXP_FP8, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
-    SM_CUDA_CHECK(cudaFuncSetAttribute(moe_mm_kernel<SM_EXP_BF16, 2, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2));
+    if (moe_smem_at_least((const void *)moe_mm_kernel<SM_EXP_MXFP4, 2, 1>, s2, e) ||
+        moe_smem_at_least((const void *)moe_mm_kernel<SM_EXP_FP8, 2, 1>, s2, e) ||
+        moe_smem_at_least((const void *)moe_mm_kernel<SM_EXP_BF16, 2, 1>, s2, e))
+        return -1;
     return 0;
 }
 
