@@ -81,14 +81,19 @@ typedef struct sparkmono_engine_opts {
     int naux;                /* auxiliary hidden states per step (default 0) */
     const int *aux_layers;   /* [naux] j in [0, L]: residual stream entering layer j (L: after the last) */
     int threads;             /* cpu worker threads (default: online cores) */
-    int world;               /* ranks of tensor + expert parallelism (default 1); > 1 needs
-                                backend "cpu" and a model whose dims it divides */
+    int world;               /* ranks of tensor + expert parallelism (default 1); > 1 needs a
+                                model whose dims it divides (cpu: threads; cuda: one GPU each) */
     int moe_tp;              /* with world > 1: 0 experts split across ranks (EP), 1 every
                                 expert split along its FFN width (TP without EP) */
     const char *mono;        /* cuda: "off" (default: stock steps), "auto" (the monokernel runs layers
                                 1..L-2 of verify steps where eligible) or "on" (a static refusal is
                                 an error); the default stays "off" while the monokernel measures
                                 slower than the stock path (bench/results.md) */
+    const char *devices;     /* cuda with world > 1: "0,1,2,3", the device of each rank (default
+                                0..world-1); a device listed twice holds several virtual ranks
+                                (tests on one GPU; exchanges through peer memory only) */
+    const char *comm;        /* cuda with world > 1: "peer" (default: one-shot kernels over peer
+                                memory) or "nccl" (libnccl.so.2 loaded at run time) */
 } sparkmono_engine_opts;
 
 /* Create an engine on m (m must outlive it). o may be NULL (all defaults). */

@@ -50,13 +50,19 @@ typedef struct sm_backend_opts {
     int max_rows;            /* most rows one step may carry */
     int verify_rows;         /* rows of one request in a verify step (the engine's R), checked
                                 against the backend's max_verify_rows at creation; 0 = unchecked */
-    int device;              /* cuda: device ordinal of rank 0 (default 0); rank r uses device + r */
+    int device;              /* cuda: device ordinal of rank 0 (default 0); rank r uses device + r
+                                unless `devices` lists them */
+    const int *devices;      /* cuda, world > 1: [world] device of each rank, or NULL; a repeated
+                                device holds several "virtual" ranks (tests on one GPU) */
+    int comm;                /* cuda, world > 1: SM_COMM_PEER (0, default) or SM_COMM_NCCL */
     int mono;                /* cuda: SM_MONO_AUTO (0, default), SM_MONO_ON, SM_MONO_OFF: layers 1..L-2 of
                                 verify steps as persistent launches (docs/architecture.md) */
 } sm_backend_opts;
 #define SM_MONO_AUTO 0   /* the monokernel where eligible, stock elsewhere (one log line a reason) */
 #define SM_MONO_ON 1     /* as auto, but a static refusal is an engine-creation error */
 #define SM_MONO_OFF 2    /* stock steps only */
+#define SM_COMM_PEER 0   /* cross-rank exchanges: one-shot kernels over peer memory (cuda/gcomm.h) */
+#define SM_COMM_NCCL 1   /* cross-rank exchanges: NCCL all-gathers + rank-order finish kernels */
 
 /* The CPU reference backend (src/cpu/). kv gives the page count to allocate. */
 int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
@@ -68,7 +74,9 @@ int sm_world_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend
 #ifdef SM_HAVE_CUDA
 /* The CUDA stock backend (src/cuda/stock/), one GPU (o->device): rank 0 of world 1's shard
  * uploaded from the mapped checkpoint, paged KV cache on the device, verify steps
- * graph-captured per row bucket.  Refuses o->verify_rows above its max_verify_rows (16). */
+ * graph-captured per row bucket.  Refuses o->verify_rows above its max_verify_rows (16).
+ * o->world > 1: W ranks, each on its device (o->devices) with its own context and host thread,
+ * exchanging through o->comm (src/cuda/stock/world.cu, docs/parallelism.md). */
 int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 #endif
 

@@ -15,6 +15,7 @@
 #include "kvcache.h"
 #include "sample.h"
 #include "weights.h"
+#include "shard.h"
 
 typedef struct sm_request {
     int live;          /* slot in use */
@@ -41,6 +42,7 @@ struct sparkmono_engine {
     const sm_config *cfg;  /* = &model->m.cfg */
     sm_backend be;         /* compute backend (owns the KV pages) */
     int have_be;           /* be was created */
+    int devices[SM_MAX_WORLD]; /* cuda, world > 1: the device of each rank (engine option devices) */
     sm_kv kv;              /* block tables, free pages, committed lengths */
     int have_kv;
     int R;                 /* verify rows per request (1 = no speculation) */

@@ -101,6 +101,8 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     eo.threads = o->threads;
     eo.world = o->world;
     eo.moe_tp = o->moe_tp;
+    eo.devices = o->devices;
+    eo.comm = o->comm;
     if (sparkmono_engine_create(m, &eo, &g)) {
         sm_errf(e, "serve: %s", sparkmono_errmsg());
         goto out;

@@ -27,7 +27,9 @@ typedef struct sm_serve_opts {
     int max_len;             /* prompt + max_tokens of a request */
     size_t max_body;         /* bytes of a request body; more is a 413 */
     int threads;             /* CPU worker threads (0: online cores) */
-    int world, moe_tp;       /* CPU tensor + expert parallel ranks, MoE split */
+    int world, moe_tp;       /* tensor + expert parallel ranks, MoE split */
+    const char *devices;     /* cuda with world > 1: "0,1,.." the device of each rank, or NULL */
+    const char *comm;        /* cuda with world > 1: "peer" or "nccl" (NULL: peer) */
     int online_mxfp4;        /* round BF16 experts to MXFP4 at load */
     int drain_s;             /* seconds in-flight requests may take after SIGTERM */
     int quiet;               /* no log line per request */

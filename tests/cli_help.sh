@@ -82,6 +82,13 @@ bad check_nothing check --online-mxfp4
 bad moe_without_world generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --moe tp
 bad moe_without_world_logits logits --model "$T/tiny" --prompt-ids 1,2 --out "$T/x.npy" --moe ep
 bad moe_bad generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --moe xp
+# ---- the ranks' devices and exchanges: --devices / --comm need --world; W devices; cuda only
+bad devices_without_world generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --devices 0,0
+bad devices_count generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,1,2
+bad devices_bad generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,x
+bad comm_bad generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --comm mpi
+bad devices_cpu generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,0
+bad bench_world_mono bench --preset tiny --world 2 --mono on
 if "$SM" generate --model "$T/tiny" --prompt-ids 5,6,7 --max-tokens 3 --world 2 --moe tp >"$T/w.out" 2>&1; then
     pass world_moe_runs
 else

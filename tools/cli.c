@@ -140,15 +140,29 @@ int cli_threads(const char *cmd, const cli_opt *o, long *out, sm_err *e) {
     return 0;
 }
 
-int cli_world(const char *cmd, const cli_opt *world, const cli_opt *moe, int *nworld, int *moe_tp, sm_err *e) {
+int cli_world(const char *cmd, cli_opt *opts, int no, cli_world_sel *out, sm_err *e) {
+    const cli_opt *world = cli_find(opts, no, "world"), *moe = cli_find(opts, no, "moe"),
+                  *dev = cli_find(opts, no, "devices"), *comm = cli_find(opts, no, "comm");
     long w;
     if (cli_int(cmd, world, 1, 64, &w, e)) return -1;
-    if (moe->present && !world->present)
-        return sm_errf(e, "%s: --moe %s needs --world W (it says how W ranks split the experts)", cmd, moe->value);
-    if (cli_choice(cmd, moe, "ep|tp", e)) return -1;
-    const char *m = cli_str(moe);
-    *nworld = w ? (int)w : 1;
-    *moe_tp = m && !strcmp(m, "tp");
+    const cli_opt *need[3] = {moe, dev, comm};
+    for (int i = 0; i < 3; i++)
+        if (need[i]->present && !world->present)
+            return sm_errf(e, "%s: --%s %s needs --world W", cmd, need[i]->name, need[i]->value);
+    if (cli_choice(cmd, moe, "ep|tp", e) || cli_choice(cmd, comm, "peer|nccl", e)) return -1;
+    out->world = w ? (int)w : 1;
+    out->moe_tp = !strcmp(cli_str(moe), "tp");
+    out->comm = comm->present ? comm->value : NULL; /* the engine's default when not given */
+    out->devices = NULL;
+    if (dev->present) {
+        int *ids = NULL, n = 0;
+        char what[64];
+        snprintf(what, sizeof what, "%s: --devices", cmd);
+        if (cli_int_list(what, dev->value, 0, 63, &ids, &n, e)) return -1;
+        free(ids);
+        if (n != out->world) return sm_errf(e, "%s: --devices lists %d device%s for --world %d", cmd, n, n == 1 ? "" : "s", out->world);
+        out->devices = dev->value;
+    }
     return 0;
 }
 

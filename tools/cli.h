@@ -62,8 +62,23 @@ int cli_choice(const char *cmd, const cli_opt *o, const char *choices, sm_err *e
 /* --threads: as cli_int over [0, 4096]; a value above the online cores prints one warning
  * line on stderr (once per process) and is kept. */
 int cli_threads(const char *cmd, const cli_opt *o, long *out, sm_err *e);
-/* --world W / --moe ep|tp: --moe without --world is an error.  *world >= 1, *moe_tp 0 or 1. */
-int cli_world(const char *cmd, const cli_opt *world, const cli_opt *moe, int *nworld, int *moe_tp, sm_err *e);
+/* The ranks of a run: --world W, --moe ep|tp, --devices LIST, --comm peer|nccl (CLI_WORLD_OPTS
+ * in a command's table).  --moe, --devices and --comm without --world are errors; --devices
+ * must list W devices (each 0..63); the list stays the option's string (the engine parses it
+ * again: one validator, sparkmono_engine_create). */
+typedef struct cli_world_sel {
+    int world;              /* ranks >= 1 */
+    int moe_tp;             /* 0 ep, 1 tp */
+    const char *devices;    /* NULL or "0,1,2,3" */
+    const char *comm;       /* "peer" or "nccl"; NULL when not given (the engine's default: peer) */
+} cli_world_sel;
+#define CLI_WORLD_OPTS                                                                                                   \
+    CLI_OPT("world", "W", "1", "W tensor + expert parallel ranks (cpu: threads; cuda: one GPU each, see --devices)"),    \
+        CLI_OPT("moe", "ep|tp", "ep", "with --world: experts split across ranks (ep) or each along its width (tp)"),    \
+        CLI_OPT("devices", "LIST", "0,1,..,W-1", "cuda with --world: the device of each rank; a device listed twice "    \
+                "holds several ranks (tests on one GPU, --comm peer)"),                                                  \
+        CLI_OPT("comm", "peer|nccl", "peer", "cuda with --world: exchanges through peer memory or NCCL")
+int cli_world(const char *cmd, cli_opt *opts, int no, cli_world_sel *w, sm_err *e);
 
 /* The prompt of generate / logits: exactly one of --prompt-ids LIST and --prompt-file FILE
  * (token ids separated by whitespace and/or single commas; "-" reads stdin).  *ids malloc'd

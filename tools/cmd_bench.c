@@ -50,6 +50,7 @@ typedef struct bench_args {
     double bw_gib;          /* size of the bandwidth probe */
     int mono;               /* 0 both (stock, then the monokernel where eligible), 1 mono only, 2 stock only */
     const char *trace;      /* --trace FILE.json: a traced monokernel step, or NULL */
+    cli_world_sel ws;       /* --world W (--moe, --devices, --comm): W ranks, stock steps */
 } bench_args;
 
 static int parse_fmt(const char *s, int *fmt, sm_err *e) {
@@ -108,6 +109,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
         CLI_OPT("bw-gib", "N", "4", "GiB read by the bandwidth probe"),
         CLI_OPT("mono", "both|on|off", "both", "stock and monokernel timed in the same run (both), or one of them"),
         CLI_OPT("trace", "FILE", NULL, "write a Chrome / Perfetto trace (one track per SM) of one monokernel step"),
+        CLI_WORLD_OPTS,
         CLI_RENAMED("rows", "--rows is now --step-rows LIST (rows per verify step, all requests together)"),
     };
     int no = (int)(sizeof opts / sizeof opts[0]), npos;
@@ -148,6 +150,10 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     a->mono = !strcmp(cli_str(o), "on") ? 1 : !strcmp(cli_str(o), "off") ? 2 : 0;
     a->trace = (o = cli_find(opts, no, "trace"))->present ? o->value : NULL;
     if (a->trace && a->mono == 2) return sm_errf(e, "bench: --trace needs the monokernel (not --mono off)");
+    if (cli_world("bench", opts, no, &a->ws, e)) return -1;
+    if (a->ws.world > 1 && (cli_find(opts, no, "mono")->present || a->trace))
+        return sm_errf(e, "bench: --mono and --trace run one rank (the multi-rank monokernel is not built yet); drop them with --world");
+    if (a->ws.world > 1) a->mono = 2;
     for (int i = 0; i < a->nstep_rows; i++) {
         int q, r;
         if (split_rows(a, a->step_rows[i], &q, &r, e)) return -1;
@@ -197,6 +203,8 @@ typedef struct bench_row {
     double layer_frac;      /* mean %floor of the MXFP4 layers 1..L-2 (0: none) */
     float med_us, min_us, max_us;
     double bytes, expert_bytes, dense_bytes, kv_bytes, lm_bytes;
+    double rank_bytes, rank_floor_us; /* --world: the busiest rank's bytes and floor */
+    float exch_us;                    /* --world: the step's exchanges alone (slowest rank) */
     double distinct;        /* distinct experts per layer, mean */
     double floor_us, frac;
 } bench_row;
@@ -304,7 +312,17 @@ static int bench_backend(bench_run *b, sm_err *e) {
         if (sm_kv_add(&b->kv, &slot, e) || sm_kv_reserve(&b->kv, slot, max_len, e)) return sm_errprefix(e, "bench");
     }
     sm_backend_opts bo = {0};
-    bo.world = 1;
+    bo.world = a->ws.world;
+    bo.moe_tp = a->ws.moe_tp;
+    bo.comm = a->ws.comm && !strcmp(a->ws.comm, "nccl") ? SM_COMM_NCCL : SM_COMM_PEER;
+    int devs[64];
+    if (a->ws.devices) {
+        int *ids = NULL, nd = 0;
+        if (cli_int_list("bench: --devices", a->ws.devices, 0, 63, &ids, &nd, e)) return -1;
+        for (int r = 0; r < nd && r < 64; r++) devs[r] = ids[r];
+        free(ids);
+        bo.devices = devs;
+    }
     bo.max_rows = b->max_step_rows;
     if (a->preset) {
         fprintf(stderr, "bench: generating %s (%d layers, %s experts) on the device\n", a->preset, c->L,
@@ -434,6 +452,54 @@ static int bench_layers(bench_run *b, bench_row *br, sm_err *e) {
     return 0;
 }
 
+/* A world of W ranks: the busiest rank's bytes (its slices of the dense weights, the replicated
+ * router and vectors, its vocab block, the routed experts it holds, its KV heads) and floor,
+ * and the step's exchanges timed alone (every rank at once, the slowest rank's median). */
+static int bench_world(bench_run *b, bench_row *br, sm_err *e) {
+    const bench_args *a = b->a;
+    const sm_config *c = &b->cfg;
+    const int W = a->ws.world;
+    double rep = 0, sliced = 0, worst = 0;
+    for (int r = 0; r < SM_T_NLAYER; r++) {
+        double t = (double)sm_tensor_loaded_bytes(c, (sm_tensor_role)r);
+        if (sm_tensors[r].split == SM_SPLIT_NONE) rep += t;
+        else sliced += t;
+    }
+    int busiest = 0;
+    for (int q = 0; q < W; q++) {
+        double xb = 0, kvb = 0;
+        for (int l = 0; l < c->L; l++) {
+            const int *v = b->idx + (size_t)l * br->step_rows * c->K;
+            int d = 0;
+            memset(b->seen, 0, (size_t)c->E);
+            for (int j = 0; j < br->step_rows * c->K; j++) {
+                int x = v[j];
+                if (x < 0 || x >= c->E || b->seen[x]) continue;
+                b->seen[x] = 1;
+                /* EP: only the rank's experts; TP: every routed expert's slice (xb is rank 0's slice) */
+                if (a->ws.moe_tp || x / (c->E / W) == q) d++;
+            }
+            xb += d * b->xb[l];
+            kvb += bench_kv_bytes(b, l, br->nreq, br->R) / W;
+        }
+        double bytes = c->L * (rep + sliced / W) + (double)c->V / W * c->H * 2 + (double)br->step_rows * c->H * 2 + xb + kvb;
+        if (bytes > worst) worst = bytes, busiest = q;
+    }
+    float us[64];
+    if (sm_cuda_world_bench_exchanges(&b->be, br->step_rows, a->iters, us, e)) return sm_errprefix(e, "bench");
+    float xmax = 0;
+    for (int q = 0; q < W; q++) if (us[q] > xmax) xmax = us[q];
+    br->rank_bytes = worst;
+    br->rank_floor_us = worst / b->bw * 1e6;
+    br->exch_us = xmax;
+    printf("  world %d (%s, %s, devices %s): busiest rank %d reads %.3f GB, floor %.1f us (%.1f%% of the step's %.1f us); "
+           "exchanges alone %.1f us (slowest rank's median) = %.1f%% of the step\n\n",
+           W, a->ws.moe_tp ? "tp" : "ep", a->ws.comm ? a->ws.comm : "peer", a->ws.devices ? a->ws.devices : "0..W-1", busiest, worst / 1e9,
+           br->rank_floor_us, 100 * br->rank_floor_us / br->med_us, br->med_us, xmax, 100 * xmax / br->med_us);
+    fflush(stdout);
+    return 0;
+}
+
 /* The short table, last: per row count, stock and monokernel side by side. */
 static void bench_summary(const bench_run *b, int nres) {
     const bench_args *a = b->a;
@@ -451,6 +517,10 @@ static void bench_summary(const bench_run *b, int nres) {
             snprintf(sp, sizeof sp, "%.2fx", b->res[ri - 1].med_us / br->med_us);
         printf("%-6s %-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%% %12s %8s\n", br->mono ? "mono" : "stock", br->step_rows, rq,
                br->med_us, br->bytes / 1e9, br->distinct, br->floor_us, 100 * br->frac, lf, sp);
+        if (a->ws.world > 1)
+            printf("%-6s %-6s %-8s rank floor %.1f us (%.3f GB, %.1f%% of the step), exchanges %.1f us (%.1f%%)\n", "", "", "",
+                   br->rank_floor_us, br->rank_bytes / 1e9, 100 * br->rank_floor_us / br->med_us, br->exch_us,
+                   100 * br->exch_us / br->med_us);
     }
 }
 
@@ -494,7 +564,7 @@ static int run(const bench_args *a, sm_err *e) {
             br->R = R;
             br->mono = mono;
             if (!rc) rc = bench_step(&b, br, e);
-            if (!rc) rc = bench_layers(&b, br, e);
+            if (!rc) rc = a->ws.world > 1 ? bench_world(&b, br, e) : bench_layers(&b, br, e);
         }
     }
     if (!rc && a->trace) {

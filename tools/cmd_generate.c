@@ -422,13 +422,13 @@ int cmd_generate(int argc, char **argv) {
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
         CLI_OPT("max-len", "L", "prompt + max-tokens", "max model length the KV cache is sized for (--batch: the longest request)"),
-        CLI_OPT("world", "W", "1", "CPU backend as W tensor + expert parallel ranks (threads)"),
-        CLI_OPT("moe", "ep|tp", "ep", "with --world: experts split across ranks (ep) or each along its width (tp)"),
+        CLI_WORLD_OPTS,
         CLI_RENAMED("rows", "--rows is now --request-rows R (rows per request: the last token + R-1 drafts)"),
     };
     const int no = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1], *src = "";
-    int npos, *prompt = NULL, n = 0, nworld = 1, moe_tp = 0;
+    int npos, *prompt = NULL, n = 0;
+    cli_world_sel ws = {1, 0, NULL, NULL};
     sm_tokenizer *tk = NULL; /* --prompt TEXT: the model's tokenizer */
     sm_err e = {{0}};
     int r = cli_parse(&cli_help_generate, argc, argv, opts, no, pos, 0, &npos, &e);
@@ -445,7 +445,7 @@ int cmd_generate(int argc, char **argv) {
         cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-len"), 1, 1 << 24, &max_len, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-requests"), 1, 65536, &max_req, &e) ||
-        cli_world(cmd, cli_find(opts, no, "world"), cli_find(opts, no, "moe"), &nworld, &moe_tp, &e) ||
+        cli_world(cmd, opts, no, &ws, &e) ||
         cli_choice(cmd, backend, "cpu|cuda", &e) || cli_choice(cmd, cli_find(opts, no, "mono"), "auto|on|off", &e) ||
         sampling_opts(cmd, opts, no, &samp, &e))
         goto bad;
@@ -461,8 +461,10 @@ int cmd_generate(int argc, char **argv) {
     eo.backend = cli_str(backend);
     eo.request_rows = (int)rows;
     eo.threads = (int)threads;
-    eo.world = nworld;
-    eo.moe_tp = moe_tp;
+    eo.world = ws.world;
+    eo.moe_tp = ws.moe_tp;
+    eo.devices = ws.devices;
+    eo.comm = ws.comm;
     eo.mono = cli_str(cli_find(opts, no, "mono"));
     if (batch->present) {
         cli_opt *pi = cli_find(opts, no, "prompt-ids"), *pf = cli_find(opts, no, "prompt-file"), *outo = cli_find(opts, no, "out");

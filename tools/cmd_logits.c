@@ -35,12 +35,12 @@ int cmd_logits(int argc, char **argv) {
         CLI_OPT("backend", "cpu|cuda", "cpu", "where the prefill runs"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
-        CLI_OPT("world", "W", "1", "CPU backend as W tensor + expert parallel ranks (threads)"),
-        CLI_OPT("moe", "ep|tp", "ep", "with --world: experts split across ranks (ep) or each along its width (tp)"),
+        CLI_WORLD_OPTS,
     };
     const int no = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1], *src = "";
-    int npos, *prompt = NULL, n = 0, nworld = 1, moe_tp = 0;
+    int npos, *prompt = NULL, n = 0;
+    cli_world_sel ws = {1, 0, NULL, NULL};
     long threads;
     sm_err e = {{0}};
     int r = cli_parse(&cli_help_logits, argc, argv, opts, no, pos, 0, &npos, &e);
@@ -51,7 +51,7 @@ int cmd_logits(int argc, char **argv) {
     if (!model->present) { sm_errf(&e, "%s: --model DIR is required", cmd); goto bad; }
     if (!outp->present || !*outp->value) { sm_errf(&e, "%s: --out FILE.npy is required", cmd); goto bad; }
     if (cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
-        cli_world(cmd, cli_find(opts, no, "world"), cli_find(opts, no, "moe"), &nworld, &moe_tp, &e) ||
+        cli_world(cmd, opts, no, &ws, &e) ||
         cli_choice(cmd, backend, "cpu|cuda", &e))
         goto bad;
     /* refuse a bad target now, not after the prefill (checked again when writing) */
@@ -76,8 +76,10 @@ int cmd_logits(int argc, char **argv) {
     eo.max_requests = 1;
     eo.max_len = n;
     eo.threads = (int)threads;
-    eo.world = nworld;
-    eo.moe_tp = moe_tp;
+    eo.world = ws.world;
+    eo.moe_tp = ws.moe_tp;
+    eo.devices = ws.devices;
+    eo.comm = ws.comm;
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
     if (sparkmono_add(g, prompt, n, 0, &req)) goto fail;
     sparkmono_model_info info;

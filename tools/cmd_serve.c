@@ -36,14 +36,14 @@ int cmd_serve(int argc, char **argv) {
         CLI_OPT("max-body", "BYTES", "1048576", "largest request body; a longer one is answered 413"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
-        CLI_OPT("world", "W", "1", "CPU backend as W tensor + expert parallel ranks (threads)"),
-        CLI_OPT("moe", "ep|tp", "ep", "with --world: experts split across ranks (ep) or each along its width (tp)"),
+        CLI_WORLD_OPTS,
         CLI_OPT("drain-timeout", "S", "30", "seconds the requests in flight may take after SIGTERM before they are cancelled"),
         CLI_SWITCH("quiet", "no log line per request"),
     };
     const int no = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1];
     int npos;
+    cli_world_sel ws = {1, 0, NULL, NULL};
     sm_err e = {{0}};
     int r = cli_parse(&cli_help_serve, argc, argv, opts, no, pos, 1, &npos, &e);
     if (r > 0) return 0;
@@ -69,7 +69,7 @@ int cmd_serve(int argc, char **argv) {
         cli_int(cmd, cli_find(opts, no, "max-body"), 1024, 1L << 30, &maxbody, &e) ||
         cli_int(cmd, cli_find(opts, no, "drain-timeout"), 0, 86400, &drain, &e) ||
         cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
-        cli_world(cmd, cli_find(opts, no, "world"), cli_find(opts, no, "moe"), &so.world, &so.moe_tp, &e) ||
+        cli_world(cmd, opts, no, &ws, &e) ||
         cli_choice(cmd, backend, "cpu|cuda", &e))
         goto bad;
     if (so.model_name && !*so.model_name) {
@@ -88,6 +88,10 @@ int cmd_serve(int argc, char **argv) {
     so.max_body = (size_t)maxbody;
     so.threads = (int)threads;
     so.drain_s = (int)drain;
+    so.world = ws.world;
+    so.moe_tp = ws.moe_tp;
+    so.devices = ws.devices;
+    so.comm = ws.comm;
     if (sm_serve_run(&so, &e)) goto bad;
     return 0;
 bad:

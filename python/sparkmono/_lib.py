@@ -45,7 +45,8 @@ class EngineOpts(ctypes.Structure):
     _fields_ = [("backend", ctypes.c_char_p), ("request_rows", ctypes.c_int), ("max_requests", ctypes.c_int),
                 ("max_len", ctypes.c_int), ("kv_blocks", ctypes.c_int), ("prefill_chunk", ctypes.c_int),
                 ("naux", ctypes.c_int), ("aux_layers", c_int_p), ("threads", ctypes.c_int), ("world", ctypes.c_int),
-                ("moe_tp", ctypes.c_int), ("mono", ctypes.c_char_p)]
+                ("moe_tp", ctypes.c_int), ("mono", ctypes.c_char_p),
+                ("devices", ctypes.c_char_p), ("comm", ctypes.c_char_p)]
 
 
 class Sampling(ctypes.Structure):

@@ -35,6 +35,7 @@
 #include <time.h>
 
 #define TM_BOUND 2e-2       /* GPU vs CPU logits, docs/model.md section 10 */
+#define TM_WORLD_BOUND 1e-2 /* W ranks vs one rank, both on the GPU (docs/model.md section 10) */
 #define TM_MAX_LEN 512      /* positions per request */
 #define TM_NREQ 3           /* requests per case */
 #define TM_CHUNK 128        /* backend max_rows: forces a chunked prefill */
@@ -106,7 +107,11 @@ typedef struct tm_duo {
     int *ac, *ag, *ag2;       /* [maxrows] argmax: cpu, gpu, gpu (second run) */
     float *xc, *xg;           /* [L+1, maxrows, H] aux hidden states */
     double worst;             /* largest logits error seen */
-    int check;                /* 1: logits/aux errors must be <= TM_BOUND; 0: printed only */
+    int check;                /* 1: logits/aux errors must be <= bound; 0: printed only */
+    double bound;             /* TM_BOUND, or TM_WORLD_BOUND when gpu is a world backend */
+    int world;                /* > 1: gpu is a CUDA world of W virtual ranks on device 0, and the
+                                 reference (cpu) is the one-rank CUDA backend */
+    int rank_checks;          /* aux entries compared across ranks bit for bit */
 } tm_duo;
 
 static void tm_duo_free(tm_duo *d) {
@@ -170,7 +175,7 @@ static void tm_step(tm_duo *d, const char *what, int n, const int *tok, const in
     int same = 0;
     for (int i = 0; i < n; i++) same += d->ac[i] == d->ag[i];
     printf("  %-34s rows %4d: logits rel err %.2e, argmax agree %d/%d\n", what, n, r, same, n);
-    TM_CHECK(!d->check || r <= TM_BOUND, "%s: logits rel err %.3e > %.0e", what, r, TM_BOUND);
+    TM_CHECK(!d->check || r <= d->bound, "%s: logits rel err %.3e > %.0e", what, r, d->bound);
     for (int i = 0; i < n; i++) TM_CHECK(d->ag[i] >= 0 && d->ag[i] < c->vocab_used, "%s: row %d argmax %d", what, i, d->ag[i]);
     if (!logits)
         for (int i = 0; i < n; i++)
@@ -206,7 +211,22 @@ static void tm_step(tm_duo *d, const char *what, int n, const int *tok, const in
     for (int a = 0; a < naux; a++) {
         double ra = tm_relerr(d->xg + (size_t)a * n * c->H, d->xc + (size_t)a * n * c->H, (size_t)n * c->H);
         printf("    residual entering layer %d: rel err %.2e\n", auxl[a], ra);
-        TM_CHECK(!d->check || ra <= TM_BOUND, "%s: aux layer %d rel err %.3e", what, auxl[a], ra);
+        TM_CHECK(!d->check || ra <= d->bound, "%s: aux layer %d rel err %.3e", what, auxl[a], ra);
+    }
+    /* a world: the residual stream (replicated) is the same bits on every rank (one chunk) */
+    if (d->world > 1 && naux > 0 && n <= 128) {
+        float *x0 = malloc(sizeof(float) * (size_t)n * c->H), *xr = malloc(sizeof(float) * (size_t)n * c->H);
+        for (int a = 0; a < naux && x0 && xr; a++) {
+            if (sm_cuda_world_aux(&d->gpu, 0, a, n, x0, &e)) { TM_CHECK(0, "%s: %s", what, e.msg); break; }
+            for (int q = 1; q < d->world; q++) {
+                if (sm_cuda_world_aux(&d->gpu, q, a, n, xr, &e)) { TM_CHECK(0, "%s: %s", what, e.msg); break; }
+                TM_CHECK(!memcmp(x0, xr, sizeof(float) * (size_t)n * c->H), "%s: residual entering layer %d differs on rank %d",
+                         what, auxl[a], q);
+                d->rank_checks++;
+            }
+        }
+        free(x0);
+        free(xr);
     }
 }
 
@@ -218,6 +238,9 @@ typedef struct tm_case {
     int lens[TM_NREQ];        /* prompt lengths */
     int conditioned;          /* 1: well conditioned (tests/condition.h), compared with TM_BOUND;
                                  0: the raw random model, errors printed, not checked */
+    int world;                /* > 1: a CUDA world of this many virtual ranks on device 0 against
+                                 the one-rank CUDA backend (TM_WORLD_BOUND) */
+    int moe_tp;               /* world layout: 0 ep, 1 tp */
 } tm_case;
 
 static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
@@ -248,13 +271,32 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     bo.max_rows = TM_CHUNK;
     if (sm_cpu_backend_create(&d.m, &d.kv, &bo, &d.cpu, &e)) { TM_CHECK(0, "cpu backend: %s", e.msg); goto done; }
     d.have_cpu = 1;
-    bo.mono = SM_MONO_ON; /* tiny and mini are eligible: a refusal is a failure */
-    if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "%s", e.msg); goto done; }
-    d.have_gpu = 1;
-    bo.mono = SM_MONO_OFF;
-    if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.stock, &e)) { TM_CHECK(0, "stock: %s", e.msg); goto done; }
-    d.have_stock = 1;
-    if (sm_cuda_backend_check_dense(&d.gpu, &d.m, &e)) TM_CHECK(0, "upload: %s", e.msg);
+    d.bound = TM_BOUND;
+    if (tc->world > 1) {
+        /* the reference: the one-rank CUDA backend; tested: W virtual ranks on device 0 */
+        d.cpu.destroy(d.cpu.ctx);
+        d.have_cpu = 0;
+        bo.mono = SM_MONO_OFF;
+        if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.cpu, &e)) { TM_CHECK(0, "one rank: %s", e.msg); goto done; }
+        d.have_cpu = 1;
+        int devs[8] = {0};
+        bo.world = tc->world;
+        bo.moe_tp = tc->moe_tp;
+        bo.devices = devs;
+        bo.comm = SM_COMM_PEER;
+        if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "world %d: %s", tc->world, e.msg); goto done; }
+        d.have_gpu = 1;
+        d.world = tc->world;
+        d.bound = TM_WORLD_BOUND;
+    } else {
+        bo.mono = SM_MONO_ON; /* tiny and mini are eligible: a refusal is a failure */
+        if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "%s", e.msg); goto done; }
+        d.have_gpu = 1;
+        bo.mono = SM_MONO_OFF;
+        if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.stock, &e)) { TM_CHECK(0, "stock: %s", e.msg); goto done; }
+        d.have_stock = 1;
+        if (sm_cuda_backend_check_dense(&d.gpu, &d.m, &e)) TM_CHECK(0, "upload: %s", e.msg);
+    }
     int tot = 0;
     for (int i = 0; i < TM_NREQ; i++) tot += tc->lens[i];
     d.maxrows = tot > 64 ? tot : 64;
@@ -326,16 +368,23 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     free(tok); free(pos); free(req);
 done:;
     double worst = d.worst;
-    int mono_steps = d.mono_steps;
+    int mono_steps = d.mono_steps, rank_checks = d.rank_checks;
     tm_duo_free(&d);
     free(bias_copy);
-    printf("%s %s (worst logits rel err %.2e; monokernel == stock bit for bit on %d steps)\n", tm_fail ? "FAIL" : "PASS", tc->name,
-           worst, mono_steps);
+    if (tc->world > 1)
+        printf("%s %s (worst logits rel err vs one rank %.2e; residual stream identical across ranks in %d comparisons)\n",
+               tm_fail ? "FAIL" : "PASS", tc->name, worst, rank_checks);
+    else
+        printf("%s %s (worst logits rel err %.2e; monokernel == stock bit for bit on %d steps)\n", tm_fail ? "FAIL" : "PASS",
+               tc->name, worst, mono_steps);
     fflush(stdout);
     return tm_fail ? 1 : 0;
 }
 
 /* ---- speculative == plain greedy, through the engine API ---- */
+
+/* The engine option devices of tm_generate: "" = one rank, else e.g. "0,0,0,0" (virtual ranks). */
+static const char *tm_gen_devices = "";
 
 static int tm_generate(const char *dir, const char *backend, int rows, int np, int *const *prompts, const int *plen,
                        int max_tokens, int **out, int *nout, int *accepted) {
@@ -349,6 +398,11 @@ static int tm_generate(const char *dir, const char *backend, int rows, int np, i
     o.request_rows = rows;
     o.max_requests = np;
     o.max_len = 256;
+    if (*tm_gen_devices) { /* W virtual ranks on device 0: the monokernel runs one rank only */
+        o.world = (int)(strlen(tm_gen_devices) + 1) / 2;
+        o.devices = tm_gen_devices;
+        o.mono = NULL;
+    }
     int rc = 0;
     if (sparkmono_engine_create(m, &o, &g)) { printf("  engine (%s, R %d): %s\n", backend, rows, sparkmono_errmsg()); rc = -1; }
     int ids[8];
@@ -680,6 +734,107 @@ static int tm_mono_guards(void) {
     return tm_fail ? 1 : 0;
 }
 
+/* ---- tensor + expert parallelism: speculative == greedy, a stalled peer, refusals ---- */
+
+static double tm_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Open dir and create an engine of backend cuda with `world` ranks on `devices`, comm `comm`. */
+static int tm_world_engine(const char *dir, int world, const char *devices, const char *comm, sparkmono_model **m,
+                           sparkmono_engine **g) {
+    *g = NULL;
+    if (sparkmono_model_open(dir, NULL, m)) return -1;
+    sparkmono_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = "cuda";
+    o.request_rows = 8;
+    o.max_len = 256;
+    o.world = world;
+    o.devices = devices;
+    o.comm = comm;
+    return sparkmono_engine_create(*m, &o, g) ? -1 : 0;
+}
+
+static int tm_world_guards(const char *root, uint64_t seed) {
+    tm_fail = 0;
+    sm_err e = {{0}};
+    sm_config c;
+    char dir[512];
+    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "world_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir)) {
+        printf("FAIL world_guards (make-model: %s)\n", e.msg);
+        return 1;
+    }
+    /* speculative == plain greedy with 2 ranks */
+    enum { NP = 2 };
+    int p0[24], p1[20];
+    for (int i = 0; i < 24; i++) p0[i] = 10 + i % 4;
+    for (int i = 0; i < 20; i++) p1[i] = i % 2 ? 77 : 78;
+    int *const prompts[NP] = {p0, p1};
+    const int plen[NP] = {24, 20};
+    int *o1[NP] = {0}, *o8[NP] = {0}, n1[NP] = {0}, n8[NP] = {0}, acc1, acc8;
+    tm_gen_devices = "0,0";
+    int r1 = tm_generate(dir, "cuda", 1, NP, prompts, plen, 40, o1, n1, &acc1);
+    int r8 = tm_generate(dir, "cuda", 8, NP, prompts, plen, 40, o8, n8, &acc8);
+    tm_gen_devices = "";
+    TM_CHECK(r1 == 0 && r8 == 0, "world 2 generation failed: %s", sparkmono_errmsg());
+    for (int i = 0; i < NP && r1 == 0 && r8 == 0; i++) {
+        int same = n1[i] == n8[i];
+        for (int j = 0; same && j < n1[i]; j++) same = o1[i][j] == o8[i][j];
+        TM_CHECK(same, "world 2, request %d: speculative output differs from greedy", i);
+    }
+    printf("  world 2: speculative == greedy on %d requests (%d drafts accepted)\n", NP, acc8);
+    for (int i = 0; i < NP; i++) { free(o1[i]); free(o8[i]); }
+    /* a peer that stops publishing at layer 2's attn_sum: the step fails within about one bound,
+     * naming the layer, the operation and the stuck rank; the next step is refused */
+    setenv("SPARKMONO_COMM_FAULT", "1:2:attn_sum", 1);
+    setenv("SPARKMONO_COMM_BOUND_MS", "200", 1);
+    sparkmono_model *m = NULL;
+    sparkmono_engine *g = NULL;
+    if (tm_world_engine(dir, 2, "0,0", NULL, &m, &g)) {
+        TM_CHECK(0, "world 2 engine: %s", sparkmono_errmsg());
+    } else {
+        int id;
+        double t0 = tm_now();
+        int rc = sparkmono_add(g, p0, 24, 8, &id) || sparkmono_prefill(g, id, NULL);
+        double dt = tm_now() - t0;
+        const char *msg = sparkmono_errmsg();
+        printf("  stalled peer: %s after %.2f s: %s\n", rc ? "failed" : "DID NOT FAIL", dt, msg);
+        TM_CHECK(rc && strstr(msg, "layer 2") && strstr(msg, "attn_sum") && strstr(msg, "rank 1"),
+                 "the failure must name layer 2, attn_sum and rank 1: '%s'", msg);
+        TM_CHECK(dt < 1.5, "the stalled peer took %.2f s to report (bound 0.2 s)", dt);
+        int id2;
+        sparkmono_remove(g, id);
+        TM_CHECK(sparkmono_add(g, p1, 20, 8, &id2) == 0, "add after the failure: %s", sparkmono_errmsg());
+        TM_CHECK(sparkmono_prefill(g, id2, NULL) != 0 && strstr(sparkmono_errmsg(), "refused"),
+                 "a step after the failure must be refused: '%s'", sparkmono_errmsg());
+    }
+    sparkmono_engine_destroy(g);
+    sparkmono_model_close(m);
+    unsetenv("SPARKMONO_COMM_FAULT");
+    unsetenv("SPARKMONO_COMM_BOUND_MS");
+    /* refusals in one line: NCCL on a repeated device; a world the model does not divide */
+    m = NULL;
+    g = NULL;
+    TM_CHECK(tm_world_engine(dir, 2, "0,0", "nccl", &m, &g) != 0 && strstr(sparkmono_errmsg(), "duplicated"),
+             "nccl on devices 0,0 must be refused naming the duplicated device: '%s'", sparkmono_errmsg());
+    printf("  nccl on 0,0: %s\n", sparkmono_errmsg());
+    sparkmono_engine_destroy(g);
+    sparkmono_model_close(m);
+    m = NULL;
+    g = NULL;
+    TM_CHECK(tm_world_engine(dir, 4, "0,0,0,0", NULL, &m, &g) != 0 && strstr(sparkmono_errmsg(), "num_key_value_heads"),
+             "world 4 on tiny (nKV 2) must be refused naming nKV: '%s'", sparkmono_errmsg());
+    printf("  world 4 on tiny: %s\n", sparkmono_errmsg());
+    sparkmono_engine_destroy(g);
+    sparkmono_model_close(m);
+    printf("%s world_guards\n", tm_fail ? "FAIL" : "PASS");
+    fflush(stdout);
+    return tm_fail ? 1 : 0;
+}
+
 int gpu_test_model(void) {
     const char *tmp = getenv("TMPDIR");
     char root[512];
@@ -691,18 +846,26 @@ int gpu_test_model(void) {
     /* Conditioned models are compared with docs/model.md's 2e-2; the raw random models only print
      * their errors (tests/condition.h says why they cannot meet any small bound). */
     static const tm_case cases[] = {
-        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1},
-        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1},
-        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1},
-        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}, 1},
-        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1},
-        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1},
-        {"model_tiny_mxfp4_raw", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 0},
-        {"model_mini_mxfp4_raw", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 0},
+        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1, 0, 0},
+        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 0, 0},
+        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0},
+        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}, 1, 0, 0},
+        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0},
+        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 0, 0},
+        {"model_tiny_mxfp4_raw", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 0, 0, 0},
+        {"model_mini_mxfp4_raw", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 0, 0, 0},
+        /* tensor + expert parallelism: W virtual ranks on one GPU against one rank */
+        {"world2_tiny_mxfp4_ep", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0},
+        {"world2_mini_bf16_tp", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1},
+        {"world4_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0},
+        {"world4_mini_fp8_tp", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1},
+        {"world8_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0},
+        {"world8_mini_mxfp4_tp", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1},
     };
     int fails = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) fails += tm_compare(root, &cases[i], 1000 + i);
     fails += tm_spec(root, 77);
+    fails += tm_world_guards(root, 79);
     fails += tm_spec_loop(root, 78);
     fails += tm_synth(root, 4242);
     fails += tm_mono_guards();

@@ -13,6 +13,7 @@
 #include "rng.h"
 #include "cuda/stock/bench.h"
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 
 /* ---- read bandwidth ---------------------------------------------------------------------------- */
@@ -92,21 +93,31 @@ __global__ void cb_fill_kernel(uint16_t *p, size_t n, uint64_t key) {
     }
 }
 
-extern "C" int sm_cuda_bench_fill_kv(const sm_backend *b, uint64_t seed, sm_err *e) {
-    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
-    if (!c) return -1;
-    /* the zero page nblocks stays zero */
+/* Fill rank c's KV pages (the zero page nblocks stays zero). */
+static int cb_fill_kv(sm_cuda_dev *c, uint64_t seed, sm_err *e) {
+    if (cb_enter(c, e)) return -1;
     size_t n = (size_t)c->kvs.nblocks * c->plan.nKVl * SM_KV_BLOCK * 2 * c->cfg.D;
     for (int l = 0; l < c->cfg.L; l++) {
-        cb_fill_kernel<<<c->kc.num_sms * 8, 256, 0, c->st>>>(c->layers[l].kv, n, sm_mix64(seed * 1000003ull + (uint64_t)l + 1));
+        cb_fill_kernel<<<c->kc.num_sms * 8, 256, 0, c->st>>>(c->layers[l].kv, n,
+                                                             sm_mix64(seed * 1000003ull + (uint64_t)(c->rank * 4096 + l) + 1));
         SM_LAUNCH_CHECK("cb_fill_kernel");
     }
     SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
     return 0;
 }
 
-extern "C" int sm_cuda_bench_layer_info(const sm_backend *b, int *fmt, double *expert_bytes, sm_err *e) {
+extern "C" int sm_cuda_bench_fill_kv(const sm_backend *b, uint64_t seed, sm_err *e) {
+    sm_cuda_dev **rk;
+    const int W = cb_world_ranks(b, &rk);
+    for (int r = 0; r < W; r++)
+        if (cb_fill_kv(rk[r], seed, e)) return -1;
+    if (W) return 0;
     sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
+    return c ? cb_fill_kv(c, seed, e) : -1;
+}
+
+extern "C" int sm_cuda_bench_layer_info(const sm_backend *b, int *fmt, double *expert_bytes, sm_err *e) {
+    sm_cuda_dev *c = cb_rank0(b, "cuda bench", e);
     if (!c) return -1;
     for (int l = 0; l < c->cfg.L; l++) {
         const sm_cuda_moe_layer *M = &c->layers[l].moe;
@@ -119,7 +130,7 @@ extern "C" int sm_cuda_bench_layer_info(const sm_backend *b, int *fmt, double *e
 }
 
 extern "C" int sm_cuda_bench_routing(const sm_backend *b, int n, int *idx, sm_err *e) {
-    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
+    sm_cuda_dev *c = cb_rank0(b, "cuda bench", e);
     if (!c) return -1;
     if (n < 1 || n > c->cap) return sm_errf(e, "cuda bench: routing of %d rows (capacity %d)", n, c->cap);
     size_t K = (size_t)c->cfg.K;
@@ -175,7 +186,8 @@ static int cb_time_steps(sm_cuda_dev *c, const sm_step *sets, int nsets, int war
 
 extern "C" int sm_cuda_bench_steps(const sm_backend *b, const sm_step *sets, int nsets, int warmup, int iters, float *ms,
                                    int *graphed, sm_err *e) {
-    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
+    sm_cuda_dev **rk;
+    sm_cuda_dev *c = cb_rank0(b, "cuda bench", e);
     if (!c) return -1;
     if (nsets < 1 || iters < 1) return sm_errf(e, "cuda bench: need at least one input set and one iteration");
     for (int i = 0; i < nsets; i++) {
@@ -183,6 +195,17 @@ extern "C" int sm_cuda_bench_steps(const sm_backend *b, const sm_step *sets, int
         if (sets[i].nrows != sets[0].nrows) return sm_errf(e, "cuda bench: every input set must have the same rows");
         /* first run of each set: checks, captures the bucket's graph */
         if (b->step(b->ctx, &sets[i], e)) return -1;
+    }
+    if (cb_world_ranks(b, &rk)) { /* a world: host wall clock around each step */
+        if (graphed) *graphed = 0;
+        for (int it = 0; it < warmup + iters; it++) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            if (b->step(b->ctx, &sets[it % nsets], e)) return -1;
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            if (it >= warmup) ms[it - warmup] = (float)(1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec));
+        }
+        return 0;
     }
     if (graphed) *graphed = 1;
     return cb_time_steps(c, sets, nsets, warmup, iters, ms, e);

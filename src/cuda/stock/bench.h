@@ -31,6 +31,17 @@ int sm_cuda_device_info(int device, sm_cuda_devinfo *d, sm_err *e);
  * a stream of its own.  Allocates and frees its buffer. */
 int sm_cuda_read_bandwidth(int device, double gib, int reps, double *bytes_per_s, sm_err *e);
 
+/* World backends (o->world > 1): copy rank `rank`'s aux entry a (rows [0, n) of the last
+ * step's final chunk, f32 [n, H]) to host; every rank computes the replicated residual stream,
+ * so tests compare them across ranks bit for bit. */
+int sm_cuda_world_aux(const sm_backend *b, int rank, int a, int n, float *host, sm_err *e);
+/* World backends: the cross-rank exchanges of one step of n rows alone (the forward's
+ * operations and shapes, in its order), iters timed runs on every rank at once; us [W]
+ * receives each rank's median microseconds (CUDA events on its stream).  The other hooks of
+ * this header act on rank 0 of a world (routing, layer info), or on every rank (KV fill); the
+ * step timing of a world is host wall clock around b->step (its ranks synchronize each step). */
+int sm_cuda_world_bench_exchanges(const sm_backend *b, int n, int iters, float *us, sm_err *e);
+
 /* Fill every KV page of every layer of a CUDA backend with random bf16 (never zeros). */
 int sm_cuda_bench_fill_kv(const sm_backend *b, uint64_t seed, sm_err *e);
 

@@ -201,9 +201,9 @@ static int cb_kv_alloc(sm_cuda_dev *c, sm_err *e) {
 }
 
 /* The checks that need no device, then the host part of the context. */
-static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, sm_cuda_dev **out, sm_err *e) {
-    int world = o && o->world > 1 ? o->world : 1, device = o ? o->device : 0;
-    if (world > 1) return sm_errf(e, "cuda backend: world %d: tensor/expert parallelism is not implemented yet", world);
+static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_dev **out,
+                      sm_err *e) {
+    int world = o && o->world > 1 ? o->world : 1;
     if (o && o->verify_rows > CB_GRAPH_REQ_ROWS)
         return sm_errf(e, "cuda backend: --request-rows %d > %d: the CUDA backend captures verify steps of at most %d rows a request",
                        o->verify_rows, CB_GRAPH_REQ_ROWS, CB_GRAPH_REQ_ROWS);
@@ -217,7 +217,7 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
     *out = c;
     c->cfg = *cfg;
     c->device = device;
-    c->rank = 0;
+    c->rank = rank;
     c->world = world;
     c->mono_mode = o ? o->mono : SM_MONO_AUTO;
     if (sm_shard_plan(cfg, world, c->rank, o && o->moe_tp ? SM_MOE_TP : SM_MOE_EP, &c->plan, e))
@@ -238,6 +238,54 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
     return 0;
 }
 
+/* The buffers of a rank's local parts (world > 1): one allocation; iota filled. */
+static int cb_world_alloc(sm_cuda_dev *c, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    const size_t R = (size_t)c->cap, H = (size_t)cf->H, Hm = (size_t)cf->Hm;
+    const size_t xrows = c->plan.moe == SM_MOE_TP ? R * (size_t)cf->K : R;
+    size_t off[9], o = 0;
+    off[0] = o; o += cb_al(R * H * 4);                              /* apart */
+    off[1] = o; o += cb_al(R * (size_t)c->plan.np * 2);             /* hp */
+    off[2] = o; o += cb_al(xrows * Hm * 4);                         /* xpart */
+    off[3] = o; o += cb_al(R * (size_t)c->plan.nu * 2);             /* fp */
+    off[4] = o; o += cb_al(R * H * 2);                              /* eg */
+    off[5] = o; o += cb_al(R * 4);                                  /* iota */
+    off[6] = o; o += cb_al((size_t)CB_LOGIT_ROWS * c->plan.nv * 4); /* lgl */
+    off[7] = o; o += cb_al(R * 4);                                  /* best */
+    off[8] = o; o += cb_al(R * 4);                                  /* idl */
+    SM_CUDA_CHECK(cudaMalloc(&c->wbuf, o));
+    char *b = (char *)c->wbuf;
+    c->apart = (float *)(b + off[0]);
+    c->hp = (uint16_t *)(b + off[1]);
+    c->xpart = (float *)(b + off[2]);
+    c->fp = (uint16_t *)(b + off[3]);
+    c->eg = (uint16_t *)(b + off[4]);
+    c->iota = (int *)(b + off[5]);
+    c->lgl = (float *)(b + off[6]);
+    c->best = (float *)(b + off[7]);
+    c->idl = (int *)(b + off[8]);
+    int *h = (int *)malloc(R * 4);
+    if (!h) return sm_errf(e, "out of host memory");
+    for (size_t i = 0; i < R; i++) h[i] = (int)i;
+    cudaError_t r = cudaMemcpy(c->iota, h, R * 4, cudaMemcpyHostToDevice);
+    free(h);
+    if (r != cudaSuccess) return sm_errf(e, "cudaMemcpy of the row indices on device %d: %s", c->device, cudaGetErrorString(r));
+    return 0;
+}
+
+/* The MoE workspace for the rank's experts: EP sizes it for its ne experts, TP for its I slice. */
+static int cb_moe_ws(sm_cuda_dev *c, sm_err *e) {
+    if (c->world == 1) return sm_cuda_moe_ws_alloc(&c->cfg, c->cap, &c->mws, e);
+    const int W = c->world, r = c->rank, tp = c->plan.moe == SM_MOE_TP;
+    sm_shard_experts X;
+    memset(&X, 0, sizeof X);
+    X.e0 = tp ? 0 : r * (c->cfg.E / W);
+    X.ne = tp ? c->cfg.E : c->cfg.E / W;
+    X.i0 = tp ? r * (c->cfg.I / W) : 0;
+    X.ni = tp ? c->cfg.I / W : c->cfg.I;
+    return sm_cuda_moe_ws_alloc_shard(&c->cfg, &X, c->cap, &c->mws, e);
+}
+
 /* The device part: kernel context, stream, activations, metadata, KV, MoE workspace. */
 static int cb_dev_setup(sm_cuda_dev *c, sm_err *e) {
     if (cb_enter(c, e)) return -1;
@@ -245,16 +293,18 @@ static int cb_dev_setup(sm_cuda_dev *c, sm_err *e) {
     c->have_kc = 1;
     SM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
     if (cb_act_alloc(c, e) || cb_meta_alloc(c, e) || cb_kv_alloc(c, e)) return -1;
-    if (sm_cuda_moe_ws_alloc(&c->cfg, c->cap, &c->mws, e)) return -1;
+    if (c->world > 1 && cb_world_alloc(c, e)) return -1;
+    if (cb_moe_ws(c, e)) return -1;
     /* the memsets above ran on c->st (sm_cuda_ctx_init waited for its own): wait for them */
     SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
     return 0;
 }
 
-int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, sm_cuda_dev **out, sm_err *e) {
+int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_dev **out,
+                  sm_err *e) {
     *out = NULL;
     sm_cuda_dev *c = NULL;
-    if (cb_dev_new(cfg, kv, o, &c, e)) { /* its messages name the backend */
+    if (cb_dev_new(cfg, kv, o, rank, device, &c, e)) { /* its messages name the backend */
         cb_dev_destroy(c);
         return -1;
     }
@@ -283,6 +333,7 @@ void cb_dev_destroy(sm_cuda_dev *c) {
     }
     if (c->glob) SM_CUDA_CHECK_PRINT(cudaFree(c->glob));
     if (c->act) SM_CUDA_CHECK_PRINT(cudaFree(c->act));
+    if (c->wbuf) SM_CUDA_CHECK_PRINT(cudaFree(c->wbuf));
     if (c->logits) SM_CUDA_CHECK_PRINT(cudaFree(c->logits));
     if (c->aux) SM_CUDA_CHECK_PRINT(cudaFree(c->aux));
     if (c->meta_d) SM_CUDA_CHECK_PRINT(cudaFree(c->meta_d));
@@ -306,7 +357,18 @@ void cb_backend_fill(sm_cuda_dev *c, sm_backend *b) {
     b->max_verify_rows = CB_GRAPH_REQ_ROWS;
 }
 
+sm_cuda_dev *cb_rank0(const sm_backend *b, const char *who, sm_err *e) {
+    sm_cuda_dev **rk;
+    if (cb_world_ranks(b, &rk)) return cb_enter(rk[0], e) ? NULL : rk[0];
+    return cb_from_backend(b, who, e);
+}
+
 sm_cuda_dev *cb_from_backend(const sm_backend *b, const char *who, sm_err *e) {
+    sm_cuda_dev **rk;
+    if (cb_world_ranks(b, &rk)) {
+        sm_errf(e, "%s: this hook runs one rank; the backend is a world of ranks", who);
+        return NULL;
+    }
     if (!b || b->step != cb_step || !b->ctx) {
         sm_errf(e, "%s: the backend is not a CUDA backend", who);
         return NULL;

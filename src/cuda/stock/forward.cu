@@ -33,7 +33,7 @@ static int cb_aux_copy(sm_cuda_dev *c, const cb_run *r, int j, sm_err *e) {
 static int cb_attention(sm_cuda_dev *c, const cb_run *r, int l, const uint16_t *q, const uint16_t *g, sm_err *e) {
     const sm_config *cf = &c->cfg;
     const cb_layer *L = &c->layers[l];
-    const int nH = cf->nH, nKV = cf->nKV, QD = nH * cf->D, NQ = 2 * QD + 2 * nKV * cf->D;
+    const int nH = c->plan.nHl, nKV = c->plan.nKVl, QD = nH * cf->D, NQ = 2 * QD + 2 * nKV * cf->D;
     const int window = L->full ? 0 : cf->window, bpr = c->kvs.max_bpr;
     const float scale = cf->qk_scale_factor / sqrtf((float)cf->D);
     if (!r->att) {
@@ -67,13 +67,29 @@ static int cb_is_mono(const sm_cuda_dev *c, const cb_run *r, int l) { return r->
 static int cb_layer_qkv(sm_cuda_dev *c, const cb_run *r, int l, uint16_t *q, sm_err *e) {
     const sm_config *cf = &c->cfg;
     const cb_layer *L = &c->layers[l];
-    const int n = r->n, H = cf->H, QD = cf->nH * cf->D, KD = cf->nKV * cf->D, NQ = 2 * QD + 2 * KD;
+    const int n = r->n, H = cf->H, QD = c->plan.nHl * cf->D, KD = c->plan.nKVl * cf->D, NQ = 2 * QD + 2 * KD;
     uint16_t *k = q + QD, *v = k + KD;
     if (sm_k_mm(&c->kc, c->x, n, H, L->wqkvg, NQ, q, c->st, e)) return sm_errprefix(e, "cuda step: layer %d qkvg projection", l);
-    if (sm_k_qk_rope_kv(q, NQ, k, v, NQ, n, cf->nH, cf->nKV, c->d_pos, c->d_slot, L->full ? 0.0 : cf->rope_theta, cf->rms_eps,
+    if (sm_k_qk_rope_kv(q, NQ, k, v, NQ, n, c->plan.nHl, c->plan.nKVl, c->d_pos, c->d_slot, L->full ? 0.0 : cf->rope_theta, cf->rms_eps,
                         q, NQ, L->kv, c->kvs.nblocks, c->st, e))
         return sm_errprefix(e, "cuda step: layer %d qk norm / rope / kv insert", l);
     return 0;
+}
+
+/* The expert stage of rank c (world > 1) into c->mo, docs/parallelism.md section 2.  EP: the
+ * partial m over the rank's routes, rank-order summed, rounded.  TP: every route's partial y
+ * over the rank's I slice, rank-order summed (before the post-expert norm), then finalized. */
+static int cb_world_moe(sm_cuda_dev *c, const cb_layer *L, int l, int n, const int *idx, const float *w, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    int rc;
+    if (c->plan.moe == SM_MOE_EP)
+        rc = sm_cuda_moe_forward_ep(&L->moe, cf->E / c->world * c->rank, c->h1, idx, w, n, c->xpart, &c->mws, c->st, e) ||
+             sm_gcomm_sum_bf16(c->gc, SM_GC_EXPERT, l, c->xpart, (size_t)n * cf->Hm, c->mo, c->st, e);
+    else
+        rc = sm_cuda_moe_forward_tp(&L->moe, c->h1, idx, n, c->xpart, &c->mws, c->st, e) ||
+             sm_gcomm_sum_f32(c->gc, SM_GC_EXPERT, l, c->xpart, (size_t)n * cf->K * cf->Hm, c->xpart, c->st, e) ||
+             sm_cuda_moe_finalize(&L->moe, c->xpart, idx, w, n, c->mo, &c->mws, c->st, e);
+    return rc ? sm_errprefix(e, "cuda step: rank %d layer %d moe (%s)", c->rank, l, sm_moe_layout_name(c->plan.moe)) : 0;
 }
 
 /* Decoder layer l from its projections q: s updated, x = the next layer's normed input
@@ -81,7 +97,7 @@ static int cb_layer_qkv(sm_cuda_dev *c, const cb_run *r, int l, uint16_t *q, sm_
 static int cb_layer_rest(sm_cuda_dev *c, const cb_run *r, int l, uint16_t *q, sm_err *e) {
     const sm_config *cf = &c->cfg;
     const cb_layer *L = &c->layers[l];
-    const int n = r->n, H = cf->H, QD = cf->nH * cf->D, KD = cf->nKV * cf->D, K = cf->K;
+    const int n = r->n, H = cf->H, QD = c->plan.nHl * cf->D, KD = c->plan.nKVl * cf->D, K = cf->K;
     cudaStream_t st = c->st;
     sm_cuda_ctx *kc = &c->kc;
     uint16_t *g = q + QD + 2 * KD;
@@ -89,22 +105,40 @@ static int cb_layer_rest(sm_cuda_dev *c, const cb_run *r, int l, uint16_t *q, sm
     float *w = c->rw + (size_t)l * c->cap * K;
     /* paged attention + output norm + sigmoid gate */
     if (cb_attention(c, r, l, q, g, e)) return -1;
-    /* a = mm(o, Wo) */
-    if (sm_k_mm(kc, c->att, n, QD, L->wo, H, c->a, st, e)) return sm_errprefix(e, "cuda step: layer %d o_proj", l);
+    /* a = mm(o, Wo); world > 1: a = r16(attn_sum(o Wo[:, my heads]^T in f32)) */
+    if (c->gc) {
+        if (sm_k_mm_f32(kc, c->att, n, QD, L->wo, H, c->apart, st, e) ||
+            sm_gcomm_sum_bf16(c->gc, SM_GC_ATTN, l, c->apart, (size_t)n * H, c->a, st, e))
+            return sm_errprefix(e, "cuda step: rank %d layer %d o_proj", c->rank, l);
+    } else if (sm_k_mm(kc, c->att, n, QD, L->wo, H, c->a, st, e))
+        return sm_errprefix(e, "cuda step: layer %d o_proj", l);
     /* post-attention boundary, then xf = r16(rms(s, eff(pre_feedforward_layernorm))) */
     if (sm_k_post_attn(c->s, c->a, L->att_alpha, L->att_beta, L->pre_ffn_norm, n, H, cf->post_eps, cf->rms_eps, c->xf, st, e))
         return sm_errprefix(e, "cuda step: layer %d post-attention boundary", l);
     /* router + top-K */
     if (sm_k_route(kc, c->xf, n, H, L->router, L->router_bias, cf->E, K, cf->out_mult, cf->route_scale, c->rlog, idx, w, st, e))
         return sm_errprefix(e, "cuda step: layer %d router", l);
-    /* h1 = r16(rms(mm(xf, Wpre), eff(pre_expert_norm))) */
-    if (sm_k_mm(kc, c->xf, n, H, L->pooler, cf->Hm, c->h1, st, e)) return sm_errprefix(e, "cuda step: layer %d pooler", l);
+    /* h1 = r16(rms(mm(xf, Wpre), eff(pre_expert_norm))); world > 1: the pooler's row blocks gathered */
+    if (c->gc) {
+        if (sm_k_mm(kc, c->xf, n, H, L->pooler, c->plan.np, c->hp, st, e) ||
+            sm_gcomm_gather_cols(c->gc, SM_GC_POOLED, l, c->hp, n, (size_t)c->plan.np * 2, c->h1, st, e))
+            return sm_errprefix(e, "cuda step: rank %d layer %d pooler", c->rank, l);
+    } else if (sm_k_mm(kc, c->xf, n, H, L->pooler, cf->Hm, c->h1, st, e))
+        return sm_errprefix(e, "cuda step: layer %d pooler", l);
     if (sm_k_rms_bf16(c->h1, n, cf->Hm, L->pre_expert_norm, cf->rms_eps, c->h1, st, e))
         return sm_errprefix(e, "cuda step: layer %d pre-expert norm", l);
     /* m = r16(sum_k w_k yn_k) over the routed experts */
-    if (sm_cuda_moe_forward(&L->moe, c->h1, idx, w, n, c->mo, &c->mws, st, e)) return sm_errprefix(e, "cuda step: layer %d moe", l);
-    /* f = mm(m, Wpost) */
-    if (sm_k_mm(kc, c->mo, n, cf->Hm, L->unpooler, H, c->f, st, e)) return sm_errprefix(e, "cuda step: layer %d unpooler", l);
+    if (c->gc) {
+        if (cb_world_moe(c, L, l, n, idx, w, e)) return -1;
+    } else if (sm_cuda_moe_forward(&L->moe, c->h1, idx, w, n, c->mo, &c->mws, st, e))
+        return sm_errprefix(e, "cuda step: layer %d moe", l);
+    /* f = mm(m, Wpost); world > 1: the unpooler's row blocks gathered */
+    if (c->gc) {
+        if (sm_k_mm(kc, c->mo, n, cf->Hm, L->unpooler, c->plan.nu, c->fp, st, e) ||
+            sm_gcomm_gather_cols(c->gc, SM_GC_UNPOOLED, l, c->fp, n, (size_t)c->plan.nu * 2, c->f, st, e))
+            return sm_errprefix(e, "cuda step: rank %d layer %d unpooler", c->rank, l);
+    } else if (sm_k_mm(kc, c->mo, n, cf->Hm, L->unpooler, H, c->f, st, e))
+        return sm_errprefix(e, "cuda step: layer %d unpooler", l);
     /* post-FFN boundary + the next layer's input norm (the final norm after the last layer) */
     int last = l == cf->L - 1;
     const float *nw = last ? c->final_norm : c->layers[l + 1].in_norm;
@@ -133,9 +167,36 @@ static int cb_layer_fwd(sm_cuda_dev *c, const cb_run *r, int l, sm_err *e) {
 
 /* logits = c * tanh(h . lm_head * m_o / c), masked; argmax.  Into the device buffer (graph
  * form) or, eager, in chunks of CB_LOGIT_ROWS copied to the host buffer (the rows asked for). */
+/* The logits of rank c (world > 1) for rows [c0, c0 + nc) of h: its vocab block into c->lgl,
+ * the global argmax through vocab_argmax into c->am + c0, and, when `out` is not NULL, the
+ * gathered logits [nc, V] into out. */
+static int cb_world_logits(sm_cuda_dev *c, const uint16_t *h, int c0, int nc, float *out, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    const int nv = c->plan.nv;
+    int vu = cf->vocab_used - c->plan.v0;
+    vu = vu < 0 ? 0 : vu > nv ? nv : vu;
+    if (sm_k_logits(&c->kc, h, nc, cf->H, c->lm_head, nv, vu > 0 ? vu : 1, cf->out_mult, cf->softcap, c->lgl, c->idl, c->st, e) ||
+        cb_best_local(c, nc, vu, e) || sm_gcomm_argmax(c->gc, c->best, c->idl, nc, nv, c->am + c0, c->st, e) ||
+        (out && sm_gcomm_gather_cols(c->gc, SM_GC_VOCAB, cf->L, c->lgl, nc, (size_t)nv * 4, out, c->st, e)))
+        return sm_errprefix(e, "cuda step: rank %d logits", c->rank);
+    return 0;
+}
+
 static int cb_head(sm_cuda_dev *c, const cb_run *r, sm_err *e) {
     const sm_config *cf = &c->cfg;
     const int n = r->n, H = cf->H;
+    if (c->gc) { /* world > 1: every rank takes part; rank 0 copies to the host */
+        for (int c0 = 0; c0 < n; c0 += CB_LOGIT_ROWS) {
+            int nc = n - c0 < CB_LOGIT_ROWS ? n - c0 : CB_LOGIT_ROWS;
+            float *out = r->logits_dev ? r->logits_dev + (size_t)c0 * cf->V : r->logits_host ? c->logits : NULL;
+            if (cb_world_logits(c, c->x + (size_t)c0 * H, c0, nc, out, e)) return -1;
+            if (r->logits_host && c->rank == 0 &&
+                cb_logits_to_host(c, c->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
+                                  r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
+                return -1;
+        }
+        return 0;
+    }
     if (!r->logits_host) {
         if (sm_k_logits(&c->kc, c->x, n, H, c->lm_head, cf->V, cf->vocab_used, cf->out_mult, cf->softcap, r->logits_dev, c->am,
                         c->st, e))
@@ -164,9 +225,16 @@ int cb_enqueue(sm_cuda_dev *c, const cb_run *r, sm_err *e) {
             return sm_errprefix(e, "cuda step: layer %d moe", r->l0);
         return 0;
     }
+    if (c->gc && sm_gcomm_begin(c->gc, c->st, e)) return sm_errprefix(e, "cuda step: rank %d", c->rank);
     if (r->embed) {
-        /* s = r16(rms(embed[tok])); x = r16(rms(s, eff(input_layernorm_0))) */
-        if (sm_k_embed(c->embed, cf->V, cf->H, c->d_tok, r->n, c->layers[0].in_norm, cf->rms_eps, c->s, c->x, c->st, e))
+        /* s = r16(rms(embed[tok])); x = r16(rms(s, eff(input_layernorm_0))); world > 1: each row
+         * from the rank owning its token (embed_gather), then the same norms */
+        if (c->gc) {
+            if (cb_embed_local(c, r->n, e) ||
+                sm_gcomm_gather_owner(c->gc, c->eg, c->d_tok, r->n, cf->H, c->plan.nv, c->f, c->st, e) ||
+                sm_k_embed(c->f, c->cap, cf->H, c->iota, r->n, c->layers[0].in_norm, cf->rms_eps, c->s, c->x, c->st, e))
+                return sm_errprefix(e, "cuda step: rank %d embedding", c->rank);
+        } else if (sm_k_embed(c->embed, cf->V, cf->H, c->d_tok, r->n, c->layers[0].in_norm, cf->rms_eps, c->s, c->x, c->st, e))
             return sm_errprefix(e, "cuda step: embedding");
         if (cb_aux_copy(c, r, 0, e)) return -1;
     }

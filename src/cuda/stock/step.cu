@@ -126,19 +126,22 @@ int cb_logits_to_host(sm_cuda_dev *c, const float *dev, int n, const int *at, fl
  * [r0, r0 + n) back and wait for the step. */
 static int cb_collect(sm_cuda_dev *c, const sm_step *s, int r0, int n, int graph_logits, sm_err *e) {
     const sm_config *cf = &c->cfg;
+    const int out = c->rank == 0; /* world > 1: the replicated outputs go to the host from rank 0 */
     SM_CUDA_CHECK(cudaMemcpyAsync(c->h_am, c->am, (size_t)n * 4, cudaMemcpyDeviceToHost, c->st));
-    if (graph_logits &&
+    if (graph_logits && out &&
         cb_logits_to_host(c, c->logits, n, s->logits_at ? s->logits_at + r0 : NULL,
                           s->logits_at ? s->logits : s->logits + (size_t)r0 * cf->V, e))
         return -1;
-    for (int a = 0; a < s->naux; a++)
+    for (int a = 0; a < s->naux && out; a++)
         SM_CUDA_CHECK(cudaMemcpyAsync(s->aux + ((size_t)a * s->nrows + r0) * cf->H, c->aux + (size_t)a * c->cap * cf->H,
                                       (size_t)n * cf->H * 4, cudaMemcpyDeviceToHost, c->st));
     if (cb_mono_health_fetch(c, e)) return -1;
+    if (c->gc && sm_gcomm_health_fetch(c->gc, c->st, e)) return -1;
     cudaError_t r = cudaStreamSynchronize(c->st);
     if (r != cudaSuccess) return sm_errf(e, "cuda step: the step failed on device %d: %s", c->device, cudaGetErrorString(r));
     if (cb_mono_health_check(c, e)) return sm_errprefix(e, "cuda step");
-    if (s->argmax) memcpy(s->argmax + r0, c->h_am, (size_t)n * 4);
+    if (c->gc && sm_gcomm_health_check(c->gc, e)) return sm_errprefix(e, "cuda step");
+    if (s->argmax && out) memcpy(s->argmax + r0, c->h_am, (size_t)n * 4);
     return 0;
 }
 
@@ -177,7 +180,7 @@ int cb_step(void *vctx, const sm_step *s, sm_err *e) {
     if (sm_step_check(&c->cfg, &c->kvs, s, "cuda step", e)) return -1;
     if (s->nrows == 0) return 0;
     if (cb_enter(c, e) || cb_reserve_outputs(c, s->naux, s->logits != NULL, e)) return -1;
-    const int graphs = cb_graph_form(s);
+    const int graphs = cb_graph_form(s) && !c->eager_only;
     if (!graphs && c->mono_mode != SM_MONO_OFF) cb_mono_note_eager(c);
     int rc = graphs ? cb_step_graphs(c, s, e) : cb_step_eager(c, s, e);
     if (rc) cudaStreamSynchronize(c->st); /* leave nothing of a failed step in flight */

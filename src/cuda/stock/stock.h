@@ -29,6 +29,7 @@ extern "C" { /* C headers without their own extern "C" guards: include them firs
 #include "step.h"
 #include "cuda/kernels.h"
 #include "cuda/moe.h"
+#include "cuda/gcomm.h"
 #include "cuda/common.cuh"
 
 #define CB_NBUCKETS 8          /* graph row buckets: 8 16 24 32 48 64 96 128 */
@@ -128,6 +129,20 @@ typedef struct sm_cuda_dev {
                                   projections (buffer l & 1) while it writes layer l+1's */
     int last_nb;               /* rows (padded) of the last step's final chunk */
     int last_graph;            /* that chunk ran through a graph */
+    /* tensor + expert parallelism (world > 1, world.cu; docs/parallelism.md): the rank's
+     * exchange handle and the buffers of its local parts.  NULL / unused with world 1. */
+    struct sm_gcomm *gc;       /* this rank's handle of the world's exchanges (cuda/gcomm.h) */
+    int eager_only;            /* 1: no graphs (virtual ranks: their exchanges meet at host barriers) */
+    void *wbuf;                /* the allocation holding the buffers below */
+    float *apart;              /* [cap, H] f32 o_proj partial over the rank's heads */
+    uint16_t *hp;              /* [cap, np] the rank's pooler block */
+    float *xpart;              /* EP [cap, Hm] f32 m partial; TP [cap * K, Hm] f32 y partial */
+    uint16_t *fp;              /* [cap, nu] the rank's unpooler block */
+    uint16_t *eg;              /* [cap, H] embedding rows of the rank's vocab block (zero rows else) */
+    int *iota;                 /* [cap] 0, 1, ...: row i of the gathered embedding is "token" i */
+    float *lgl;                /* [CB_LOGIT_ROWS, nv] f32 logits of the rank's vocab block */
+    float *best;               /* [cap] the value of the rank's best id */
+    int *idl;                  /* [cap] the rank's argmax (local id; -1 none, -2 non-finite) */
 } sm_cuda_dev;
 
 /* One attention call of an eager step: a run of rows through sm_k_attention (kind 0) or one
@@ -193,11 +208,12 @@ typedef struct cb_xfer {
 /* 0 when `device` exists (and, hopper != 0, is a compute capability 9.x device); else one
  * line "<who>: ..." naming the device. */
 int cb_device_check(int device, int hopper, const char *who, sm_err *e);
-/* A context on o->device for rank 0 of world 1 with everything but the weights (stream,
- * kernel context, activations, metadata, KV); cfg, cap and the kv geometry come from the
- * arguments.  Refuses world > 1, o->verify_rows > CB_GRAPH_REQ_ROWS and a missing or
+/* A context on `device` for rank `rank` of o->world with everything but the weights (stream,
+ * kernel context, activations, metadata, KV, the world buffers); cfg, cap and the kv geometry
+ * come from the arguments.  Refuses o->verify_rows > CB_GRAPH_REQ_ROWS and a missing or
  * non-Hopper device, each with one line. */
-int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, sm_cuda_dev **out, sm_err *e);
+int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_dev **out,
+                  sm_err *e);
 /* Free everything (safe on a partly built context; makes its device current). */
 void cb_dev_destroy(sm_cuda_dev *c);
 /* Bytes of one layer's dense allocation (the rank's widths). */
@@ -214,11 +230,14 @@ int cb_glob_alloc(sm_cuda_dev *c, sm_err *e);
 void *cb_tensor_dev(const sm_cuda_dev *c, int l, sm_tensor_role r, int k);
 /* Fill the sm_backend table once every weight is on the device. */
 void cb_backend_fill(sm_cuda_dev *c, sm_backend *b);
-/* The context of a CUDA backend with its device made current, or NULL (with an error) for
- * any other backend. */
+/* The context of a one-rank CUDA backend with its device made current, or NULL (with an
+ * error) for any other backend, a world included; cb_rank0 also takes a world (its rank 0). */
 sm_cuda_dev *cb_from_backend(const sm_backend *b, const char *who, sm_err *e);
+sm_cuda_dev *cb_rank0(const sm_backend *b, const char *who, sm_err *e);
 
 /* ---- upload.cu ---- */
+/* Rank c->rank's shard of m onto c's device (dense tensors, experts); drains c->st. */
+int cb_upload_model(sm_cuda_dev *c, const sm_model *m, sm_err *e);
 /* The dense tensors of layer l of shard sh (l = -1: embedding, lm_head, final norm) as
  * copies to / from c's buffers; returns their count (<= CB_MAX_XFER). */
 int cb_dense_xfers(const sm_cuda_dev *c, const sm_shard *sh, int l, cb_xfer *t);
@@ -267,6 +286,25 @@ int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e);
 int cb_mono_health_check(sm_cuda_dev *c, sm_err *e);
 /* An eager (prefill) step ran stock while the monokernel is on: logged once. */
 void cb_mono_note_eager(sm_cuda_dev *c);
+
+/* ---- synth.cu ---- */
+/* Every weight of rank c made on its device (cuda/synth.h's values; a rank of a world: its
+ * slices); drains c->st. */
+int cb_synth_weights(sm_cuda_dev *c, int expert_fmt, uint64_t seed, sm_err *e);
+
+/* ---- world.cu ---- */
+/* The CUDA backend of o->world > 1 ranks (backend.h: sm_cuda_backend_create and
+ * sm_cuda_backend_create_synth dispatch here): every rank uploads its shard of m, or, m NULL,
+ * synthesizes its slices of a model of config cf (expert format fmt, seed). */
+int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t seed, const sm_kv *kv, const sm_backend_opts *o,
+                    sm_backend *b, sm_err *e);
+/* The small kernels of a rank's local parts (world.cu): embedding rows of the rank's vocab
+ * block (zero rows for other tokens) into c->eg; the best (value, local id) of each row from
+ * c->lgl and c->idl (local argmax of sm_k_logits: -1 = non-finite -> -2; vu_local 0 -> -1). */
+int cb_embed_local(sm_cuda_dev *c, int n, sm_err *e);
+/* The rank contexts of a world backend: their count W and *rk [W]; 0 for any other backend. */
+int cb_world_ranks(const sm_backend *b, sm_cuda_dev ***rk);
+int cb_best_local(sm_cuda_dev *c, int n, int vu_local, sm_err *e);
 
 /* ---- step.cu ---- */
 /* The sm_backend step entry (backend.h). */

@@ -8,8 +8,9 @@
  * back (a few KB) and turned into eff(g) / alpha / beta on the host by the loader's own
  * formulas (weights.h), so they match a loaded checkpoint bit for bit too.  Experts come from
  * the MoE module (sm_cuda_moe_synth).  Everything runs on the context's stream; a host buffer
- * a copy reads from is reused only after the stream has drained it.  World 1 only: the
- * generated tensors are the whole model.
+ * a copy reads from is reused only after the stream has drained it.  With world 1 the
+ * generated tensors are the whole model; a rank of a world generates its slices (1/W of a
+ * sliced tensor, its own stream of numbers) and its experts, for benchmarks.
  * We rejected generating through cuRAND: its streams cannot reproduce make-model checkpoints,
  * and then a synthetic benchmark could never be cross-checked against a loaded one.
  */
@@ -83,7 +84,14 @@ static int sy_tensor(sm_cuda_dev *c, sy_scratch *w, int l, sm_tensor_role r, uin
     sm_tensor_name(nm, sizeof nm, r, l);
     float mean, sd;
     sm_tensor_init(&c->cfg, r, &mean, &sd);
-    const int64_t n = sm_tensor_numel(&c->cfg, r);
+    int64_t n = sm_tensor_numel(&c->cfg, r);
+    if (c->world > 1 && (d->split == SM_SPLIT_ROWS || d->split == SM_SPLIT_COLS)) {
+        /* a rank's slice: 1/W of the tensor, from a stream of its own (a benchmark's model,
+         * not a checkpoint's: the slices of W ranks are not one make-model tensor) */
+        n /= c->world;
+        size_t k = strlen(nm);
+        snprintf(nm + k, sizeof nm - k, "@rank%d", c->rank);
+    }
     if (d->kind == SM_TK_VIEW) return sy_gen(c, dst, n, seed, nm, mean, sd, d->dtype == ST_F32, e);
     if (sy_vec_host(c, w, (int)n, seed, nm, mean, sd, e)) return -1;
     switch (d->kind) {
@@ -122,7 +130,13 @@ static int sy_layer_all(sm_cuda_dev *c, int l, int expert_fmt, uint64_t seed, sy
     if (cb_layer_alloc(c, L, e)) return sm_errprefix(e, "synthetic model: layer %d", l);
     if (sy_layer(c, l, seed, w, e)) return -1;
     int fmt = sm_layer_keeps_bf16(cf, l) ? SM_EXP_BF16 : expert_fmt;
-    if (sm_cuda_moe_synth(cf, l, fmt, seed, &L->moe, c->st, e)) return sm_errprefix(e, "synthetic model: layer %d experts", l);
+    sm_config xc = *cf; /* the rank's experts: EP E/W of them, TP every expert's I/W slice */
+    if (c->world > 1) {
+        if (c->plan.moe == SM_MOE_TP) xc.I = cf->I / c->world;
+        else xc.E = cf->E / c->world;
+    }
+    if (sm_cuda_moe_synth(&xc, l, fmt, seed + (uint64_t)c->rank, &L->moe, c->st, e))
+        return sm_errprefix(e, "synthetic model: layer %d experts", l);
     L->have_moe = 1;
     c->weight_bytes += (double)L->moe.blob_bytes;
     if (cf->L * (double)L->moe.blob_bytes > 4e9)
@@ -130,13 +144,9 @@ static int sy_layer_all(sm_cuda_dev *c, int l, int expert_fmt, uint64_t seed, sy
     return 0;
 }
 
-extern "C" int sm_cuda_backend_create_synth(const sm_config *cf, int expert_fmt, uint64_t seed, const sm_kv *kv,
-                                            const sm_backend_opts *o, sm_backend *b, sm_err *e) {
-    memset(b, 0, sizeof *b);
-    if (expert_fmt != SM_EXP_BF16 && expert_fmt != SM_EXP_FP8 && expert_fmt != SM_EXP_MXFP4)
-        return sm_errf(e, "synthetic model: unknown expert format %d", expert_fmt);
-    sm_cuda_dev *c;
-    if (cb_dev_create(cf, kv, o, &c, e)) return -1;
+int cb_synth_weights(sm_cuda_dev *c, int expert_fmt, uint64_t seed, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    if (cb_enter(c, e)) return -1;
     int W = cf->H > cf->Hm ? cf->H : cf->Hm;
     sy_scratch w = {NULL, (uint16_t *)malloc((size_t)W * 2), (float *)malloc((size_t)W * 4), (float *)malloc((size_t)W * 4)};
     int rc = 0;
@@ -152,6 +162,18 @@ extern "C" int sm_cuda_backend_create_synth(const sm_config *cf, int expert_fmt,
     free(w.hv);
     free(w.ta);
     free(w.tb);
+    return rc;
+}
+
+extern "C" int sm_cuda_backend_create_synth(const sm_config *cf, int expert_fmt, uint64_t seed, const sm_kv *kv,
+                                            const sm_backend_opts *o, sm_backend *b, sm_err *e) {
+    memset(b, 0, sizeof *b);
+    if (expert_fmt != SM_EXP_BF16 && expert_fmt != SM_EXP_FP8 && expert_fmt != SM_EXP_MXFP4)
+        return sm_errf(e, "synthetic model: unknown expert format %d", expert_fmt);
+    if (o && o->world > 1) return cb_world_create(NULL, cf, expert_fmt, seed, kv, o, b, e);
+    sm_cuda_dev *c;
+    if (cb_dev_create(cf, kv, o, 0, o ? o->device : 0, &c, e)) return -1;
+    int rc = cb_synth_weights(c, expert_fmt, seed, e);
     if (!rc) rc = cb_mono_init(c, e);
     if (rc) {
         cb_dev_destroy(c);

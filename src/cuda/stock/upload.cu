@@ -113,8 +113,11 @@ static int cb_upload_layer(sm_cuda_dev *c, const sm_shard *sh, int l, cb_progres
     int n = cb_dense_xfers(c, sh, l, t);
     for (int i = 0; i < n; i++)
         if (cb_put(c, &t[i], l, p, e)) return -1;
-    /* experts: the MoE module reads the checkpoint's experts of layer l (all of them: world 1) */
-    if (sm_cuda_moe_upload(sh->m, l, &L->moe, c->st, e)) return sm_errprefix(e, "cuda backend: layer %d experts", l);
+    /* experts: the MoE module reads the checkpoint's experts of layer l that the rank holds
+     * (all of them with world 1; EP: its experts; TP: every expert's I slice) */
+    if ((c->world > 1 ? sm_cuda_moe_upload_shard(sh->m, l, &sh->layers[l].ex, &L->moe, c->st, e)
+                      : sm_cuda_moe_upload(sh->m, l, &L->moe, c->st, e)))
+        return sm_errprefix(e, "cuda backend: rank %d layer %d experts", c->rank, l);
     L->have_moe = 1;
     c->weight_bytes += (double)L->moe.blob_bytes;
     cb_progress_add(p, (double)L->moe.blob_bytes); /* device bytes, as cb_room counts them */
@@ -140,18 +143,21 @@ static int cb_upload(sm_cuda_dev *c, const sm_shard *sh, sm_err *e) {
     return rc;
 }
 
+int cb_upload_model(sm_cuda_dev *c, const sm_model *m, sm_err *e) {
+    sm_shard sh;
+    if (sm_shard_make(m, c->world, c->rank, c->plan.moe, &sh, e)) return sm_errprefix(e, "cuda backend");
+    int rc = cb_upload(c, &sh, e);
+    sm_shard_free(&sh);
+    return rc;
+}
+
 extern "C" int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b,
                                       sm_err *e) {
     memset(b, 0, sizeof *b);
+    if (o && o->world > 1) return cb_world_create(m, &m->cfg, 0, 0, kv, o, b, e);
     sm_cuda_dev *c;
-    if (cb_dev_create(&m->cfg, kv, o, &c, e)) return -1;
-    sm_shard sh;
-    if (sm_shard_make(m, c->world, c->rank, c->plan.moe, &sh, e)) {
-        cb_dev_destroy(c);
-        return sm_errprefix(e, "cuda backend");
-    }
-    int rc = cb_upload(c, &sh, e);
-    sm_shard_free(&sh);
+    if (cb_dev_create(&m->cfg, kv, o, 0, o ? o->device : 0, &c, e)) return -1;
+    int rc = cb_upload_model(c, m, e);
     if (!rc) rc = cb_mono_init(c, e);
     if (rc) {
         cb_dev_destroy(c);

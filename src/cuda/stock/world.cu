@@ -1,0 +1,295 @@
+/* world.cu: the CUDA backend of W > 1 ranks (tensor + expert parallelism, docs/parallelism.md
+ * "The GPU path"): one device context per rank (stock.h: sm_cuda_dev, on the rank's device),
+ * one host thread per rank (ranks.h), the cross-rank exchanges of cuda/gcomm.h on each rank's
+ * stream.  Each rank uploads only its shard (sm_shard_make) and runs the same layer loop as one
+ * rank (forward.cu: the collectives sit where the CPU world has them); rank 0 writes the step's
+ * outputs.  Ranks on distinct devices replay per-bucket CUDA graphs with the exchanges inside;
+ * virtual ranks (a device listed twice) run eagerly, because their exchanges meet at host
+ * barriers (gcomm.h).  A failed step (an error on a rank, or a peer that stopped publishing:
+ * the health words) fails with one line naming rank, layer and operation, and the backend
+ * refuses later steps: the ranks' caches and epochs no longer agree.
+ * We rejected one host thread driving every rank: a rank's host-side wait (a virtual barrier,
+ * a cudaStreamSynchronize) would stall the others' enqueues.
+ */
+#include "stock.h"
+#include "cuda/stock/bench.h"
+extern "C" {
+#include "ranks.h"
+#include "stats.h"
+}
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct cw_world {
+    int W;                     /* ranks */
+    sm_cuda_dev **rk;          /* [W] the ranks' contexts */
+    sm_gcomm_world *gw;        /* their exchanges */
+    sm_ranks *th;              /* [W] rank threads */
+    sm_err *errs;              /* [W] each rank's error of the last job */
+    int job;                   /* CW_UPLOAD, CW_SYNTH or CW_STEP */
+    const sm_model *m;         /* CW_UPLOAD: the model */
+    int fmt;                   /* CW_SYNTH: expert format of layers 1..L-2 */
+    uint64_t seed;             /* CW_SYNTH: seed */
+    const sm_step *st;         /* CW_STEP: the step */
+    int xn, xiters;            /* CW_EXCH: rows, timed repetitions */
+    float *xus;                /* CW_EXCH: [W] each rank's median microseconds */
+    int broken;                /* a step failed: later steps are refused */
+    char why[1024];       /* its message */
+} cw_world;
+#define CW_UPLOAD 0
+#define CW_SYNTH 1
+#define CW_STEP 2
+#define CW_EXCH 3
+
+/* ---- the ranks' small kernels (stock.h) ---- */
+
+/* eg[i] = embed row tok[i] - v0 when the token lies in [v0, v0 + nv), zeros else. */
+__global__ void cw_embed_local_kernel(const uint16_t *__restrict__ embed, int v0, int nv, int H, const int *__restrict__ tok,
+                                      uint16_t *__restrict__ eg) {
+    const int i = blockIdx.x, t = tok[i] - v0;
+    const uint16_t *src = t >= 0 && t < nv ? embed + (size_t)t * H : NULL;
+    for (int x = threadIdx.x; x < H; x += blockDim.x) eg[(size_t)i * H + x] = src ? src[x] : (uint16_t)0;
+}
+
+int cb_embed_local(sm_cuda_dev *c, int n, sm_err *e) {
+    if (n <= 0) return 0;
+    cw_embed_local_kernel<<<n, 256, 0, c->st>>>(c->embed, c->plan.v0, c->plan.nv, c->cfg.H, c->d_tok, c->eg);
+    SM_LAUNCH_CHECK("cw_embed_local_kernel");
+    return 0;
+}
+
+/* best[i] = lgl[i, idl[i]]; idl: -1 (a non-finite logit) -> -2; no usable id (vu 0) -> -1. */
+__global__ void cw_best_kernel(const float *__restrict__ lgl, int nv, int vu, int n, float *__restrict__ best, int *__restrict__ idl) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int id = idl[i];
+    if (vu <= 0) { best[i] = 0.0f; idl[i] = -1; return; }
+    if (id < 0) { best[i] = 0.0f; idl[i] = -2; return; }
+    best[i] = lgl[(size_t)i * nv + id];
+}
+
+int cb_best_local(sm_cuda_dev *c, int n, int vu_local, sm_err *e) {
+    if (n <= 0) return 0;
+    cw_best_kernel<<<(n + 127) / 128, 128, 0, c->st>>>(c->lgl, c->plan.nv, vu_local, n, c->best, c->idl);
+    SM_LAUNCH_CHECK("cw_best_kernel");
+    return 0;
+}
+
+/* ---- rank jobs ---- */
+
+/* The exchanges of one step of n rows alone, in the forward's order and shapes (the
+ * embedding, per layer attn_sum, pooled_gather, expert_sum, unpooled_gather, then
+ * vocab_argmax), on the rank's stream. */
+static int cw_exchanges(sm_cuda_dev *c, int n, sm_err *e) {
+    const sm_config *cf = &c->cfg;
+    sm_gcomm *g = c->gc;
+    if (sm_gcomm_begin(g, c->st, e) || sm_gcomm_gather_owner(g, c->eg, c->d_tok, n, cf->H, c->plan.nv, c->f, c->st, e))
+        return -1;
+    for (int l = 0; l < cf->L; l++) {
+        if (sm_gcomm_sum_bf16(g, SM_GC_ATTN, l, c->apart, (size_t)n * cf->H, c->a, c->st, e) ||
+            sm_gcomm_gather_cols(g, SM_GC_POOLED, l, c->hp, n, (size_t)c->plan.np * 2, c->h1, c->st, e))
+            return -1;
+        if (c->plan.moe == SM_MOE_EP ? sm_gcomm_sum_bf16(g, SM_GC_EXPERT, l, c->xpart, (size_t)n * cf->Hm, c->mo, c->st, e)
+                                     : sm_gcomm_sum_f32(g, SM_GC_EXPERT, l, c->xpart, (size_t)n * cf->K * cf->Hm, c->xpart, c->st, e))
+            return -1;
+        if (sm_gcomm_gather_cols(g, SM_GC_UNPOOLED, l, c->fp, n, (size_t)c->plan.nu * 2, c->f, c->st, e)) return -1;
+    }
+    return sm_gcomm_argmax(g, c->best, c->idl, n, c->plan.nv, c->am, c->st, e);
+}
+
+/* CW_EXCH on rank c: 2 warm-up and w->xiters timed runs of cw_exchanges (CUDA events, each
+ * run synchronized), the median into w->xus[rank]. */
+static int cw_time_exchanges(cw_world *w, sm_cuda_dev *c, sm_err *e) {
+    if (cb_enter(c, e)) return -1;
+    float *t = (float *)malloc(sizeof(float) * (size_t)w->xiters);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = !t ? sm_errf(e, "out of host memory") : 0;
+    if (!rc && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
+        rc = sm_errf(e, "cudaEventCreate failed on device %d", c->device);
+    /* the row indices stand in for tokens (rank 0 owns them): valid for any vocabulary */
+    if (!rc && cudaMemcpyAsync(c->d_tok, c->iota, (size_t)w->xn * 4, cudaMemcpyDeviceToDevice, c->st) != cudaSuccess)
+        rc = sm_errf(e, "cudaMemcpyAsync failed on device %d", c->device);
+    for (int it = 0; it < w->xiters + 2 && !rc; it++) {
+        if (cudaEventRecord(e0, c->st) != cudaSuccess || cw_exchanges(c, w->xn, e) || cudaEventRecord(e1, c->st) != cudaSuccess) {
+            rc = e->msg[0] ? -1 : sm_errf(e, "cudaEventRecord failed on device %d", c->device);
+            break;
+        }
+        cudaError_t r = cudaEventSynchronize(e1);
+        if (r != cudaSuccess) { rc = sm_errf(e, "exchanges failed on device %d: %s", c->device, cudaGetErrorString(r)); break; }
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (it >= 2) t[it - 2] = 1000.0f * ms;
+    }
+    if (!rc && sm_gcomm_health_fetch(c->gc, c->st, e)) rc = -1;
+    if (!rc && cudaStreamSynchronize(c->st) != cudaSuccess) rc = sm_errf(e, "synchronize failed on device %d", c->device);
+    if (!rc && sm_gcomm_health_check(c->gc, e)) rc = -1;
+    if (!rc) w->xus[c->rank] = sm_median(t, w->xiters);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    free(t);
+    return rc;
+}
+
+static int cw_job(void *arg, int r, sm_err *e) {
+    cw_world *w = (cw_world *)arg;
+    sm_cuda_dev *c = w->rk[r];
+    int rc;
+    if (w->job == CW_UPLOAD) rc = cb_enter(c, e) || cb_upload_model(c, w->m, e) || cb_mono_init(c, e) ? -1 : 0;
+    else if (w->job == CW_SYNTH) rc = cb_synth_weights(c, w->fmt, w->seed, e) || cb_mono_init(c, e) ? -1 : 0;
+    else if (w->job == CW_EXCH) rc = cw_time_exchanges(w, c, e);
+    else rc = cb_step(c, w->st, e);
+    if (rc) sm_gcomm_abort(w->gw, e->msg); /* the peers stop waiting for this rank */
+    return rc;
+}
+
+/* Run the job on every rank; on failure one line: a rank that saw a peer stop (health words)
+ * first, else the first failed rank in rank order. */
+static int cw_run(cw_world *w, sm_err *e) {
+    int nf = sm_ranks_run(w->th, w->errs);
+    if (nf == 0) return 0;
+    int pick = -1;
+    for (int r = 0; r < w->W && pick < 0; r++)
+        if (w->errs[r].msg[0] && strstr(w->errs[r].msg, "waited")) pick = r;
+    for (int r = 0; r < w->W && pick < 0; r++)
+        if (w->errs[r].msg[0]) pick = r;
+    sm_gcomm_reset(w->gw);
+    return sm_errf(e, "%s", pick >= 0 ? w->errs[pick].msg : "cuda world: a rank failed");
+}
+
+static int cw_step(void *vctx, const sm_step *s, sm_err *e) {
+    cw_world *w = (cw_world *)vctx;
+    if (w->broken) return sm_errf(e, "cuda world: refused after a failed step (%s)", w->why);
+    if (sm_step_check(&w->rk[0]->cfg, &w->rk[0]->kvs, s, "cuda world step", e)) return -1;
+    if (s->nrows == 0) return 0;
+    w->job = CW_STEP;
+    w->st = s;
+    int rc = cw_run(w, e);
+    w->st = NULL;
+    if (rc) {
+        w->broken = 1;
+        snprintf(w->why, sizeof w->why, "%s", e->msg);
+    }
+    return rc;
+}
+
+static void cw_destroy(void *vctx) {
+    cw_world *w = (cw_world *)vctx;
+    if (!w) return;
+    sm_ranks_destroy(w->th);
+    if (w->rk)
+        for (int r = 0; r < w->W; r++) cb_dev_destroy(w->rk[r]);
+    sm_gcomm_destroy(w->gw);
+    free(w->rk);
+    free(w->errs);
+    free(w);
+}
+
+/* The most bytes one rank contributes to one exchange (cap rows; the logits in chunks). */
+static size_t cw_max_bytes(const sm_cuda_dev *c) {
+    const sm_config *cf = &c->cfg;
+    const size_t R = (size_t)c->cap;
+    size_t b = R * cf->H * 4;                                                   /* attn_sum */
+    size_t x = R * cf->Hm * 4 * (c->plan.moe == SM_MOE_TP ? (size_t)cf->K : 1); /* expert_sum */
+    size_t v = (size_t)CB_LOGIT_ROWS * c->plan.nv * 4;                          /* vocab_gather */
+    if (x > b) b = x;
+    if (v > b) b = v;
+    return b;
+}
+
+int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t seed, const sm_kv *kv, const sm_backend_opts *o,
+                    sm_backend *b, sm_err *e) {
+    const int W = o->world;
+    const sm_moe_layout moe = o->moe_tp ? SM_MOE_TP : SM_MOE_EP;
+    if (m ? sm_shard_check(m, W, moe, e) : sm_shard_check_config(cf, W, moe, e)) return sm_errprefix(e, "cuda world");
+    if (o->comm != SM_COMM_PEER && o->comm != SM_COMM_NCCL) return sm_errf(e, "cuda world: unknown comm kind %d", o->comm);
+    if (o->mono == SM_MONO_ON)
+        return sm_errf(e, "cuda world: --mono on: the monokernel runs one rank only (world %d); use --mono off or auto", W);
+    cw_world *w = (cw_world *)calloc(1, sizeof *w);
+    int *dev = (int *)malloc(sizeof(int) * (size_t)W);
+    if (!w || !dev) {
+        free(w);
+        free(dev);
+        return sm_errf(e, "cuda world: out of host memory");
+    }
+    w->W = W;
+    for (int r = 0; r < W; r++) dev[r] = o->devices ? o->devices[r] : o->device + r;
+    w->rk = (sm_cuda_dev **)calloc((size_t)W, sizeof *w->rk);
+    w->errs = (sm_err *)calloc((size_t)W, sizeof *w->errs);
+    int rc = !w->rk || !w->errs ? sm_errf(e, "cuda world: out of host memory") : 0;
+    sm_backend_opts ro = *o;
+    ro.mono = SM_MONO_OFF;
+    for (int r = 0; r < W && !rc; r++)
+        if (cb_dev_create(cf, kv, &ro, r, dev[r], &w->rk[r], e)) rc = sm_errprefix(e, "cuda world: rank %d", r);
+    if (!rc) {
+        sm_gcomm_opts go;
+        memset(&go, 0, sizeof go);
+        go.world = W;
+        go.devices = dev;
+        go.kind = o->comm == SM_COMM_NCCL ? SM_GCOMM_NCCL : SM_GCOMM_PEER;
+        go.max_bytes = cw_max_bytes(w->rk[0]);
+        if (sm_gcomm_create(&go, &w->gw, e)) rc = sm_errprefix(e, "cuda world");
+    }
+    for (int r = 0; r < W && !rc; r++) {
+        w->rk[r]->gc = sm_gcomm_rank(w->gw, r);
+        w->rk[r]->eager_only = sm_gcomm_is_virtual(w->gw);
+    }
+    if (!rc && sm_ranks_create(W, cw_job, w, &w->th, e)) rc = sm_errprefix(e, "cuda world");
+    if (!rc) { /* every rank uploads (or makes) its shard at once */
+        w->job = m ? CW_UPLOAD : CW_SYNTH;
+        w->m = m;
+        w->fmt = fmt;
+        w->seed = seed;
+        rc = cw_run(w, e);
+        w->m = NULL;
+    }
+    free(dev);
+    if (rc) {
+        cw_destroy(w);
+        return -1;
+    }
+    memset(b, 0, sizeof *b);
+    b->name = "cuda";
+    b->ctx = w;
+    b->step = cw_step;
+    b->destroy = cw_destroy;
+    b->max_verify_rows = CB_GRAPH_REQ_ROWS;
+    return 0;
+}
+
+/* ---- hooks (stock.h, bench.h) ---- */
+
+int cb_world_ranks(const sm_backend *b, sm_cuda_dev ***rk) {
+    if (!b || b->step != cw_step || !b->ctx) return 0;
+    cw_world *w = (cw_world *)b->ctx;
+    *rk = w->rk;
+    return w->W;
+}
+
+extern "C" int sm_cuda_world_bench_exchanges(const sm_backend *b, int n, int iters, float *us, sm_err *e) {
+    if (!b || b->step != cw_step) return sm_errf(e, "cuda bench: the exchanges need a CUDA world backend (--world W)");
+    cw_world *w = (cw_world *)b->ctx;
+    if (w->broken) return sm_errf(e, "cuda bench: refused after a failed step (%s)", w->why);
+    if (n < 1 || n > w->rk[0]->cap || iters < 1) return sm_errf(e, "cuda bench: exchanges of %d rows x %d iterations", n, iters);
+    w->job = CW_EXCH;
+    w->xn = n;
+    w->xiters = iters;
+    w->xus = us;
+    int rc = cw_run(w, e);
+    if (rc) {
+        w->broken = 1;
+        snprintf(w->why, sizeof w->why, "%s", e->msg);
+    }
+    return rc;
+}
+
+extern "C" int sm_cuda_world_aux(const sm_backend *b, int rank, int a, int n, float *host, sm_err *e) {
+    if (!b || b->step != cw_step) return sm_errf(e, "sm_cuda_world_aux: not a CUDA world backend");
+    cw_world *w = (cw_world *)b->ctx;
+    if (rank < 0 || rank >= w->W) return sm_errf(e, "sm_cuda_world_aux: rank %d outside [0, %d)", rank, w->W);
+    sm_cuda_dev *c = w->rk[rank];
+    if (a < 0 || a >= c->aux_cap || n < 0 || n > c->cap) return sm_errf(e, "sm_cuda_world_aux: entry %d / %d rows out of range", a, n);
+    if (cb_enter(c, e)) return -1;
+    SM_CUDA_CHECK(cudaMemcpy(host, c->aux + (size_t)a * c->cap * c->cfg.H, (size_t)n * c->cfg.H * 4, cudaMemcpyDeviceToHost));
+    return 0;
+}
