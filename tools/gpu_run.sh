@@ -15,6 +15,9 @@
 #   SKIP_BUILD=1   use the binaries already in build/ (built elsewhere with the same nvcc)
 #   BASELINE=BIN   also run the whole-step bench with an older sparkmono binary, in the same run,
 #                  so old and new are compared on the same machine and bandwidth
+#   WORLDS         tensor + expert parallel benches on virtual ranks of this one GPU, "W:moe" words
+#                  (default "2:ep 4:ep 8:ep 2:tp"; "" skips them), rows WORLD_ROWS (default 8,32),
+#                  plus the CLI check that a stalled rank ends `generate` with exit 2 and one line
 # Exit status: 0 when the build, the tests and every bench run succeeded.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -74,6 +77,34 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     done
 fi
 
+WORLDS=${WORLDS-2:ep 4:ep 8:ep 2:tp}
+WORLD_ROWS=${WORLD_ROWS:-8,32}
+wrcs=""
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$WORLDS" ]; then
+    for wm in $WORLDS; do
+        w=${wm%%:*}; m=${wm#*:}
+        devs=0; i=1; while [ "$i" -lt "$w" ]; do devs="$devs,0"; i=$((i + 1)); done
+        echo "== bench --world $w --moe $m on virtual ranks (log: $OUT/bench_world${w}_$m.log)"
+        ./build/sparkmono bench --preset spark1x-l4 --layers "$LAYERS" --step-rows "$WORLD_ROWS" --ctx "$CTX" --iters 20 \
+            --world "$w" --moe "$m" --devices "$devs" >"$OUT/bench_world${w}_$m.log" 2>&1
+        rc=$?
+        [ "$rc" -eq 0 ] || status=1
+        wrcs="$wrcs $w$m:$rc"
+    done
+    # a rank that stops publishing: generate exits 2 with one line naming rank, layer and operation
+    ./build/sparkmono make-model --preset tiny --out "$OUT/tiny_world" >/dev/null 2>&1
+    SPARKMONO_COMM_FAULT=1:1:attn_sum SPARKMONO_COMM_BOUND_MS=300 ./build/sparkmono generate --model "$OUT/tiny_world" \
+        --backend cuda --world 2 --devices 0,0 --prompt-ids 5,6,7,8 --max-tokens 4 >"$OUT/world_fault.log" 2>&1
+    frc=$?
+    if [ "$frc" -eq 2 ] && [ "$(wc -l <"$OUT/world_fault.log")" -eq 1 ] && grep -q 'layer 1 attn_sum.*rank 1' "$OUT/world_fault.log"; then
+        wrcs="$wrcs fault-cli:ok"
+    else
+        wrcs="$wrcs fault-cli:FAILED(exit $frc)"
+        status=1
+    fi
+    rm -rf "$OUT/tiny_world"
+fi
+
 # ---- the short table, last ----
 echo
 echo "===================== summary ====================="
@@ -104,5 +135,14 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
         fi
     fi
     echo "bench exits:$brcs"
+fi
+if [ -n "$wrcs" ]; then
+    echo "-- tensor + expert parallelism on virtual ranks of one GPU (each rank's exchanges meet at host barriers)"
+    for wm in $WORLDS; do
+        w=${wm%%:*}; m=${wm#*:}
+        grep -E '^  world ' "$OUT/bench_world${w}_$m.log" | sed 's/^  //'
+    done
+    head -n 1 "$OUT/world_fault.log"
+    echo "world exits:$wrcs"
 fi
 exit $status

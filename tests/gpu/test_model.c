@@ -243,6 +243,24 @@ typedef struct tm_case {
     int moe_tp;               /* world layout: 0 ep, 1 tp */
 } tm_case;
 
+/* The devices of a world of w ranks in the tests: SPARKMONO_TEST_DEVICES="0,1,2,3" (a
+ * multi-GPU machine: the first w of them when it lists at least w), else w virtual ranks on
+ * device 0.  Returns the comm kind: SPARKMONO_TEST_COMM=nccl|peer (default peer; nccl only
+ * on distinct devices). */
+static int tm_world_devices(int w, int *devs) {
+    const char *d = getenv("SPARKMONO_TEST_DEVICES"), *cm = getenv("SPARKMONO_TEST_COMM");
+    int n = 0, v[64];
+    for (const char *p = d; p && *p && n < 64;) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p) break;
+        v[n++] = (int)x;
+        p = *end == ',' ? end + 1 : end;
+    }
+    for (int r = 0; r < w; r++) devs[r] = n >= w ? v[r] : 0;
+    return n >= w && cm && !strcmp(cm, "nccl") ? SM_COMM_NCCL : SM_COMM_PEER;
+}
+
 static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     tm_fail = 0;
     float *bias_copy = NULL; /* owned copy of the scaled router biases [L, E] */
@@ -283,7 +301,7 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
         bo.world = tc->world;
         bo.moe_tp = tc->moe_tp;
         bo.devices = devs;
-        bo.comm = SM_COMM_PEER;
+        bo.comm = tm_world_devices(tc->world, devs);
         if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "world %d: %s", tc->world, e.msg); goto done; }
         d.have_gpu = 1;
         d.world = tc->world;
@@ -497,7 +515,8 @@ static int tm_run(sm_backend *b, sm_kv *kv, int n, const int *tok, const int *po
 /* Plain greedy (one row a request a step) and speculative verify steps of R = 8 rows whose
  * drafts are the greedy tokens with about a third replaced by random ids (so steps accept
  * 0..7 drafts), both on the CUDA backend: the emitted tokens must be identical. */
-static int tm_spec_loop(const char *root, uint64_t seed) {
+/* world 0: the one-rank backend; else that many virtual ranks on device 0 (moe_tp: the layout). */
+static int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp) {
     tm_fail = 0;
     enum { NG = 40, R = 8, ML = 128 };
     sm_err e = {{0}};
@@ -525,8 +544,12 @@ static int tm_spec_loop(const char *root, uint64_t seed) {
             if (sm_kv_add(&kv, &slot[k][r], &e) || sm_kv_reserve(&kv, slot[k][r], ML, &e)) { TM_CHECK(0, "kv: %s", e.msg); goto out; }
     sm_backend_opts bo;
     memset(&bo, 0, sizeof bo);
-    bo.world = 1;
+    bo.world = world > 1 ? world : 1;
     bo.max_rows = 64;
+    int devs[8] = {0};
+    bo.devices = world > 1 ? devs : NULL;
+    if (world > 1) bo.comm = tm_world_devices(world, devs);
+    bo.moe_tp = moe_tp;
     if (sm_cuda_backend_create(&m, &kv, &bo, &b, &e)) { TM_CHECK(0, "%s", e.msg); goto out; }
     have_b = 1;
     for (int r = 0; r < TM_NREQ; r++)
@@ -587,7 +610,8 @@ out:
     if (have_b) b.destroy(b.ctx);
     sm_kv_free(&kv);
     if (have_m) sm_model_free(&m);
-    printf("%s spec_loop_equals_greedy\n", tm_fail ? "FAIL" : "PASS");
+    if (world > 1) printf("%s spec_loop_equals_greedy (world %d, %s)\n", tm_fail ? "FAIL" : "PASS", world, moe_tp ? "tp" : "ep");
+    else printf("%s spec_loop_equals_greedy\n", tm_fail ? "FAIL" : "PASS");
     fflush(stdout);
     return tm_fail ? 1 : 0;
 }
@@ -866,7 +890,9 @@ int gpu_test_model(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) fails += tm_compare(root, &cases[i], 1000 + i);
     fails += tm_spec(root, 77);
     fails += tm_world_guards(root, 79);
-    fails += tm_spec_loop(root, 78);
+    fails += tm_spec_loop(root, 78, 0, 0);
+    fails += tm_spec_loop(root, 80, 2, 0);
+    fails += tm_spec_loop(root, 81, 2, 1);
     fails += tm_synth(root, 4242);
     fails += tm_mono_guards();
     tm_rm_rf(root);

@@ -139,7 +139,7 @@ static int sy_layer_all(sm_cuda_dev *c, int l, int expert_fmt, uint64_t seed, sy
         return sm_errprefix(e, "synthetic model: layer %d experts", l);
     L->have_moe = 1;
     c->weight_bytes += (double)L->moe.blob_bytes;
-    if (cf->L * (double)L->moe.blob_bytes > 4e9)
+    if (c->rank == 0 && cf->L * (double)L->moe.blob_bytes > 4e9) /* one rank of a world speaks */
         fprintf(stderr, "\rsynthetic model: layer %d / %d generated   %s", l + 1, cf->L, l + 1 == cf->L ? "\n" : "");
     return 0;
 }
