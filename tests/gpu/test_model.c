@@ -532,7 +532,9 @@ static int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp) 
     int prompt[TM_NREQ][32], g[TM_NREQ][NG], sp[TM_NREQ][NG + R], ns[TM_NREQ], slot[2][TM_NREQ];
     int tok[128], pos[128], req[128], am[128];
     uint64_t rng = seed;
-    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "spec_loop_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
+    char name[64];
+    snprintf(name, sizeof name, "spec_loop_tiny_w%d_%s", world > 1 ? world : 1, moe_tp ? "tp" : "ep");
+    if (sm_config_preset("tiny", &c, &e) || tm_make(root, name, &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
         sm_model_load(dir, NULL, &m, &e)) {
         TM_CHECK(0, "model: %s", e.msg);
         goto out;
