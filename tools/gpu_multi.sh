@@ -6,8 +6,10 @@
 #   - build/gpu_test comm (virtual ranks on device 0) and model with SPARKMONO_TEST_DEVICES set
 #     to the machine's devices: the world cases (W = 2, 4, 8 up to the device count) then run one
 #     rank a GPU, through peer memory (P2P) and, in a second pass, through NCCL;
-#   - sparkmono bench --world W --devices 0..W-1 --comm peer|nccl for W = 2, 4, 8 (up to the
-#     device count): the busiest rank's floor, the exchanges alone, the step;
+#   - sparkmono bench --preset spark1x --layers 8 --world W --devices 0..W-1 --comm peer|nccl for
+#     W = 2, 4, 8 (up to the device count): the busiest rank's floor, the exchanges alone, the
+#     step; one rank (W = 1) for comparison; on 8 GPUs also the full 62-layer model at 8 rows
+#     (about 430 GB of MXFP4 experts: 54 GB a rank);
 #   - a rank that stops publishing on distinct devices: generate exits 2 with one line.
 # Environment: LAYERS (default 8), CTX (4096), ROWS (8,16,32,64,128), SKIP_BUILD=1 (binaries
 # built elsewhere).  NVLink multicast stays off (NCCL_NVLS_ENABLE=0, also set by the program).
@@ -39,12 +41,16 @@ done
 for w in 2 4 8; do
     [ "$w" -le "$NDEV" ] || continue
     for cm in peer nccl; do
-        ./build/sparkmono bench --preset spark1x-l4 --layers "$LAYERS" --step-rows "$ROWS" --ctx "$CTX" --iters 30 \
+        ./build/sparkmono bench --preset spark1x --layers "$LAYERS" --step-rows "$ROWS" --ctx "$CTX" --iters 30 \
             --world "$w" --devices "$(devs_of "$w")" --comm "$cm" >"$OUT/bench_w${w}_$cm.log" 2>&1 || status=1
     done
 done
-./build/sparkmono bench --preset spark1x-l4 --layers "$LAYERS" --step-rows "$ROWS" --ctx "$CTX" --iters 30 \
+./build/sparkmono bench --preset spark1x --layers "$LAYERS" --step-rows "$ROWS" --ctx "$CTX" --iters 30 \
     >"$OUT/bench_w1.log" 2>&1 || status=1
+if [ "$NDEV" -ge 8 ]; then
+    ./build/sparkmono bench --preset spark1x --step-rows 8 --ctx "$CTX" --iters 20 --world 8 --devices "$(devs_of 8)" \
+        --comm peer >"$OUT/bench_full62_w8.log" 2>&1 || status=1
+fi
 
 ./build/sparkmono make-model --preset tiny --out "$OUT/tiny_world" >/dev/null 2>&1
 SPARKMONO_COMM_FAULT=1:1:attn_sum SPARKMONO_COMM_BOUND_MS=300 ./build/sparkmono generate --model "$OUT/tiny_world" \
@@ -67,6 +73,10 @@ for w in 2 4 8; do
         grep -E '^(stock step|  world )' "$OUT/bench_w${w}_$cm.log" | sed 's/reads .*floor/... floor/' || tail -n 3 "$OUT/bench_w${w}_$cm.log"
     done
 done
+if [ -f "$OUT/bench_full62_w8.log" ]; then
+    echo "-- the full 62-layer model, 8 ranks (peer), 8 rows:"
+    grep -E '^(stock step|  world )' "$OUT/bench_full62_w8.log" || tail -n 3 "$OUT/bench_full62_w8.log"
+fi
 echo "-- stalled rank (exit $frc, want 2): $(head -n 1 "$OUT/world_fault.log")"
 [ "$frc" -eq 2 ] || status=1
 exit $status
