@@ -15,6 +15,7 @@
  * overwrite its part while a peer still reads it).
  */
 #include "comm.h"
+#include "hbar.h"
 #include "rng.h"
 #include "shard.h"
 #include <errno.h>
@@ -46,14 +47,7 @@ typedef struct rank_state {
 struct sm_comm_cpu {
     int world;                  /* ranks */
     double timeout_s;           /* longest wait at a barrier */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    uint64_t gen;               /* barrier generation, under mu */
-    int arrived;                /* ranks arrived at the current barrier, under mu */
-    uint64_t arrived_mask;      /* bit r: rank r arrived, under mu */
-    int aborted;                /* under mu */
-    int abort_rank;             /* first aborting rank, -1 for a timeout */
-    char abort_msg[512];        /* its reason */
+    sm_hbar bar;                /* the ranks' rendezvous, abortable (hbar.h) */
     uint64_t jseed;             /* jitter seed, 0 = off */
     int jmax_us;                /* jitter bound */
     slot *slots;                /* [2, world] by parity then rank */
@@ -80,68 +74,19 @@ static void jitter(const sm_comm_cpu *w, int rank, uint64_t nop) {
     nanosleep(&ts, NULL);
 }
 
-static void abort_locked(sm_comm_cpu *w, int rank, const char *why) {
-    if (!w->aborted) {
-        w->aborted = 1;
-        w->abort_rank = rank;
-        snprintf(w->abort_msg, sizeof w->abort_msg, "%s", why);
-    }
-    pthread_cond_broadcast(&w->cv);
-}
-
 static void cpu_abort(sm_comm *c, const char *why) {
     rank_state *rs = c->impl;
-    sm_comm_cpu *w = rs->w;
-    pthread_mutex_lock(&w->mu);
-    abort_locked(w, rs->rank, why);
-    pthread_mutex_unlock(&w->mu);
+    sm_hbar_abort(&rs->w->bar, rs->rank, why);
 }
 
 /* Wait until every rank has arrived (0), or fail on abort / timeout (-1). */
 static int barrier(rank_state *rs, int op, int layer, sm_err *e) {
-    sm_comm_cpu *w = rs->w;
-    int r = rs->rank;
-    pthread_mutex_lock(&w->mu);
-    if (w->aborted) goto aborted;
-    uint64_t my = w->gen;
-    w->arrived++;
-    w->arrived_mask |= 1ull << r;
-    if (w->arrived == w->world) {
-        w->arrived = 0;
-        w->arrived_mask = 0;
-        w->gen++;
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        return 0;
-    }
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    double t = w->timeout_s;
-    dl.tv_sec += (time_t)t;
-    dl.tv_nsec += (long)((t - (double)(time_t)t) * 1e9);
-    if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
-    while (w->gen == my && !w->aborted) {
-        int rc = pthread_cond_timedwait(&w->cv, &w->mu, &dl);
-        if (rc == ETIMEDOUT && w->gen == my && !w->aborted) {
-            char why[512], miss[256] = "";
-            size_t k = 0;
-            for (int q = 0; q < w->world && k < sizeof miss - 8; q++)
-                if (!(w->arrived_mask >> q & 1)) k += (size_t)snprintf(miss + k, sizeof miss - k, " %d", q);
-            snprintf(why, sizeof why, "comm %s at layer %d: rank %d waited more than %.3g s; ranks not arrived:%s",
-                     OP_NAME[op], layer, r, w->timeout_s, miss);
-            abort_locked(w, -1, why);
-        }
-    }
-    if (w->gen != my) { /* the barrier completed (an abort after it concerns later calls) */
-        pthread_mutex_unlock(&w->mu);
-        return 0;
-    }
-aborted:;
-    char msg[512];
-    int who = w->abort_rank;
-    snprintf(msg, sizeof msg, "%s", w->abort_msg);
-    pthread_mutex_unlock(&w->mu);
-    if (who >= 0) return sm_errf(e, "comm %s at layer %d, rank %d: aborted by rank %d: %s", OP_NAME[op], layer, r, who, msg);
+    char what[96], msg[512];
+    int who = -1;
+    snprintf(what, sizeof what, "comm %s at layer %d", OP_NAME[op], layer);
+    if (sm_hbar_wait(&rs->w->bar, rs->rank, rs->w->timeout_s, what, &who, msg, sizeof msg) == 0) return 0;
+    if (who >= 0)
+        return sm_errf(e, "comm %s at layer %d, rank %d: aborted by rank %d: %s", OP_NAME[op], layer, rs->rank, who, msg);
     return sm_errf(e, "%s", msg);
 }
 
@@ -355,9 +300,7 @@ int sm_comm_cpu_create(int world, double timeout_s, sm_comm_cpu **out, sm_err *e
         free(w->slots); free(w->rs); free(w->h); free(w);
         return sm_errf(e, "comm: out of memory for %d ranks", world);
     }
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
-    w->abort_rank = -1;
+    sm_hbar_init(&w->bar, world);
     for (int r = 0; r < world; r++) {
         w->rs[r].w = w;
         w->rs[r].rank = r;
@@ -376,8 +319,7 @@ void sm_comm_cpu_destroy(sm_comm_cpu *w) {
         free(w->slots[i].f);
         free(w->slots[i].i);
     }
-    pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->mu);
+    sm_hbar_destroy(&w->bar);
     free(w->slots);
     free(w->rs);
     free(w->h);
@@ -392,19 +334,7 @@ void sm_comm_cpu_jitter(sm_comm_cpu *w, uint64_t seed, int max_us) {
 }
 
 int sm_comm_cpu_reset(sm_comm_cpu *w, int *who, char *msg, size_t cap) {
-    pthread_mutex_lock(&w->mu);
-    int was = w->aborted;
-    if (was) {
-        if (who) *who = w->abort_rank;
-        if (msg && cap) snprintf(msg, cap, "%s", w->abort_msg);
-    }
-    w->aborted = 0;
-    w->abort_rank = -1;
-    w->abort_msg[0] = 0;
-    w->arrived = 0;
-    w->arrived_mask = 0;
-    w->gen++;
+    /* no rank is inside an operation: the operation counts restart with the barrier */
     for (int r = 0; r < w->world; r++) w->rs[r].nops = 0;
-    pthread_mutex_unlock(&w->mu);
-    return was;
+    return sm_hbar_reset(&w->bar, who, msg, cap);
 }

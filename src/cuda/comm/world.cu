@@ -197,8 +197,7 @@ int sm_gcomm_create(const sm_gcomm_opts *o, sm_gcomm_world **out, sm_err *e) {
     w->max_bytes = o->max_bytes;
     w->slot = (o->max_bytes + 15) / 16 * 16;
     w->ranks = ranks;
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->cv, NULL);
+    sm_hbar_init(&w->bar, W);
     for (int r = 0; r < W; r++) {
         ranks[r].w = w;
         ranks[r].r = r;
@@ -287,8 +286,7 @@ void sm_gcomm_destroy(sm_gcomm_world *w) {
     }
     gc_nccl_unload(&w->nccl);
     (void)cudaSetDevice(saved);
-    pthread_cond_destroy(&w->cv);
-    pthread_mutex_destroy(&w->mu);
+    sm_hbar_destroy(&w->bar);
     free(w->ranks);
     free(w);
 }
@@ -299,71 +297,18 @@ double sm_gcomm_bound_ms(const sm_gcomm_world *w) { return w->bound_ms; }
 
 /* ---------------------------------------------------------------- host barrier (virtual ranks) */
 
-void sm_gcomm_abort(sm_gcomm_world *w, const char *why) {
-    pthread_mutex_lock(&w->mu);
-    if (!w->aborted) {
-        w->aborted = 1;
-        snprintf(w->abort_msg, sizeof w->abort_msg, "%s", why);
-    }
-    pthread_cond_broadcast(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
+void sm_gcomm_abort(sm_gcomm_world *w, const char *why) { sm_hbar_abort(&w->bar, -1, why); }
 
-void sm_gcomm_reset(sm_gcomm_world *w) {
-    pthread_mutex_lock(&w->mu);
-    w->aborted = 0;
-    w->abort_msg[0] = 0;
-    w->arrived = 0;
-    w->arrived_mask = 0;
-    w->gen++;
-    pthread_mutex_unlock(&w->mu);
-}
+void sm_gcomm_reset(sm_gcomm_world *w) { sm_hbar_reset(&w->bar, NULL, NULL, 0); }
 
 /* Wait until every rank thread has arrived (0), or fail on abort / after bound_ms (-1, and the
  * world is aborted so every other waiter fails too, naming the ranks missing). */
 int gc_host_barrier(sm_gcomm *c, int op, int layer, sm_err *e) {
     sm_gcomm_world *w = c->w;
-    pthread_mutex_lock(&w->mu);
-    if (!w->aborted) {
-        uint64_t my = w->gen;
-        w->arrived++;
-        w->arrived_mask |= 1ull << c->r;
-        if (w->arrived == w->W) {
-            w->arrived = 0;
-            w->arrived_mask = 0;
-            w->gen++;
-            pthread_cond_broadcast(&w->cv);
-            pthread_mutex_unlock(&w->mu);
-            return 0;
-        }
-        struct timespec dl;
-        clock_gettime(CLOCK_REALTIME, &dl);
-        double s = w->bound_ms / 1000.0;
-        dl.tv_sec += (time_t)s;
-        dl.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
-        if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
-        while (w->gen == my && !w->aborted) {
-            int rc = pthread_cond_timedwait(&w->cv, &w->mu, &dl);
-            if (rc == ETIMEDOUT && w->gen == my && !w->aborted) {
-                char miss[256] = "";
-                size_t k = 0;
-                for (int q = 0; q < w->W && k < sizeof miss - 8; q++)
-                    if (!(w->arrived_mask >> q & 1)) k += (size_t)snprintf(miss + k, sizeof miss - k, " %d", q);
-                w->aborted = 1;
-                snprintf(w->abort_msg, sizeof w->abort_msg,
-                         "comm %s at layer %d: rank %d waited more than %.0f ms at the host barrier; ranks not "
-                         "arrived:%s", sm_gcomm_op_name(op), layer, c->r, w->bound_ms, miss);
-                pthread_cond_broadcast(&w->cv);
-            }
-        }
-        if (w->gen != my) { /* completed (an abort after it concerns later calls) */
-            pthread_mutex_unlock(&w->mu);
-            return 0;
-        }
-    }
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", w->abort_msg);
-    pthread_mutex_unlock(&w->mu);
+    char what[96], msg[512];
+    int who = -1;
+    snprintf(what, sizeof what, "comm %s at layer %d (host barrier)", sm_gcomm_op_name(op), layer);
+    if (sm_hbar_wait(&w->bar, c->r, w->bound_ms / 1000.0, what, &who, msg, sizeof msg) == 0) return 0;
     return sm_errf(e, "comm %s at layer %d, rank %d: aborted: %s", sm_gcomm_op_name(op), layer, c->r, msg);
 }
 

@@ -608,9 +608,10 @@ __device__ __forceinline__ int sm_wg_segment(const sm_wg_args &a, int b, int G, 
     return t;
 }
 
-/* bf16 epilogue of finished tile t (the 256 consumer threads): y = r16(acc), rows < m, tokens
- * < n.  acc[mt][4j + i] = C[row rb + 64 mt + 8 (i >> 1)][token 8j + 2 t4 + (i & 1)]. */
-template <int N, int MT>
+/* Epilogue of finished tile t (the 256 consumer threads), rows < m, tokens < n: y = r16(acc)
+ * (F32 0) or y32 = acc, not rounded (F32 1: a row's f32 bits are the ones F32 0 rounds).
+ * acc[mt][4j + i] = C[row rb + 64 mt + 8 (i >> 1)][token 8j + 2 t4 + (i & 1)]. */
+template <int N, int MT, int F32>
 __device__ __forceinline__ void sm_wg_epi_mm(const sm_wg_args &a, int t, const float (&acc)[MT][N / 2]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
     const int rb = t * SM_WG_BM(MT) + wg * (MT * 64) + (warp & 3) * 16 + g;
@@ -621,24 +622,9 @@ __device__ __forceinline__ void sm_wg_epi_mm(const sm_wg_args &a, int t, const f
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const int row = rb + mt * 64 + (i >> 1) * 8, tok = j * 8 + 2 * t4 + (i & 1);
-                if (row < a.m && tok < a.n) a.y[(size_t)tok * a.m + row] = sm_tobf(acc[mt][4 * j + i]);
-            }
-}
-
-/* f32 epilogue of finished tile t (EPI_MM32): y32 = acc, not rounded; same fragment map as
- * sm_wg_epi_mm, so a row's f32 bits are the ones sm_wg_epi_mm rounds. */
-template <int N, int MT>
-__device__ __forceinline__ void sm_wg_epi_mm32(const sm_wg_args &a, int t, const float (&acc)[MT][N / 2]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2, g = lane >> 2, t4 = lane & 3;
-    const int rb = t * SM_WG_BM(MT) + wg * (MT * 64) + (warp & 3) * 16 + g;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int j = 0; j < N / 8; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int row = rb + mt * 64 + (i >> 1) * 8, tok = j * 8 + 2 * t4 + (i & 1);
-                if (row < a.m && tok < a.n) a.y32[(size_t)tok * a.m + row] = acc[mt][4 * j + i];
+                if (row >= a.m || tok >= a.n) continue;
+                if (F32) a.y32[(size_t)tok * a.m + row] = acc[mt][4 * j + i];
+                else a.y[(size_t)tok * a.m + row] = sm_tobf(acc[mt][4 * j + i]);
             }
 }
 
@@ -655,8 +641,7 @@ __device__ __forceinline__ void sm_wg_consume_mm(const sm_wg_args &a, int b, int
     while (u < u1) {
         const int t = sm_wg_segment<N, MT>(a, b, G, first_tile, u1, sm, u, s, ph, acc);
         if (t >= 0) {
-            if constexpr (EPI == SM_WG_EPI_MM32) sm_wg_epi_mm32<N, MT>(a, t, acc);
-            else sm_wg_epi_mm<N, MT>(a, t, acc);
+            sm_wg_epi_mm<N, MT, EPI == SM_WG_EPI_MM32>(a, t, acc);
         }
     }
 }
