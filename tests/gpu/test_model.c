@@ -241,8 +241,6 @@ typedef struct tm_case {
     int world;                /* > 1: a CUDA world of this many virtual ranks on device 0 against
                                  the one-rank CUDA backend (TM_WORLD_BOUND) */
     int moe_tp;               /* world layout: 0 ep, 1 tp */
-    int concurrent;           /* world: SPARKMONO_COMM_CONCURRENT=1, the path of W distinct GPUs
-                                 (graphs, device-flag waits) on virtual ranks of one GPU */
 } tm_case;
 
 /* The devices of a world of w ranks in the tests: SPARKMONO_TEST_DEVICES="0,1,2,3" (a
@@ -304,10 +302,7 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
         bo.moe_tp = tc->moe_tp;
         bo.devices = devs;
         bo.comm = tm_world_devices(tc->world, devs);
-        if (tc->concurrent) setenv("SPARKMONO_COMM_CONCURRENT", "1", 1);
-        int wrc = sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e);
-        unsetenv("SPARKMONO_COMM_CONCURRENT");
-        if (wrc) { TM_CHECK(0, "world %d: %s", tc->world, e.msg); goto done; }
+        if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "world %d: %s", tc->world, e.msg); goto done; }
         d.have_gpu = 1;
         d.world = tc->world;
         d.bound = TM_WORLD_BOUND;
@@ -877,23 +872,21 @@ int gpu_test_model(void) {
     /* Conditioned models are compared with docs/model.md's 2e-2; the raw random models only print
      * their errors (tests/condition.h says why they cannot meet any small bound). */
     static const tm_case cases[] = {
-        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1, 0, 0, 0},
-        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 0, 0, 0},
-        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0, 0},
-        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}, 1, 0, 0, 0},
-        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0, 0},
-        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 0, 0, 0},
-        {"model_tiny_mxfp4_raw", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 0, 0, 0, 0},
-        {"model_mini_mxfp4_raw", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 0, 0, 0, 0},
+        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1, 0, 0},
+        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 0, 0},
+        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0},
+        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}, 1, 0, 0},
+        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0},
+        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 0, 0},
+        {"model_tiny_mxfp4_raw", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 0, 0, 0},
+        {"model_mini_mxfp4_raw", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 0, 0, 0},
         /* tensor + expert parallelism: W virtual ranks on one GPU against one rank */
-        {"world2_tiny_mxfp4_ep", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0, 0},
-        {"world2_mini_bf16_tp", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1, 0},
-        {"world4_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0, 0},
-        {"world4_mini_fp8_tp", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1, 0},
-        {"world8_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0, 0},
-        {"world8_mini_mxfp4_tp", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1, 0},
-        {"world2_tiny_mxfp4_ep_graphs", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0, 1},
-        {"world4_mini_mxfp4_tp_graphs", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 1, 1},
+        {"world2_tiny_mxfp4_ep", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0},
+        {"world2_mini_bf16_tp", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1},
+        {"world4_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0},
+        {"world4_mini_fp8_tp", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1},
+        {"world8_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0},
+        {"world8_mini_mxfp4_tp", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1},
     };
     int fails = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) fails += tm_compare(root, &cases[i], 1000 + i);

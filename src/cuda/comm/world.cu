@@ -227,8 +227,9 @@ int sm_gcomm_create(const sm_gcomm_opts *o, sm_gcomm_world **out, sm_err *e) {
     /* Test hook: SPARKMONO_COMM_CONCURRENT=1 runs repeated devices as if distinct (no host
      * barriers: device-flag waits, graph-capturable), so one GPU exercises the path of W GPUs.
      * It relies on the GPU running the ranks' kernels of different streams side by side, which
-     * CUDA does not promise: a bounded wait turns a miss into a failed step, never a hang.
-     * Never for serving. */
+     * CUDA does not promise (on one H200 it held for 2 small ranks, not for 4 or at the real
+     * widths: docs/parallelism.md): a bounded wait turns a miss into a failed step, never a
+     * hang.  A diagnostic, not a test and never for serving. */
     const char *cc = getenv("SPARKMONO_COMM_CONCURRENT");
     if (cc && !strcmp(cc, "1")) w->virt = 0;
     parse_fault(w, why, sizeof why);
