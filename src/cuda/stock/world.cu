@@ -143,12 +143,15 @@ static int cw_job(void *arg, int r, sm_err *e) {
     return rc;
 }
 
-/* Run the job on every rank; on failure one line: a rank that saw a peer stop (health words)
- * first, else the first failed rank in rank order. */
+/* Run the job on every rank; on failure one line, the cause before its consequences: a rank's
+ * own error (neither a wait that ran out nor an abort by a peer) first, then a rank that saw
+ * a peer stop (health words: names the stuck rank), then the first failed rank. */
 static int cw_run(cw_world *w, sm_err *e) {
     int nf = sm_ranks_run(w->th, w->errs);
     if (nf == 0) return 0;
     int pick = -1;
+    for (int r = 0; r < w->W && pick < 0; r++)
+        if (w->errs[r].msg[0] && !strstr(w->errs[r].msg, "waited") && !strstr(w->errs[r].msg, "aborted")) pick = r;
     for (int r = 0; r < w->W && pick < 0; r++)
         if (w->errs[r].msg[0] && strstr(w->errs[r].msg, "waited")) pick = r;
     for (int r = 0; r < w->W && pick < 0; r++)
