@@ -77,6 +77,6 @@ if [ -f "$OUT/bench_full62_w8.log" ]; then
     echo "-- the full 62-layer model, 8 ranks (peer), 8 rows:"
     grep -E '^(stock step|  world )' "$OUT/bench_full62_w8.log" || tail -n 3 "$OUT/bench_full62_w8.log"
 fi
-echo "-- stalled rank (exit $frc, want 2): $(head -n 1 "$OUT/world_fault.log")"
+echo "-- stalled rank (exit $frc, want 2): $(tail -n 1 "$OUT/world_fault.log")"
 [ "$frc" -eq 2 ] || status=1
 exit $status

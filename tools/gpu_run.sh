@@ -96,7 +96,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$WORLDS" ]; then
     SPARKMONO_COMM_FAULT=1:1:attn_sum SPARKMONO_COMM_BOUND_MS=300 ./build/sparkmono generate --model "$OUT/tiny_world" \
         --backend cuda --world 2 --devices 0,0 --prompt-ids 5,6,7,8 --max-tokens 4 >"$OUT/world_fault.log" 2>&1
     frc=$?
-    if [ "$frc" -eq 2 ] && [ "$(wc -l <"$OUT/world_fault.log")" -eq 1 ] && grep -q 'layer 1 attn_sum.*rank 1' "$OUT/world_fault.log"; then
+    # one error line (the world's own log line, "sparkmono: cuda world of ...", comes before it)
+    if [ "$frc" -eq 2 ] && [ "$(grep -vc '^sparkmono: ' "$OUT/world_fault.log")" -eq 1 ] &&
+        tail -n 1 "$OUT/world_fault.log" | grep -q 'layer 1 attn_sum.*rank 1'; then
         wrcs="$wrcs fault-cli:ok"
     else
         wrcs="$wrcs fault-cli:FAILED(exit $frc)"
@@ -142,7 +144,7 @@ if [ -n "$wrcs" ]; then
         w=${wm%%:*}; m=${wm#*:}
         grep -E '^  world ' "$OUT/bench_world${w}_$m.log" | sed 's/^  //'
     done
-    head -n 1 "$OUT/world_fault.log"
+    tail -n 1 "$OUT/world_fault.log"
     echo "world exits:$wrcs"
 fi
 exit $status

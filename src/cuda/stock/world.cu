@@ -246,6 +246,14 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
         rc = cw_run(w, e);
         w->m = NULL;
     }
+    if (!rc) { /* one line of what was built */
+        char dl[256] = "";
+        size_t k = 0;
+        for (int r = 0; r < W && k < sizeof dl - 8; r++) k += (size_t)snprintf(dl + k, sizeof dl - k, r ? ",%d" : "%d", dev[r]);
+        fprintf(stderr, "sparkmono: cuda world of %d ranks (%s experts) on devices %s, exchanges through %s%s\n", W,
+                moe == SM_MOE_TP ? "tp" : "ep", dl, o->comm == SM_COMM_NCCL ? "nccl" : "peer memory",
+                sm_gcomm_is_virtual(w->gw) ? "; virtual ranks (a device holds several): eager steps, host barriers" : "");
+    }
     free(dev);
     if (rc) {
         cw_destroy(w);
