@@ -88,6 +88,30 @@ __device__ __forceinline__ float sm_bf_lo(uint32_t u) { return __uint_as_float(u
 __device__ __forceinline__ float sm_bf_hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
 
 /* ---- reductions (butterfly: every lane ends with the same, bitwise identical value) ---- */
+/* Memory-order and clock primitives of the waits that span blocks (the monokernel's grid
+ * barrier: gpu scope) or devices (the cross-rank flags: system scope); the globaltimer in ns. */
+__device__ __forceinline__ unsigned sm_ld_acquire_gpu_u32(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void sm_st_release_gpu_u32(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t sm_ld_acquire_sys_u64(const uint64_t *p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void sm_st_release_sys_u64(uint64_t *p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t sm_now_ns(void) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 __device__ __forceinline__ float sm_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);

@@ -92,19 +92,6 @@ void gc_nccl_fini(sm_gcomm_world *w);
 int gc_nccl_gather(sm_gcomm *c, const void *part, size_t bytes, cudaStream_t st, sm_err *e);
 
 /* ---- device helpers (used by ops.cu and world.cu) ---- */
-__device__ __forceinline__ uint64_t gc_ld_acquire(const uint64_t *p) {
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void gc_st_release(uint64_t *p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ uint64_t gc_now_ns(void) {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-    return t;
-}
 /* Record a wait that ran out; only the first record of the rank stays. */
 __device__ __forceinline__ void gc_record(uint64_t *h, int r, int layer, int op, int peer, uint64_t epoch,
                                           uint64_t waited_ns) {
@@ -125,13 +112,13 @@ __device__ __forceinline__ int gc_spin(const uint64_t *flag, uint64_t want, int 
                                        unsigned long long bound_ns, int r, int layer, int op, int peer) {
     volatile const uint64_t *failed = h + GC_H_FAILED;
     if (*failed) return 1;
-    uint64_t t0 = gc_now_ns();
+    uint64_t t0 = sm_now_ns();
     for (unsigned spins = 1;; spins++) {
-        uint64_t v = gc_ld_acquire(flag);
+        uint64_t v = sm_ld_acquire_sys_u64(flag);
         if (ge ? v >= want : v == want) return 0;
         if ((spins & 31u) == 0) {
             if (*failed) return 1;
-            uint64_t dt = gc_now_ns() - t0;
+            uint64_t dt = sm_now_ns() - t0;
             if (dt > bound_ns) {
                 gc_record(h, r, layer, op, peer, want, dt);
                 return 1;

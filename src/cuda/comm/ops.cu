@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(GC_THREADS) gc_put_kernel(const uint8_t *src0,
     if (!release) return; /* fault injection: the data went out, the flags never do */
     const uint64_t epoch = *(volatile const uint64_t *)step * GC_EPOCH_OPS + i;
     const int p = (int)(i & 1u);
-    for (int q = 0; q < W; q++) gc_st_release(peer_flags[q] + (size_t)p * W + r, epoch);
+    for (int q = 0; q < W; q++) sm_st_release_sys_u64(peer_flags[q] + (size_t)p * W + r, epoch);
 }
 
 /* ---------------------------------------------------------------- wait */

@@ -325,7 +325,7 @@ __global__ void gc_begin_kernel(uint64_t *step, uint64_t *const *peer_bflags, co
         *step = s;
         if (barrier) {
             __threadfence_system();
-            for (int q = 0; q < W; q++) gc_st_release(peer_bflags[q] + r, s);
+            for (int q = 0; q < W; q++) sm_st_release_sys_u64(peer_bflags[q] + r, s);
         }
     }
     __syncthreads();

@@ -24,20 +24,6 @@ const char *const mono_phase_name[MP_N] = {
     "pre-expert norm | top-k + grouping", "experts gate_up", "experts down", "expert combine", "unpooler", "post-FFN boundary",
     "next layer qkvg projection", "next layer qk norm / rope / kv insert"};
 
-__device__ __forceinline__ unsigned long long mono_now(void) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ unsigned mono_ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void mono_st_release(unsigned *p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 /* Grid barrier number k (1, 2, ... within the launch) before phase `phase` of layer `layer`
  * (every thread calls it): 1 when every block has arrived, 0 when this block must leave (a
  * wait timed out here or anywhere).  The arrival count only grows within a launch (barrier k
@@ -53,11 +39,11 @@ __device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, 
         } else {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&ctl->count) : "memory");
             const unsigned target = k * gridDim.x;
-            if (mono_ld_acquire(&ctl->count) < target) {
-                const unsigned long long t0 = mono_now(), bound = ctl->bound_ns;
-                while (mono_ld_acquire(&ctl->count) < target) {
+            if (sm_ld_acquire_gpu_u32(&ctl->count) < target) {
+                const unsigned long long t0 = sm_now_ns(), bound = ctl->bound_ns;
+                while (sm_ld_acquire_gpu_u32(&ctl->count) < target) {
                     if (*(volatile unsigned *)&ctl->abort) { ok = 0; break; }
-                    if (mono_now() - t0 > bound) {
+                    if (sm_now_ns() - t0 > bound) {
                         if (atomicCAS(&ctl->health[0], 0u, 1u) == 0u) {
                             ctl->health[1] = (unsigned)layer;
                             ctl->health[2] = (unsigned)phase;
@@ -282,11 +268,11 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
             if (!first && !mono_grid_sync(ctl, d.layer, p, ++nbar, &flag_s)) return;
             first = 0;
             unsigned long long *tr = mono_tr(ctl, d.layer, p);
-            if (tr && threadIdx.x == 0) tr[0] = mono_now();
+            if (tr && threadIdx.x == 0) tr[0] = sm_now_ns();
             mono_phase<N>(d, p, dyn, sm, rs, rph, red_s);
             if (tr) {
                 __syncthreads();
-                if (threadIdx.x == 0) tr[1] = mono_now();
+                if (threadIdx.x == 0) tr[1] = sm_now_ns();
             }
         }
     }
@@ -306,12 +292,12 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_c
     for (int p = MP_MM1; p <= MP_MM2; p++) {
         if (p > MP_MM1 && !mono_grid_sync(ctl, P.layer, p, (unsigned)(p - MP_MM1), &flag_s)) return;
         unsigned long long *tr = mono_tr(ctl, P.layer, p);
-        if (tr && threadIdx.x == 0) tr[0] = mono_now();
+        if (tr && threadIdx.x == 0) tr[0] = sm_now_ns();
         if (p == MP_MM1) moe_mm_block<F, 1, 1>(P.a1, blockIdx.x, gridDim.x, moe_dyn, t); /* h1: an earlier launch's */
         else moe_mm_block<F, 2, 0>(P.a2, blockIdx.x, gridDim.x, moe_dyn, t);
         if (tr) {
             __syncthreads();
-            if (threadIdx.x == 0) tr[1] = mono_now();
+            if (threadIdx.x == 0) tr[1] = sm_now_ns();
         }
     }
     mono_exit(ctl);
