@@ -134,23 +134,6 @@ static sm_status opt_int(const char *name, int v, int dflt, int lo, int hi, int 
     return SM_OK;
 }
 
-/* "0,1,2,3": exactly `world` device ordinals in [0, 63] into out. */
-static sm_status parse_devices(const char *s, int world, int *out) {
-    int n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 63 || (*end && *end != ','))
-            return fail(SM_E_INVALID, "engine option devices '%s': expected comma-separated device ordinals 0..63", s);
-        if (n == world) return fail(SM_E_INVALID, "engine option devices '%s' lists more than world = %d devices", s, world);
-        out[n++] = (int)v;
-        p = *end ? end + 1 : end;
-    }
-    if (n != world) return fail(SM_E_INVALID, "engine option devices '%s' lists %d devices for world = %d", s, n, world);
-    return SM_OK;
-}
-
 sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opts *o, sparkmono_engine **out) {
     if (!out) return fail(SM_E_INVALID, "sparkmono_engine_create: out is NULL");
     *out = NULL;
@@ -242,10 +225,11 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     }
     bo.comm = o->comm && !strcmp(o->comm, "nccl") ? SM_COMM_NCCL : SM_COMM_PEER;
     if (o->devices) {
-        sm_status ds = parse_devices(o->devices, bo.world, g->devices);
-        if (ds) {
+        sm_err de = {{0}};
+        if (sm_devices_parse(o->devices, bo.world, g->devices, &de)) {
             sparkmono_engine_destroy(g);
-            return ds;
+            sm_errprefix(&de, "engine option");
+            return fail_err(SM_E_INVALID, &de);
         }
         bo.devices = g->devices;
     }

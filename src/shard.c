@@ -204,3 +204,19 @@ void sm_shard_mat_row(sm_expert_fmt fmt, const sm_shard_mat *v, int row, int col
     }
     }
 }
+
+int sm_devices_parse(const char *s, int world, int *out, sm_err *e) {
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 63 || (*end && *end != ','))
+            return sm_errf(e, "devices '%s': expected comma-separated device ordinals 0..63", s);
+        if (n == world) return sm_errf(e, "devices '%s' lists more than world = %d devices", s, world);
+        out[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n != world) return sm_errf(e, "devices '%s' lists %d device%s for world = %d", s, n, n == 1 ? "" : "s", world);
+    return 0;
+}

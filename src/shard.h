@@ -112,6 +112,11 @@ sm_shard_part sm_shard_tensor(const sm_shard *s, int l, sm_tensor_role r, int k)
  * slice's bytes.  MXFP4: cols a multiple of 32. */
 void sm_shard_mat_row(sm_expert_fmt fmt, const sm_shard_mat *v, int row, int cols, float *out);
 
+/* The devices of `world` ranks from "0,1,2,3" (engine option devices, --devices): exactly
+ * `world` comma-separated ordinals in [0, 63] into out [world]; one line naming the list
+ * otherwise.  A device may repeat (several ranks on one device). */
+int sm_devices_parse(const char *s, int world, int *out, sm_err *e);
+
 /* Rows [*lo, *hi) of n that rank `rank` of `world` owns in a row-sharded (token-sharded)
  * phase: lo = rank*n/world, balanced, some ranks empty when n < world. */
 static inline void sm_shard_rows(int n, int world, int rank, int *lo, int *hi) {

@@ -155,12 +155,7 @@ int cli_world(const char *cmd, cli_opt *opts, int no, cli_world_sel *out, sm_err
     out->comm = comm->present ? comm->value : NULL; /* the engine's default when not given */
     out->devices = NULL;
     if (dev->present) {
-        int *ids = NULL, n = 0;
-        char what[64];
-        snprintf(what, sizeof what, "%s: --devices", cmd);
-        if (cli_int_list(what, dev->value, 0, 63, &ids, &n, e)) return -1;
-        free(ids);
-        if (n != out->world) return sm_errf(e, "%s: --devices lists %d device%s for --world %d", cmd, n, n == 1 ? "" : "s", out->world);
+        if (sm_devices_parse(dev->value, out->world, out->dev, e)) return sm_errprefix(e, "%s: --world %d --devices", cmd, out->world);
         out->devices = dev->value;
     }
     return 0;

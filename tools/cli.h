@@ -11,6 +11,7 @@
 #ifndef SM_CLI_H
 #define SM_CLI_H
 #include "err.h"
+#include "shard.h"
 
 #define SM_VERSION "0.2.0" /* `sparkmono --version` */
 
@@ -64,12 +65,12 @@ int cli_choice(const char *cmd, const cli_opt *o, const char *choices, sm_err *e
 int cli_threads(const char *cmd, const cli_opt *o, long *out, sm_err *e);
 /* The ranks of a run: --world W, --moe ep|tp, --devices LIST, --comm peer|nccl (CLI_WORLD_OPTS
  * in a command's table).  --moe, --devices and --comm without --world are errors; --devices
- * must list W devices (each 0..63); the list stays the option's string (the engine parses it
- * again: one validator, sparkmono_engine_create). */
+ * must list W devices (sm_devices_parse, the validator the engine runs on its option too). */
 typedef struct cli_world_sel {
     int world;              /* ranks >= 1 */
     int moe_tp;             /* 0 ep, 1 tp */
     const char *devices;    /* NULL or "0,1,2,3" */
+    int dev[SM_MAX_WORLD];  /* devices parsed (sm_devices_parse), when devices is not NULL */
     const char *comm;       /* "peer" or "nccl"; NULL when not given (the engine's default: peer) */
 } cli_world_sel;
 #define CLI_WORLD_OPTS                                                                                                   \

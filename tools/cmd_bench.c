@@ -315,14 +315,7 @@ static int bench_backend(bench_run *b, sm_err *e) {
     bo.world = a->ws.world;
     bo.moe_tp = a->ws.moe_tp;
     bo.comm = a->ws.comm && !strcmp(a->ws.comm, "nccl") ? SM_COMM_NCCL : SM_COMM_PEER;
-    int devs[64];
-    if (a->ws.devices) {
-        int *ids = NULL, nd = 0;
-        if (cli_int_list("bench: --devices", a->ws.devices, 0, 63, &ids, &nd, e)) return -1;
-        for (int r = 0; r < nd && r < 64; r++) devs[r] = ids[r];
-        free(ids);
-        bo.devices = devs;
-    }
+    bo.devices = a->ws.devices ? a->ws.dev : NULL;
     bo.max_rows = b->max_step_rows;
     if (a->preset) {
         fprintf(stderr, "bench: generating %s (%d layers, %s experts) on the device\n", a->preset, c->L,

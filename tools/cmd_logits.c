@@ -40,7 +40,7 @@ int cmd_logits(int argc, char **argv) {
     const int no = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1], *src = "";
     int npos, *prompt = NULL, n = 0;
-    cli_world_sel ws = {1, 0, NULL, NULL};
+    cli_world_sel ws = {0};
     long threads;
     sm_err e = {{0}};
     int r = cli_parse(&cli_help_logits, argc, argv, opts, no, pos, 0, &npos, &e);

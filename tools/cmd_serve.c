@@ -43,7 +43,7 @@ int cmd_serve(int argc, char **argv) {
     const int no = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1];
     int npos;
-    cli_world_sel ws = {1, 0, NULL, NULL};
+    cli_world_sel ws = {0};
     sm_err e = {{0}};
     int r = cli_parse(&cli_help_serve, argc, argv, opts, no, pos, 1, &npos, &e);
     if (r > 0) return 0;
