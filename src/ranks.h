@@ -1,11 +1,14 @@
 /* ranks.h: W host threads, one per rank, that run a job together and report back (the rank
- * threads of the multi-rank backends: src/cuda/stock/world.cu).
+ * threads of the multi-rank backends).
  *
  * sm_ranks_run hands the job fn(arg, r) to every rank thread r at once and waits for all of
  * them; each returns 0 or -1 with its own error.  A job that fails should first make its peers
  * stop waiting for it (the comm's abort), since they run at the same time.  We rejected running
  * the ranks' jobs one after another on the caller's thread: a rank that waits for a peer (a
- * barrier, an exchange) would wait for a job that has not started.
+ * barrier, an exchange) would wait for a job that has not started; and the CPU thread pool
+ * (cpu/pool.h) for the same reason: its parallel-for hands chunks to whichever thread is free
+ * (one thread may run two ranks in turn) and runs nested parallel-fors inline, which would
+ * serialize each rank's own pool.  Users: the CPU world (cpu/world.c) and the CUDA world.
  */
 #ifndef SM_RANKS_H
 #define SM_RANKS_H
