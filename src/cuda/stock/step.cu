@@ -175,9 +175,7 @@ static int cb_step_eager(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
     return rc;
 }
 
-int cb_step(void *vctx, const sm_step *s, sm_err *e) {
-    sm_cuda_dev *c = (sm_cuda_dev *)vctx;
-    if (sm_step_check(&c->cfg, &c->kvs, s, "cuda step", e)) return -1;
+int cb_step_run(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
     if (s->nrows == 0) return 0;
     if (cb_enter(c, e) || cb_reserve_outputs(c, s->naux, s->logits != NULL, e)) return -1;
     const int graphs = cb_graph_form(s) && !c->eager_only;
@@ -185,4 +183,10 @@ int cb_step(void *vctx, const sm_step *s, sm_err *e) {
     int rc = graphs ? cb_step_graphs(c, s, e) : cb_step_eager(c, s, e);
     if (rc) cudaStreamSynchronize(c->st); /* leave nothing of a failed step in flight */
     return rc;
+}
+
+int cb_step(void *vctx, const sm_step *s, sm_err *e) {
+    sm_cuda_dev *c = (sm_cuda_dev *)vctx;
+    if (sm_step_check(&c->cfg, &c->kvs, s, "cuda step", e)) return -1;
+    return cb_step_run(c, s, e);
 }

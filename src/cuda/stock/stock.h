@@ -307,8 +307,10 @@ int cb_world_ranks(const sm_backend *b, sm_cuda_dev ***rk);
 int cb_best_local(sm_cuda_dev *c, int n, int vu_local, sm_err *e);
 
 /* ---- step.cu ---- */
-/* The sm_backend step entry (backend.h). */
+/* The sm_backend step entry (backend.h): sm_step_check, then cb_step_run (a world checks a step
+ * once for all its ranks and runs cb_step_run on each). */
 int cb_step(void *vctx, const sm_step *s, sm_err *e);
+int cb_step_run(sm_cuda_dev *c, const sm_step *s, sm_err *e);
 /* Pack rows [r0, r0 + n) of s into the pinned staging buffer, padded to nb rows; returns the
  * number of bytes to copy. */
 size_t cb_pack(sm_cuda_dev *c, const sm_step *s, int r0, int n, int nb);

@@ -138,7 +138,7 @@ static int cw_job(void *arg, int r, sm_err *e) {
     if (w->job == CW_UPLOAD) rc = cb_enter(c, e) || cb_upload_model(c, w->m, e) || cb_mono_init(c, e) ? -1 : 0;
     else if (w->job == CW_SYNTH) rc = cb_synth_weights(c, w->fmt, w->seed, e) || cb_mono_init(c, e) ? -1 : 0;
     else if (w->job == CW_EXCH) rc = cw_time_exchanges(w, c, e);
-    else rc = cb_step(c, w->st, e);
+    else rc = cb_step_run(c, w->st, e); /* checked once in cw_step */
     if (rc) sm_gcomm_abort(w->gw, e->msg); /* the peers stop waiting for this rank */
     return rc;
 }
