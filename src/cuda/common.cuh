@@ -175,6 +175,19 @@ __device__ __forceinline__ void sm_mma16816(float *d, uint32_t a0, uint32_t a1, 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+/* Four 8x8 bf16 matrices from shared memory (lane l gives the address of row l % 8 of matrix
+ * l / 8); r[i] = this lane's pair of matrix i: (row l / 4, cols 2 (l % 4), +1), or with .trans
+ * (rows 2 (l % 4), +1 of col l / 4). */
+__device__ __forceinline__ void sm_ldsm_x4(uint32_t (&r)[4], const void *smem) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sa));
+}
+__device__ __forceinline__ void sm_ldsm_x4_trans(uint32_t (&r)[4], const void *smem) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sa));
+}
 /* 16-byte global -> shared copy; src_bytes 0 zero-fills the destination. */
 __device__ __forceinline__ void sm_cp_async16(void *smem, const void *gmem, int src_bytes) {
     uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);

@@ -161,15 +161,17 @@ int sm_k_qk_rope_kv(const uint16_t *q, int ldq, const uint16_t *k, const uint16_
                     sm_err *e);
 
 /* ---- attention (ops/attention.cu) ---- */
-/* Key splits of sm_k_attention's decode items for n rows (about 4 blocks per SM, each split
- * >= 256 keys of a context of max_ctx, bounded by the workspace): the one rule, shared with the
- * persistent kernel so both give the same bits. */
-int sm_att_nsplit(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx);
+/* Key splits of sm_k_attention's tile items for n rows (about 2 items per SM, each split >= 128
+ * keys, bounded by the workspace) and, in *chunk (may be NULL), the keys of one chunk of the
+ * absolute key grid the splits take: the one rule, shared with the persistent kernel so both
+ * give the same bits. */
+int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx, int *chunk);
 /* Decode / verify attention with the fused output gate.  Row i (request row_req[i], position
  * pos[i]) attends to its request's keys p' in [lo, pos[i]] (lo = pos[i] - window + 1 clamped
  * at 0 when window > 0, else 0), read from kv (layout as above) through the block table
  * tables + row_req[i] * max_bpr (page of p' = table[p' / 16]).  GQA: query head h uses KV head
- * h / (nh / nkv).  Scores q.k * scale, f32 softmax, o f32; then per head
+ * h / (nh / nkv).  Scores q.k * scale (tensor cores: exact bf16 products, f32 sums), f32
+ * softmax, o f32 (P.V over the exact p); then per head
  * out = r16(rms(o, -, eps) * sigmoid(gate)).  q bf16 rows of stride ldq ([n, nh*64] used);
  * gate bf16 rows of stride ldg; out bf16 [n, nh*64].  max_ctx (host) is an upper bound of
  * pos[i] + 1 over the rows (it sizes split-K; a smaller value is still correct, just slower;

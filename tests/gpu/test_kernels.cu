@@ -718,6 +718,69 @@ static void case_attention(const char *label, int nh, int nkv, int window, int n
     verdict(name, 1, &a, 1e-2);
 }
 
+/* A row's attention bits do not depend on the rows beside it: the R rows of one request run
+ * (a) together, (b) each alone (one call per row), (c) interleaved with a second request of the
+ * same cache (every run one row long) and (d) in reverse order; every row's output must be
+ * bit-identical to (a).  The same n keeps the same split plan in (a), (c), (d); (b) shares it
+ * when the rows fit one tile (R <= 64 / G). */
+static void case_attention_invariance(const char *label, int nh, int nkv, int window, int R, int p0) {
+    char name[192];
+    att_setup s;
+    const int Rv[1] = {R}, Pv[1] = {p0};
+    att_make(&s, nkv, 1, Rv, Pv);
+    snprintf(name, sizeof name, "attention tile invariance %s R=%d nh=%d nkv=%d window=%d p0=%d", label, R, nh, nkv, window, p0);
+    sm_err e = {""};
+    const int D = 64, ld = (2 * nh + 2 * nkv) * D, n = s.n, G = nh / nkv;
+    const float scale = 5.4730064863875f / 8.0f, eps = 1e-5f;
+    const size_t orow = (size_t)nh * D;
+    uint16_t *hq = (uint16_t *)halloc((size_t)n * ld * 2), *hqr = (uint16_t *)halloc((size_t)n * ld * 2);
+    fill_bf16(hq, (size_t)n * ld, 1.0f);
+    for (int i = 0; i < n; i++) memcpy(hqr + (size_t)i * ld, hq + (size_t)(n - 1 - i) * ld, (size_t)ld * 2);
+    int *tab2 = (int *)halloc((size_t)2 * s.max_bpr * 4), *req2 = (int *)halloc((size_t)n * 4), *posr = (int *)halloc((size_t)n * 4);
+    for (int b = 0; b < s.max_bpr; b++) tab2[b] = tab2[s.max_bpr + b] = s.tables[b];
+    for (int i = 0; i < n; i++) { req2[i] = i & 1; posr[i] = s.pos[n - 1 - i]; }
+    size_t kvn = (size_t)s.nblocks * nkv * 16 * 128;
+    uint16_t *dq = (uint16_t *)dup_to_dev("qkvg", hq, 2, (size_t)n * ld), *dqr = (uint16_t *)dup_to_dev("qkvg rev", hqr, 2, (size_t)n * ld);
+    uint16_t *dkv = (uint16_t *)dup_to_dev("kv", s.kv, 2, kvn);
+    int *dtab = (int *)dup_to_dev("tables", tab2, 4, (size_t)2 * s.max_bpr);
+    int *dreq = (int *)dup_to_dev("row_req", s.row_req, 4, n), *dreq2 = (int *)dup_to_dev("row_req 2", req2, 4, n);
+    int *dpos = (int *)dup_to_dev("pos", s.pos, 4, n), *dposr = (int *)dup_to_dev("pos rev", posr, 4, n);
+    uint16_t *out[4];
+    const char *what[4] = {"together", "alone", "interleaved", "reversed"};
+    for (int v = 0; v < 4; v++) out[v] = (uint16_t *)dalloc("out", 2, (size_t)n * orow);
+    const int go = nh * D + 2 * nkv * D; /* gate columns */
+    int rc = sm_k_attention(&g_ctx, dq, ld, dq + go, ld, dkv, dtab, s.max_bpr, dreq, dpos, n, nh, nkv, window, scale, eps,
+                            s.max_ctx, out[0], g_st, &e);
+    for (int i = 0; i < n && !rc; i++)
+        rc = sm_k_attention(&g_ctx, dq + (size_t)i * ld, ld, dq + (size_t)i * ld + go, ld, dkv, dtab, s.max_bpr, dreq + i,
+                            dpos + i, 1, nh, nkv, window, scale, eps, s.max_ctx, out[1] + (size_t)i * orow, g_st, &e);
+    if (!rc)
+        rc = sm_k_attention(&g_ctx, dq, ld, dq + go, ld, dkv, dtab, s.max_bpr, dreq2, dpos, n, nh, nkv, window, scale, eps,
+                            s.max_ctx, out[2], g_st, &e);
+    if (!rc)
+        rc = sm_k_attention(&g_ctx, dqr, ld, dqr + go, ld, dkv, dtab, s.max_bpr, dreq, dposr, n, nh, nkv, window, scale, eps,
+                            s.max_ctx, out[3], g_st, &e);
+    if (rc) { fail_line(name, e.msg); return; }
+    if (!sync_ok()) { fail_line(name, "kernel failed"); return; }
+    uint16_t *h[4];
+    for (int v = 0; v < 4; v++) {
+        h[v] = (uint16_t *)halloc((size_t)n * orow * 2);
+        to_host(h[v], out[v], (size_t)n * orow * 2);
+    }
+    int ok = 1;
+    for (int v = 1; v < 4; v++) {
+        if (v == 1 && R > 64 / G) continue; /* alone: another split plan */
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            const int j = v == 3 ? n - 1 - i : i; /* row i of (a) is row j of the variant */
+            if (memcmp(h[0] + (size_t)i * orow, h[v] + (size_t)j * orow, orow * 2)) bad++;
+        }
+        if (bad) { printf("  %s: %d of %d rows differ from the rows run together\n", what[v], bad, n); ok = 0; }
+    }
+    rel_acc a = {0, 0, 0, 0};
+    verdict(name, ok, &a, 1.0);
+}
+
 /* ------------------------------------------------------------------ logits */
 
 static void case_logits(int paths, int n, int H, int V, int vu, int want_logits) {
@@ -1116,6 +1179,12 @@ int gpu_test_kernels(void) {
     case_post_attn(300, 256);
     case_post_ffn(13, 1024, 1);
     case_rms_bf16(300, 128, 1);
+    /* widths that are not multiples of 8: every element through the scalar tail */
+    case_embed(5, 1003, 64);
+    case_post_attn(7, 1003);
+    case_post_ffn(7, 1003, 1);
+    case_rms_bf16(9, 1003, 1);
+    case_rms_bf16(9, 1003, 0);
     /* router */
     for (int i = 0; i < nn; i++) case_route(ns[i], 8192, 256, 8);
     case_route(300, 8192, 256, 8);
@@ -1149,6 +1218,12 @@ int gpu_test_kernels(void) {
         case_attention("G=2", 16, 8, 256, 3, R13, P13, 0, 0);
         const int Rz[] = {1}, Pz[] = {0};
         case_attention("first token", 128, 16, 0, 1, Rz, Pz, 0, 0);
+        /* a row's bits never depend on the rows beside it (speculative == greedy) */
+        case_attention_invariance("verify", 128, 16, 0, 8, 3001);
+        case_attention_invariance("verify sliding", 128, 16, 2048, 8, 5000);
+        case_attention_invariance("short", 128, 16, 0, 8, 40);
+        case_attention_invariance("R=16", 128, 16, 2048, 16, 2500);
+        case_attention_invariance("G=2", 16, 8, 256, 24, 700);
     }
     /* prefill attention */
     {

@@ -4,7 +4,7 @@
  *
  * A bucket's descriptors (one per layer 1..L-2) are planned the first time the bucket runs,
  * before its graph is captured, from the context's fixed buffers: the same calls the stock
- * enqueue makes (sm_wg_plan_mm, sm_att_nsplit, moe_*_make), so the descriptors hold the stock
+ * enqueue makes (sm_wg_plan_mm, sm_att_plan, moe_*_make), so the descriptors hold the stock
  * decomposition.  They are written once and never while a graph runs; a mode change drops
  * the graphs.  Static refusals are collected, all of them, into one line; --mono on turns
  * them into an engine-creation error, auto into one log line and stock steps.
@@ -22,6 +22,7 @@ extern "C" {
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The monokernel state of one context. */
 struct cb_mono {
@@ -37,6 +38,9 @@ struct cb_mono {
     unsigned long long *trace;  /* device trace buffer (bench), NULL */
     mono_prog prog;             /* launch scratch (a launch copies it into its parameters) */
     int logged_eager;           /* "stock step (prefill rows)" said */
+    int att_fuse;               /* 1: attention inside the launch where one wave of teams holds it
+                                   (SPARKMONO_MONO_FUSED_ATT=1); 0: the stock tile kernel between
+                                   launches, measured faster (bench/results.md, 2026-12-03 night) */
 };
 
 static const int mono_buckets[CB_NBUCKETS] = {8, 16, 24, 32, 48, 64, 96, 128};
@@ -127,13 +131,14 @@ static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *
     d->q = q; d->gate = q + QD + 2 * KD; d->ldq = NQ;
     d->kv = L->kv; d->tables = c->d_tab; d->max_bpr = c->kvs.max_bpr; d->rreq = c->d_rreq; d->pos = c->d_pos;
     d->window = L->full ? 0 : cf->window;
-    d->nsplit = sm_att_nsplit(&c->kc, nb, cf->nH, cf->nKV, d->window, c->kvs.max_len);
+    d->nsplit = sm_att_plan(&c->kc, nb, cf->nH, cf->nKV, d->window, c->kvs.max_len, &d->chunk);
     d->scale = cf->qk_scale_factor / sqrtf((float)cf->D);
     const size_t per = (size_t)nb * cf->nH;
     if ((size_t)d->nsplit * per * 66 * 4 > M->att_bytes) return sm_errf(e, "layer %d: attention partials exceed the workspace", l);
-    /* one wave of 4 teams a block or the stock kernel (its occupancy hides the key loads better
-     * than a second partial wave would) */
-    d->att_fused = (long long)nb * cf->nKV * d->nsplit <= 4LL * M->grid;
+    /* the stock tile kernel between launches (its 3 blocks of 128 threads an SM at up to 168
+     * registers run the tile item faster than 4 teams of a 512-thread block capped at 128
+     * registers), or on request one wave of 4 teams a block inside the launch */
+    d->att_fused = M->att_fuse && (long long)sm_cdiv(nb, 64 / d->G) * cf->nKV * d->nsplit <= 4LL * M->grid;
     d->wsO = (float *)(ws + M->part_bytes + M->rpart_bytes);
     d->wsM = d->wsO + (size_t)d->nsplit * per * 64;
     d->wsL = d->wsM + (size_t)d->nsplit * per;
@@ -212,7 +217,7 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     for (int i = 0; i < CB_NBUCKETS; i++) {
         if ((size_t)mono_buckets[i] > R) break;
         for (int w = 0; w < 2; w++) {
-            const int ns = sm_att_nsplit(&c->kc, mono_buckets[i], cf->nH, cf->nKV, w ? cf->window : 0, c->kvs.max_len);
+            const int ns = sm_att_plan(&c->kc, mono_buckets[i], cf->nH, cf->nKV, w ? cf->window : 0, c->kvs.max_len, NULL);
             const size_t b = (size_t)ns * mono_buckets[i] * cf->nH * 66 * 4;
             if (b > M->att_bytes) M->att_bytes = b;
         }
@@ -227,6 +232,8 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     const char *b = getenv("SPARKMONO_MONO_BOUND_MS");
     M->ctl_h->bound_ns = (unsigned long long)((b && atof(b) > 0 ? atof(b) : 2000.0) * 1e6);
     M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1;
+    const char *fa = getenv("SPARKMONO_MONO_FUSED_ATT"); /* measurement / test hook: "1" */
+    M->att_fuse = fa && !strcmp(fa, "1");
     const char *f = getenv("SPARKMONO_MONO_FAULT"); /* test hook: "layer:phase" */
     if (f && sscanf(f, "%d:%d", &M->ctl_h->fault_layer, &M->ctl_h->fault_phase) != 2)
         return sm_errf(e, "SPARKMONO_MONO_FAULT='%s': expected layer:phase", f);
@@ -278,7 +285,7 @@ int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e) {
     mono_desc *d = h;
     M->desc[bi] = d;
     fprintf(stderr, "sparkmono: monokernel engaged: %d rows, %s S=%d%s\n", nb, nb <= 16 ? "K3" : "K5", nb,
-            h[1].att_fused ? "" : " (attention unfused: more key items than teams; the stock kernel runs it between launches)");
+            h[1].att_fused ? " (attention fused)" : M->att_fuse ? " (attention unfused: more key items than teams; the stock kernel runs it between launches)" : "");
     return 1;
 }
 

@@ -84,15 +84,15 @@ __device__ __forceinline__ void mono_exit(mono_ctl *ctl) {
 
 template <int G>
 __device__ __noinline__ void mono_att(const mono_desc &d, uint8_t *dyn) {
-    const int k = threadIdx.x >> 7; /* team of 128: one decode item at a time */
+    const int k = threadIdx.x >> 7; /* team of 128: one tile item at a time */
     const sm_team t = sm_team_slice(k, SM_ATT_THREADS);
-    sm_att_decode_smem<G> *sh = (sm_att_decode_smem<G> *)dyn + k;
-    const int nr = d.n * d.nkv, items = nr * d.nsplit;
+    sm_att_tile_smem *sh = (sm_att_tile_smem *)dyn + k;
+    const int nr = (d.n + 64 / G - 1) / (64 / G) * d.nkv, items = nr * d.nsplit;
     for (int v = blockIdx.x * 4 + k; v < items; v += gridDim.x * 4) {
-        /* the stock grid: x = row * nkv + KV head, y = split */
-        const int split = v / nr, rem = v - split * nr, row = rem / d.nkv, h = rem - row * d.nkv;
-        sm_att_decode_item<G>(d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, d.n, d.nh, d.nkv,
-                              d.window, d.scale, d.eps, d.att, d.wsO, d.wsM, d.wsL, row, h, split, d.nsplit, *sh, t);
+        /* the stock grid: x = tile * nkv + KV head, y = split */
+        const int split = v / nr, rem = v - split * nr, tile = rem / d.nkv, h = rem - tile * d.nkv;
+        sm_att_tile_item<G>(d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, d.n, d.nh, d.nkv,
+                            d.window, d.scale, d.eps, d.att, d.wsO, d.wsM, d.wsL, tile, h, split, d.nsplit, d.chunk, *sh, t);
     }
 }
 
@@ -307,13 +307,13 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_c
 
 size_t mono_smem_bytes(int N, int G, int Hm, int I, int E) {
     size_t b = SM_WG_SMEM(N, 1);                                           /* the wgmma ring */
-    const size_t att = 4 * (G == 8 ? sizeof(sm_att_decode_smem<8>) : sizeof(sm_att_decode_smem<2>));
+    const size_t att = 4 * sizeof(sm_att_tile_smem);                       /* 4 attention teams */
     const size_t rt = (size_t)2 * 16 * SM_RG_KL * 4;                         /* router x tiles */
     const size_t tk = (size_t)(MONO_THREADS / 32) * 2 * E * 4;              /* top-k scratch */
     const size_t gr = sizeof(moe_group_smem);
     const size_t cb = (size_t)Hm * 4;                                       /* combine sums (team 0) */
     const size_t o[5] = {att, rt, tk, gr, cb};
-    (void)I;
+    (void)I; (void)G; /* the attention scratch no longer depends on G */
     for (int i = 0; i < 5; i++) if (o[i] > b) b = o[i];
     return b + 1024;                                                        /* 1024-byte alignment */
 }

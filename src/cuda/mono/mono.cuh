@@ -100,7 +100,7 @@ typedef struct mono_desc {
     const int *tables;          /* [*, max_bpr] block tables of the step */
     int max_bpr;
     const int *rreq, *pos;      /* [n] table index, position of each row */
-    int window, nsplit;
+    int window, nsplit, chunk;  /* sm_att_plan: key splits, keys of a chunk of the absolute grid */
     float scale;
     float *wsO, *wsM, *wsL;     /* key-split partials (nsplit > 1) */
     uint16_t *att;              /* [n, nh 64] */

@@ -1,9 +1,11 @@
 /* ops/attention.cu: the stock kernels of paged attention (bodies in ops/attention.cuh), the
  * launchers that choose the split-K factor and the grid, and the checked extern "C" entries.
  *
- * Decode / verify: one block per (row, KV head, split), then (nsplit > 1) one warp per (row,
- * query head) to combine.  When rows x KV heads cannot fill the GPU the key range is split until
- * about 4 blocks per SM, each split >= 256 keys of the longest row, bounded by the workspace.
+ * Decode / verify: one block per (tile of 64/G rows, KV head, split) on tensor cores, then
+ * (nsplit > 1) one warp per (row, query head) to combine.  When tiles x KV heads cannot fill the
+ * GPU the keys are split until about 2 blocks per SM, each split >= 128 keys, bounded by the
+ * workspace; the splits are chunks of an absolute key grid (sm_att_plan), so a row's bits never
+ * depend on the rows beside it.
  * Prefill: one block per (tile of 128/G rows, KV head).  We rejected choosing nsplit per row
  * (from its own length): a row's bits would then depend on its position in the batch's plan.
  */
@@ -13,17 +15,17 @@
 
 /* ---- stock kernels ---- */
 
-/* One decode item per block: blockIdx.x = row * nkv + KV head, blockIdx.y = split of gridDim.y. */
+/* One tile item per block: blockIdx.x = tile * nkv + KV head, blockIdx.y = split of gridDim.y. */
 template <int G>
 __global__ void __launch_bounds__(SM_ATT_THREADS)
 att_decode_kernel(const uint16_t *__restrict__ q, int ldq, const uint16_t *__restrict__ gate, int ldg,
                   const uint16_t *__restrict__ kv, const int *__restrict__ tables, int max_bpr,
                   const int *__restrict__ row_req, const int *__restrict__ pos, int n, int nh, int nkv,
                   int window, float scale, float eps, uint16_t *__restrict__ out, float *__restrict__ wsO,
-                  float *__restrict__ wsM, float *__restrict__ wsL) {
-    __shared__ sm_att_decode_smem<G> sh;
-    sm_att_decode_item<G>(q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, out, wsO,
-                          wsM, wsL, blockIdx.x / nkv, blockIdx.x % nkv, blockIdx.y, gridDim.y, sh, sm_team_block());
+                  float *__restrict__ wsM, float *__restrict__ wsL, int chunk) {
+    __shared__ sm_att_tile_smem sh;
+    sm_att_tile_item<G>(q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, out, wsO,
+                        wsM, wsL, blockIdx.x / nkv, blockIdx.x % nkv, blockIdx.y, gridDim.y, chunk, sh, sm_team_block());
 }
 
 /* One combine item per warp, SM_ATT_WARPS a block. */
@@ -38,21 +40,27 @@ att_combine_kernel(const float *__restrict__ wsO, const float *__restrict__ wsM,
 
 /* ---- launchers and checked entries ---- */
 
-int sm_att_nsplit(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx) {
-    const int blocks0 = n * nkv;
+int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx, int *chunk) {
+    const int tiles = sm_cdiv(n, 64 / (nh / nkv)), items0 = tiles * nkv;
+    const int ctx = max_ctx > 0 ? max_ctx : (1 << 16);
+    const int sliding = window > 0 && window < ctx;
+    const int span = sliding ? window + SM_ATT_TK : ctx; /* keys a run of nearby rows can see */
     int nsplit = 1;
-    if (blocks0 < 2 * c->num_sms) {
-        /* split keys until about 4 blocks per SM, each split >= 256 keys of the longest row */
-        nsplit = sm_cdiv(4 * c->num_sms, blocks0);
-        int ctx = max_ctx > 0 ? max_ctx : (1 << 16);
-        if (window > 0 && window < ctx) ctx = window;
-        const int cap = sm_cdiv(ctx, 256);
+    if (items0 < 2 * c->num_sms) {
+        /* split keys until about 2 items per SM, each split >= 128 keys of the span */
+        nsplit = sm_cdiv(2 * c->num_sms, items0);
+        const int cap = sm_cdiv(span, 128);
         if (nsplit > cap) nsplit = cap;
         const size_t per = (size_t)n * nh * 66 * sizeof(float);
         if ((size_t)nsplit * per > c->ws_bytes) nsplit = (int)(c->ws_bytes / per);
         if (nsplit > 65535) nsplit = 65535;
         if (nsplit < 1) nsplit = 1;
     }
+    /* chunks on the absolute key grid: nsplit of them cover [0, ctx) (full) or any window of
+     * the span (sliding); one split covers everything */
+    int ch = nsplit == 1 ? ctx : sliding ? sm_cdiv(span, nsplit - 1) : sm_cdiv(ctx, nsplit);
+    ch = (int)(((long long)ch + SM_ATT_TK - 1) / SM_ATT_TK * SM_ATT_TK);
+    if (chunk) *chunk = ch;
     return nsplit;
 }
 
@@ -61,13 +69,14 @@ static int att_decode_launch(sm_cuda_ctx *c, const uint16_t *q, int ldq, const u
                              const uint16_t *kv, const int *tables, int max_bpr, const int *row_req, const int *pos,
                              int n, int nh, int nkv, int window, float scale, float eps, int max_ctx, uint16_t *out,
                              cudaStream_t st, sm_err *e) {
-    const int blocks0 = n * nkv, nsplit = sm_att_nsplit(c, n, nh, nkv, window, max_ctx);
+    int chunk;
+    const int blocks0 = sm_cdiv(n, 64 / G) * nkv, nsplit = sm_att_plan(c, n, nh, nkv, window, max_ctx, &chunk);
     float *wsO = (float *)c->ws;
     float *wsM = wsO + (size_t)nsplit * n * nh * 64;
     float *wsL = wsM + (size_t)nsplit * n * nh;
     dim3 grid(blocks0, nsplit);
     att_decode_kernel<G><<<grid, SM_ATT_THREADS, 0, st>>>(q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh,
-                                                       nkv, window, scale, eps, out, wsO, wsM, wsL);
+                                                       nkv, window, scale, eps, out, wsO, wsM, wsL, chunk);
     SM_LAUNCH_CHECK("att_decode_kernel");
     if (nsplit > 1) {
         att_combine_kernel<<<sm_cdiv(n * nh, SM_ATT_WARPS), SM_ATT_THREADS, 0, st>>>(wsO, wsM, wsL, nsplit, n, nh, gate, ldg,

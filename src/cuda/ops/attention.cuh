@@ -29,14 +29,20 @@
 #define SM_ATT_PF_KEYS 16                           /* keys per prefill tile */
 #define SM_ATT_PF_THREADS 128                       /* threads of a prefill item */
 
-/* Shared scratch of a decode item (G query heads per KV head). */
-template <int G> struct __align__(16) sm_att_decode_smem {
-    float qs[G][64];                 /* the group's query heads, f32 */
-    float ps[SM_ATT_WARPS][32][G];   /* per warp: p of its 32 keys of the batch */
-    float os[SM_ATT_WARPS][G][64];   /* per warp: o, for the merge of the warps */
-    float ms[SM_ATT_WARPS][G];       /* per warp: running max */
-    float ls[SM_ATT_WARPS][G];       /* per warp: running sum */
-};
+/* Shared scratch of a decode / verify tile item: two stages of SM_ATT_TK keys, K and V rows
+ * padded to SM_ATT_KP bf16 so the 8 row addresses of an ldmatrix fall in distinct banks; after
+ * the key loop (nsplit == 1) the same bytes hold the tile's f32 output rows (sm_att_tile_out). */
+#define SM_ATT_TK 64   /* keys per stage */
+#define SM_ATT_KP 72   /* padded K / V row of a stage, bf16 */
+typedef struct __align__(16) sm_att_tile_smem {
+    uint16_t k[2][SM_ATT_TK][SM_ATT_KP];
+    uint16_t v[2][SM_ATT_TK][SM_ATT_KP];
+    uint16_t q[64][SM_ATT_KP];       /* the run's query rows by tile row (0 outside the run) */
+} sm_att_tile_smem;
+typedef struct sm_att_tile_out {
+    float o[64][64];                 /* [tile row][dim], o not yet divided by l */
+    float l[64];                     /* [tile row] softmax sum */
+} sm_att_tile_out;
 /* Shared scratch of a prefill item. */
 typedef struct __align__(16) sm_att_prefill_smem {
     float ks[SM_ATT_PF_KEYS][64];    /* K rows of the key tile, f32 */
@@ -61,123 +67,222 @@ __device__ __forceinline__ void sm_att_finish(float a0, float a1, float L, const
     ((uint32_t *)out)[lane] = lo | (hi << 16);
 }
 
-/* Decode / verify item (row, KV head h, split of nsplit) by the SM_ATT_THREADS threads of team t
- * (common.cuh; the stock kernel: its block).  nsplit == 1: out[row, heads of h] is written; else the partials of the split go to
- * wsO [nsplit][n][nh][64], wsM / wsL [nsplit][n][nh] for sm_att_combine_item.  Arguments as
- * sm_k_attention (kernels.h). */
+/* Stage the K and V rows of keys [sb, sb + SM_ATT_TK) of KV head h into stage buffers k, v
+ * (cp.async, one group per call by the caller's commit); keys outside [lo, hi] are zero-filled
+ * (never read from memory: a masked key's V must be a finite 0 for P.V). */
+__device__ __forceinline__ void sm_att_stage(const uint16_t *kv, const int *table, int nkv, int h, int sb, int lo,
+                                             int hi, uint16_t (*k)[SM_ATT_KP], uint16_t (*v)[SM_ATT_KP], const sm_team &t) {
+    for (int u = t.tid; u < SM_ATT_TK * 16; u += t.nt) {
+        const int j = u >> 4, part = u & 15, key = sb + j;
+        const int ok = key >= lo && key <= hi;
+        const uint16_t *src = ok ? sm_att_kv_row(kv, table, nkv, h, key) + part * 8 : kv;
+        uint16_t *dst = part < 8 ? &k[j][part * 8] : &v[j][(part - 8) * 8];
+        sm_cp_async16(dst, src, ok ? 16 : 0);
+    }
+}
+
+/* (x, y) -> bf16x2 hi, mid, lo with hi + mid + lo == (x, y) exactly (each residual is exact in
+ * f32 and the third term holds the last 8 bits). */
+__device__ __forceinline__ void sm_att_split3(float x, float y, uint32_t &hi, uint32_t &mid, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    const float2 hf = __bfloat1622float2(h);
+    const float rx = x - hf.x, ry = y - hf.y;
+    const __nv_bfloat162 m = __floats2bfloat162_rn(rx, ry);
+    const float2 mf = __bfloat1622float2(m);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(rx - mf.x, ry - mf.y);
+    memcpy(&hi, &h, 4);
+    memcpy(&mid, &m, 4);
+    memcpy(&lo, &l, 4);
+}
+
+/* Decode / verify tile item (tile, KV head h, split of nsplit) by the SM_ATT_THREADS threads of
+ * team t (common.cuh; the stock kernel: its block).  The tile is step rows [tile TR, tile TR + TR)
+ * with TR = 64 / G: those rows x the G query heads of KV head h make the 64 rows of one tensor-
+ * core tile (tile row i = query head h G + i / TR of step row tile TR + i % TR; warp w holds tile
+ * rows 16 w .. 16 w + 15).  A run of rows of one request (equal row_req) shares every staged key
+ * block; a tile holding several requests runs them one after the other.
+ * Per 32 keys (stages of 64): S = Q K^T on tensor cores (bf16 products, f32 sums), the mask, online
+ * softmax in f32 per row, and O += P V where P is split exactly into three bf16 terms, so P.V
+ * sums the f32 products of the exact p.
+ * Keys: split s takes chunk lo / chunk + s of the absolute grid of `chunk` keys (lo = the run's
+ * first visible key; the last split also takes every key after it, so a short max_ctx hint stays
+ * correct), in 32-key blocks of the absolute grid.  A block or chunk a row cannot see leaves its
+ * (max, sum, o) unchanged bit for bit, so a row's bits depend only on its own q and keys and on
+ * (nsplit, chunk): never on the tile's other rows (tests: "attention tile invariance").
+ * nsplit == 1: out rows are written; else the partials go to wsO / wsM / wsL as laid out for
+ * sm_att_combine_item.  smem: the team's own sm_att_tile_smem. */
 template <int G>
-__device__ __forceinline__ void sm_att_decode_item(const uint16_t *__restrict__ q, int ldq, const uint16_t *__restrict__ gate,
-                                                   int ldg, const uint16_t *__restrict__ kv, const int *__restrict__ tables,
-                                                   int max_bpr, const int *__restrict__ row_req, const int *__restrict__ pos,
-                                                   int n, int nh, int nkv, int window, float scale, float eps,
-                                                   uint16_t *__restrict__ out, float *__restrict__ wsO,
-                                                   float *__restrict__ wsM, float *__restrict__ wsL, int row, int h,
-                                                   int split, int nsplit, sm_att_decode_smem<G> &sh,
-                                                   const sm_team &t) {
-    const int warp = t.tid >> 5, lane = t.tid & 31;
-    /* this split's keys [kb, ke) of the row's visible range [lo, p] */
-    const int p = pos[row];
-    const int lo = window > 0 ? max(0, p - window + 1) : 0;
-    const int len = max(p + 1 - lo, 0);
-    const int chunk = (((len + nsplit - 1) / nsplit) + 31) & ~31;
-    const int kb = lo + split * chunk, ke = min(kb + chunk, p + 1);
-    const int *table = tables + (size_t)row_req[row] * max_bpr;
+__device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, const uint16_t *gate, int ldg, const uint16_t *kv,
+                                                 const int *tables, int max_bpr, const int *row_req, const int *pos, int n,
+                                                 int nh, int nkv, int window, float scale, float eps, uint16_t *out,
+                                                 float *wsO, float *wsM, float *wsL, int tile, int h, int split, int nsplit,
+                                                 int chunk, sm_att_tile_smem &sh, const sm_team &t) {
+    constexpr int TR = 64 / G;
+    const int warp = t.tid >> 5, lane = t.tid & 31, gid = lane >> 2, tq = lane & 3;
+    const int r_first = tile * TR, r_end = min(r_first + TR, n);
+    /* this thread's two tile rows (X = 0: 16 warp + gid, X = 1: 8 below): step row, query head */
+    int trow[2], hq[2];
+#pragma unroll
+    for (int X = 0; X < 2; X++) {
+        const int i = 16 * warp + gid + 8 * X;
+        trow[X] = r_first + i % TR;
+        hq[X] = h * G + i / TR;
+    }
+    for (int r0 = r_first; r0 < r_end;) {
+        /* the run [r0, r1) of one request and the keys it sees, [lo, hi] */
+        const int req = row_req[r0];
+        int r1 = r0 + 1, lo = pos[r0], hi = pos[r0];
+        while (r1 < r_end && row_req[r1] == req) r1++;
+        for (int r = r0; r < r1; r++) { lo = min(lo, pos[r]); hi = max(hi, pos[r]); }
+        if (window > 0) lo = max(0, lo - window + 1);
+        else lo = 0;
+        const int *table = tables + (size_t)req * max_bpr;
+        const int kb = (lo / chunk + split) * chunk;
+        const int ke = split == nsplit - 1 ? hi + 1 : min(kb + chunk, hi + 1);
+        /* each of this thread's rows: visible keys [plo, phi] of this split (empty: phi < plo) */
+        int plo[2], phi[2], in[2];
+#pragma unroll
+        for (int X = 0; X < 2; X++) {
+            in[X] = trow[X] >= r0 && trow[X] < r1;
+            const int p = in[X] ? pos[trow[X]] : -1;
+            plo[X] = max(kb, window > 0 ? p - window + 1 : 0);
+            phi[X] = min(ke - 1, p);
+        }
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[8][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-    /* the group's G query heads, f32 */
-    for (int i = t.tid; i < G * 64; i += SM_ATT_THREADS)
-        sh.qs[i >> 6][i & 63] = sm_bf(q[(size_t)row * ldq + (size_t)h * G * 64 + i]);
-    sm_team_sync(t);
-
-    float m_run[G], l_run[G], o0[G], o1[G];
+        sm_team_sync(t); /* the stage buffers are free (previous run's epilogue, previous item) */
+        /* the run's query rows into shared memory (tile row i: 8 pieces of 16 bytes) */
+        for (int u = t.tid; u < 64 * 8; u += t.nt) {
+            const int i = u >> 3, part = u & 7, row = r_first + i % TR;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (row >= r0 && row < r1) v = *(const uint4 *)(q + (size_t)row * ldq + (size_t)(h * G + i / TR) * 64 + part * 8);
+            *(uint4 *)&sh.q[i][part * 8] = v;
+        }
+        int sb = max(kb, lo & ~(SM_ATT_TK - 1)), buf = 0;
+        if (sb < ke) sm_att_stage(kv, table, nkv, h, sb, lo, hi, sh.k[0], sh.v[0], t);
+        sm_cp_async_commit();
+        for (; sb < ke; sb += SM_ATT_TK, buf ^= 1) {
+            if (sb + SM_ATT_TK < ke) sm_att_stage(kv, table, nkv, h, sb + SM_ATT_TK, lo, hi, sh.k[buf ^ 1], sh.v[buf ^ 1], t);
+            sm_cp_async_commit();
+            sm_cp_async_wait<1>(); /* this block's keys have landed (this thread's copies) */
+            sm_team_sync(t);       /* ... and every thread's (and the query rows) */
+            /* two halves of 32 keys, each one online-softmax step */
+#pragma unroll 1
+            for (int hf = 0; hf < 2; hf++) {
+                const int k0 = 32 * hf;
+                /* S = Q K^T: 16 rows x 32 keys (n-tile j = keys k0 + 8 j .. + 7) */
+                float s[4][4];
 #pragma unroll
-    for (int g = 0; g < G; g++) { m_run[g] = -INFINITY; l_run[g] = 0.0f; o0[g] = 0.0f; o1[g] = 0.0f; }
-
-    for (int base = kb + warp * 32; base < ke; base += SM_ATT_WARPS * 32) {
-        const int j = base + lane;
-        const int valid = j < ke;
-        /* scores s_g = q_g . k_j * scale, lane = key */
-        float sc[G];
+                for (int j = 0; j < 4; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-        for (int g = 0; g < G; g++) sc[g] = 0.0f;
-        if (valid) {
-            const uint4 *kp = (const uint4 *)sm_att_kv_row(kv, table, nkv, h, j);
-            uint4 kr[8];
+                for (int kk = 0; kk < 4; kk++) {
+                    uint32_t a[4];
+                    sm_ldsm_x4(a, &sh.q[16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8][16 * kk + (lane >> 4) * 8]);
 #pragma unroll
-            for (int c = 0; c < 8; c++) kr[c] = kp[c];
+                    for (int jp = 0; jp < 2; jp++) {
+                        uint32_t b[4];
+                        sm_ldsm_x4(b, &sh.k[buf][k0 + 16 * jp + (lane & 7) + (lane >> 4) * 8][16 * kk + ((lane >> 3) & 1) * 8]);
+                        sm_mma16816(s[2 * jp], a[0], a[1], a[2], a[3], b[0], b[1]);
+                        sm_mma16816(s[2 * jp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+                    }
+                }
+                /* scale and mask; online softmax per row (a row's 32 scores sit in one quad) */
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int c = 0; c < 8; c++) {
-                const float kf[8] = {sm_bf_lo(kr[c].x), sm_bf_hi(kr[c].x), sm_bf_lo(kr[c].y), sm_bf_hi(kr[c].y),
-                                     sm_bf_lo(kr[c].z), sm_bf_hi(kr[c].z), sm_bf_lo(kr[c].w), sm_bf_hi(kr[c].w)};
+                for (int j = 0; j < 4; j++)
 #pragma unroll
-                for (int g = 0; g < G; g++) {
-                    const float4 qa = *(const float4 *)&sh.qs[g][8 * c], qb = *(const float4 *)&sh.qs[g][8 * c + 4];
-                    float a = sc[g];
-                    a = fmaf(qa.x, kf[0], a); a = fmaf(qa.y, kf[1], a); a = fmaf(qa.z, kf[2], a); a = fmaf(qa.w, kf[3], a);
-                    a = fmaf(qb.x, kf[4], a); a = fmaf(qb.y, kf[5], a); a = fmaf(qb.z, kf[6], a); a = fmaf(qb.w, kf[7], a);
-                    sc[g] = a;
+                    for (int e = 0; e < 4; e++) {
+                        const int X = e >> 1, key = sb + k0 + 8 * j + 2 * tq + (e & 1);
+                        const float v = s[j][e] * scale;
+                        s[j][e] = key >= plo[X] && key <= phi[X] ? v : -INFINITY;
+                        mx[X] = fmaxf(mx[X], s[j][e]);
+                    }
+                float corr[2];
+#pragma unroll
+                for (int X = 0; X < 2; X++) {
+                    mx[X] = fmaxf(mx[X], __shfl_xor_sync(0xffffffffu, mx[X], 1));
+                    mx[X] = fmaxf(mx[X], __shfl_xor_sync(0xffffffffu, mx[X], 2));
+                    const float mnew = fmaxf(m[X], mx[X]);
+                    corr[X] = m[X] == -INFINITY ? 0.0f : expf(m[X] - mnew);
+                    m[X] = mnew;
+                }
+                float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int X = e >> 1;
+                        s[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - m[X]);
+                        ps[X] += s[j][e];
+                    }
+#pragma unroll
+                for (int X = 0; X < 2; X++) l[X] = l[X] * corr[X] + ps[X];
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    o[j][0] *= corr[0]; o[j][1] *= corr[0];
+                    o[j][2] *= corr[1]; o[j][3] *= corr[1];
+                }
+                /* O += P V: k16 step jj = keys k0 + 16 jj .. + 15, P exact as hi + mid + lo */
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++) {
+                    uint32_t ph[4], pm[4], pl[4];
+                    sm_att_split3(s[2 * jj][0], s[2 * jj][1], ph[0], pm[0], pl[0]);
+                    sm_att_split3(s[2 * jj][2], s[2 * jj][3], ph[1], pm[1], pl[1]);
+                    sm_att_split3(s[2 * jj + 1][0], s[2 * jj + 1][1], ph[2], pm[2], pl[2]);
+                    sm_att_split3(s[2 * jj + 1][2], s[2 * jj + 1][3], ph[3], pm[3], pl[3]);
+#pragma unroll
+                    for (int dp = 0; dp < 4; dp++) {
+                        uint32_t b[4];
+                        sm_ldsm_x4_trans(b, &sh.v[buf][k0 + 16 * jj + (lane & 7) + ((lane >> 3) & 1) * 8][16 * dp + (lane >> 4) * 8]);
+#pragma unroll
+                        for (int u = 0; u < 2; u++) {
+                            float *acc = o[2 * dp + u];
+                            sm_mma16816(acc, ph[0], ph[1], ph[2], ph[3], b[2 * u], b[2 * u + 1]);
+                            sm_mma16816(acc, pm[0], pm[1], pm[2], pm[3], b[2 * u], b[2 * u + 1]);
+                            sm_mma16816(acc, pl[0], pl[1], pl[2], pl[3], b[2 * u], b[2 * u + 1]);
+                        }
+                    }
                 }
             }
+            sm_team_sync(t); /* every warp is done with buf before it is restaged */
         }
-        /* online softmax: new running max, rescale, p = exp(s - max) */
+        sm_cp_async_wait<0>();
+        /* the row sums over the quad (the same bits in its 4 lanes) */
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            const float s = valid ? sc[g] * scale : -INFINITY;
-            const float mnew = fmaxf(m_run[g], sm_warp_max(s)); /* finite: lane 0 is valid */
-            const float corr = m_run[g] == -INFINITY ? 0.0f : expf(m_run[g] - mnew);
-            const float pj = valid ? expf(s - mnew) : 0.0f;
-            l_run[g] = l_run[g] * corr + pj; /* lane-local part of the sum */
-            o0[g] *= corr;
-            o1[g] *= corr;
-            m_run[g] = mnew;
-            sh.ps[warp][lane][g] = pj;
+        for (int X = 0; X < 2; X++) {
+            l[X] += __shfl_xor_sync(0xffffffffu, l[X], 1);
+            l[X] += __shfl_xor_sync(0xffffffffu, l[X], 2);
         }
-        __syncwarp();
-        /* o += p_j v_j, lane = dims (2 lane, 2 lane + 1) */
-        const int nk = min(32, ke - base);
-#pragma unroll 4
-        for (int jj = 0; jj < nk; jj++) {
-            const uint32_t vv = ((const uint32_t *)(sm_att_kv_row(kv, table, nkv, h, base + jj) + 64))[lane];
-            const float v0 = sm_bf_lo(vv), v1 = sm_bf_hi(vv);
+        if (nsplit > 1) {
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                const float pj = sh.ps[warp][jj][g];
-                o0[g] = fmaf(pj, v0, o0[g]);
-                o1[g] = fmaf(pj, v1, o1[g]);
+            for (int X = 0; X < 2; X++) {
+                if (!in[X]) continue;
+                const size_t id = ((size_t)split * n + trow[X]) * nh + hq[X];
+#pragma unroll
+                for (int j = 0; j < 8; j++) *(float2 *)&wsO[id * 64 + 8 * j + 2 * tq] = make_float2(o[j][2 * X], o[j][2 * X + 1]);
+                if (tq == 0) { wsM[id] = m[X]; wsL[id] = l[X]; }
             }
-        }
-        __syncwarp(); /* ps is rewritten by the next batch */
-    }
-
-    /* merge the 4 warps: M = max m_w, L = sum l_w e^(m_w - M), O = sum o_w e^(m_w - M) */
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        const float lt = sm_warp_sum(l_run[g]);
-        if (lane == 0) { sh.ms[warp][g] = m_run[g]; sh.ls[warp][g] = lt; }
-        *(float2 *)&sh.os[warp][g][2 * lane] = make_float2(o0[g], o1[g]);
-    }
-    sm_team_sync(t);
-    for (int g = warp; g < G; g += SM_ATT_WARPS) {
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < SM_ATT_WARPS; w++) M = fmaxf(M, sh.ms[w][g]);
-        float L = 0.0f, a0 = 0.0f, a1 = 0.0f;
-        if (M != -INFINITY) {
-#pragma unroll
-            for (int w = 0; w < SM_ATT_WARPS; w++) {
-                const float f = sh.ms[w][g] == -INFINITY ? 0.0f : expf(sh.ms[w][g] - M);
-                L += sh.ls[w][g] * f;
-                a0 += sh.os[w][g][2 * lane] * f;
-                a1 += sh.os[w][g][2 * lane + 1] * f;
-            }
-        }
-        const int hq = h * G + g;
-        if (nsplit == 1) {
-            sm_att_finish(a0, a1, L, gate + (size_t)row * ldg + (size_t)hq * 64, eps, out + ((size_t)row * nh + hq) * 64, lane);
         } else {
-            const size_t id = ((size_t)split * n + row) * nh + hq;
-            *(float2 *)&wsO[id * 64 + 2 * lane] = make_float2(a0, a1);
-            if (lane == 0) { wsM[id] = M; wsL[id] = L; }
+            /* through shared memory to the epilogue's layout (lane = dims 2 lane, 2 lane + 1) */
+            sm_att_tile_out *so = (sm_att_tile_out *)&sh;
+#pragma unroll
+            for (int X = 0; X < 2; X++) {
+                const int i = 16 * warp + gid + 8 * X;
+#pragma unroll
+                for (int j = 0; j < 8; j++) *(float2 *)&so->o[i][8 * j + 2 * tq] = make_float2(o[j][2 * X], o[j][2 * X + 1]);
+                if (tq == 0) so->l[i] = l[X];
+            }
+            sm_team_sync(t);
+            for (int i = warp; i < 64; i += SM_ATT_WARPS) {
+                const int row = r_first + i % TR, hh = h * G + i / TR;
+                if (row < r0 || row >= r1) continue;
+                sm_att_finish(so->o[i][2 * lane], so->o[i][2 * lane + 1], so->l[i], gate + (size_t)row * ldg + (size_t)hh * 64,
+                              eps, out + ((size_t)row * nh + hh) * 64, lane);
+            }
         }
+        r0 = r1;
     }
 }
 

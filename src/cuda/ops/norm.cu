@@ -45,12 +45,21 @@ static int rows_check(const char *who, int n, int H, sm_err *e) {
     if (n > 2147483647 / 2) return sm_errf(e, "%s: n=%d rows too many", who, n);
     return 0;
 }
+/* The bodies read rows of a width that is a multiple of 8 in 16-byte pieces (norm.cuh). */
+static int aligned_check(const char *who, int H, const void *const *p, int np, sm_err *e) {
+    if (H % 8) return 0;
+    for (int i = 0; i < np; i++)
+        if (p[i] && !sm_aligned(p[i], 16)) return sm_errf(e, "%s: pointer argument %d is not 16-byte aligned", who, i + 1);
+    return 0;
+}
 
 int sm_k_embed(const uint16_t *embed, int V, int H, const int *tokens, int n, const float *in_norm, float eps,
                float *s, uint16_t *x, cudaStream_t st, sm_err *e) {
     if (rows_check("sm_k_embed", n, H, e)) return -1;
     if (V <= 0) return sm_errf(e, "sm_k_embed: bad vocabulary size V=%d", V);
     if (!embed || !tokens || !in_norm || !s || !x) return sm_errf(e, "sm_k_embed: NULL pointer argument");
+    const void *pp[] = {embed, in_norm, s, x};
+    if (aligned_check("sm_k_embed", H, pp, 4, e)) return -1;
     if (n == 0) return 0;
     embed_kernel<<<n, sm_norm_threads(H), 0, st>>>(embed, V, H, tokens, in_norm, eps, s, x);
     SM_LAUNCH_CHECK("embed_kernel");
@@ -61,6 +70,8 @@ int sm_k_post_attn(float *s, const uint16_t *a, const float *alpha, const float 
                    int n, int H, float post_eps, float eps, uint16_t *xf, cudaStream_t st, sm_err *e) {
     if (rows_check("sm_k_post_attn", n, H, e)) return -1;
     if (!s || !a || !alpha || !beta || !pre_ffn || !xf) return sm_errf(e, "sm_k_post_attn: NULL pointer argument");
+    const void *pp[] = {s, a, alpha, beta, pre_ffn, xf};
+    if (aligned_check("sm_k_post_attn", H, pp, 6, e)) return -1;
     if (n == 0) return 0;
     post_attn_kernel<<<n, sm_norm_threads(H), 0, st>>>(s, a, alpha, beta, pre_ffn, H, post_eps, eps, xf);
     SM_LAUNCH_CHECK("post_attn_kernel");
@@ -72,6 +83,8 @@ int sm_k_post_ffn(float *s, const uint16_t *f, const float *post_ffn, const floa
                   cudaStream_t st, sm_err *e) {
     if (rows_check("sm_k_post_ffn", n, H, e)) return -1;
     if (!s || !f || !post_ffn || !alpha || !beta || !norm || !x) return sm_errf(e, "sm_k_post_ffn: NULL pointer argument");
+    const void *pp[] = {s, f, post_ffn, alpha, beta, norm, x};
+    if (aligned_check("sm_k_post_ffn", H, pp, 7, e)) return -1;
     if (n == 0) return 0;
     post_ffn_kernel<<<n, sm_norm_threads(H), 0, st>>>(s, f, post_ffn, alpha, beta, norm, last != 0, H, post_eps, eps, x);
     SM_LAUNCH_CHECK("post_ffn_kernel");
@@ -81,6 +94,8 @@ int sm_k_post_ffn(float *s, const uint16_t *f, const float *post_ffn, const floa
 int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, uint16_t *y, cudaStream_t st, sm_err *e) {
     if (rows_check("sm_k_rms_bf16", n, d, e)) return -1;
     if (!x || !y) return sm_errf(e, "sm_k_rms_bf16: NULL x or y");
+    const void *pp[] = {x, w, y};
+    if (aligned_check("sm_k_rms_bf16", d, pp, 3, e)) return -1;
     if (n == 0) return 0;
     rms_bf16_kernel<<<n, sm_norm_threads(d), 0, st>>>(x, d, w, eps, y);
     SM_LAUNCH_CHECK("rms_bf16_kernel");

@@ -3,8 +3,10 @@
  *
  * Each body computes ONE row and is executed by every thread of a team t (common.cuh: the
  * stock kernels' whole block, or a slice of a persistent block; t.nt a multiple of 32, at
- * most 1024; it contains team barriers, so no thread of the team may skip it).  Thread i owns
- * the elements i, i + t.nt, ... of the row in every pass, so a pass may read back what the same
+ * most 1024; it contains team barriers, so no thread of the team may skip it).  A thread owns
+ * the same elements of the row in every pass (SM_NORM_CHUNKS: 8-element chunks read with 16-byte
+ * loads, all of a pass in flight at once; the scalar loads before kept ~16 dependent round
+ * trips a pass: 20 us for 8 rows of 8192), so a pass may read back what the same
  * thread wrote in the previous pass and the only cross-thread step is the team reduction
  * (fixed order: deterministic).  The bits depend on t.nt through that reduction: a caller
  * reproduces the stock kernels (ops/norm.cu) exactly with t.nt == sm_norm_threads(H).  `red`
@@ -26,6 +28,35 @@ __device__ __forceinline__ float sm_rms_scale(float sumsq, int d, float eps) {
     return 1.0f / sqrtf(sumsq / (float)d + eps);
 }
 
+/* Element ownership of a row of d: thread tid owns the 8-element chunks tid, tid + nt, ...
+ * (16-byte loads, all of a pass's loads in flight at once) and the tail elements
+ * 8 chunks + tid, + nt, ... ; every pass walks the same elements in the same order.  Rows
+ * whose width is not a multiple of 8 (not 16-byte aligned past row 0) are all tail. */
+__host__ __device__ __forceinline__ int sm_norm_nchunks(int d) { return d % 8 ? 0 : d >> 3; }
+#define SM_NORM_CHUNKS(c, d, t) for (int c = (t).tid; c < sm_norm_nchunks(d); c += (t).nt)
+#define SM_NORM_TAIL(i, d, t) for (int i = 8 * sm_norm_nchunks(d) + (t).tid; i < (d); i += (t).nt)
+__device__ __forceinline__ void sm_ld8_bf(const uint16_t *p, float (&v)[8]) {
+    const uint4 u = *(const uint4 *)p;
+    v[0] = sm_bf_lo(u.x); v[1] = sm_bf_hi(u.x); v[2] = sm_bf_lo(u.y); v[3] = sm_bf_hi(u.y);
+    v[4] = sm_bf_lo(u.z); v[5] = sm_bf_hi(u.z); v[6] = sm_bf_lo(u.w); v[7] = sm_bf_hi(u.w);
+}
+__device__ __forceinline__ void sm_st8_bf(uint16_t *p, const float (&v)[8]) {
+    uint4 u;
+    u.x = (uint32_t)sm_tobf(v[0]) | ((uint32_t)sm_tobf(v[1]) << 16);
+    u.y = (uint32_t)sm_tobf(v[2]) | ((uint32_t)sm_tobf(v[3]) << 16);
+    u.z = (uint32_t)sm_tobf(v[4]) | ((uint32_t)sm_tobf(v[5]) << 16);
+    u.w = (uint32_t)sm_tobf(v[6]) | ((uint32_t)sm_tobf(v[7]) << 16);
+    *(uint4 *)p = u;
+}
+__device__ __forceinline__ void sm_ld8_f(const float *p, float (&v)[8]) {
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void sm_st8_f(float *p, const float (&v)[8]) {
+    *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
 /* Embedding + first norm of row `row`: v = embed[tokens[row]] (bf16 [V, H]),
  * s[row] = r16(rms(v, -, eps)) (f32), x[row] = r16(rms(s[row], w, eps)) (bf16); a token outside
  * [0, V) gives a NaN row. */
@@ -40,17 +71,41 @@ __device__ __forceinline__ void sm_norm_embed_row(const uint16_t *__restrict__ e
     uint16_t *xr = x + row * H;
     /* weightless norm of the embedding row: s = r16(v * rsqrt(mean v^2 + eps)) */
     float ss = 0.0f;
-    for (int i = t.tid; i < H; i += t.nt) { const float v = sm_bf(src[i]); ss += v * v; }
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float v[8];
+        sm_ld8_bf(src + 8 * c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+    }
+    SM_NORM_TAIL(i, H, t) { const float v = sm_bf(src[i]); ss += v * v; }
     const float r = bad ? __int_as_float(0x7FC00000) : sm_rms_scale(sm_team_sum(ss, red, t), H, eps);
     float ss2 = 0.0f;
-    for (int i = t.tid; i < H; i += t.nt) {
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float v[8];
+        sm_ld8_bf(src + 8 * c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) { v[j] = sm_r16d(__fmul_rn(v[j], r)); ss2 += v[j] * v[j]; }
+        sm_st8_f(sr + 8 * c, v);
+    }
+    SM_NORM_TAIL(i, H, t) {
         const float v = sm_r16d(__fmul_rn(sm_bf(src[i]), r));
         sr[i] = v;
         ss2 += v * v;
     }
     /* x = r16(rms(s, eff(in_norm_0))) */
     const float r2 = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
-    for (int i = t.tid; i < H; i += t.nt) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], r2), w[i]));
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float v[8], wv[8];
+        sm_ld8_f(sr + 8 * c, v);
+        sm_ld8_f(w + 8 * c, wv);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = __fmul_rn(__fmul_rn(v[j], r2), wv[j]);
+        sm_st8_bf(xr + 8 * c, v);
+    }
+    SM_NORM_TAIL(i, H, t) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], r2), w[i]));
 }
 
 /* Post-attention boundary of row `row`: s = alpha * s + beta * r16(rms(a, -, post_eps)) in
@@ -64,11 +119,33 @@ __device__ __forceinline__ void sm_norm_post_attn_row(float *__restrict__ s, con
     uint16_t *xr = xf + row * H;
     /* ra = rsqrt(mean a^2 + post_eps) */
     float ss = 0.0f;
-    for (int i = t.tid; i < H; i += t.nt) { const float v = sm_bf(ar[i]); ss += v * v; }
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float v[8];
+        sm_ld8_bf(ar + 8 * c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+    }
+    SM_NORM_TAIL(i, H, t) { const float v = sm_bf(ar[i]); ss += v * v; }
     const float ra = sm_rms_scale(sm_team_sum(ss, red, t), H, post_eps);
     /* s = alpha * s + beta * r16(a * ra) */
     float ss2 = 0.0f;
-    for (int i = t.tid; i < H; i += t.nt) {
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float av[8], sv[8], al[8], be[8];
+        sm_ld8_bf(ar + 8 * c, av);
+        sm_ld8_f(sr + 8 * c, sv);
+        sm_ld8_f(alpha + 8 * c, al);
+        sm_ld8_f(beta + 8 * c, be);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float an = sm_r16d(__fmul_rn(av[j], ra));
+            sv[j] = __fadd_rn(__fmul_rn(al[j], sv[j]), __fmul_rn(be[j], an));
+            ss2 += sv[j] * sv[j];
+        }
+        sm_st8_f(sr + 8 * c, sv);
+    }
+    SM_NORM_TAIL(i, H, t) {
         const float an = sm_r16d(__fmul_rn(sm_bf(ar[i]), ra));
         const float sn = __fadd_rn(__fmul_rn(alpha[i], sr[i]), __fmul_rn(beta[i], an));
         sr[i] = sn;
@@ -76,7 +153,16 @@ __device__ __forceinline__ void sm_norm_post_attn_row(float *__restrict__ s, con
     }
     /* xf = r16(rms(s, eff(pre_ffn))) */
     const float rs = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
-    for (int i = t.tid; i < H; i += t.nt) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], rs), wn[i]));
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float sv[8], wv[8];
+        sm_ld8_f(sr + 8 * c, sv);
+        sm_ld8_f(wn + 8 * c, wv);
+#pragma unroll
+        for (int j = 0; j < 8; j++) sv[j] = __fmul_rn(__fmul_rn(sv[j], rs), wv[j]);
+        sm_st8_bf(xr + 8 * c, sv);
+    }
+    SM_NORM_TAIL(i, H, t) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], rs), wn[i]));
 }
 
 /* Post-FFN boundary of row `row`: t = r16(f * pf), s = alpha * s + beta * r16(t * rsqrt(mean
@@ -92,16 +178,39 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
     uint16_t *xr = x + row * H;
     /* t = r16(f * eff(post_ffn)); rt = rsqrt(mean t^2 + post_eps) */
     float ss = 0.0f;
-    for (int i = t.tid; i < H; i += t.nt) {
-        const float t = sm_r16d(__fmul_rn(sm_bf(fr[i]), pf[i]));
-        ss += t * t;
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float fv[8], pv[8];
+        sm_ld8_bf(fr + 8 * c, fv);
+        sm_ld8_f(pf + 8 * c, pv);
+#pragma unroll
+        for (int j = 0; j < 8; j++) { const float tv = sm_r16d(__fmul_rn(fv[j], pv[j])); ss += tv * tv; }
     }
+    SM_NORM_TAIL(i, H, t) { const float tv = sm_r16d(__fmul_rn(sm_bf(fr[i]), pf[i])); ss += tv * tv; }
     const float rt = sm_rms_scale(sm_team_sum(ss, red, t), H, post_eps);
     /* s = alpha * s + beta * r16(t * rt) */
     float ss2 = 0.0f;
-    for (int i = t.tid; i < H; i += t.nt) {
-        const float t = sm_r16d(__fmul_rn(sm_bf(fr[i]), pf[i]));
-        const float tn = sm_r16d(__fmul_rn(t, rt));
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float fv[8], pv[8], sv[8], al[8], be[8];
+        sm_ld8_bf(fr + 8 * c, fv);
+        sm_ld8_f(pf + 8 * c, pv);
+        sm_ld8_f(sr + 8 * c, sv);
+        sm_ld8_f(alpha + 8 * c, al);
+        sm_ld8_f(beta + 8 * c, be);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float tv = sm_r16d(__fmul_rn(fv[j], pv[j]));
+            const float tn = sm_r16d(__fmul_rn(tv, rt));
+            sv[j] = __fadd_rn(__fmul_rn(al[j], sv[j]), __fmul_rn(be[j], tn));
+            const float v = last ? sm_r16d(sv[j]) : sv[j];
+            ss2 += v * v;
+        }
+        sm_st8_f(sr + 8 * c, sv);
+    }
+    SM_NORM_TAIL(i, H, t) {
+        const float tv = sm_r16d(__fmul_rn(sm_bf(fr[i]), pf[i]));
+        const float tn = sm_r16d(__fmul_rn(tv, rt));
         const float sn = __fadd_rn(__fmul_rn(alpha[i], sr[i]), __fmul_rn(beta[i], tn));
         sr[i] = sn;
         const float v = last ? sm_r16d(sn) : sn;
@@ -109,7 +218,16 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
     }
     /* x = r16(rms(s, eff(in_norm_next))), or h = r16(rms(r16(s), final_norm)) */
     const float r2 = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
-    for (int i = t.tid; i < H; i += t.nt) {
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, H, t) {
+        float sv[8], wv[8];
+        sm_ld8_f(sr + 8 * c, sv);
+        sm_ld8_f(wn + 8 * c, wv);
+#pragma unroll
+        for (int j = 0; j < 8; j++) sv[j] = __fmul_rn(__fmul_rn(last ? sm_r16d(sv[j]) : sv[j], r2), wv[j]);
+        sm_st8_bf(xr + 8 * c, sv);
+    }
+    SM_NORM_TAIL(i, H, t) {
         const float v = last ? sm_r16d(sr[i]) : sr[i];
         xr[i] = sm_tobf(__fmul_rn(__fmul_rn(v, r2), wn[i]));
     }
@@ -122,9 +240,28 @@ __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, c
     const uint16_t *xr = x + row * d;
     uint16_t *yr = y + row * d;
     float ss = 0.0f;
-    for (int i = t.tid; i < d; i += t.nt) { const float v = sm_bf(xr[i]); ss += v * v; }
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, d, t) {
+        float v[8];
+        sm_ld8_bf(xr + 8 * c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+    }
+    SM_NORM_TAIL(i, d, t) { const float v = sm_bf(xr[i]); ss += v * v; }
     const float r = sm_rms_scale(sm_team_sum(ss, red, t), d, eps);
-    for (int i = t.tid; i < d; i += t.nt) {
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, d, t) {
+        float v[8], wv[8];
+        sm_ld8_bf(xr + 8 * c, v);
+        if (w) sm_ld8_f(w + 8 * c, wv);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            v[j] = __fmul_rn(v[j], r);
+            if (w) v[j] = __fmul_rn(v[j], wv[j]);
+        }
+        sm_st8_bf(yr + 8 * c, v);
+    }
+    SM_NORM_TAIL(i, d, t) {
         const float v = __fmul_rn(sm_bf(xr[i]), r);
         yr[i] = sm_tobf(w ? __fmul_rn(v, w[i]) : v);
     }
