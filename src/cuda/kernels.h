@@ -34,6 +34,8 @@ extern "C" { /* err.h and config.h are C headers without their own guards */
 
 #define SM_MM_SMALL_MAX 128  /* sm_k_mm uses the weight-streaming kernel up to this many rows */
 #define SM_ATT_MAX_GROUP 16  /* most query heads per KV head the attention kernels support */
+#define SM_ATT_ITEMS_PER_SM 4 /* resident attention tile items an SM (46 KB of shared memory, 128
+                                * registers a thread): the key splits fill one wave (sm_att_plan) */
 
 /* Per-device state of the stock kernels.  One ctx serves one stream at a time: its workspace
  * is reused by consecutive launches (stream order makes that safe). */
@@ -50,6 +52,8 @@ typedef struct sm_cuda_ctx {
     int tile_cnt_len;
     void *tma_encode;        /* host: the driver's cuTensorMapEncodeTiled, NULL when the wgmma
                               * path is unavailable (not a 9.x device, or an old driver) */
+    int att_items_per_sm;    /* attention key splits aim at this many tile items an SM
+                              * (sm_att_plan; SPARKMONO_ATT_ITEMS_PER_SM, a measurement hook) */
 } sm_cuda_ctx;
 
 #ifdef __cplusplus
@@ -161,8 +165,8 @@ int sm_k_qk_rope_kv(const uint16_t *q, int ldq, const uint16_t *k, const uint16_
                     sm_err *e);
 
 /* ---- attention (ops/attention.cu) ---- */
-/* Key splits of sm_k_attention's tile items for n rows (about 2 items per SM, each split >= 128
- * keys, bounded by the workspace) and, in *chunk (may be NULL), the keys of one chunk of the
+/* Key splits of sm_k_attention's tile items for n rows (one wave of SM_ATT_ITEMS_PER_SM items an
+ * SM, each split >= 128 keys, bounded by the workspace) and, in *chunk (may be NULL), the keys of one chunk of the
  * absolute key grid the splits take: the one rule, shared with the persistent kernel so both
  * give the same bits. */
 int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx, int *chunk);

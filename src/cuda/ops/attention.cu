@@ -3,8 +3,8 @@
  *
  * Decode / verify: one block per (tile of 64/G rows, KV head, split) on tensor cores, then
  * (nsplit > 1) one warp per (row, query head) to combine.  When tiles x KV heads cannot fill the
- * GPU the keys are split until about 2 blocks per SM, each split >= 128 keys, bounded by the
- * workspace; the splits are chunks of an absolute key grid (sm_att_plan), so a row's bits never
+ * GPU the keys are split until one wave of resident blocks (SM_ATT_ITEMS_PER_SM an SM) is
+ * full, each split >= 128 keys, bounded by the workspace; the splits are chunks of an absolute key grid (sm_att_plan), so a row's bits never
  * depend on the rows beside it.
  * Prefill: one block per (tile of 128/G rows, KV head).  We rejected choosing nsplit per row
  * (from its own length): a row's bits would then depend on its position in the batch's plan.
@@ -45,10 +45,14 @@ int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int ma
     const int ctx = max_ctx > 0 ? max_ctx : (1 << 16);
     const int sliding = window > 0 && window < ctx;
     const int span = sliding ? window + SM_ATT_TK : ctx; /* keys a run of nearby rows can see */
+    const int wave = (c->att_items_per_sm > 0 ? c->att_items_per_sm : SM_ATT_ITEMS_PER_SM) * c->num_sms;
     int nsplit = 1;
-    if (items0 < 2 * c->num_sms) {
-        /* split keys until about 2 items per SM, each split >= 128 keys of the span */
-        nsplit = sm_cdiv(2 * c->num_sms, items0);
+    if (items0 < wave) {
+        /* as many splits as one wave of resident items holds (a second, partial wave costs
+         * more than it balances), each split >= 128 keys of the span; sliding layers take at
+         * least 3: their moving window straddles 2 chunks of 2 very unevenly */
+        nsplit = wave / items0;
+        if (sliding && nsplit == 2) nsplit = 3;
         const int cap = sm_cdiv(span, 128);
         if (nsplit > cap) nsplit = cap;
         const size_t per = (size_t)n * nh * 66 * sizeof(float);

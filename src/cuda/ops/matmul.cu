@@ -88,6 +88,8 @@ int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e) {
     c->blas_ws_bytes = (size_t)32 << 20;
     c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)64 << 20);
     c->tile_cnt_len = WG_TILE_CNT_LEN;
+    const char *ai = getenv("SPARKMONO_ATT_ITEMS_PER_SM");
+    c->att_items_per_sm = ai && atoi(ai) > 0 && atoi(ai) <= 64 ? atoi(ai) : SM_ATT_ITEMS_PER_SM;
     if (ctx_create(c, e)) {
         const size_t want = c->blas_ws_bytes + c->ws_bytes + (size_t)c->tile_cnt_len * sizeof(unsigned);
         sm_cuda_ctx_free(c);
