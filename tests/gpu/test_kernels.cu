@@ -681,7 +681,9 @@ static void att_make(att_setup *s, int nkv, int nreq, const int *R, const int *p
     fill_bf16(s->kv, kvn, 1.0f);
 }
 
-/* prefill: 1 = sm_k_attention_prefill on the single request (nreq must be 1) */
+/* prefill: 1 = sm_k_attention_prefill on the single request (nreq must be 1); hint0: the
+ * max_ctx hint is 0 = exact, 1 = unknown (0), 2 = too small (64: the last key split takes the
+ * rest, still correct) */
 static void case_attention(const char *label, int nh, int nkv, int window, int nreq, const int *R, const int *p0,
                            int prefill, int hint0) {
     char name[192];
@@ -710,7 +712,7 @@ static void case_attention(const char *label, int nh, int nkv, int window, int n
     int rc = prefill ? sm_k_attention_prefill(dq, ld, dgate, ld, dkv, dtab, p0[0], n, nh, nkv, window, scale, eps, dout,
                                               g_st, &e)
                      : sm_k_attention(&g_ctx, dq, ld, dgate, ld, dkv, dtab, s.max_bpr, dreq, dpos, n, nh, nkv, window,
-                                      scale, eps, hint0 ? 0 : s.max_ctx, dout, g_st, &e);
+                                      scale, eps, hint0 == 1 ? 0 : hint0 == 2 ? 64 : s.max_ctx, dout, g_st, &e);
     if (rc) { fail_line(name, e.msg); return; }
     if (!sync_ok()) { fail_line(name, "kernel failed"); return; }
     rel_acc a = {0, 0, 0, 0};
@@ -1199,6 +1201,7 @@ int gpu_test_kernels(void) {
         const int R1[] = {1}, P1[] = {9000};
         case_attention("split-K", 128, 16, 0, 1, R1, P1, 0, 0);
         case_attention("split-K no hint", 128, 16, 0, 1, R1, P1, 0, 1);
+        case_attention("split-K hint too small", 128, 16, 0, 1, R1, P1, 0, 2);
         const int R8[] = {8}, P8[] = {3001};
         case_attention("verify", 128, 16, 0, 1, R8, P8, 0, 0);
         const int P8w[] = {5000};
@@ -1206,6 +1209,7 @@ int gpu_test_kernels(void) {
         const int R13[] = {1, 4, 8}, P13[] = {17, 500, 2047};
         case_attention("mixed", 128, 16, 0, 3, R13, P13, 0, 0);
         case_attention("mixed sliding", 128, 16, 2048, 3, R13, P13, 0, 0);
+        case_attention("mixed sliding hint too small", 128, 16, 2048, 3, R13, P13, 0, 2);
         int R64[8], P64[8], R128[16], P128[16];
         for (int r = 0; r < 8; r++) { R64[r] = 8; P64[r] = rndi(3000); }
         for (int r = 0; r < 16; r++) { R128[r] = 8; P128[r] = rndi(2500); }

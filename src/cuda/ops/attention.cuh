@@ -188,17 +188,30 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
                         sm_mma16816(s[2 * jp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
                     }
                 }
-                /* scale and mask; online softmax per row (a row's 32 scores sit in one quad) */
+                /* scale and mask; online softmax per row (a row's 32 scores sit in one quad).
+                 * A block both rows of this thread see whole skips the mask (the same values) */
+                const int kb0 = sb + k0;
+                const bool whole = kb0 >= plo[0] && kb0 + 31 <= phi[0] && kb0 >= plo[1] && kb0 + 31 <= phi[1];
                 float mx[2] = {-INFINITY, -INFINITY};
+                if (whole) {
 #pragma unroll
-                for (int j = 0; j < 4; j++)
+                    for (int j = 0; j < 4; j++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int X = e >> 1, key = sb + k0 + 8 * j + 2 * tq + (e & 1);
-                        const float v = s[j][e] * scale;
-                        s[j][e] = key >= plo[X] && key <= phi[X] ? v : -INFINITY;
-                        mx[X] = fmaxf(mx[X], s[j][e]);
-                    }
+                        for (int e = 0; e < 4; e++) {
+                            s[j][e] *= scale;
+                            mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+                        }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int X = e >> 1, key = kb0 + 8 * j + 2 * tq + (e & 1);
+                            const float v = s[j][e] * scale;
+                            s[j][e] = key >= plo[X] && key <= phi[X] ? v : -INFINITY;
+                            mx[X] = fmaxf(mx[X], s[j][e]);
+                        }
+                }
                 float corr[2];
 #pragma unroll
                 for (int X = 0; X < 2; X++) {
@@ -214,16 +227,21 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int X = e >> 1;
-                        s[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - m[X]);
+                        s[j][e] = !whole && s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - m[X]);
                         ps[X] += s[j][e];
                     }
+                /* rescale by corr (skipped when no row's max moved: corr == 1 leaves the bits) */
+                if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) {
 #pragma unroll
-                for (int X = 0; X < 2; X++) l[X] = l[X] * corr[X] + ps[X];
+                    for (int X = 0; X < 2; X++) l[X] *= corr[X];
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    o[j][0] *= corr[0]; o[j][1] *= corr[0];
-                    o[j][2] *= corr[1]; o[j][3] *= corr[1];
+                    for (int j = 0; j < 8; j++) {
+                        o[j][0] *= corr[0]; o[j][1] *= corr[0];
+                        o[j][2] *= corr[1]; o[j][3] *= corr[1];
+                    }
                 }
+#pragma unroll
+                for (int X = 0; X < 2; X++) l[X] += ps[X];
                 /* O += P V: k16 step jj = keys k0 + 16 jj .. + 15, P exact as hi + mid + lo */
 #pragma unroll
                 for (int jj = 0; jj < 2; jj++) {
