@@ -57,6 +57,34 @@ __device__ __forceinline__ void sm_st8_f(float *p, const float (&v)[8]) {
     *(float4 *)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
 }
 
+/* This thread's part of sum(v^2) over a bf16 row of d (reduce it with sm_team_sum). */
+__device__ __forceinline__ float sm_norm_sumsq_bf16(const uint16_t *xr, int d, const sm_team &t) {
+    float ss = 0.0f;
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, d, t) {
+        float v[8];
+        sm_ld8_bf(xr + 8 * c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+    }
+    SM_NORM_TAIL(i, d, t) { const float v = sm_bf(xr[i]); ss += v * v; }
+    return ss;
+}
+/* The last pass of a row norm: xr = r16(v * r * w) with v = s (r16s == 0) or r16(s), s f32. */
+__device__ __forceinline__ void sm_norm_out_bf16(const float *sr, int d, float r, const float *__restrict__ w, int r16s,
+                                                 uint16_t *__restrict__ xr, const sm_team &t) {
+#pragma unroll 2
+    SM_NORM_CHUNKS(c, d, t) {
+        float v[8], wv[8];
+        sm_ld8_f(sr + 8 * c, v);
+        sm_ld8_f(w + 8 * c, wv);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = __fmul_rn(__fmul_rn(r16s ? sm_r16d(v[j]) : v[j], r), wv[j]);
+        sm_st8_bf(xr + 8 * c, v);
+    }
+    SM_NORM_TAIL(i, d, t) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(r16s ? sm_r16d(sr[i]) : sr[i], r), w[i]));
+}
+
 /* Embedding + first norm of row `row`: v = embed[tokens[row]] (bf16 [V, H]),
  * s[row] = r16(rms(v, -, eps)) (f32), x[row] = r16(rms(s[row], w, eps)) (bf16); a token outside
  * [0, V) gives a NaN row. */
@@ -70,15 +98,7 @@ __device__ __forceinline__ void sm_norm_embed_row(const uint16_t *__restrict__ e
     float *sr = s + row * H;
     uint16_t *xr = x + row * H;
     /* weightless norm of the embedding row: s = r16(v * rsqrt(mean v^2 + eps)) */
-    float ss = 0.0f;
-#pragma unroll 2
-    SM_NORM_CHUNKS(c, H, t) {
-        float v[8];
-        sm_ld8_bf(src + 8 * c, v);
-#pragma unroll
-        for (int j = 0; j < 8; j++) ss += v[j] * v[j];
-    }
-    SM_NORM_TAIL(i, H, t) { const float v = sm_bf(src[i]); ss += v * v; }
+    const float ss = sm_norm_sumsq_bf16(src, H, t);
     const float r = bad ? __int_as_float(0x7FC00000) : sm_rms_scale(sm_team_sum(ss, red, t), H, eps);
     float ss2 = 0.0f;
 #pragma unroll 2
@@ -95,17 +115,7 @@ __device__ __forceinline__ void sm_norm_embed_row(const uint16_t *__restrict__ e
         ss2 += v * v;
     }
     /* x = r16(rms(s, eff(in_norm_0))) */
-    const float r2 = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
-#pragma unroll 2
-    SM_NORM_CHUNKS(c, H, t) {
-        float v[8], wv[8];
-        sm_ld8_f(sr + 8 * c, v);
-        sm_ld8_f(w + 8 * c, wv);
-#pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = __fmul_rn(__fmul_rn(v[j], r2), wv[j]);
-        sm_st8_bf(xr + 8 * c, v);
-    }
-    SM_NORM_TAIL(i, H, t) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], r2), w[i]));
+    sm_norm_out_bf16(sr, H, sm_rms_scale(sm_team_sum(ss2, red, t), H, eps), w, 0, xr, t);
 }
 
 /* Post-attention boundary of row `row`: s = alpha * s + beta * r16(rms(a, -, post_eps)) in
@@ -118,15 +128,7 @@ __device__ __forceinline__ void sm_norm_post_attn_row(float *__restrict__ s, con
     const uint16_t *ar = a + row * H;
     uint16_t *xr = xf + row * H;
     /* ra = rsqrt(mean a^2 + post_eps) */
-    float ss = 0.0f;
-#pragma unroll 2
-    SM_NORM_CHUNKS(c, H, t) {
-        float v[8];
-        sm_ld8_bf(ar + 8 * c, v);
-#pragma unroll
-        for (int j = 0; j < 8; j++) ss += v[j] * v[j];
-    }
-    SM_NORM_TAIL(i, H, t) { const float v = sm_bf(ar[i]); ss += v * v; }
+    const float ss = sm_norm_sumsq_bf16(ar, H, t);
     const float ra = sm_rms_scale(sm_team_sum(ss, red, t), H, post_eps);
     /* s = alpha * s + beta * r16(a * ra) */
     float ss2 = 0.0f;
@@ -152,17 +154,7 @@ __device__ __forceinline__ void sm_norm_post_attn_row(float *__restrict__ s, con
         ss2 += sn * sn;
     }
     /* xf = r16(rms(s, eff(pre_ffn))) */
-    const float rs = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
-#pragma unroll 2
-    SM_NORM_CHUNKS(c, H, t) {
-        float sv[8], wv[8];
-        sm_ld8_f(sr + 8 * c, sv);
-        sm_ld8_f(wn + 8 * c, wv);
-#pragma unroll
-        for (int j = 0; j < 8; j++) sv[j] = __fmul_rn(__fmul_rn(sv[j], rs), wv[j]);
-        sm_st8_bf(xr + 8 * c, sv);
-    }
-    SM_NORM_TAIL(i, H, t) xr[i] = sm_tobf(__fmul_rn(__fmul_rn(sr[i], rs), wn[i]));
+    sm_norm_out_bf16(sr, H, sm_rms_scale(sm_team_sum(ss2, red, t), H, eps), wn, 0, xr, t);
 }
 
 /* Post-FFN boundary of row `row`: t = r16(f * pf), s = alpha * s + beta * r16(t * rsqrt(mean
@@ -217,20 +209,7 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
         ss2 += v * v;
     }
     /* x = r16(rms(s, eff(in_norm_next))), or h = r16(rms(r16(s), final_norm)) */
-    const float r2 = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
-#pragma unroll 2
-    SM_NORM_CHUNKS(c, H, t) {
-        float sv[8], wv[8];
-        sm_ld8_f(sr + 8 * c, sv);
-        sm_ld8_f(wn + 8 * c, wv);
-#pragma unroll
-        for (int j = 0; j < 8; j++) sv[j] = __fmul_rn(__fmul_rn(last ? sm_r16d(sv[j]) : sv[j], r2), wv[j]);
-        sm_st8_bf(xr + 8 * c, sv);
-    }
-    SM_NORM_TAIL(i, H, t) {
-        const float v = last ? sm_r16d(sr[i]) : sr[i];
-        xr[i] = sm_tobf(__fmul_rn(__fmul_rn(v, r2), wn[i]));
-    }
+    sm_norm_out_bf16(sr, H, sm_rms_scale(sm_team_sum(ss2, red, t), H, eps), wn, last, xr, t);
 }
 
 /* y[row] = r16(x[row] * rsqrt(mean x^2 + eps) [* w]) for bf16 rows of d; y may alias x (each
@@ -239,16 +218,7 @@ __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, c
                                                      uint16_t *y, size_t row, float *red, const sm_team &t) {
     const uint16_t *xr = x + row * d;
     uint16_t *yr = y + row * d;
-    float ss = 0.0f;
-#pragma unroll 2
-    SM_NORM_CHUNKS(c, d, t) {
-        float v[8];
-        sm_ld8_bf(xr + 8 * c, v);
-#pragma unroll
-        for (int j = 0; j < 8; j++) ss += v[j] * v[j];
-    }
-    SM_NORM_TAIL(i, d, t) { const float v = sm_bf(xr[i]); ss += v * v; }
-    const float r = sm_rms_scale(sm_team_sum(ss, red, t), d, eps);
+    const float r = sm_rms_scale(sm_team_sum(sm_norm_sumsq_bf16(xr, d, t), red, t), d, eps);
 #pragma unroll 2
     SM_NORM_CHUNKS(c, d, t) {
         float v[8], wv[8];
