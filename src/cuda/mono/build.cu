@@ -285,7 +285,9 @@ int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e) {
     mono_desc *d = h;
     M->desc[bi] = d;
     fprintf(stderr, "sparkmono: monokernel engaged: %d rows, %s S=%d%s\n", nb, nb <= 16 ? "K3" : "K5", nb,
-            h[1].att_fused ? " (attention fused)" : M->att_fuse ? " (attention unfused: more key items than teams; the stock kernel runs it between launches)" : "");
+            h[1].att_fused ? " (attention inside the launches)"
+            : M->att_fuse ? " (attention between launches: more key items than teams)"
+                          : " (attention between launches: the stock tile kernel)");
     return 1;
 }
 
