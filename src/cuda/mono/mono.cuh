@@ -3,7 +3,8 @@
  *
  * A launch runs a range of PHASES on a co-resident grid (cooperative launch); a grid barrier
  * separates consecutive phases.  The phases of layer l, in order:
- *   ATT        paged attention + output norm + gate of layer l (decode items, 4 teams a block)
+ *   ATT        paged attention + output norm + gate of layer l (tile items, 4 teams a block;
+ *              only with SPARKMONO_MONO_FUSED_ATT=1, else the stock kernel between launches)
  *   ATT_SUM    merge of the key splits (one warp per (row, head)), when the items split keys
  *   OPROJ      a = att Wo^T (the wgmma stream-K body, threads 0..255 consume, 256 produces)
  *   POST_ATT   attention residual boundary + pre-FFN norm (a team per row)

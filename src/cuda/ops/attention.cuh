@@ -1,30 +1,33 @@
 /* ops/attention.cuh: the device bodies of paged attention with the fused output norm and gate
- * (docs/model.md section 5): decode / verify work items (split-K) and their combine, prefill tiles.
+ * (docs/model.md section 5): decode / verify tile items (split-K) and their combine, prefill tiles.
  *
- * Decode / verify: the unit is one (row, KV head, split) for one block of SM_ATT_THREADS
- * threads; the G = nh/nkv query heads of the group share every K/V row the block reads.
- * Scores with lane = key (each lane reads its key's 128-byte K row, q is broadcast from shared
- * memory), online softmax in f32 per warp, then P.V with lane = pair of dims (coalesced
- * 128-byte V rows); the 4 warps merge through shared memory.  With nsplit > 1 the key range is
- * cut in nsplit equal chunks (multiples of 32 keys), each item writes its (max, sum, o) partial
- * to the workspace and the combine item (one warp per (row, query head)) merges them in split
- * order.  The epilogue (divide by the sum, per-head rms norm, times sigmoid(gate), r16) runs in
- * whichever finishes.  The bits of a row depend on nsplit, never on which block runs an item.
+ * Decode / verify: the unit is one (tile of 64/G step rows, KV head, split) for one team of
+ * SM_ATT_THREADS threads: the tile's rows x the G = nh/nkv query heads of the KV head are the 64
+ * rows of one tensor-core tile, and a run of rows of one request shares every K/V block the team
+ * stages (cp.async, two stages of 64 keys).  Per 32 keys: S = Q K^T (mma.m16n8k16, bf16 products,
+ * f32 sums), mask, online softmax in f32, O += P V with p split exactly into three bf16 terms.
+ * With nsplit > 1 each item writes its (max, sum, o) partial per (row, query head) and the
+ * combine item (one warp per (row, query head)) merges them in split order; the epilogue (divide
+ * by the sum, per-head rms norm, times sigmoid(gate), r16) runs in whichever finishes.  Splits
+ * are chunks of an absolute key grid (sm_att_plan), so the bits of a row depend on its own q,
+ * keys and (nsplit, chunk) only: never on the other rows of its tile or on which block runs an
+ * item.
  * Prefill (T rows of one request at pos0..pos0+T-1): the unit is one (KV head, tile of 128/G
  * rows) for one block of 128 threads, thread = one query (row, head) holding q and o in
  * registers, K/V tiles of 16 keys staged in shared memory as f32 and read as broadcasts.
- * Items that use block barriers need every thread of a block of exactly that size; the scratch
+ * Items that use block barriers need every thread of a team of exactly that size; the scratch
  * comes from the caller (a struct below, any shared-memory address aligned to 16).
- * We rejected tensor cores for now (correctness first; decode attention is a small part of
- * a verify step, prefill is not graph-captured) and one body for both cases (a per-row
- * block re-reads the whole context for every prefill row).
+ * We rejected one (row, KV head) item on CUDA cores (each row re-read its request's keys: 3-5%
+ * of the floor, bench/results.md), P rounded to bf16 for P.V (a rounding point the model does
+ * not have) and one body for decode and prefill (prefill is not graph-captured and its rows are
+ * one request's consecutive positions).
  */
 #ifndef SM_CUDA_OPS_ATTENTION_CUH
 #define SM_CUDA_OPS_ATTENTION_CUH
 #include "cuda/common.cuh"
 
 #define SM_ATT_WARPS 4
-#define SM_ATT_THREADS (SM_ATT_WARPS * 32)         /* threads of a decode item */
+#define SM_ATT_THREADS (SM_ATT_WARPS * 32)         /* threads of a decode / verify tile item */
 #define SM_ATT_PAGE_ELEMS (SM_KV_BLOCK * 128)       /* bf16 per (page, KV head) */
 #define SM_ATT_PF_KEYS 16                           /* keys per prefill tile */
 #define SM_ATT_PF_THREADS 128                       /* threads of a prefill item */
