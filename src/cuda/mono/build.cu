@@ -135,8 +135,8 @@ static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *
     d->scale = cf->qk_scale_factor / sqrtf((float)cf->D);
     const size_t per = (size_t)nb * cf->nH;
     if ((size_t)d->nsplit * per * 66 * 4 > M->att_bytes) return sm_errf(e, "layer %d: attention partials exceed the workspace", l);
-    /* the stock tile kernel between launches (its 3 blocks of 128 threads an SM at up to 168
-     * registers run the tile item faster than 4 teams of a 512-thread block capped at 128
+    /* the stock tile kernel between launches (measured faster than the same item run by 4
+     * teams of a 512-thread block, whose attention function spills at the launch's 128
      * registers), or on request one wave of 4 teams a block inside the launch */
     d->att_fused = M->att_fuse && (long long)sm_cdiv(nb, 64 / d->G) * cf->nKV * d->nsplit <= 4LL * M->grid;
     d->wsO = (float *)(ws + M->part_bytes + M->rpart_bytes);

@@ -4,8 +4,8 @@
  * Decode / verify: one block per (tile of 64/G rows, KV head, split) on tensor cores, then
  * (nsplit > 1) one warp per (row, query head) to combine.  When tiles x KV heads cannot fill the
  * GPU the keys are split until one wave of resident blocks (SM_ATT_ITEMS_PER_SM an SM) is
- * full, each split >= 128 keys, bounded by the workspace; the splits are chunks of an absolute key grid (sm_att_plan), so a row's bits never
- * depend on the rows beside it.
+ * full, each split >= 128 keys, bounded by the workspace; the splits are chunks of an
+ * absolute key grid (sm_att_plan), so a row's bits never depend on the rows beside it.
  * Prefill: one block per (tile of 128/G rows, KV head).  We rejected choosing nsplit per row
  * (from its own length): a row's bits would then depend on its position in the batch's plan.
  */
