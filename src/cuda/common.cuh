@@ -87,7 +87,6 @@ __device__ __forceinline__ float sm_r16d(float f) { return sm_bf(sm_tobf(f)); }
 __device__ __forceinline__ float sm_bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float sm_bf_hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
 
-/* ---- reductions (butterfly: every lane ends with the same, bitwise identical value) ---- */
 /* Memory-order and clock primitives of the waits that span blocks (the monokernel's grid
  * barrier: gpu scope) or devices (the cross-rank flags: system scope); the globaltimer in ns. */
 __device__ __forceinline__ unsigned sm_ld_acquire_gpu_u32(const unsigned *p) {
@@ -112,6 +111,7 @@ __device__ __forceinline__ uint64_t sm_now_ns(void) {
     return t;
 }
 
+/* ---- reductions (butterfly: every lane ends with the same, bitwise identical value) ---- */
 __device__ __forceinline__ float sm_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);

@@ -70,6 +70,18 @@ __device__ __forceinline__ void sm_att_finish(float a0, float a1, float L, const
     ((uint32_t *)out)[lane] = lo | (hi << 16);
 }
 
+/* First key a query at position p sees (docs/model.md section 5): p - window + 1 clamped at 0 on
+ * a sliding layer (window > 0), else 0. */
+__device__ __forceinline__ int sm_att_first_key(int p, int window) { return window > 0 ? max(0, p - window + 1) : 0; }
+
+/* Tile row i of a tile item whose first step row is r_first (TR = 64 / G rows a tile): its step
+ * row and its query head of KV head h. */
+template <int G>
+__device__ __forceinline__ void sm_att_tile_row(int i, int r_first, int h, int &row, int &head) {
+    row = r_first + i % (64 / G);
+    head = h * G + i / (64 / G);
+}
+
 /* Stage the K and V rows of keys [sb, sb + SM_ATT_TK) of KV head h into stage buffers k, v
  * (cp.async, one group per call by the caller's commit); keys outside [lo, hi] are zero-filled
  * (never read from memory: a masked key's V must be a finite 0 for P.V). */
@@ -126,19 +138,14 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
     /* this thread's two tile rows (X = 0: 16 warp + gid, X = 1: 8 below): step row, query head */
     int trow[2], hq[2];
 #pragma unroll
-    for (int X = 0; X < 2; X++) {
-        const int i = 16 * warp + gid + 8 * X;
-        trow[X] = r_first + i % TR;
-        hq[X] = h * G + i / TR;
-    }
+    for (int X = 0; X < 2; X++) sm_att_tile_row<G>(16 * warp + gid + 8 * X, r_first, h, trow[X], hq[X]);
     for (int r0 = r_first; r0 < r_end;) {
         /* the run [r0, r1) of one request and the keys it sees, [lo, hi] */
         const int req = row_req[r0];
         int r1 = r0 + 1, lo = pos[r0], hi = pos[r0];
         while (r1 < r_end && row_req[r1] == req) r1++;
         for (int r = r0; r < r1; r++) { lo = min(lo, pos[r]); hi = max(hi, pos[r]); }
-        if (window > 0) lo = max(0, lo - window + 1);
-        else lo = 0;
+        lo = sm_att_first_key(lo, window);
         const int *table = tables + (size_t)req * max_bpr;
         const int kb = (lo / chunk + split) * chunk;
         const int ke = split == nsplit - 1 ? hi + 1 : min(kb + chunk, hi + 1);
@@ -148,7 +155,7 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
         for (int X = 0; X < 2; X++) {
             in[X] = trow[X] >= r0 && trow[X] < r1;
             const int p = in[X] ? pos[trow[X]] : -1;
-            plo[X] = max(kb, window > 0 ? p - window + 1 : 0);
+            plo[X] = max(kb, sm_att_first_key(p, window));
             phi[X] = min(ke - 1, p);
         }
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[8][4];
@@ -158,9 +165,11 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
         sm_team_sync(t); /* the stage buffers are free (previous run's epilogue, previous item) */
         /* the run's query rows into shared memory (tile row i: 8 pieces of 16 bytes) */
         for (int u = t.tid; u < 64 * 8; u += t.nt) {
-            const int i = u >> 3, part = u & 7, row = r_first + i % TR;
+            const int i = u >> 3, part = u & 7;
+            int row, head;
+            sm_att_tile_row<G>(i, r_first, h, row, head);
             uint4 v = make_uint4(0, 0, 0, 0);
-            if (row >= r0 && row < r1) v = *(const uint4 *)(q + (size_t)row * ldq + (size_t)(h * G + i / TR) * 64 + part * 8);
+            if (row >= r0 && row < r1) v = *(const uint4 *)(q + (size_t)row * ldq + (size_t)head * 64 + part * 8);
             *(uint4 *)&sh.q[i][part * 8] = v;
         }
         int sb = max(kb, lo & ~(SM_ATT_TK - 1)), buf = 0;
@@ -297,7 +306,8 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
             }
             sm_team_sync(t);
             for (int i = warp; i < 64; i += SM_ATT_WARPS) {
-                const int row = r_first + i % TR, hh = h * G + i / TR;
+                int row, hh;
+                sm_att_tile_row<G>(i, r_first, h, row, hh);
                 if (row < r0 || row >= r1) continue;
                 sm_att_finish(so->o[i][2 * lane], so->o[i][2 * lane + 1], so->l[i], gate + (size_t)row * ldg + (size_t)hh * 64,
                               eps, out + ((size_t)row * nh + hh) * 64, lane);
@@ -346,10 +356,10 @@ __device__ __forceinline__ void sm_att_prefill_item(const uint16_t *__restrict__
     const int active = i < T;
     const int hq = h * G + g;
     const int pi = pos0 + (active ? i : last);
-    const int lo_i = window > 0 ? max(0, pi - window + 1) : 0;
+    const int lo_i = sm_att_first_key(pi, window);
     /* keys any row of the tile sees */
     const int kmax = pos0 + last;
-    const int kmin = window > 0 ? max(0, pos0 + first - window + 1) : 0;
+    const int kmin = sm_att_first_key(pos0 + first, window);
 
     float qr[64], o[64];
     {
