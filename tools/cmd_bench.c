@@ -108,7 +108,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
         CLI_OPT("seed", "N", "1", "seed of the synthesized weights, cache and tokens"),
         CLI_OPT("bw-gib", "N", "4", "GiB read by the bandwidth probe"),
         CLI_OPT("mono", "both|on|off", "both", "stock and monokernel timed in the same run (both), or one of them"),
-        CLI_OPT("trace", "FILE", NULL, "write a Chrome / Perfetto trace (one track per SM) of one monokernel step"),
+        CLI_OPT("trace", "FILE", NULL, "trace one monokernel step of every row count: print each one's per-phase times; FILE gets the first one's Chrome / Perfetto trace (one track per SM)"),
         CLI_WORLD_OPTS,
         CLI_RENAMED("rows", "--rows is now --step-rows LIST (rows per verify step, all requests together)"),
     };
@@ -559,11 +559,14 @@ static int run(const bench_args *a, sm_err *e) {
             if (!rc) rc = bench_step(&b, br, e);
             if (!rc) rc = a->ws.world > 1 ? bench_world(&b, br, e) : bench_layers(&b, br, e);
         }
-    }
-    if (!rc && a->trace) {
-        if (!b.have_mono) rc = sm_errf(e, "bench --trace: the monokernel is not available on this model / device");
-        else if (!(rc = sm_cuda_bench_set_mono(&b.be, 1, e)) && !(rc = sm_cuda_bench_trace(&b.be, &b.sets[0], a->trace, e)))
-            printf("trace of one %d-row monokernel step: %s\n\n", b.sets[0].nrows, a->trace);
+        /* --trace: a traced monokernel step of every row count (its phase summary); the file
+         * holds the first row count's */
+        if (!rc && a->trace) {
+            if (!b.have_mono) rc = sm_errf(e, "bench --trace: the monokernel is not available on this model / device");
+            else if (!(rc = sm_cuda_bench_set_mono(&b.be, 1, e)) &&
+                     !(rc = sm_cuda_bench_trace(&b.be, &b.sets[0], ri == 0 ? a->trace : NULL, b.bw, e)) && ri == 0)
+                printf("trace of one %d-row monokernel step: %s\n\n", rows, a->trace);
+        }
     }
     if (!rc) bench_summary(&b, nres);
     bench_free(&b);

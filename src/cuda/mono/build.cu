@@ -17,6 +17,7 @@
 #include "cuda/mono.h"
 extern "C" {
 #include "outfile.h"
+#include "stats.h"
 }
 #include <math.h>
 #include <stdarg.h>
@@ -380,7 +381,69 @@ extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
     return 0;
 }
 
-extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, sm_err *e) {
+/* Per-phase summary of a traced step h (tb blocks a layer): per monokernel layer 2..L-2, each
+ * phase's span over all blocks (first start to last end), the attention slot (from the end of
+ * the previous layer's last phase to this layer's first: the stock attention kernel, its split
+ * merge and the launch boundaries) and the gaps (the layer's cycle minus the spans); the median
+ * over the layers, printed with the weight phases' floors (bytes / bw). */
+static void mono_trace_summary(const sm_cuda_dev *c, const unsigned long long *h, int tb, int nrows, double bw) {
+    const sm_config *cf = &c->cfg;
+    const int L = cf->L;
+    float span[MP_N][MONO_TRACE_MAX], att[MONO_TRACE_MAX], gap[MONO_TRACE_MAX], cyc[MONO_TRACE_MAX];
+    int nl = 0;
+    unsigned long long prev_end = 0;
+    for (int l = 1; l <= L - 2 && l < MONO_TRACE_MAX; l++) {
+        unsigned long long s0[MP_N], s1[MP_N], first = ~0ull, last = 0;
+        for (int p = 0; p < MP_N; p++) {
+            s0[p] = ~0ull; s1[p] = 0;
+            for (int bk = 0; bk < tb; bk++) {
+                const unsigned long long *q = h + (((size_t)l * tb + bk) * MP_N + p) * 2;
+                if (!q[0] || !q[1]) continue;
+                if (q[0] < s0[p]) s0[p] = q[0];
+                if (q[1] > s1[p]) s1[p] = q[1];
+            }
+            if (s1[p] && s0[p] < first) first = s0[p];
+            if (s1[p] > last) last = s1[p];
+        }
+        if (!last) break;
+        if (prev_end) { /* layers 2..: the cycle from the previous layer's end */
+            float sum = 0;
+            for (int p = 0; p < MP_N; p++) {
+                span[p][nl] = s1[p] ? (float)((s1[p] - s0[p]) / 1e3) : 0.f;
+                sum += span[p][nl];
+            }
+            att[nl] = first > prev_end ? (float)((first - prev_end) / 1e3) : 0.f;
+            cyc[nl] = (float)((last - prev_end) / 1e3);
+            gap[nl] = cyc[nl] - att[nl] - sum;
+            nl++;
+        }
+        prev_end = last;
+    }
+    if (!nl) return;
+    const int H = cf->H, Hm = cf->Hm, NQ = (2 * cf->nH + 2 * cf->nKV) * cf->D;
+    double fb[MP_N] = {0};
+    fb[MP_OPROJ] = (double)H * cf->nH * cf->D * 2;
+    fb[MP_ROUTER] = (double)cf->E * H * 4;
+    fb[MP_POOLER] = (double)Hm * H * 2;
+    fb[MP_UNPOOL] = (double)H * Hm * 2;
+    fb[MP_QKVG] = (double)NQ * H * 2;
+    printf("monokernel trace of one %d-row step: median over layers 2..%d, us (span of each phase over all blocks)\n", nrows,
+           nl + 1);
+    printf("  %-40s %9.1f   (the stock attention kernel + split merge + launch boundaries)\n", "attention slot", sm_median(att, nl));
+    for (int p = 0; p < MP_N; p++) {
+        const double m = sm_median(span[p], nl);  /* sorts this phase's samples only */
+        if (m <= 0) continue;
+        if (fb[p] > 0)
+            printf("  %-40s %9.1f   floor %7.1f  %5.1f%%\n", mono_phase_name[p], m, fb[p] / bw * 1e6, 100 * fb[p] / bw * 1e6 / m);
+        else
+            printf("  %-40s %9.1f\n", mono_phase_name[p], m);
+    }
+    printf("  %-40s %9.1f   (barriers, skew, launch tails)\n", "gaps between phases", sm_median(gap, nl));
+    printf("  %-40s %9.1f\n\n", "layer cycle", sm_median(cyc, nl));
+    fflush(stdout);
+}
+
+extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, double bw, sm_err *e) {
     sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
     if (!c) return -1;
     cb_mono *M = c->mono;
@@ -411,6 +474,11 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
     if (rc) {
         free(h);
         return -1;
+    }
+    mono_trace_summary(c, h, tb, s->nrows, bw);
+    if (!path) {
+        free(h);
+        return 0;
     }
     /* Chrome / Perfetto trace: one track (tid) per SM block, one slice per (layer, phase) */
     unsigned long long t0 = ~0ull;

@@ -69,9 +69,11 @@ int sm_cuda_bench_layers(const sm_backend *b, const sm_step *s, int iters, float
 /* Monokernel on (1: where eligible) or off (0) for the next steps of a CUDA backend (drops
  * the captured graphs); error when on is asked and the engine has no monokernel. */
 int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e);
-/* Run step s once with the monokernel's per-block phase timestamps on and write them to path
- * as a Chrome / Perfetto trace (one track per SM, slices "L<layer> <phase>"). */
-int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, sm_err *e);
+/* Run step s once with the monokernel's per-block phase timestamps on, print the per-phase
+ * summary (median span over layers 2..L-2, the weight phases against their floors at read
+ * bandwidth bw bytes/s) and, when path is not NULL, write the timestamps to path as a Chrome /
+ * Perfetto trace (one track per SM, slices "L<layer> <phase>"). */
+int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, double bw, sm_err *e);
 /* Tests: 0 when every dense tensor of the CUDA backend b (everything but the experts and the
  * KV cache) is bit-identical to its rank's shard of model m; else -1 naming the first tensor
  * that differs.  Checks the upload of a loaded model, and that a synthetic backend equals
