@@ -97,6 +97,9 @@ void sm_gcomm_destroy(sm_gcomm_world *w);
 sm_gcomm *sm_gcomm_rank(sm_gcomm_world *w, int r);
 int sm_gcomm_is_virtual(const sm_gcomm_world *w);   /* 1: some device holds several ranks */
 double sm_gcomm_bound_ms(const sm_gcomm_world *w);
+/* Rank c's device step counter (incremented by sm_gcomm_begin): the epoch base of exchanges
+ * made elsewhere (the monokernel's, inside its launches). */
+const unsigned long long *sm_gcomm_step(const sm_gcomm *c);
 
 /* Fail every rank's pending and later host barrier (virtual ranks) with `why`: a rank thread
  * that fails between operations calls it so its peers do not wait for it. */

@@ -270,6 +270,8 @@ typedef struct tm_case {
     int world;                /* > 1: a CUDA world of this many virtual ranks on device 0 against
                                  the one-rank CUDA backend (TM_WORLD_BOUND) */
     int moe_tp;               /* world layout: 0 ep, 1 tp */
+    int mono;                 /* world: the W ranks run the monokernel (--mono on; exchanges inside
+                                 its launches); the one-rank reference stays stock */
 } tm_case;
 
 /* The devices of a world of w ranks in the tests: SPARKMONO_TEST_DEVICES="0,1,2,3" (a
@@ -331,6 +333,7 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
         bo.moe_tp = tc->moe_tp;
         bo.devices = devs;
         bo.comm = tm_world_devices(tc->world, devs);
+        bo.mono = tc->mono ? SM_MONO_ON : SM_MONO_OFF;
         if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "world %d: %s", tc->world, e.msg); goto done; }
         d.have_gpu = 1;
         d.world = tc->world;
@@ -413,6 +416,11 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     tm_step(&d, "extend request 1 by 17 rows", n, tok, pos, req, 0, NULL, 1);
     printf("  positions reached: %d %d %d (window %d)\n", cur[0], cur[1] + 17, cur[2], c.window);
     free(tok); free(pos); free(req);
+    if (tc->world > 1 && tc->mono) { /* the world's verify steps really ran the monokernel */
+        const long ml = d.have_gpu ? sm_cuda_mono_layers_run(&d.gpu) : 0;
+        TM_CHECK(ml > 0, "%s: no monokernel layer ran on rank 0", tc->name);
+        printf("  monokernel layers run on rank 0: %ld\n", ml);
+    }
 done:;
     double worst = d.worst;
     int mono_steps = d.mono_steps, rank_checks = d.rank_checks, outliers = d.outlier_rows;
@@ -445,10 +453,9 @@ static int tm_generate(const char *dir, const char *backend, int rows, int np, i
     o.request_rows = rows;
     o.max_requests = np;
     o.max_len = 256;
-    if (*tm_gen_devices) { /* W virtual ranks on device 0: the monokernel runs one rank only */
+    if (*tm_gen_devices) { /* W virtual ranks on device 0, the monokernel on every rank */
         o.world = (int)(strlen(tm_gen_devices) + 1) / 2;
         o.devices = tm_gen_devices;
-        o.mono = NULL;
     }
     int rc = 0;
     if (sparkmono_engine_create(m, &o, &g)) { printf("  engine (%s, R %d): %s\n", backend, rows, sparkmono_errmsg()); rc = -1; }
@@ -722,7 +729,7 @@ static int tm_synth(const char *root, uint64_t seed) {
 
 /* A tiny synthetic backend (mono mode, layers), one 8-row verify step after a 16-row prefill;
  * 0 with the step's error line in e (or "" when every step ran). */
-static int tm_mono_run(int mono, int L, char *msg, size_t cap, double *secs) {
+static int tm_mono_run_w(int mono, int L, int world, char *msg, size_t cap, double *secs) {
     sm_err e = {{0}};
     sm_config c;
     sm_kv kv;
@@ -738,7 +745,12 @@ static int tm_mono_run(int mono, int L, char *msg, size_t cap, double *secs) {
     }
     sm_backend_opts bo;
     memset(&bo, 0, sizeof bo);
-    bo.world = 1;
+    int devs[8] = {0};
+    bo.world = world;
+    if (world > 1) {
+        bo.devices = devs;
+        bo.comm = SM_COMM_PEER;
+    }
     bo.max_rows = 32;
     bo.mono = mono;
     if (sm_cuda_backend_create_synth(&c, SM_EXP_MXFP4, 9, &kv, &bo, &b, &e)) {
@@ -763,6 +775,8 @@ out:
     return rc;
 }
 
+static int tm_mono_run(int mono, int L, char *msg, size_t cap, double *secs) { return tm_mono_run_w(mono, L, 1, msg, cap, secs); }
+
 static int tm_mono_guards(void) {
     tm_fail = 0;
     char msg[1024];
@@ -784,6 +798,19 @@ static int tm_mono_guards(void) {
     unsetenv("SPARKMONO_MONO_FAULT");
     unsetenv("SPARKMONO_MONO_BOUND_MS");
     TM_CHECK(tm_mono_run(SM_MONO_ON, 0, msg, sizeof msg, NULL) == 0 && !msg[0], "after the fault test: '%s'", msg);
+    /* 3. two virtual ranks: rank 1 stops mid-layer (its block 1 never reaches the barrier before
+     * layer 1's pooler); rank 0 waits for rank 1's pooled part inside its launch: the step fails
+     * naming the layer and a rank within the bound, no hang; a later world runs */
+    TM_CHECK(tm_mono_run_w(SM_MONO_ON, 0, 2, msg, sizeof msg, NULL) == 0 && !msg[0], "world 2, mono on: '%s'", msg);
+    setenv("SPARKMONO_MONO_FAULT", "1:6:1", 1);
+    setenv("SPARKMONO_MONO_BOUND_MS", "200", 1);
+    TM_CHECK(tm_mono_run_w(SM_MONO_ON, 0, 2, msg, sizeof msg, &secs) == 0 && strstr(msg, "layer 1") && strstr(msg, "rank"),
+             "world 2 fault injection: expected an error naming layer 1 and a rank, got '%s'", msg);
+    printf("  world 2, rank 1 stops at layer 1, pooler: '%s' after %.2f s\n", msg, secs);
+    TM_CHECK(secs < 5.0, "world 2 fault injection: the failed step took %.2f s (bound 0.2 s)", secs);
+    unsetenv("SPARKMONO_MONO_FAULT");
+    unsetenv("SPARKMONO_MONO_BOUND_MS");
+    TM_CHECK(tm_mono_run_w(SM_MONO_ON, 0, 2, msg, sizeof msg, NULL) == 0 && !msg[0], "world 2 after the fault test: '%s'", msg);
     printf("%s mono_guards\n", tm_fail ? "FAIL" : "PASS");
     fflush(stdout);
     return tm_fail ? 1 : 0;
@@ -901,29 +928,35 @@ int gpu_test_model(void) {
     /* Conditioned models are compared with docs/model.md's 2e-2; the raw random models only print
      * their errors (tests/condition.h says why they cannot meet any small bound). */
     static const tm_case cases[] = {
-        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1, 0, 0},
-        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 0, 0},
-        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0},
-        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}, 1, 0, 0},
-        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0},
-        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 0, 0},
-        {"model_tiny_mxfp4_raw", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 0, 0, 0},
-        {"model_mini_mxfp4_raw", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 0, 0, 0},
+        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1, 0, 0, 0},
+        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 0, 0, 0},
+        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0, 0},
+        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}, 1, 0, 0, 0},
+        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0, 0},
+        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 0, 0, 0},
+        {"model_tiny_mxfp4_raw", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 0, 0, 0, 0},
+        {"model_mini_mxfp4_raw", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 0, 0, 0, 0},
         /* tensor + expert parallelism: W virtual ranks on one GPU against one rank */
-        {"world2_tiny_mxfp4_ep", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0},
-        {"world2_mini_bf16_tp", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1},
-        {"world4_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0},
-        {"world4_mini_fp8_tp", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1},
-        {"world8_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0},
-        {"world8_mini_mxfp4_tp", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1},
+        {"world2_tiny_mxfp4_ep", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0, 0},
+        {"world2_mini_bf16_tp", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1, 0},
+        {"world4_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0, 0},
+        {"world4_mini_fp8_tp", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1, 0},
+        {"world8_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0, 0},
+        {"world8_mini_mxfp4_tp", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1, 0},
+        {"world2_tiny_mxfp4_ep_mono", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0, 1},
+        {"world2_mini_bf16_tp_mono", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1, 1},
+        {"world4_mini_fp8_tp_mono", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1, 1},
+        {"world4_mini_mxfp4_ep_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0, 1},
+        {"world8_mini_mxfp4_ep_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0, 1},
+        {"world8_mini_mxfp4_tp_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1, 1},
     };
     int fails = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) fails += tm_compare(root, &cases[i], 1000 + i);
     {
         /* the monokernel with the attention inside its launches (off by default: slower) */
         static const tm_case fused[] = {
-            {"model_mini_mxfp4_fused_attention", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0},
-            {"model_tiny_fp8_fused_attention", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0},
+            {"model_mini_mxfp4_fused_attention", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0, 0},
+            {"model_tiny_fp8_fused_attention", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0, 0},
         };
         setenv("SPARKMONO_MONO_FUSED_ATT", "1", 1);
         for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) fails += tm_compare(root, &fused[i], 2000 + i);

@@ -294,6 +294,8 @@ void sm_gcomm_destroy(sm_gcomm_world *w) {
 
 sm_gcomm *sm_gcomm_rank(sm_gcomm_world *w, int r) { return w && r >= 0 && r < w->W ? &w->ranks[r] : NULL; }
 int sm_gcomm_is_virtual(const sm_gcomm_world *w) { return w->virt; }
+const unsigned long long *sm_gcomm_step(const sm_gcomm *c) { return (const unsigned long long *)c->step; }
+
 double sm_gcomm_bound_ms(const sm_gcomm_world *w) { return w->bound_ms; }
 
 /* ---------------------------------------------------------------- host barrier (virtual ranks) */

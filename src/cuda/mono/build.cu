@@ -16,6 +16,7 @@
 #include "cuda/stock/bench.h"
 #include "cuda/mono.h"
 extern "C" {
+#include "hbar.h"
 #include "outfile.h"
 #include "stats.h"
 }
@@ -38,11 +39,35 @@ struct cb_mono {
     size_t smem;                /* dynamic shared memory of a launch */
     unsigned long long *trace;  /* device trace buffer (bench), NULL */
     mono_prog prog;             /* launch scratch (a launch copies it into its parameters) */
+    mono_moe moe;               /* expert launch scratch */
+    long layers_run;            /* monokernel layers enqueued (tests) */
     int logged_eager;           /* "stock step (prefill rows)" said */
     int att_fuse;               /* 1: attention inside the launch where one wave of teams holds it
                                    (SPARKMONO_MONO_FUSED_ATT=1); 0: the stock tile kernel between
                                    launches, measured faster (bench/results.md, 2026-12-03 night) */
+    /* W > 1 (docs/parallelism.md section 7) */
+    uint8_t *xbuf;              /* device: this rank's exchange area, 2 parities of xbytes */
+    size_t xbytes;
+    unsigned long long *xflag;  /* device [W]: the epochs the ranks published to this one */
+    mono_xc xc;                 /* every rank's areas and flags (cb_mono_world_link) */
+    struct mono_world *mw;      /* virtual ranks: the joint launches (NULL: one rank a device) */
 };
+
+/* Virtual ranks of one world (several on one GPU): every launch is one cooperative launch of
+ * all ranks' blocks, issued by rank 0's thread once every rank has enqueued what comes before
+ * it (a bounded host barrier), so every rank's blocks are co-resident. */
+typedef struct mono_world {
+    int W;
+    sm_cuda_dev **rk;           /* [W] the ranks' contexts */
+    sm_hbar bar;                /* the ranks' rendezvous (bounded, abortable) */
+    double bound_s;             /* longest wait at it */
+    cudaEvent_t ev[MONO_WMAX];  /* each rank's work before the launch */
+    cudaEvent_t done;           /* the joint launch */
+    const mono_prog *prog[MONO_WMAX]; /* each rank's program of the current launch */
+    const mono_moe *moe[MONO_WMAX];
+    mono_prog jp;               /* rank 0's joint program scratch */
+    mono_moe jm;
+} mono_world;
 
 static const int mono_buckets[CB_NBUCKETS] = {8, 16, 24, 32, 48, 64, 96, 128};
 
@@ -68,7 +93,7 @@ static void mono_reasons(const sm_config *cf, const int *fmt, int device, int wo
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     const int tma = sm_cuda_tma_encoder() != NULL;
     if (major != 9 || !tma) reason_add(buf, cap, "device %d is sm_%d%d, not Hopper sm_90 with TMA", device, major, minor);
-    if (world != 1) reason_add(buf, cap, "world %d (the multi-rank monokernel is not built yet)", world);
+    if (world > MONO_WMAX) reason_add(buf, cap, "world %d (the build takes at most %d ranks)", world, MONO_WMAX);
     if (cf->L < 3) reason_add(buf, cap, "%d layers (layers 1..L-2 run mono: needs L >= 3)", cf->L);
     if (cf->D != 64) reason_add(buf, cap, "head_dim %d (the build takes 64)", cf->D);
     const int G = cf->nKV > 0 ? cf->nH / cf->nKV : 0;
@@ -108,45 +133,61 @@ extern "C" int sm_cuda_mono_check(const sm_config *cf, const int *fmt, int devic
     return 0;
 }
 
-/* Descriptor of layer l for bucket rows nb (host copy). */
+/* Descriptor of layer l for bucket rows nb (host copy): the rank's slices and, with W > 1, its
+ * exchanges (the producing phases write into the rank's exchange area, forward.cu's collectives
+ * at the same points). */
 static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *e) {
     cb_mono *M = c->mono;
     const sm_config *cf = &c->cfg;
     const cb_layer *L = &c->layers[l], *Ln = &c->layers[l + 1];
-    const int H = cf->H, Hm = cf->Hm, QD = cf->nH * cf->D, KD = cf->nKV * cf->D, NQ = 2 * QD + 2 * KD, N = mono_box(nb);
+    const int W = c->world, nh = c->plan.nHl, nkv = c->plan.nKVl, tp = W > 1 && c->plan.moe == SM_MOE_TP;
+    const int H = cf->H, Hm = cf->Hm, QD = nh * cf->D, KD = nkv * cf->D, NQ = 2 * QD + 2 * KD, N = mono_box(nb);
     uint16_t *q = (l & 1) ? c->qkv2 : c->qkvg, *nq = ((l + 1) & 1) ? c->qkv2 : c->qkvg;
     memset(d, 0, sizeof *d);
     char *ws = (char *)M->ws;
     void *part = ws;
-    if (sm_wg_plan_mm(&c->kc, N, c->att, nb, QD, L->wo, H, c->a, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw, &d->mm[0].tx, e) ||
-        sm_wg_plan_mm(&c->kc, N, c->xf, nb, H, L->pooler, Hm, c->h1, part, M->part_bytes, &d->mm[1].a, &d->mm[1].tw, &d->mm[1].tx, e) ||
-        sm_wg_plan_mm(&c->kc, N, c->mo, nb, Hm, L->unpooler, H, c->f, part, M->part_bytes, &d->mm[2].a, &d->mm[2].tw, &d->mm[2].tx, e) ||
-        sm_wg_plan_mm(&c->kc, N, c->x, nb, H, Ln->wqkvg, NQ, nq, part, M->part_bytes, &d->mm[3].a, &d->mm[3].tw, &d->mm[3].tx, e))
+    uint8_t *x0 = M->xbuf, *x1 = M->xbuf + M->xbytes; /* parities 0, 1 of this rank's exchange area */
+    const int np = W > 1 ? c->plan.np : Hm, nu = W > 1 ? c->plan.nu : H;
+    /* the matmuls' stream-K split over the rank's blocks (virtual ranks: its share of the SMs) */
+    sm_cuda_ctx kg = c->kc;
+    kg.num_sms = M->grid;
+    int rc = W > 1 ? sm_wg_plan_mm_f32(&kg, N, c->att, nb, QD, L->wo, H, (float *)x0, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw,
+                                       &d->mm[0].tx, e)
+                   : sm_wg_plan_mm(&kg, N, c->att, nb, QD, L->wo, H, c->a, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw, &d->mm[0].tx, e);
+    if (rc ||
+        sm_wg_plan_mm(&kg, N, c->xf, nb, H, L->pooler, np, W > 1 ? (uint16_t *)x1 : c->h1, part, M->part_bytes, &d->mm[1].a,
+                      &d->mm[1].tw, &d->mm[1].tx, e) ||
+        sm_wg_plan_mm(&kg, N, c->mo, nb, Hm, L->unpooler, nu, W > 1 ? (uint16_t *)x1 : c->f, part, M->part_bytes, &d->mm[2].a,
+                      &d->mm[2].tw, &d->mm[2].tx, e) ||
+        sm_wg_plan_mm(&kg, N, c->x, nb, H, Ln->wqkvg, NQ, nq, part, M->part_bytes, &d->mm[3].a, &d->mm[3].tw, &d->mm[3].tx, e))
         return sm_errprefix(e, "layer %d", l);
     d->ctl = M->ctl;
+    d->xc = M->xc;
+    d->xc.np = np;
+    d->xc.nu = nu;
     d->layer = l;
     d->n = nb;
-    d->H = H; d->Hm = Hm; d->E = cf->E; d->K = cf->K; d->nh = cf->nH; d->nkv = cf->nKV; d->G = cf->nH / cf->nKV;
+    d->H = H; d->Hm = Hm; d->E = cf->E; d->K = cf->K; d->nh = nh; d->nkv = nkv; d->G = nh / nkv;
     d->eps = cf->rms_eps; d->post_eps = cf->post_eps;
-    /* attention of layer l: as cb_attention's graph-form call */
+    /* attention of layer l (the rank's heads): as cb_attention's graph-form call */
     d->q = q; d->gate = q + QD + 2 * KD; d->ldq = NQ;
     d->kv = L->kv; d->tables = c->d_tab; d->max_bpr = c->kvs.max_bpr; d->rreq = c->d_rreq; d->pos = c->d_pos;
     d->window = L->full ? 0 : cf->window;
-    d->nsplit = sm_att_plan(&c->kc, nb, cf->nH, cf->nKV, d->window, c->kvs.max_len, &d->chunk);
+    d->nsplit = sm_att_plan(&c->kc, nb, nh, nkv, d->window, c->kvs.max_len, &d->chunk);
     d->scale = cf->qk_scale_factor / sqrtf((float)cf->D);
-    const size_t per = (size_t)nb * cf->nH;
+    const size_t per = (size_t)nb * nh;
     if ((size_t)d->nsplit * per * 66 * 4 > M->att_bytes) return sm_errf(e, "layer %d: attention partials exceed the workspace", l);
     /* the stock tile kernel between launches (measured faster than the same item run by 4
      * teams of a 512-thread block, whose attention function spills at the launch's 128
      * registers), or on request one wave of 4 teams a block inside the launch */
-    d->att_fused = M->att_fuse && (long long)sm_cdiv(nb, 64 / d->G) * cf->nKV * d->nsplit <= 4LL * M->grid;
+    d->att_fused = M->att_fuse && (long long)sm_cdiv(nb, 64 / d->G) * nkv * d->nsplit <= 4LL * M->grid;
     d->wsO = (float *)(ws + M->part_bytes + M->rpart_bytes);
     d->wsM = d->wsO + (size_t)d->nsplit * per * 64;
     d->wsL = d->wsM + (size_t)d->nsplit * per;
     d->att = c->att;
-    /* post-attention boundary */
+    /* post-attention boundary (W > 1: a = r16(attn_sum) of the parts first) */
     d->s = c->s; d->a = c->a; d->att_alpha = L->att_alpha; d->att_beta = L->att_beta; d->pre_ffn = L->pre_ffn_norm; d->xf = c->xf;
-    /* router: the GEMV body's split (sm_k_mm_f32w's main path) */
+    /* router (replicated): the GEMV body's split (sm_k_mm_f32w's main path) */
     d->router = L->router; d->rbias = L->router_bias;
     d->rS = sm_cdiv(H, SM_RG_KL);
     d->rnt = nb <= 8 ? 8 : 16;
@@ -159,14 +200,26 @@ static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *
     d->idx = c->idx + (size_t)l * c->cap * cf->K;
     d->w = c->rw + (size_t)l * c->cap * cf->K;
     d->m_o = cf->out_mult; d->route_scale = cf->route_scale;
-    /* pooler norm, experts */
+    /* pooler norm (W > 1: h1 gathered first), experts: the rank's (EP: routes to its experts;
+     * TP: every route over its I slice) */
     d->h1 = c->h1; d->pre_expert = L->pre_expert_norm;
     d->fmt = L->moe.fmt;
     d->ga = moe_group_make(&L->moe, d->idx, nb, &c->mws);
+    if (W > 1 && !tp) d->ga.e0 = cf->E / W * c->rank;
     d->a1 = moe_mm_make(&L->moe, c->h1, &c->mws, 1);
     d->a2 = moe_mm_make(&L->moe, c->h1, &c->mws, 2);
     d->ca = moe_combine_make(&L->moe, d->w, nb, c->mo, &c->mws);
-    /* post-FFN boundary + the next layer's input norm */
+    if (W > 1 && !tp) d->ca.m_f32 = (float *)x0; /* the rank's partial m, summed by XSUM_M into mo */
+    if (tp) {
+        d->a2.y32 = (float *)x0;                 /* the rank's partial y per route, summed by XSUM_Y */
+        d->xc.ysum = c->xpart;
+        d->ca.y = NULL;
+        d->ca.route_slot = NULL;
+        d->ca.y32 = c->xpart;
+        d->ca.idx = d->idx;
+        d->ca.E = L->moe.E;
+    }
+    /* post-FFN boundary + the next layer's input norm (W > 1: f gathered first) */
     d->f = c->f; d->post_ffn = L->post_ffn_norm; d->ffn_alpha = L->ffn_alpha; d->ffn_beta = L->ffn_beta;
     d->next_norm = Ln->in_norm; d->x = c->x;
     /* the next layer's qk norm / rope / kv insert */
@@ -193,8 +246,8 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
         sm_err e2;
         mono_moe mm;
         memset(&mm, 0, sizeof mm);
-        mm.a1 = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 1);
-        mm.a2 = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 2);
+        mm.a1[0] = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 1);
+        mm.a2[0] = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 2);
         if (mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
         else if (mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
     }
@@ -207,8 +260,10 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     cb_mono *M = (cb_mono *)calloc(1, sizeof *M);
     if (!M) return sm_errf(e, "monokernel: out of host memory");
     c->mono = M;
-    M->grid = c->kc.num_sms;
-    M->moe_grid = c->kc.num_sms * (mocc < 2 ? mocc : 2);
+    /* virtual ranks share the GPU's SMs: each rank's share of a joint launch */
+    const int share = c->world > 1 && c->eager_only ? c->world : 1;
+    M->grid = c->kc.num_sms / share;
+    M->moe_grid = c->kc.num_sms / share * (mocc < 2 ? mocc : 2);
     M->smem = smem;
     const size_t R = (size_t)(c->cap < CB_GRAPH_ROWS ? c->cap : CB_GRAPH_ROWS);
     const int Nmax = mono_box((int)R);
@@ -233,11 +288,25 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     const char *b = getenv("SPARKMONO_MONO_BOUND_MS");
     M->ctl_h->bound_ns = (unsigned long long)((b && atof(b) > 0 ? atof(b) : 2000.0) * 1e6);
     M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1;
-    const char *fa = getenv("SPARKMONO_MONO_FUSED_ATT"); /* measurement / test hook: "1" */
-    M->att_fuse = fa && !strcmp(fa, "1");
-    const char *f = getenv("SPARKMONO_MONO_FAULT"); /* test hook: "layer:phase" */
-    if (f && sscanf(f, "%d:%d", &M->ctl_h->fault_layer, &M->ctl_h->fault_phase) != 2)
-        return sm_errf(e, "SPARKMONO_MONO_FAULT='%s': expected layer:phase", f);
+    const char *fa = getenv("SPARKMONO_MONO_FUSED_ATT"); /* measurement / test hook: "1" (one rank) */
+    M->att_fuse = fa && !strcmp(fa, "1") && c->world == 1;
+    const char *f = getenv("SPARKMONO_MONO_FAULT"); /* test hook: "layer:phase" or "layer:phase:rank" */
+    if (f) {
+        int fr = -1, k = sscanf(f, "%d:%d:%d", &M->ctl_h->fault_layer, &M->ctl_h->fault_phase, &fr);
+        if (k < 2) return sm_errf(e, "SPARKMONO_MONO_FAULT='%s': expected layer:phase[:rank]", f);
+        if (k == 3 && fr != c->rank) M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1; /* another rank's fault */
+    }
+    /* W > 1: this rank's exchange area (2 parities of the largest part) and flags */
+    M->xc.W = 1;
+    if (c->world > 1) {
+        const size_t tpk = c->plan.moe == SM_MOE_TP ? (size_t)cf->K : 1;
+        size_t xb = R * cf->H * 4;
+        if (R * cf->Hm * 4 * tpk > xb) xb = R * cf->Hm * 4 * tpk;
+        M->xbytes = (xb + 255) & ~(size_t)255;
+        SM_CUDA_CHECK(cudaMalloc((void **)&M->xbuf, 2 * M->xbytes));
+        SM_CUDA_CHECK(cudaMalloc((void **)&M->xflag, sizeof(unsigned long long) * (size_t)c->world));
+        SM_CUDA_CHECK(cudaMemsetAsync(M->xflag, 0, sizeof(unsigned long long) * (size_t)c->world, c->st));
+    }
     SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st));
     SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
     return 0;
@@ -252,6 +321,14 @@ void cb_mono_free(sm_cuda_dev *c) {
     if (M->ctl) SM_CUDA_CHECK_PRINT(cudaFree(M->ctl));
     if (M->ctl_h) SM_CUDA_CHECK_PRINT(cudaFreeHost(M->ctl_h));
     if (M->trace) SM_CUDA_CHECK_PRINT(cudaFree(M->trace));
+    if (M->xbuf) SM_CUDA_CHECK_PRINT(cudaFree(M->xbuf));
+    if (M->xflag) SM_CUDA_CHECK_PRINT(cudaFree(M->xflag));
+    if (M->mw && c->rank == 0) { /* rank 0 owns the joint-launch state */
+        for (int q = 0; q < M->mw->W; q++) SM_CUDA_CHECK_PRINT(cudaEventDestroy(M->mw->ev[q]));
+        SM_CUDA_CHECK_PRINT(cudaEventDestroy(M->mw->done));
+        sm_hbar_destroy(&M->mw->bar);
+        free(M->mw);
+    }
     if (c->qkv2) SM_CUDA_CHECK_PRINT(cudaFree(c->qkv2));
     c->qkv2 = NULL;
     free(M);
@@ -311,6 +388,136 @@ static int mono_start(sm_cuda_dev *c, const mono_desc &d, int nb, mono_prog *P, 
     return 0;
 }
 
+/* ---- W ranks ---- */
+
+int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, const unsigned long long *const *steps, sm_err *e) {
+    int on = 0;
+    for (int r = 0; r < W; r++) on += rk[r]->mono != NULL;
+    if (!on) return 0;
+    if (on < W) { /* a refusal anywhere refuses everywhere: every rank takes the same path */
+        for (int r = 0; r < W; r++) {
+            if (rk[r]->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: rank %d cannot run the monokernel (see its line)", r);
+            if (rk[r]->mono && cb_enter(rk[r], e) == 0) cb_mono_free(rk[r]);
+            rk[r]->mono_mode = SM_MONO_OFF;
+        }
+        fprintf(stderr, "sparkmono: monokernel off on every rank: %d of %d ranks refused it\n", W - on, W);
+        return 0;
+    }
+    if (virt) { /* virtual ranks: all on one device (the joint launch), else refused */
+        for (int r = 1; r < W; r++)
+            if (rk[r]->device != rk[0]->device) {
+                for (int q = 0; q < W; q++) {
+                    if (rk[q]->mono_mode == SM_MONO_ON)
+                        return sm_errf(e, "--mono on: virtual ranks on several devices (%d and %d): the monokernel takes all ranks on one "
+                                          "device or one rank a device", rk[0]->device, rk[r]->device);
+                    if (cb_enter(rk[q], e) == 0) cb_mono_free(rk[q]);
+                    rk[q]->mono_mode = SM_MONO_OFF;
+                }
+                fprintf(stderr, "sparkmono: monokernel not eligible (virtual ranks on several devices): every step runs stock\n");
+                return 0;
+            }
+    }
+    mono_xc xc;
+    memset(&xc, 0, sizeof xc);
+    xc.W = W;
+    xc.moe_tp = rk[0]->plan.moe == SM_MOE_TP;
+    xc.bytes = rk[0]->mono->xbytes;
+    for (int q = 0; q < W; q++) {
+        xc.buf[q] = rk[q]->mono->xbuf;
+        xc.flag[q] = rk[q]->mono->xflag;
+    }
+    for (int r = 0; r < W; r++) {
+        rk[r]->mono->xc = xc;
+        rk[r]->mono->xc.rank = r;
+        rk[r]->mono->xc.step = steps[r];
+    }
+    if (!virt) return 0;
+    mono_world *mw = (mono_world *)calloc(1, sizeof *mw);
+    if (!mw) return sm_errf(e, "monokernel: out of host memory");
+    mw->W = W;
+    mw->rk = rk;
+    sm_hbar_init(&mw->bar, W);
+    mw->bound_s = (double)rk[0]->mono->ctl_h->bound_ns / 1e9 + 1.0;
+    if (cb_enter(rk[0], e)) return -1;
+    for (int q = 0; q < W; q++) SM_CUDA_CHECK(cudaEventCreateWithFlags(&mw->ev[q], cudaEventDisableTiming));
+    SM_CUDA_CHECK(cudaEventCreateWithFlags(&mw->done, cudaEventDisableTiming));
+    for (int r = 0; r < W; r++) rk[r]->mono->mw = mw;
+    return 0;
+}
+
+/* The rendezvous of the virtual ranks before / after a joint launch. */
+static int mono_meet(sm_cuda_dev *c, const char *what, sm_err *e) {
+    mono_world *mw = c->mono->mw;
+    int who = -1;
+    char msg[512];
+    if (sm_hbar_wait(&mw->bar, c->rank, mw->bound_s, what, &who, msg, sizeof msg)) return sm_errf(e, "monokernel: %s", msg);
+    return 0;
+}
+
+/* A dense launch of program P (this rank's), or with virtual ranks the joint launch of every
+ * rank's program (issued by rank 0 after all ranks enqueued their work before it). */
+static int mono_go_dense(sm_cuda_dev *c, int N, mono_prog *P, sm_err *e) {
+    cb_mono *M = c->mono;
+    P->nrank = 1;
+    if (!M->mw) return mono_launch(N, *P, M->grid, M->smem, c->st, e);
+    mono_world *mw = M->mw;
+    if (P->nseg != 1) return sm_errf(e, "monokernel: a joint launch of virtual ranks takes one segment");
+    mw->prog[c->rank] = P;
+    SM_CUDA_CHECK(cudaEventRecord(mw->ev[c->rank], c->st));
+    if (mono_meet(c, "monokernel launch", e)) return -1;
+    int rc = 0;
+    if (c->rank == 0) {
+        mono_prog *J = &mw->jp;
+        J->nseg = 1;
+        J->nrank = mw->W;
+        J->p0[0] = P->p0[0];
+        J->p1[0] = P->p1[0];
+        for (int q = 0; q < mw->W; q++) J->d[q] = mw->prog[q]->d[0];
+        for (int q = 0; q < mw->W && !rc; q++)
+            if (cudaStreamWaitEvent(c->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
+        if (!rc) rc = mono_launch(N, *J, M->grid * mw->W, M->smem, c->st, e);
+        if (!rc && cudaEventRecord(mw->done, c->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
+        if (rc) sm_hbar_abort(&mw->bar, 0, e->msg);
+    }
+    if (mono_meet(c, "monokernel launch done", e)) return -1;
+    if (rc) return -1;
+    if (c->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(c->st, mw->done, 0));
+    return 0;
+}
+
+/* The expert launch, as mono_go_dense. */
+static int mono_go_moe(sm_cuda_dev *c, int fmt, mono_moe *P, sm_err *e) {
+    cb_mono *M = c->mono;
+    P->nrank = 1;
+    if (!M->mw) return mono_moe_launch(fmt, *P, M->moe_grid, c->st, e);
+    mono_world *mw = M->mw;
+    mw->moe[c->rank] = P;
+    SM_CUDA_CHECK(cudaEventRecord(mw->ev[c->rank], c->st));
+    if (mono_meet(c, "monokernel expert launch", e)) return -1;
+    int rc = 0;
+    if (c->rank == 0) {
+        mono_moe *J = &mw->jm;
+        memset(J, 0, sizeof *J);
+        J->layer = P->layer;
+        J->nrank = mw->W;
+        for (int q = 0; q < mw->W; q++) {
+            J->a1[q] = mw->moe[q]->a1[0];
+            J->a2[q] = mw->moe[q]->a2[0];
+            J->ctl[q] = mw->moe[q]->ctl[0];
+            J->xc[q] = mw->moe[q]->xc[0];
+        }
+        for (int q = 0; q < mw->W && !rc; q++)
+            if (cudaStreamWaitEvent(c->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
+        if (!rc) rc = mono_moe_launch(fmt, *J, M->moe_grid * mw->W, c->st, e);
+        if (!rc && cudaEventRecord(mw->done, c->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
+        if (rc) sm_hbar_abort(&mw->bar, 0, e->msg);
+    }
+    if (mono_meet(c, "monokernel expert launch done", e)) return -1;
+    if (rc) return -1;
+    if (c->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(c->st, mw->done, 0));
+    return 0;
+}
+
 int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, sm_err *e) {
     cb_mono *M = c->mono;
     const int bi = mono_bucket_index(nb);
@@ -322,18 +529,19 @@ int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, s
     /* the start of layer l, unless the previous layer's launch ran it */
     if (!(prev_mono && d.att_fused)) {
         P->nseg = 0;
-        if (mono_start(c, d, nb, P, e) || mono_launch(N, *P, M->grid, M->smem, c->st, e)) return sm_errprefix(e, "monokernel layer %d", l);
+        if (mono_start(c, d, nb, P, e) || mono_go_dense(c, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
     }
     /* the experts */
-    mono_moe mm;
-    memset(&mm, 0, sizeof mm);
-    mm.a1 = d.a1; mm.a2 = d.a2; mm.ctl = d.ctl; mm.layer = l;
-    if (mono_moe_launch(d.fmt, mm, M->moe_grid, c->st, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
+    mono_moe *mm = &M->moe;
+    memset(mm, 0, sizeof *mm);
+    mm->a1[0] = d.a1; mm->a2[0] = d.a2; mm->ctl[0] = d.ctl; mm->xc[0] = d.xc; mm->layer = l;
+    if (mono_go_moe(c, d.fmt, mm, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
     /* the end of layer l (+ the start of layer l+1 when it runs mono with fused attention) */
     P->nseg = 0;
-    mono_seg(P, d, MP_COMBINE, MP_N);
+    mono_seg(P, d, d.xc.W > 1 && d.xc.moe_tp ? MP_XSUM_Y : MP_COMBINE, MP_NPHASE);
     if (next_mono && D[l + 1].att_fused) mono_seg(P, D[l + 1], D[l + 1].att_fused ? MP_ATT : MP_OPROJ, MP_MM1);
-    if (mono_launch(N, *P, M->grid, M->smem, c->st, e)) return sm_errprefix(e, "monokernel layer %d", l);
+    if (mono_go_dense(c, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
+    M->layers_run++;
     return 0;
 }
 
@@ -347,12 +555,17 @@ int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e) {
 int cb_mono_health_check(sm_cuda_dev *c, sm_err *e) {
     cb_mono *M = c->mono;
     if (!M || !M->ctl_h->health[0]) return 0;
-    const unsigned l = M->ctl_h->health[1], p = M->ctl_h->health[2], b = M->ctl_h->health[3];
-    sm_errf(e, "monokernel: device %d, layer %u, phase %s: block %u waited past the %.0f ms bound at the grid barrier (a block "
-               "stopped arriving); the step's results are void",
-            c->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6);
+    const unsigned l = M->ctl_h->health[1], p = M->ctl_h->health[2], b = M->ctl_h->health[3], peer = M->ctl_h->health[4];
+    if (peer)
+        sm_errf(e, "monokernel: rank %d (device %d), layer %u, %s: block %u waited past the %.0f ms bound for rank %u; the step's "
+                   "results are void",
+                c->rank, c->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6, peer - 1);
+    else
+        sm_errf(e, "monokernel: rank %d (device %d), layer %u, phase %s: block %u waited past the %.0f ms bound at the grid barrier (a "
+                   "block stopped arriving); the step's results are void",
+                c->rank, c->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6);
     /* reset the control words so later steps run again */
-    M->ctl_h->health[0] = M->ctl_h->health[1] = M->ctl_h->health[2] = M->ctl_h->health[3] = 0;
+    memset(M->ctl_h->health, 0, sizeof M->ctl_h->health);
     mono_ctl z = *M->ctl_h;
     z.count = 0; z.gen = 0; z.abort = 0;
     *M->ctl_h = z;
@@ -370,6 +583,14 @@ void cb_mono_note_eager(sm_cuda_dev *c) {
 }
 
 /* ---- bench hooks ---- */
+
+extern "C" long sm_cuda_mono_layers_run(const sm_backend *b) {
+    sm_cuda_dev **rk = NULL;
+    if (cb_world_ranks(b, &rk) > 0) return rk[0]->mono ? rk[0]->mono->layers_run : 0;
+    sm_err e;
+    sm_cuda_dev *c = cb_from_backend(b, "mono layers", &e);
+    return c && c->mono ? c->mono->layers_run : 0;
+}
 
 extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
     sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);

@@ -21,24 +21,39 @@ static_assert(sizeof(mono_prog) <= 32000, "the program is a kernel parameter (at
 
 const char *const mono_phase_name[MP_N] = {
     "attention", "attention split sum", "o_proj", "post-attention boundary", "router", "top-k", "pooler",
-    "pre-expert norm | top-k + grouping", "experts gate_up", "experts down", "expert combine", "unpooler", "post-FFN boundary",
-    "next layer qkvg projection", "next layer qk norm / rope / kv insert"};
+    "pre-expert norm | top-k + grouping", "experts gate_up", "experts down", "expert sum (TP y)", "expert combine",
+    "expert sum (EP m)", "unpooler", "post-FFN boundary", "next layer qkvg projection", "next layer qk norm / rope / kv insert",
+    "wait attn_sum", "wait pooled_gather", "wait expert_sum", "wait unpooled_gather"};
+
+/* Where a block stands: its rank in the launch and its index among that rank's G blocks. */
+typedef struct mono_blk {
+    int b, G;                   /* block b of the rank's G */
+    int rank;                   /* index of the rank in the launch (0 for one rank) */
+} mono_blk;
+
+__device__ __forceinline__ mono_blk mono_where(int nrank) {
+    mono_blk B;
+    B.G = (int)gridDim.x / nrank;
+    B.rank = (int)blockIdx.x / B.G;
+    B.b = (int)blockIdx.x - B.rank * B.G;
+    return B;
+}
 
 /* Grid barrier number k (1, 2, ... within the launch) before phase `phase` of layer `layer`
  * (every thread calls it): 1 when every block has arrived, 0 when this block must leave (a
  * wait timed out here or anywhere).  The arrival count only grows within a launch (barrier k
  * is passed at k * grid arrivals: one release-add a block, acquire polls, no read-modify-write
  * round trip on the wait path); mono_exit resets it for the next launch. */
-__device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, unsigned k, int *flag) {
+__device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, unsigned k, const mono_blk &B, int *flag) {
     asm volatile("fence.proxy.async.global;" ::: "memory"); /* our writes, for TMA readers */
     __syncthreads();
     if (threadIdx.x == 0) {
         int ok = 1;
-        if (ctl->fault_layer == layer && ctl->fault_phase == phase && blockIdx.x == 1) {
+        if (ctl->fault_layer == layer && ctl->fault_phase == phase && B.b == 1) {
             ok = 0; /* test hook: this block stops arriving */
         } else {
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&ctl->count) : "memory");
-            const unsigned target = k * gridDim.x;
+            const unsigned target = k * (unsigned)B.G;
             if (sm_ld_acquire_gpu_u32(&ctl->count) < target) {
                 const unsigned long long t0 = sm_now_ns(), bound = ctl->bound_ns;
                 while (sm_ld_acquire_gpu_u32(&ctl->count) < target) {
@@ -47,7 +62,8 @@ __device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, 
                         if (atomicCAS(&ctl->health[0], 0u, 1u) == 0u) {
                             ctl->health[1] = (unsigned)layer;
                             ctl->health[2] = (unsigned)phase;
-                            ctl->health[3] = blockIdx.x;
+                            ctl->health[3] = (unsigned)B.b;
+                            ctl->health[4] = 0u;
                         }
                         atomicExch(&ctl->abort, 1u);
                         ok = 0;
@@ -64,14 +80,96 @@ __device__ __noinline__ int mono_grid_sync(mono_ctl *ctl, int layer, int phase, 
 
 /* Every block at the end of a launch: the last one out zeroes the arrival count (the next
  * launch on the stream starts after this one has ended). */
-__device__ __forceinline__ void mono_exit(mono_ctl *ctl) {
+__device__ __forceinline__ void mono_exit(mono_ctl *ctl, const mono_blk &B) {
     __syncthreads();
     if (threadIdx.x == 0) {
         const unsigned old = atomicAdd(&ctl->gen, 1u);
-        if (old == gridDim.x - 1) {
+        if (old == (unsigned)B.G - 1) {
             ctl->count = 0;
             ctl->gen = 0;
         }
+    }
+}
+
+/* ---- the exchanges (W > 1) ---- */
+
+/* Exchange k of layer `layer` at the start of its consuming phase `phase` (every thread calls
+ * it, after the grid barrier that ended the producing phase): block 0 releases the epoch into
+ * flag `rank` of every rank when `publish` (the producer ran in this launch), then thread 0 of
+ * every block waits until the W flags of this rank hold it.  1: the parts may be read; 0: a
+ * wait ran out (recorded) or the rank aborted: leave. */
+__device__ __noinline__ int mono_xchg(const mono_desc &d, int k, int phase, int publish, const mono_blk &B, int *flag) {
+    const mono_xc &x = d.xc;
+    mono_ctl *ctl = d.ctl;
+    if (threadIdx.x == 0) {
+        const unsigned long long ep = *(volatile const unsigned long long *)x.step * 4096ull + 4ull * (unsigned)d.layer + (unsigned)k + 1ull;
+        unsigned long long *tr = ctl->trace ? ctl->trace + (((size_t)(d.layer % MONO_TRACE_MAX) * ctl->trace_blocks + B.b) * MP_N + MP_XW0 + k) * 2 : NULL;
+        const unsigned long long t0 = sm_now_ns();
+        if (tr) tr[0] = t0;
+        if (publish && B.b == 0) {
+            __threadfence_system(); /* the rank's parts (every block's, ordered by the grid barrier) before the flags */
+            for (int q = 0; q < x.W; q++) sm_st_release_sys_u64((uint64_t *)x.flag[q] + x.rank, (uint64_t)ep);
+        }
+        int ok = 1;
+        const uint64_t *mine = (const uint64_t *)x.flag[x.rank];
+        for (int q = 0; q < x.W && ok; q++) {
+            while (sm_ld_acquire_sys_u64(mine + q) < (uint64_t)ep) {
+                if (*(volatile unsigned *)&ctl->abort) { ok = 0; break; }
+                if (sm_now_ns() - t0 > ctl->bound_ns) {
+                    if (atomicCAS(&ctl->health[0], 0u, 1u) == 0u) {
+                        ctl->health[1] = (unsigned)d.layer;
+                        ctl->health[2] = (unsigned)(MP_XW0 + k);
+                        ctl->health[3] = (unsigned)B.b;
+                        ctl->health[4] = (unsigned)q + 1u;
+                    }
+                    atomicExch(&ctl->abort, 1u);
+                    ok = 0;
+                    break;
+                }
+                __nanosleep(64);
+            }
+        }
+        if (tr) tr[1] = sm_now_ns();
+        *flag = ok;
+    }
+    __syncthreads();
+    (void)phase;
+    return *flag;
+}
+
+/* Exchange read by phase p (-1: none). */
+__device__ __forceinline__ int mono_xop(const mono_desc &d, int p) {
+    if (d.xc.W <= 1) return -1;
+    switch (p) {
+    case MP_POST_ATT: return 0;
+    case MP_PRE_NORM: return 1;
+    case MP_XSUM_Y:
+    case MP_XSUM_M: return 2;
+    case MP_POST_FFN: return 3;
+    default: return -1;
+    }
+}
+
+/* Part of rank q of exchange k (parity k & 1). */
+__device__ __forceinline__ const uint8_t *mono_part(const mono_xc &x, int q, int k) { return x.buf[q] + (size_t)(k & 1) * x.bytes; }
+
+/* Row `row` of width w f32: out = r16(part_0 + part_1 + ...) in rank order (BF) or the f32 sum,
+ * over team t (the gcomm sum's arithmetic). */
+template <int BF>
+__device__ __forceinline__ void mono_xsum(const mono_xc &x, int k, size_t i0, size_t count, size_t i, size_t step, void *out) {
+    for (; i < count; i += step) {
+        float v = __ldcg((const float *)mono_part(x, 0, k) + i0 + i);
+        for (int q = 1; q < x.W; q++) v += __ldcg((const float *)mono_part(x, q, k) + i0 + i);
+        if (BF) ((uint16_t *)out)[i0 + i] = sm_tobf(v);
+        else ((float *)out)[i0 + i] = v;
+    }
+}
+
+/* Row `row` of a column gather: out[row, q cols + c] = rank q's part[row, c] (bf16), team t. */
+__device__ __forceinline__ void mono_xgather(const mono_xc &x, int k, int row, int cols, uint16_t *out, int ld, const sm_team &t) {
+    for (int q = 0; q < x.W; q++) {
+        const unsigned short *src = (const unsigned short *)mono_part(x, q, k) + (size_t)row * cols;
+        for (int c = t.tid; c < cols; c += t.nt) out[(size_t)row * ld + (size_t)q * cols + c] = __ldcg(src + c);
     }
 }
 
@@ -83,12 +181,12 @@ __device__ __forceinline__ void mono_exit(mono_ctl *ctl) {
  * the kernel's. */
 
 template <int G>
-__device__ __noinline__ void mono_att(const mono_desc &d, uint8_t *dyn) {
+__device__ __noinline__ void mono_att(const mono_desc &d, uint8_t *dyn, const mono_blk &B) {
     const int k = threadIdx.x >> 7; /* team of 128: one tile item at a time */
     const sm_team t = sm_team_slice(k, SM_ATT_THREADS);
     sm_att_tile_smem *sh = (sm_att_tile_smem *)dyn + k;
     const int nr = (d.n + 64 / G - 1) / (64 / G) * d.nkv, items = nr * d.nsplit;
-    for (int v = blockIdx.x * 4 + k; v < items; v += gridDim.x * 4) {
+    for (int v = B.b * 4 + k; v < items; v += B.G * 4) {
         /* the stock grid: x = tile * nkv + KV head, y = split */
         const int split = v / nr, rem = v - split * nr, tile = rem / d.nkv, h = rem - tile * d.nkv;
         sm_att_tile_item<G>(d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, d.n, d.nh, d.nkv,
@@ -96,29 +194,31 @@ __device__ __noinline__ void mono_att(const mono_desc &d, uint8_t *dyn) {
     }
 }
 
-__device__ __noinline__ void mono_att_sum(const mono_desc &d) {
+__device__ __noinline__ void mono_att_sum(const mono_desc &d, const mono_blk &B) {
     const int nw = MONO_THREADS / 32;
-    for (int id = blockIdx.x * nw + (threadIdx.x >> 5); id < d.n * d.nh; id += gridDim.x * nw)
+    for (int id = B.b * nw + (threadIdx.x >> 5); id < d.n * d.nh; id += B.G * nw)
         sm_att_combine_item(d.wsO, d.wsM, d.wsL, d.nsplit, d.n, d.nh, d.gate, d.ldq, d.eps, d.att, id);
 }
 
-/* One matmul over the stock stream-K split (G = min(grid, units) virtual blocks); inlined:
- * a wgmma pipeline must not cross a function call. */
+/* One matmul over the stock stream-K split (G = min(the rank's blocks, units) virtual blocks);
+ * inlined: a wgmma pipeline must not cross a function call.  y32 set: the f32 epilogue (a
+ * rank's partial sum). */
 template <int N>
-__device__ __forceinline__ void mono_mm_phase(const mono_mm *mm, const sm_wg_smem &sm, int &rs, unsigned &rph) {
+__device__ __forceinline__ void mono_mm_phase(const mono_mm *mm, const sm_wg_smem &sm, int &rs, unsigned &rph, const mono_blk &B) {
     const sm_wg_args a = mm->a;
-    const int G = (int)gridDim.x < a.units ? (int)gridDim.x : a.units, b = blockIdx.x;
+    const int G = B.G < a.units ? B.G : a.units, b = B.b;
     if (b >= G) return;
     const int u0 = sm_wg_unit0(b, G, a.units), u1 = sm_wg_unit0(b + 1, G, a.units);
     if (threadIdx.x < 256) {
-        sm_wg_consume_mm<N, 1>(a, b, G, u0, u1, sm, rs, rph);
+        if (a.y32) sm_wg_consume_mm<N, 1, SM_WG_EPI_MM32>(a, b, G, u0, u1, sm, rs, rph);
+        else sm_wg_consume_mm<N, 1>(a, b, G, u0, u1, sm, rs, rph);
     } else if (threadIdx.x == 256) {
         asm volatile("fence.proxy.async.global;" ::: "memory");
         sm_wg_produce<N, 1>(&mm->tw, &mm->tx, a.ki, u0, u1, SM_WG_ST(N, 1), sm, rs, rph);
     }
 }
 
-/* Norm rows: teams of sm_norm_threads(width), rows dealt over blocks [0, nblk). */
+/* Norm rows: teams of sm_norm_threads(width), rows dealt over the rank's blocks. */
 __device__ __forceinline__ int mono_norm_team(int width, int *k, sm_team *t) {
     const int T = sm_norm_threads(width), per = MONO_THREADS / T;
     *k = threadIdx.x / T;
@@ -126,22 +226,27 @@ __device__ __forceinline__ int mono_norm_team(int width, int *k, sm_team *t) {
     return per;
 }
 
-__device__ __noinline__ void mono_post_att(const mono_desc &d, float (*red)[32]) {
+__device__ __noinline__ void mono_post_att(const mono_desc &d, float (*red)[32], const mono_blk &B) {
     int k;
     sm_team t;
     const int per = mono_norm_team(d.H, &k, &t);
-    for (int row = blockIdx.x * per + k; row < d.n; row += gridDim.x * per)
+    for (int row = B.b * per + k; row < d.n; row += B.G * per) {
+        if (d.xc.W > 1) { /* a = r16(attn_sum): the W partials of the row in rank order */
+            mono_xsum<1>(d.xc, 0, (size_t)row * d.H, (size_t)d.H, (size_t)t.tid, (size_t)t.nt, (void *)d.a);
+            sm_team_sync(t);
+        }
         sm_norm_post_attn_row(d.s, d.a, d.att_alpha, d.att_beta, d.pre_ffn, d.H, d.post_eps, d.eps, d.xf, (size_t)row,
                               red[k], t);
+    }
 }
 
 template <int NT>
-__device__ __noinline__ void mono_router(const mono_desc &d, uint8_t *dyn) {
+__device__ __noinline__ void mono_router(const mono_desc &d, uint8_t *dyn, const mono_blk &B) {
     const int k = threadIdx.x >> 8;
     const sm_team t = sm_team_slice(k, 256);
     float4(*xs)[SM_RG_KL / 4] = (float4(*)[SM_RG_KL / 4])(dyn + (size_t)k * NT * SM_RG_KL * 4);
     const int gx = (d.E + SM_RG_ROWS - 1) / SM_RG_ROWS, gy = (d.n + NT - 1) / NT, items = gx * gy * d.rS;
-    for (int v = blockIdx.x * 2 + k; v < items; v += gridDim.x * 2) {
+    for (int v = B.b * 2 + k; v < items; v += B.G * 2) {
         const int bx = v % gx, by = (v / gx) % gy, bz = v / (gx * gy);
         sm_mm_f32w_gemv_block<NT>(d.xf, d.n, d.H, d.router, d.E, d.rpart, bx, by, bz, xs, t);
         sm_team_sync(t); /* xs is rewritten by the team's next item */
@@ -157,8 +262,8 @@ __device__ __forceinline__ void mono_topk(const mono_desc &d, uint8_t *dyn) {
     }
 }
 
-__device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, float (*red)[32]) {
-    if (blockIdx.x == gridDim.x - 1) {
+__device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, float (*red)[32], const mono_blk &B) {
+    if (B.b == B.G - 1) {
         /* the last block: top-K of every row, then the grouping of the routes by expert (the
          * other blocks norm the pooled rows meanwhile) */
         mono_topk(d, dyn);
@@ -168,28 +273,56 @@ __device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, flo
     }
     int k;
     sm_team t;
-    const int per = mono_norm_team(d.Hm, &k, &t), nblk = gridDim.x - 1;
-    for (int row = blockIdx.x * per + k; row < d.n; row += nblk * per)
+    const int per = mono_norm_team(d.Hm, &k, &t), nblk = B.G - 1;
+    for (int row = B.b * per + k; row < d.n; row += nblk * per) {
+        if (d.xc.W > 1) { /* h1 = pooled_gather: the W column blocks of the row */
+            mono_xgather(d.xc, 1, row, d.xc.np, d.h1, d.Hm, t);
+            sm_team_sync(t);
+        }
         sm_norm_rms_bf16_row(d.h1, d.Hm, d.pre_expert, d.eps, d.h1, (size_t)row, red[k], t);
+    }
 }
 
-__device__ __noinline__ void mono_post_ffn(const mono_desc &d, float (*red)[32]) {
+/* The rank-order expert sums over every element (all threads of the rank's blocks): TP y (f32,
+ * before the combine), EP m (r16, after it). */
+__device__ __noinline__ void mono_xsum_phase(const mono_desc &d, int p, const mono_blk &B) {
+    const size_t i = (size_t)B.b * MONO_THREADS + threadIdx.x, step = (size_t)B.G * MONO_THREADS;
+    if (p == MP_XSUM_Y) mono_xsum<0>(d.xc, 2, 0, (size_t)d.n * d.K * d.Hm, i, step, (void *)d.xc.ysum);
+    else mono_xsum<1>(d.xc, 2, 0, (size_t)d.n * d.Hm, i, step, (void *)d.ca.m_out);
+}
+
+__device__ __noinline__ void mono_post_ffn(const mono_desc &d, float (*red)[32], const mono_blk &B) {
     int k;
     sm_team t;
     const int per = mono_norm_team(d.H, &k, &t);
-    for (int row = blockIdx.x * per + k; row < d.n; row += gridDim.x * per)
+    for (int row = B.b * per + k; row < d.n; row += B.G * per) {
+        if (d.xc.W > 1) { /* f = unpooled_gather: the W column blocks of the row */
+            mono_xgather(d.xc, 3, row, d.xc.nu, (uint16_t *)d.f, d.H, t);
+            sm_team_sync(t);
+        }
         sm_norm_post_ffn_row(d.s, d.f, d.post_ffn, d.ffn_alpha, d.ffn_beta, d.next_norm, 0, d.H, d.post_eps, d.eps, d.x,
                              (size_t)row, red[k], t);
+    }
 }
 
-__device__ __noinline__ void mono_rope(const mono_desc &d) {
+__device__ __noinline__ void mono_rope(const mono_desc &d, const mono_blk &B) {
     const int nw = MONO_THREADS / 32, heads = d.nh + 2 * d.nkv, QD = d.nh * 64, KD = d.nkv * 64;
     const sm_rope_tab tab = d.tab;
-    for (int it = blockIdx.x * nw + (threadIdx.x >> 5); it < d.n * heads; it += gridDim.x * nw) {
+    for (int it = B.b * nw + (threadIdx.x >> 5); it < d.n * heads; it += B.G * nw) {
         const int row = it / heads, hh = it - row * heads;
         sm_rope_kv_head(d.nq, d.ldq, d.nq + QD, d.nq + QD + KD, d.ldq, d.nh, d.nkv, d.pos, d.slot, d.rope, tab, d.eps,
                         d.nq, d.ldq, d.nkvc, d.nslots, (size_t)row, hh);
     }
+}
+
+/* The combine of the layer's experts (team 0: the stock combine's 256 threads, its bits; a row a
+ * block): plain, EP (f32 m over the rank's routes) or TP (the summed f32 y per route). */
+__device__ __noinline__ void mono_combine(const mono_desc &d, uint8_t *dyn, float (*red)[32], const mono_blk &B) {
+    if (threadIdx.x >= MOE_COMBINE_THREADS) return;
+    const sm_team t = sm_team_slice(0, MOE_COMBINE_THREADS);
+    if (d.ca.y32) moe_combine_rows_t<1, 0>(d.ca, B.b, B.G, (float *)dyn, red[0], t);
+    else if (d.ca.m_f32) moe_combine_rows_t<0, 1>(d.ca, B.b, B.G, (float *)dyn, red[0], t);
+    else moe_combine_rows(d.ca, B.b, B.G, (float *)dyn, red[0], t);
 }
 
 /* ---- the kernels ---- */
@@ -197,49 +330,58 @@ __device__ __noinline__ void mono_rope(const mono_desc &d) {
 /* Phase p of layer descriptor d (a dense phase: not the experts). */
 template <int N>
 __device__ __forceinline__ void mono_phase(const mono_desc &d, int p, uint8_t *dyn, const sm_wg_smem &sm, int &rs, unsigned &rph,
-                                           float (*red)[32]) {
+                                           float (*red)[32], const mono_blk &B) {
     switch (p) {
     case MP_ATT:
-        if (d.G == 8) mono_att<8>(d, dyn);
-        else mono_att<2>(d, dyn);
+        if (d.G == 8) mono_att<8>(d, dyn, B);
+        else mono_att<2>(d, dyn, B);
         break;
-    case MP_ATT_SUM: mono_att_sum(d); break;
-    case MP_OPROJ: mono_mm_phase<N>(&d.mm[0], sm, rs, rph); break;
-    case MP_POST_ATT: mono_post_att(d, red); break;
+    case MP_ATT_SUM: mono_att_sum(d, B); break;
+    case MP_OPROJ: mono_mm_phase<N>(&d.mm[0], sm, rs, rph, B); break;
+    case MP_POST_ATT: mono_post_att(d, red, B); break;
     case MP_ROUTER:
-        if (d.rnt == 8) mono_router<8>(d, dyn);
-        else mono_router<16>(d, dyn);
+        if (d.rnt == 8) mono_router<8>(d, dyn, B);
+        else mono_router<16>(d, dyn, B);
         break;
     case MP_POOLER:
         /* the matmul's idle warps (9..15) sum the router's k splits meanwhile, in split order
          * (sm_mm_reduce_f32_range: the stock reduce's arithmetic) */
         if (threadIdx.x >= 288) {
             const size_t nt = MONO_THREADS - 288;
-            sm_mm_reduce_f32_range(d.rpart, d.rS, (size_t)d.n * d.E, d.rlog, blockIdx.x * nt + (threadIdx.x - 288), gridDim.x * nt);
+            sm_mm_reduce_f32_range(d.rpart, d.rS, (size_t)d.n * d.E, d.rlog, B.b * nt + (threadIdx.x - 288), B.G * nt);
         }
-        mono_mm_phase<N>(&d.mm[1], sm, rs, rph);
+        mono_mm_phase<N>(&d.mm[1], sm, rs, rph, B);
         break;
-    case MP_PRE_NORM: mono_pre_norm(d, dyn, red); break;
-    case MP_COMBINE: /* team 0 (the stock combine's 256 threads: its bits); 1 row a block */
-        if (threadIdx.x < MOE_COMBINE_THREADS)
-            moe_combine_rows(d.ca, blockIdx.x, gridDim.x, (float *)dyn, red[0], sm_team_slice(0, MOE_COMBINE_THREADS));
-        break;
-    case MP_UNPOOL: mono_mm_phase<N>(&d.mm[2], sm, rs, rph); break;
-    case MP_POST_FFN: mono_post_ffn(d, red); break;
-    case MP_QKVG: mono_mm_phase<N>(&d.mm[3], sm, rs, rph); break;
-    case MP_ROPE: mono_rope(d); break;
+    case MP_PRE_NORM: mono_pre_norm(d, dyn, red, B); break;
+    case MP_XSUM_Y:
+    case MP_XSUM_M: mono_xsum_phase(d, p, B); break;
+    case MP_COMBINE: mono_combine(d, dyn, red, B); break;
+    case MP_UNPOOL: mono_mm_phase<N>(&d.mm[2], sm, rs, rph, B); break;
+    case MP_POST_FFN: mono_post_ffn(d, red, B); break;
+    case MP_QKVG: mono_mm_phase<N>(&d.mm[3], sm, rs, rph, B); break;
+    case MP_ROPE: mono_rope(d, B); break;
     default: break;
     }
 }
 
 /* Trace slot of (layer, block, phase) (ctl->trace_blocks blocks a layer), or NULL. */
-__device__ __forceinline__ unsigned long long *mono_tr(const mono_ctl *ctl, int layer, int p) {
+__device__ __forceinline__ unsigned long long *mono_tr(const mono_ctl *ctl, int layer, int p, const mono_blk &B) {
     unsigned long long *t = ctl->trace;
-    return t ? t + (((size_t)(layer % MONO_TRACE_MAX) * ctl->trace_blocks + blockIdx.x) * MP_N + p) * 2 : NULL;
+    return t ? t + (((size_t)(layer % MONO_TRACE_MAX) * ctl->trace_blocks + B.b) * MP_N + p) * 2 : NULL;
 }
 
-/* The dense kernel: segment 0 (phases [p0[0], p1[0]) of d[0]), then segment 1 (of d[1]),
- * a grid barrier between consecutive phases. */
+/* 1 when phase p does not run for descriptor d. */
+__device__ __forceinline__ int mono_skip(const mono_desc &d, int p) {
+    if (p == MP_TOPK) return 1; /* top-K runs in PRE_NORM */
+    if (p == MP_ATT_SUM) return d.nsplit == 1;
+    if (p == MP_XSUM_Y) return !(d.xc.W > 1 && d.xc.moe_tp);
+    if (p == MP_XSUM_M) return !(d.xc.W > 1 && !d.xc.moe_tp);
+    return 0;
+}
+
+/* The dense kernel: segment 0 (phases [p0[0], p1[0]) of the rank's descriptor), then segment 1,
+ * a grid barrier of the rank's blocks between consecutive phases, an exchange wait before a
+ * consuming phase. */
 template <int N>
 __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_constant__ mono_prog P) {
     constexpr int ST = SM_WG_ST(N, 1);
@@ -247,7 +389,8 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
     __shared__ __align__(8) uint64_t full_bar[ST], empty_bar[ST];
     __shared__ int last_s, flag_s;
     __shared__ float red_s[4][32];
-    mono_ctl *ctl = P.d[0].ctl;
+    const mono_blk B = mono_where(P.nrank);
+    mono_ctl *ctl = P.d[B.rank].ctl;
     if (*(volatile unsigned *)&ctl->abort) return; /* an earlier launch of the step timed out */
     uint8_t *dyn = (uint8_t *)(((uintptr_t)mono_dyn + 1023) & ~(uintptr_t)1023);
     sm_wg_smem sm;
@@ -262,45 +405,60 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
     unsigned nbar = 0; /* barriers passed in this launch */
     int first = 1;
     for (int g = 0; g < P.nseg; g++) {
-        const mono_desc &d = P.d[g];
+        const mono_desc &d = P.d[g * P.nrank + B.rank];
         for (int p = P.p0[g]; p < P.p1[g]; p++) {
-            if ((p == MP_ATT_SUM && d.nsplit == 1) || p == MP_TOPK) continue; /* top-K runs in PRE_NORM */
-            if (!first && !mono_grid_sync(ctl, d.layer, p, ++nbar, &flag_s)) return;
+            if (mono_skip(d, p)) continue;
+            if (!first && !mono_grid_sync(ctl, d.layer, p, ++nbar, B, &flag_s)) return;
+            const int xo = mono_xop(d, p);
+            if (xo >= 0 && !mono_xchg(d, xo, p, !first, B, &flag_s)) return;
             first = 0;
-            unsigned long long *tr = mono_tr(ctl, d.layer, p);
+            unsigned long long *tr = mono_tr(ctl, d.layer, p, B);
             if (tr && threadIdx.x == 0) tr[0] = sm_now_ns();
-            mono_phase<N>(d, p, dyn, sm, rs, rph, red_s);
+            mono_phase<N>(d, p, dyn, sm, rs, rph, red_s, B);
             if (tr) {
                 __syncthreads();
                 if (threadIdx.x == 0) tr[1] = sm_now_ns();
             }
         }
     }
-    mono_exit(ctl);
+    mono_exit(ctl, B);
 }
 
 /* The expert kernel of one layer: stage 1 | stage 2, the stock expert kernels'
  * blocks (MOE_THREADS threads, 2 an SM, the same body, arguments in the constant bank: the
- * stock register allocation), a grid barrier between the phases. */
-template <int F>
+ * stock register allocation), a grid barrier between the phases.  Y32: stage 2 writes the TP
+ * rank's f32 y per route, published as exchange 2 after a last barrier.  JOINT: several ranks
+ * in the launch (virtual ranks; the arguments indexed by rank). */
+template <int F, int Y32, int JOINT>
 __global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_constant__ mono_moe P) {
     extern __shared__ uint4 moe_dyn[];
     __shared__ int flag_s;
-    mono_ctl *ctl = P.ctl;
+    const mono_blk B = mono_where(JOINT ? P.nrank : 1);
+    const int r = JOINT ? B.rank : 0;
+    mono_ctl *ctl = P.ctl[r];
     if (*(volatile unsigned *)&ctl->abort) return;
     const sm_team t = sm_team_block();
     for (int p = MP_MM1; p <= MP_MM2; p++) {
-        if (p > MP_MM1 && !mono_grid_sync(ctl, P.layer, p, (unsigned)(p - MP_MM1), &flag_s)) return;
-        unsigned long long *tr = mono_tr(ctl, P.layer, p);
+        if (p > MP_MM1 && !mono_grid_sync(ctl, P.layer, p, (unsigned)(p - MP_MM1), B, &flag_s)) return;
+        unsigned long long *tr = mono_tr(ctl, P.layer, p, B);
         if (tr && threadIdx.x == 0) tr[0] = sm_now_ns();
-        if (p == MP_MM1) moe_mm_block<F, 1, 1>(P.a1, blockIdx.x, gridDim.x, moe_dyn, t); /* h1: an earlier launch's */
-        else moe_mm_block<F, 2, 0>(P.a2, blockIdx.x, gridDim.x, moe_dyn, t);
+        if (p == MP_MM1) moe_mm_block<F, 1, 1>(P.a1[r], B.b, B.G, moe_dyn, t); /* h1: an earlier launch's */
+        else moe_mm_block<F, 2, 0, Y32>(P.a2[r], B.b, B.G, moe_dyn, t);
         if (tr) {
             __syncthreads();
             if (threadIdx.x == 0) tr[1] = sm_now_ns();
         }
     }
-    mono_exit(ctl);
+    if (Y32) { /* every block's y written: publish exchange 2 (the dense launch waits for it) */
+        if (!mono_grid_sync(ctl, P.layer, MP_XSUM_Y, 2u, B, &flag_s)) return;
+        if (B.b == 0 && threadIdx.x == 0) {
+            const mono_xc &x = P.xc[r];
+            const unsigned long long ep = *(volatile const unsigned long long *)x.step * 4096ull + 4ull * (unsigned)P.layer + 3ull;
+            __threadfence_system();
+            for (int q = 0; q < x.W; q++) sm_st_release_sys_u64((uint64_t *)x.flag[q] + x.rank, (uint64_t)ep);
+        }
+    }
+    mono_exit(ctl, B);
 }
 
 /* ---- host side ---- */
@@ -348,16 +506,26 @@ int mono_launch(int N, const mono_prog &P, int grid, size_t smem, cudaStream_t s
 }
 
 size_t mono_moe_smem(const mono_moe &P) {
-    const size_t a = (size_t)P.a1.Kp * 16, b = (size_t)P.a2.Kp * 16;
+    const size_t a = (size_t)P.a1[0].Kp * 16, b = (size_t)P.a2[0].Kp * 16;
     return a > b ? a : b;
+}
+
+/* The expert kernel of format F for the program's ranks and stage-2 output. */
+template <int F>
+static int mono_moe_launch_f(const mono_moe &P, int grid, size_t smem, cudaStream_t st, sm_err *e) {
+    const int y32 = P.a2[0].y32 != NULL, joint = P.nrank > 1;
+    if (!y32 && !joint) return mono_coop(mono_moe_kernel<F, 0, 0>, P, grid, MOE_THREADS, smem, st, e);
+    if (!y32) return mono_coop(mono_moe_kernel<F, 0, 1>, P, grid, MOE_THREADS, smem, st, e);
+    if (!joint) return mono_coop(mono_moe_kernel<F, 1, 0>, P, grid, MOE_THREADS, smem, st, e);
+    return mono_coop(mono_moe_kernel<F, 1, 1>, P, grid, MOE_THREADS, smem, st, e);
 }
 
 int mono_moe_launch(int fmt, const mono_moe &P, int grid, cudaStream_t st, sm_err *e) {
     const size_t smem = mono_moe_smem(P);
     switch (fmt) {
-    case SM_EXP_MXFP4: return mono_coop(mono_moe_kernel<SM_EXP_MXFP4>, P, grid, MOE_THREADS, smem, st, e);
-    case SM_EXP_FP8: return mono_coop(mono_moe_kernel<SM_EXP_FP8>, P, grid, MOE_THREADS, smem, st, e);
-    case SM_EXP_BF16: return mono_coop(mono_moe_kernel<SM_EXP_BF16>, P, grid, MOE_THREADS, smem, st, e);
+    case SM_EXP_MXFP4: return mono_moe_launch_f<SM_EXP_MXFP4>(P, grid, smem, st, e);
+    case SM_EXP_FP8: return mono_moe_launch_f<SM_EXP_FP8>(P, grid, smem, st, e);
+    case SM_EXP_BF16: return mono_moe_launch_f<SM_EXP_BF16>(P, grid, smem, st, e);
     default: return sm_errf(e, "monokernel: expert format %d has no build", fmt);
     }
 }
@@ -366,7 +534,7 @@ int mono_moe_occupancy(const mono_moe &P, int *b, sm_err *e) {
     const size_t smem = mono_moe_smem(P);
     *b = 0;
     int o[3];
-    void (*k[3])(mono_moe) = {mono_moe_kernel<SM_EXP_MXFP4>, mono_moe_kernel<SM_EXP_FP8>, mono_moe_kernel<SM_EXP_BF16>};
+    void (*k[3])(mono_moe) = {mono_moe_kernel<SM_EXP_MXFP4, 0, 0>, mono_moe_kernel<SM_EXP_FP8, 0, 0>, mono_moe_kernel<SM_EXP_BF16, 0, 0>};
     for (int i = 0; i < 3; i++) {
         SM_CUDA_CHECK(cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         SM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o[i], k[i], MOE_THREADS, smem));

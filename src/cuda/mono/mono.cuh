@@ -37,7 +37,23 @@
  * the kernel reads it from the constant bank, never from memory a phase writes.
  * The grid barrier is bounded: a block that waits longer than ctl->bound_ns records (layer,
  * phase, block) in the health words, raises ctl->abort, and every block leaves; the host reads
- * the health words after the step and fails it with one line.  We rejected cooperative-groups
+ * the health words after the step and fails it with one line.
+ *
+ * W ranks (TP = EP, docs/parallelism.md section 7): every rank runs its own descriptors (its
+ * heads, pooler / unpooler rows, experts or I slice) and the four exchanges of a layer happen
+ * inside the launches.  The producing phase writes the rank's part into its own exchange area
+ * (parity k & 1 of exchange k: 0 attn_sum, 1 pooled_gather, 2 expert_sum, 3 unpooled_gather);
+ * at the grid barrier after it, block 0 releases epoch step * 4096 + 4 l + k + 1 into flag r of
+ * every rank (system scope); every block of every rank waits (bounded) until its W flags hold
+ * the epoch, then the consuming phase reads the W parts (ld.global.cg) and adds them in rank
+ * order 0..W-1 (sums) or places them (gathers): POST_ATT sums attn, PRE_NORM gathers h1,
+ * XSUM_M sums the EP experts' m (XSUM_Y the TP experts' y, whose producer, MM2, publishes at
+ * the end of the expert launch), POST_FFN gathers f.  A part is rewritten two exchanges later,
+ * only after every rank has published the exchange in between, i.e. finished reading it.  A
+ * wait that runs out records (layer, phase, block, peer + 1) in the health words and raises
+ * abort.  Virtual ranks (several on one GPU) run as ONE cooperative launch: blocks [r G, (r+1) G)
+ * are rank r's (nrank descriptors in the program), so every rank's blocks are co-resident and
+ * a rank never waits for a peer that is not scheduled.  We rejected cooperative-groups
  * grid.sync (unbounded: a lost block hangs the process) and one launch per phase (the stock
  * path: launch gaps and a cold start of every phase).
  */
@@ -55,10 +71,15 @@
 
 #define MONO_THREADS 512   /* threads of a block: 4 teams of 128, 2 of 256 or 1 of 512 */
 #define MONO_TRACE_MAX 64  /* layers a trace buffer holds */
+#define MONO_WMAX 8        /* ranks of a world the build takes */
+#define MONO_PROG_D 8      /* descriptors a dense program holds (segments x ranks of a launch) */
 
+/* Phases in launch order (MP_NPHASE of them), then the four exchange waits (trace slots and
+ * health words only: a wait runs at the start of its consuming phase). */
 enum {
     MP_ATT, MP_ATT_SUM, MP_OPROJ, MP_POST_ATT, MP_ROUTER, MP_TOPK, MP_POOLER, MP_PRE_NORM,
-    MP_MM1, MP_MM2, MP_COMBINE, MP_UNPOOL, MP_POST_FFN, MP_QKVG, MP_ROPE, MP_N
+    MP_MM1, MP_MM2, MP_XSUM_Y, MP_COMBINE, MP_XSUM_M, MP_UNPOOL, MP_POST_FFN, MP_QKVG, MP_ROPE, MP_NPHASE,
+    MP_XW0 = MP_NPHASE, MP_XW1, MP_XW2, MP_XW3, MP_N
 };
 /* Phase names (trace, health messages), indexed by MP_*. */
 extern const char *const mono_phase_name[MP_N];
@@ -70,13 +91,25 @@ typedef struct mono_ctl {
     unsigned count;             /* arrivals in the running launch (barrier k passes at k * grid) */
     unsigned gen;               /* blocks that ended the running launch (the last resets both) */
     unsigned abort;             /* 1: a wait timed out; every block leaves at its next barrier */
-    unsigned health[4];         /* first timeout: {1, layer, phase, block} */
+    unsigned health[5];         /* first timeout: {1, layer, phase, block, peer + 1 (0: the grid barrier)} */
     unsigned long long bound_ns; /* longest wait at a barrier */
     unsigned long long *trace;  /* NULL, or [MONO_TRACE_MAX][trace_blocks][MP_N][2] globaltimer ns */
     int trace_blocks;           /* blocks a layer's trace holds (the expert kernel's grid: 2 an SM) */
     int fault_layer;            /* test hook: block 1 stops arriving after this (layer, phase); -1 off */
     int fault_phase;
 } mono_ctl;
+
+/* The exchanges of a rank of W > 1 (docs/parallelism.md section 7). */
+typedef struct mono_xc {
+    int W, rank;                /* 1: no exchanges */
+    int moe_tp;                 /* 1: TP experts (y summed before the combine), 0: EP (m summed after) */
+    uint8_t *buf[MONO_WMAX];    /* rank q's exchange area: parity 0 at +0, parity 1 at +bytes */
+    size_t bytes;               /* bytes of one parity */
+    unsigned long long *flag[MONO_WMAX]; /* rank q's flags [W]: flag p = the epoch rank p published to q */
+    const unsigned long long *step; /* this rank's step counter (the world's, cuda/gcomm.h) */
+    int np, nu;                 /* columns of a rank's pooler / unpooler block */
+    float *ysum;                /* TP: [n K, Hm] f32 rank-order sum of y */
+} mono_xc;
 
 /* One matmul of a layer: tensor maps first (CUtensorMap carries its own alignment). */
 typedef struct mono_mm {
@@ -89,6 +122,7 @@ typedef struct mono_mm {
 typedef struct mono_desc {
     mono_mm mm[4];              /* OPROJ, POOLER, UNPOOL, QKVG (the next layer's) */
     mono_ctl *ctl;
+    mono_xc xc;                 /* W > 1: the exchanges */
     int layer;                  /* l */
     int att_fused;              /* 1: ATT runs in the launch; 0: the stock attention kernel runs before it */
     int n;                      /* rows (the bucket's, padding included) */
@@ -139,18 +173,24 @@ typedef struct mono_desc {
 } mono_desc;
 
 /* A dense launch: up to two segments of phases, each of one layer's descriptor (the end of
- * layer l, UNPOOL..ROPE, then the start of layer l+1, ATT..PRE_NORM). */
+ * layer l, COMBINE..ROPE, then the start of layer l+1, ATT..PRE_NORM), for nrank ranks
+ * (virtual ranks: one launch, blocks [r G, (r+1) G) rank r's; descriptor of segment g, rank r
+ * at d[g * nrank + r]). */
 typedef struct mono_prog {
-    mono_desc d[2];
+    mono_desc d[MONO_PROG_D];
     int p0[2], p1[2];           /* phases [p0, p1) of each segment */
-    int nseg;                   /* 1 or 2 */
+    int nseg;                   /* 1 or 2 (nseg * nrank <= MONO_PROG_D) */
+    int nrank;                  /* ranks of the launch */
 } mono_prog;
 
-/* The expert-stage launch of one layer (its own kernel: the stock expert blocks and registers). */
+/* The expert-stage launch of one layer (its own kernel: the stock expert blocks and registers),
+ * for nrank ranks as mono_prog. */
 typedef struct mono_moe {
-    moe_args a1, a2;
-    mono_ctl *ctl;
+    moe_args a1[MONO_WMAX], a2[MONO_WMAX];
+    mono_ctl *ctl[MONO_WMAX];
+    mono_xc xc[MONO_WMAX];       /* TP: MM2's y is exchange 2 (published at the end) */
     int layer;
+    int nrank;
 } mono_moe;
 
 /* Dynamic shared memory of a launch for token box N, G query heads a KV head, expert widths

@@ -308,6 +308,16 @@ int sm_wg_plan_mm(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, 
     return wg_plan(c, N, 1, x, n, k, W, m, part, part_bytes, a, tw, tx, &G, e);
 }
 
+int sm_wg_plan_mm_f32(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, float *y32, void *part,
+                      size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
+    if (!c->tma_encode) return sm_errf(e, "wgmma plan: needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    if (mm_check("wgmma plan (f32)", x, n, k, W, m, y32, e)) return -1;
+    memset(a, 0, sizeof *a);
+    a->y32 = y32;
+    int G = 0;
+    return wg_plan(c, N, 1, x, n, k, W, m, part, part_bytes, a, tw, tx, &G, e);
+}
+
 /* Launch over at most one block per SM; the partial tiles live at c->ws + ws_off. */
 template <int N, int MT, int EPI>
 static int wg_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, sm_wg_args a,

@@ -653,5 +653,8 @@ __device__ __forceinline__ void sm_wg_consume_mm(const sm_wg_args &a, int b, int
  * reads).  The caller runs it over G = min(SMs, a->units) virtual blocks. */
 int sm_wg_plan_mm(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
                   size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e);
+/* The same plan with the f32 epilogue: y32 = x W^T, not rounded (a rank's partial sum). */
+int sm_wg_plan_mm_f32(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, float *y32, void *part,
+                      size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e);
 
 #endif

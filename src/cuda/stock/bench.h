@@ -74,6 +74,8 @@ int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e);
  * bandwidth bw bytes/s) and, when path is not NULL, write the timestamps to path as a Chrome /
  * Perfetto trace (one track per SM, slices "L<layer> <phase>"). */
 int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, double bw, sm_err *e);
+/* Tests: monokernel layers rank 0 of backend b (one rank or a world) has run (0: none / off). */
+long sm_cuda_mono_layers_run(const sm_backend *b);
 /* Tests: 0 when every dense tensor of the CUDA backend b (everything but the experts and the
  * KV cache) is bit-identical to its rank's shard of model m; else -1 naming the first tensor
  * that differs.  Checks the upload of a loaded model, and that a synthetic backend equals

@@ -116,3 +116,12 @@ int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int 
     *fresh = 1;
     return 0;
 }
+
+int cb_launch_bucket_eager(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, sm_err *e) {
+    SM_CUDA_CHECK(cudaMemcpyAsync(c->meta_d, c->meta_h, bytes, cudaMemcpyHostToDevice, c->st));
+    cb_run r = cb_run_step(c, s, nb);
+    r.logits_dev = s->logits ? c->logits : NULL;
+    r.mono = cb_mono_bucket(c, nb, e); /* plans the bucket's launches on first use */
+    if (r.mono < 0) return -1;
+    return cb_enqueue(c, &r, e);
+}

@@ -145,15 +145,18 @@ static int cb_collect(sm_cuda_dev *c, const sm_step *s, int r0, int n, int graph
     return 0;
 }
 
-/* Verify / decode form: chunks of at most CB_GRAPH_ROWS rows, each a graph replay. */
-static int cb_step_graphs(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
+/* Verify / decode form: chunks of at most CB_GRAPH_ROWS rows, each a graph replay (eager: the
+ * same bucket run without a graph). */
+static int cb_step_graphs(sm_cuda_dev *c, const sm_step *s, int eager, sm_err *e) {
     for (int r0 = 0; r0 < s->nrows; r0 += CB_GRAPH_ROWS) {
         int n = s->nrows - r0 < CB_GRAPH_ROWS ? s->nrows - r0 : CB_GRAPH_ROWS;
         int nb = cb_bucket_rows(n), fresh;
         size_t bytes = cb_pack(c, s, r0, n, nb);
-        if (cb_launch_graph(c, s, bytes, nb, &fresh, e) || cb_collect(c, s, r0, n, s->logits != NULL, e)) return -1;
+        if ((eager ? cb_launch_bucket_eager(c, s, bytes, nb, e) : cb_launch_graph(c, s, bytes, nb, &fresh, e)) ||
+            cb_collect(c, s, r0, n, s->logits != NULL, e))
+            return -1;
         c->last_nb = nb;
-        c->last_graph = 1;
+        c->last_graph = !eager;
     }
     return 0;
 }
@@ -178,9 +181,11 @@ static int cb_step_eager(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
 int cb_step_run(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
     if (s->nrows == 0) return 0;
     if (cb_enter(c, e) || cb_reserve_outputs(c, s->naux, s->logits != NULL, e)) return -1;
-    const int graphs = cb_graph_form(s) && !c->eager_only;
-    if (!graphs && c->mono_mode != SM_MONO_OFF) cb_mono_note_eager(c);
-    int rc = graphs ? cb_step_graphs(c, s, e) : cb_step_eager(c, s, e);
+    const int gf = cb_graph_form(s), graphs = gf && !c->eager_only;
+    /* virtual ranks with the monokernel: the bucket's run without a graph */
+    const int bucketed = gf && c->eager_only && c->mono && c->mono_mode != SM_MONO_OFF;
+    if (!graphs && !bucketed && c->mono_mode != SM_MONO_OFF) cb_mono_note_eager(c);
+    int rc = graphs || bucketed ? cb_step_graphs(c, s, bucketed, e) : cb_step_eager(c, s, e);
     if (rc) cudaStreamSynchronize(c->st); /* leave nothing of a failed step in flight */
     return rc;
 }

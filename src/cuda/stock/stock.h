@@ -264,6 +264,9 @@ int cb_capture(sm_cuda_dev *c, const cb_run *r, cudaGraphExec_t *out, sm_err *e)
 /* Enqueue a graph-form chunk already packed (bytes of metadata, nb padded rows): metadata
  * copy + graph replay, capturing on first use (*fresh = 1: it then ran eagerly once). */
 int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e);
+/* The graph form of a bucket run eagerly (virtual ranks with the monokernel: their joint
+ * launches meet at host barriers, which a graph cannot hold): the same run as the capture. */
+int cb_launch_bucket_eager(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, sm_err *e);
 /* Destroy every graph (aux_only: only those that copy aux entries). */
 void cb_graphs_drop(sm_cuda_dev *c, int aux_only);
 
@@ -280,6 +283,11 @@ int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e);
  * its last launch ran this start), the experts, and its end (unpooler .. the next layer's
  * projections), merged with the next layer's start when next_mono. */
 int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, sm_err *e);
+/* W > 1, after every rank's cb_mono_init: a refusal on any rank turns the monokernel off on all
+ * (--mono on: an error), else every rank learns the others' exchange areas and flags (steps[r]:
+ * rank r's step counter, sm_gcomm_step) and, with virtual ranks (virt: all on one device, else
+ * refused), the joint launches. */
+int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, const unsigned long long *const *steps, sm_err *e);
 /* Enqueue the health words' copy to the host (before the step's sync); after it, check them:
  * -1 with one line naming device, layer, phase and block when a grid barrier timed out. */
 int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e);

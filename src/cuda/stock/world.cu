@@ -206,8 +206,6 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
     const sm_moe_layout moe = o->moe_tp ? SM_MOE_TP : SM_MOE_EP;
     if (m ? sm_shard_check(m, W, moe, e) : sm_shard_check_config(cf, W, moe, e)) return sm_errprefix(e, "cuda world");
     if (o->comm != SM_COMM_PEER && o->comm != SM_COMM_NCCL) return sm_errf(e, "cuda world: unknown comm kind %d", o->comm);
-    if (o->mono == SM_MONO_ON)
-        return sm_errf(e, "cuda world: --mono on: the monokernel runs one rank only (world %d); use --mono off or auto", W);
     cw_world *w = (cw_world *)calloc(1, sizeof *w);
     int *dev = (int *)malloc(sizeof(int) * (size_t)W);
     if (!w || !dev) {
@@ -221,7 +219,6 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
     w->errs = (sm_err *)calloc((size_t)W, sizeof *w->errs);
     int rc = !w->rk || !w->errs ? sm_errf(e, "cuda world: out of host memory") : 0;
     sm_backend_opts ro = *o;
-    ro.mono = SM_MONO_OFF;
     for (int r = 0; r < W && !rc; r++)
         if (cb_dev_create(cf, kv, &ro, r, dev[r], &w->rk[r], e)) rc = sm_errprefix(e, "cuda world: rank %d", r);
     if (!rc) {
@@ -245,6 +242,19 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
         w->seed = seed;
         rc = cw_run(w, e);
         w->m = NULL;
+    }
+    if (!rc && o->comm == SM_COMM_NCCL && o->mono != SM_MONO_OFF) { /* the in-kernel exchanges use peer memory */
+        if (o->mono == SM_MONO_ON) rc = sm_errf(e, "cuda world: --mono on exchanges through peer memory inside its launches: use --comm peer");
+        else fprintf(stderr, "sparkmono: monokernel not eligible (--comm nccl: its exchanges go through peer memory): every step runs stock\n");
+        for (int r = 0; r < W; r++) {
+            if (w->rk[r]->mono && cb_enter(w->rk[r], e) == 0) cb_mono_free(w->rk[r]);
+            w->rk[r]->mono_mode = SM_MONO_OFF;
+        }
+    }
+    if (!rc) { /* the monokernel across the ranks: the same path on every rank, the in-kernel exchanges */
+        const unsigned long long *steps[64];
+        for (int r = 0; r < W; r++) steps[r] = sm_gcomm_step(w->rk[r]->gc);
+        if (cb_mono_world_link(w->rk, W, sm_gcomm_is_virtual(w->gw), steps, e)) rc = sm_errprefix(e, "cuda world");
     }
     if (!rc) { /* one line of what was built */
         char dl[256] = "";
