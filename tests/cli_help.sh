@@ -88,7 +88,7 @@ bad devices_count generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --w
 bad devices_bad generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,x
 bad comm_bad generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --comm mpi
 bad devices_cpu generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,0
-bad bench_world_mono bench --preset tiny --world 2 --mono on
+bad bench_mono_bad bench --preset tiny --world 2 --mono maybe
 if "$SM" generate --model "$T/tiny" --prompt-ids 5,6,7 --max-tokens 3 --world 2 --moe tp >"$T/w.out" 2>&1; then
     pass world_moe_runs
 else

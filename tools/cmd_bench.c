@@ -151,9 +151,6 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     a->trace = (o = cli_find(opts, no, "trace"))->present ? o->value : NULL;
     if (a->trace && a->mono == 2) return sm_errf(e, "bench: --trace needs the monokernel (not --mono off)");
     if (cli_world("bench", opts, no, &a->ws, e)) return -1;
-    if (a->ws.world > 1 && (cli_find(opts, no, "mono")->present || a->trace))
-        return sm_errf(e, "bench: --mono and --trace run one rank (the multi-rank monokernel is not built yet); drop them with --world");
-    if (a->ws.world > 1) a->mono = 2;
     for (int i = 0; i < a->nstep_rows; i++) {
         int q, r;
         if (split_rows(a, a->step_rows[i], &q, &r, e)) return -1;

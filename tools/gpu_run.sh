@@ -17,6 +17,7 @@
 #                  so old and new are compared on the same machine and bandwidth
 #   WORLDS         tensor + expert parallel benches on virtual ranks of this one GPU, "W:moe" words
 #                  (default "2:ep 4:ep 8:ep 2:tp"; "" skips them), rows WORLD_ROWS (default 8,32),
+#                  stock and monokernel with a traced monokernel step (the exchange waits),
 #                  plus the CLI check that a stalled rank ends `generate` with exit 2 and one line
 # Exit status: 0 when the build, the tests and every bench run succeeded.
 set -u
@@ -86,7 +87,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$WORLDS" ]; then
         devs=0; i=1; while [ "$i" -lt "$w" ]; do devs="$devs,0"; i=$((i + 1)); done
         echo "== bench --world $w --moe $m on virtual ranks (log: $OUT/bench_world${w}_$m.log)"
         ./build/sparkmono bench --preset spark1x-l4 --layers "$LAYERS" --step-rows "$WORLD_ROWS" --ctx "$CTX" --iters 20 \
-            --world "$w" --moe "$m" --devices "$devs" >"$OUT/bench_world${w}_$m.log" 2>&1
+            --world "$w" --moe "$m" --devices "$devs" --trace "$OUT/trace_world${w}_$m.json" >"$OUT/bench_world${w}_$m.log" 2>&1
         rc=$?
         [ "$rc" -eq 0 ] || status=1
         wrcs="$wrcs $w$m:$rc"
@@ -143,6 +144,8 @@ if [ -n "$wrcs" ]; then
     for wm in $WORLDS; do
         w=${wm%%:*}; m=${wm#*:}
         grep -E '^  world ' "$OUT/bench_world${w}_$m.log" | sed 's/^  //'
+        sed -n '/^summary/,$p' "$OUT/bench_world${w}_$m.log"
+        grep -E '^  rank [0-9]+: .* us of ' "$OUT/bench_world${w}_$m.log" | sed -n '1,2p' | sed "s/^/  W=$w $m exchange waits, /"
     done
     tail -n 1 "$OUT/world_fault.log"
     echo "world exits:$wrcs"

@@ -592,13 +592,29 @@ extern "C" long sm_cuda_mono_layers_run(const sm_backend *b) {
     return c && c->mono ? c->mono->layers_run : 0;
 }
 
+/* The ranks of backend b (a world's, or the one rank's in *one); 0 with e when b is not CUDA. */
+static int mono_ranks(const sm_backend *b, sm_cuda_dev **one, sm_cuda_dev ***rk, sm_err *e) {
+    const int W = cb_world_ranks(b, rk);
+    if (W > 0) return W;
+    *one = cb_from_backend(b, "cuda bench", e);
+    if (!*one) return 0;
+    *rk = one;
+    return 1;
+}
+
 extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
-    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
-    if (!c) return -1;
-    if (on && !c->mono) return sm_errf(e, "cuda bench: the monokernel is not available on this engine (see the log line)");
-    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
-    cb_graphs_drop(c, 0);
-    c->mono_mode = on ? SM_MONO_AUTO : SM_MONO_OFF;
+    sm_cuda_dev *one, **rk;
+    const int W = mono_ranks(b, &one, &rk, e);
+    if (!W) return -1;
+    for (int r = 0; r < W; r++)
+        if (on && !rk[r]->mono) return sm_errf(e, "cuda bench: the monokernel is not available on this engine (see the log line)");
+    for (int r = 0; r < W; r++) { /* every rank together: they must take the same path */
+        sm_cuda_dev *c = rk[r];
+        if (cb_enter(c, e)) return -1;
+        SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+        cb_graphs_drop(c, 0);
+        c->mono_mode = on ? SM_MONO_AUTO : SM_MONO_OFF;
+    }
     return 0;
 }
 
@@ -641,15 +657,19 @@ static void mono_trace_summary(const sm_cuda_dev *c, const unsigned long long *h
         prev_end = last;
     }
     if (!nl) return;
-    const int H = cf->H, Hm = cf->Hm, NQ = (2 * cf->nH + 2 * cf->nKV) * cf->D;
+    /* a phase's floor: the rank's bytes x the ranks that share its GPU (virtual ranks run their
+     * phases side by side on one GPU's bandwidth) / bw */
+    const int W = c->world, share = c->mono && c->mono->mw ? W : 1;
+    const int H = cf->H, Hm = cf->Hm, nh = c->plan.nHl, nkv = c->plan.nKVl, NQ = (2 * nh + 2 * nkv) * cf->D;
+    const int np = W > 1 ? c->plan.np : Hm, nu = W > 1 ? c->plan.nu : H;
     double fb[MP_N] = {0};
-    fb[MP_OPROJ] = (double)H * cf->nH * cf->D * 2;
-    fb[MP_ROUTER] = (double)cf->E * H * 4;
-    fb[MP_POOLER] = (double)Hm * H * 2;
-    fb[MP_UNPOOL] = (double)H * Hm * 2;
-    fb[MP_QKVG] = (double)NQ * H * 2;
-    printf("monokernel trace of one %d-row step: median over layers 2..%d, us (span of each phase over all blocks)\n", nrows,
-           nl + 1);
+    fb[MP_OPROJ] = (double)H * nh * cf->D * 2 * share;
+    fb[MP_ROUTER] = (double)cf->E * H * 4 * share;
+    fb[MP_POOLER] = (double)np * H * 2 * share;
+    fb[MP_UNPOOL] = (double)nu * Hm * 2 * share;
+    fb[MP_QKVG] = (double)NQ * H * 2 * share;
+    printf("monokernel trace of one %d-row step%s: median over layers 2..%d, us (span of each phase over all blocks)\n", nrows,
+           W > 1 ? " (rank 0)" : "", nl + 1);
     printf("  %-40s %9.1f   (the stock attention kernel + split merge + launch boundaries)\n", "attention slot", sm_median(att, nl));
     for (int p = 0; p < MP_N; p++) {
         const double m = sm_median(span[p], nl);  /* sorts this phase's samples only */
@@ -665,45 +685,84 @@ static void mono_trace_summary(const sm_cuda_dev *c, const unsigned long long *h
 }
 
 extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, double bw, sm_err *e) {
-    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
-    if (!c) return -1;
-    cb_mono *M = c->mono;
-    if (!M || c->mono_mode == SM_MONO_OFF) return sm_errf(e, "cuda bench --trace: the monokernel is off on this engine");
-    const int tb = M->moe_grid > M->grid ? M->moe_grid : M->grid;
-    const size_t nb = (size_t)MONO_TRACE_MAX * tb * MP_N * 2;
-    if (!M->trace) {
-        SM_CUDA_CHECK(cudaMalloc((void **)&M->trace, nb * 8));
+    sm_cuda_dev *one, **rk;
+    const int W = mono_ranks(b, &one, &rk, e);
+    if (!W) return -1;
+    int tb = 0;
+    for (int r = 0; r < W; r++) {
+        cb_mono *M = rk[r]->mono;
+        if (!M || rk[r]->mono_mode == SM_MONO_OFF) return sm_errf(e, "cuda bench --trace: the monokernel is off on this engine");
+        if ((M->moe_grid > M->grid ? M->moe_grid : M->grid) > tb) tb = M->moe_grid > M->grid ? M->moe_grid : M->grid;
     }
-    SM_CUDA_CHECK(cudaMemsetAsync(M->trace, 0, nb * 8, c->st));
-    M->ctl_h->trace = M->trace;
-    M->ctl_h->trace_blocks = tb;
-    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st));
-    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+    const size_t nb = (size_t)MONO_TRACE_MAX * tb * MP_N * 2;
+    /* every rank's trace buffer on (its blocks' timestamps; the exchange waits in their slots) */
+    for (int r = 0; r < W; r++) {
+        sm_cuda_dev *c = rk[r];
+        cb_mono *M = c->mono;
+        if (cb_enter(c, e)) return -1;
+        if (!M->trace) SM_CUDA_CHECK(cudaMalloc((void **)&M->trace, nb * 8));
+        SM_CUDA_CHECK(cudaMemsetAsync(M->trace, 0, nb * 8, c->st));
+        M->ctl_h->trace = M->trace;
+        M->ctl_h->trace_blocks = tb;
+        SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st));
+        SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+    }
     int rc = b->step(b->ctx, s, e);
     unsigned long long *h = NULL;
     if (!rc) {
-        h = (unsigned long long *)malloc(nb * 8);
+        h = (unsigned long long *)malloc(nb * 8 * (size_t)W);
         if (!h) rc = sm_errf(e, "cuda bench --trace: out of host memory");
     }
-    if (!rc && (cudaMemcpyAsync(h, M->trace, nb * 8, cudaMemcpyDeviceToHost, c->st) != cudaSuccess ||
-                cudaStreamSynchronize(c->st) != cudaSuccess))
-        rc = sm_errf(e, "cuda bench --trace: copy failed on device %d", c->device);
-    M->ctl_h->trace = NULL;
-    if (cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, c->st) != cudaSuccess ||
-        cudaStreamSynchronize(c->st) != cudaSuccess)
-        if (!rc) rc = sm_errf(e, "cuda bench --trace: cannot switch the trace off on device %d", c->device);
+    for (int r = 0; r < W; r++) {
+        sm_cuda_dev *c = rk[r];
+        cb_mono *M = c->mono;
+        if (cb_enter(c, e)) return -1;
+        if (!rc && (cudaMemcpyAsync(h + nb * r, M->trace, nb * 8, cudaMemcpyDeviceToHost, c->st) != cudaSuccess ||
+                    cudaStreamSynchronize(c->st) != cudaSuccess))
+            rc = sm_errf(e, "cuda bench --trace: copy failed on device %d", c->device);
+        M->ctl_h->trace = NULL;
+        if (cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, c->st) != cudaSuccess ||
+            cudaStreamSynchronize(c->st) != cudaSuccess)
+            if (!rc) rc = sm_errf(e, "cuda bench --trace: cannot switch the trace off on device %d", c->device);
+    }
     if (rc) {
         free(h);
         return -1;
     }
-    mono_trace_summary(c, h, tb, s->nrows, bw);
+    mono_trace_summary(rk[0], h, tb, s->nrows, bw);
+    if (W > 1) { /* each rank's exchange waits: their share of its layer cycles (the longest block's wait per exchange) */
+        printf("exchange waits inside the launches, per rank (sum over layers 2..L-2 of the longest block's wait):\n");
+        for (int r = 0; r < W; r++) {
+            const unsigned long long *hr = h + nb * r;
+            double wsum = 0, t0 = 0, t1 = 0;
+            for (int l = 2; l <= rk[r]->cfg.L - 2 && l < MONO_TRACE_MAX; l++)
+                for (int bk = 0; bk < tb; bk++)
+                    for (int p = 0; p < MP_N; p++) {
+                        const unsigned long long *q = hr + (((size_t)l * tb + bk) * MP_N + p) * 2;
+                        if (!q[0] || !q[1]) continue;
+                        if (!t0 || q[0] < t0) t0 = (double)q[0];
+                        if (q[1] > t1) t1 = (double)q[1];
+                    }
+            for (int l = 2; l <= rk[r]->cfg.L - 2 && l < MONO_TRACE_MAX; l++)
+                for (int p = MP_XW0; p <= MP_XW3; p++) {
+                    double m = 0;
+                    for (int bk = 0; bk < tb; bk++) {
+                        const unsigned long long *q = hr + (((size_t)l * tb + bk) * MP_N + p) * 2;
+                        if (q[0] && q[1] && (double)(q[1] - q[0]) > m) m = (double)(q[1] - q[0]);
+                    }
+                    wsum += m;
+                }
+            printf("  rank %d: %.1f us of %.1f us (%.1f%%)\n", r, wsum / 1e3, (t1 - t0) / 1e3, t1 > t0 ? 100 * wsum / (t1 - t0) : 0.0);
+        }
+        printf("\n");
+    }
     if (!path) {
         free(h);
         return 0;
     }
-    /* Chrome / Perfetto trace: one track (tid) per SM block, one slice per (layer, phase) */
+    /* Chrome / Perfetto trace: a process per rank, a track (tid) per SM block, a slice per (layer, phase) */
     unsigned long long t0 = ~0ull;
-    for (size_t i = 0; i < nb; i++)
+    for (size_t i = 0; i < nb * W; i++)
         if (h[i] && h[i] < t0) t0 = h[i];
     sm_outfile of;
     if (sm_outfile_open(&of, path, e)) {
@@ -713,17 +772,18 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
     FILE *fp = of.f;
     fprintf(fp, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
     int first = 1;
-    for (int l = 0; l < MONO_TRACE_MAX; l++)
-        for (int bk = 0; bk < tb; bk++)
-            for (int p = 0; p < MP_N; p++) {
-                const unsigned long long *q = h + (((size_t)l * tb + bk) * MP_N + p) * 2;
-                if (!q[0] || !q[1]) continue;
-                /* dense blocks: one per SM; expert-stage blocks: two per SM, shown on their SM's track */
-                const int sm_track = p >= MP_MM1 && p <= MP_MM2 ? bk / 2 : bk;
-                fprintf(fp, "%s{\"name\":\"L%d %s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", first ? "" : ",\n", l,
-                        mono_phase_name[p], sm_track, (double)(q[0] - t0) / 1000.0, (double)(q[1] - q[0]) / 1000.0);
-                first = 0;
-            }
+    for (int r = 0; r < W; r++)
+        for (int l = 0; l < MONO_TRACE_MAX; l++)
+            for (int bk = 0; bk < tb; bk++)
+                for (int p = 0; p < MP_N; p++) {
+                    const unsigned long long *q = h + nb * r + (((size_t)l * tb + bk) * MP_N + p) * 2;
+                    if (!q[0] || !q[1]) continue;
+                    /* dense blocks: one per SM; expert-stage blocks: two per SM, shown on their SM's track */
+                    const int sm_track = p >= MP_MM1 && p <= MP_MM2 ? bk / 2 : bk;
+                    fprintf(fp, "%s{\"name\":\"L%d %s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", first ? "" : ",\n",
+                            l, mono_phase_name[p], r, sm_track, (double)(q[0] - t0) / 1000.0, (double)(q[1] - q[0]) / 1000.0);
+                    first = 0;
+                }
     fprintf(fp, "\n]}\n");
     free(h);
     if (sm_outfile_commit(&of, e)) return sm_errprefix(e, "bench --trace");
