@@ -153,10 +153,29 @@ __device__ __forceinline__ int mono_xop(const mono_desc &d, int p) {
 /* Part of rank q of exchange k (parity k & 1). */
 __device__ __forceinline__ const uint8_t *mono_part(const mono_xc &x, int q, int k) { return x.buf[q] + (size_t)(k & 1) * x.bytes; }
 
-/* Row `row` of width w f32: out = r16(part_0 + part_1 + ...) in rank order (BF) or the f32 sum,
- * over team t (the gcomm sum's arithmetic). */
+/* Elements [i0 + i, i0 + count) step `step` (i, step in units of 4 elements when the range
+ * allows 16-byte loads, else of 1) of exchange k's f32 parts: out = r16(part_0 + part_1 + ...)
+ * in rank order (BF) or the f32 sum (the gcomm finish kernels' arithmetic). */
 template <int BF>
 __device__ __forceinline__ void mono_xsum(const mono_xc &x, int k, size_t i0, size_t count, size_t i, size_t step, void *out) {
+    if (count % 4 == 0 && i0 % 4 == 0) {
+        for (i *= 4; i < count; i += step * 4) {
+            float4 v = __ldcg((const float4 *)((const float *)mono_part(x, 0, k) + i0 + i));
+            for (int q = 1; q < x.W; q++) {
+                const float4 u = __ldcg((const float4 *)((const float *)mono_part(x, q, k) + i0 + i));
+                v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+            }
+            if (BF) {
+                uint2 o;
+                o.x = (uint32_t)sm_tobf(v.x) | ((uint32_t)sm_tobf(v.y) << 16);
+                o.y = (uint32_t)sm_tobf(v.z) | ((uint32_t)sm_tobf(v.w) << 16);
+                *(uint2 *)((uint16_t *)out + i0 + i) = o;
+            } else {
+                *(float4 *)((float *)out + i0 + i) = v;
+            }
+        }
+        return;
+    }
     for (; i < count; i += step) {
         float v = __ldcg((const float *)mono_part(x, 0, k) + i0 + i);
         for (int q = 1; q < x.W; q++) v += __ldcg((const float *)mono_part(x, q, k) + i0 + i);
@@ -165,11 +184,18 @@ __device__ __forceinline__ void mono_xsum(const mono_xc &x, int k, size_t i0, si
     }
 }
 
-/* Row `row` of a column gather: out[row, q cols + c] = rank q's part[row, c] (bf16), team t. */
+/* Row `row` of a column gather: out[row, q cols + c] = rank q's part[row, c] (bf16), team t
+ * (16-byte moves when the widths allow). */
 __device__ __forceinline__ void mono_xgather(const mono_xc &x, int k, int row, int cols, uint16_t *out, int ld, const sm_team &t) {
+    const int vec = cols % 8 == 0 && ld % 8 == 0;
     for (int q = 0; q < x.W; q++) {
         const unsigned short *src = (const unsigned short *)mono_part(x, q, k) + (size_t)row * cols;
-        for (int c = t.tid; c < cols; c += t.nt) out[(size_t)row * ld + (size_t)q * cols + c] = __ldcg(src + c);
+        uint16_t *dst = out + (size_t)row * ld + (size_t)q * cols;
+        if (vec) {
+            for (int c = t.tid; c < cols / 8; c += t.nt) ((uint4 *)dst)[c] = __ldcg((const uint4 *)src + c);
+        } else {
+            for (int c = t.tid; c < cols; c += t.nt) dst[c] = __ldcg(src + c);
+        }
     }
 }
 
