@@ -7,7 +7,10 @@
  * from f32 rows as r16(y) and a route counts when its expert id is in [0, E) (the TP finalize
  * of the rank-summed partial y).
  * One block per row: the norm needs a block reduction per route and the sum a fixed order, so
- * the result is the same bits for any grid.  We rejected fusing the norm into the down
+ * the result is the same bits for any grid.  A persistent kernel runs the same arithmetic in two
+ * steps (moe_combine_scale_item, moe_combine_elem8): every (row, route) and every element in
+ * parallel instead of a row's routes one after the other (measured: one row's 8 routes take
+ * ~26 us of dependent loads and barriers).  We rejected fusing the norm into the down
  * matmul's epilogue: a route's sum of squares spans every block's tiles.
  */
 #ifndef SM_CUDA_MOE_COMBINE_CUH
@@ -39,39 +42,55 @@ __device__ __forceinline__ float moe_combine_y(const uint16_t *yr, const float *
     return sm_bf(yr[x]);
 }
 
+/* The row of y of route (i, k) (bf16 slot row, or f32 route row with Y32); 0 when the route
+ * contributes nothing (an invalid expert id, or another rank's expert). */
+template <int Y32>
+__device__ __forceinline__ int moe_combine_route(const moe_combine_args &a, int i, int k, const uint16_t **yr, const float **yr32) {
+    if (Y32) {
+        const int v = a.idx[i * a.K + k];
+        if (v < 0 || v >= a.E) return 0;
+        *yr32 = a.y32 + (size_t)(i * a.K + k) * a.Hm;
+    } else {
+        const int slot = a.route_slot[i * a.K + k];
+        if (slot < 0) return 0;
+        *yr = a.y + (size_t)slot * a.Hm;
+    }
+    return 1;
+}
+
+/* t = r16(y * eff(post_expert_norm)) at column x of a route's row. */
+template <int Y32>
+__device__ __forceinline__ float moe_combine_t(const moe_combine_args &a, const uint16_t *yr, const float *yr32, int x) {
+    return sm_r16d(moe_combine_y<Y32>(yr, yr32, x) * a.pn[x]);
+}
+
+/* The norm scale of a route from its sum of squares: rsqrt(mean(t^2) + eps). */
+__device__ __forceinline__ float moe_combine_scale_of(float ss, int Hm, float eps) { return 1.0f / sqrtf(ss / (float)Hm + eps); }
+
 /* Row i (template flags: see the top of the file).  Every thread of team tm calls it
  * (common.cuh; tm.nt a multiple of 32, <= 1024; it holds team barriers; the bits depend on
  * tm.nt through the sum: MOE_COMBINE_THREADS reproduces the stock kernel); msum: the team's
  * shared [Hm] floats, each element owned by one thread; red: the team's shared [32]. */
 template <int Y32, int OUT32>
 __device__ __forceinline__ void moe_combine_row_t(const moe_combine_args &a, int i, float *msum, float *red, const sm_team &tm) {
-    const float *__restrict__ pn = a.pn;
     const int K = a.K, Hm = a.Hm;
     for (int x = tm.tid; x < Hm; x += tm.nt) msum[x] = 0.0f;
     for (int k = 0; k < K; k++) {
         const uint16_t *yr = NULL;
         const float *yr32 = NULL;
-        if (Y32) {
-            const int v = a.idx[i * K + k];
-            if (v < 0 || v >= a.E) continue; /* invalid expert id: the route contributes nothing */
-            yr32 = a.y32 + (size_t)(i * K + k) * Hm;
-        } else {
-            const int slot = a.route_slot[i * K + k];
-            if (slot < 0) continue; /* invalid expert id (or another rank's): contributes nothing */
-            yr = a.y + (size_t)slot * Hm;
-        }
+        if (!moe_combine_route<Y32>(a, i, k, &yr, &yr32)) continue;
         const float wk = a.w[i * K + k];
         /* t = r16(y * eff(post_expert_norm)); sum of squares */
         float ss = 0.0f;
         for (int x = tm.tid; x < Hm; x += tm.nt) {
-            const float tv = sm_r16d(moe_combine_y<Y32>(yr, yr32, x) * pn[x]);
+            const float tv = moe_combine_t<Y32>(a, yr, yr32, x);
             ss += tv * tv;
         }
         ss = sm_team_sum(ss, red, tm);
         /* yn = t * rsqrt(mean(t^2) + eps); m += w_k * yn */
-        const float r = 1.0f / sqrtf(ss / (float)Hm + a.eps);
+        const float r = moe_combine_scale_of(ss, Hm, a.eps);
         for (int x = tm.tid; x < Hm; x += tm.nt) {
-            const float tv = sm_r16d(moe_combine_y<Y32>(yr, yr32, x) * pn[x]);
+            const float tv = moe_combine_t<Y32>(a, yr, yr32, x);
             msum[x] += wk * (tv * r);
         }
     }
@@ -89,6 +108,73 @@ template <int Y32, int OUT32>
 __device__ __forceinline__ void moe_combine_rows_t(const moe_combine_args &a, int vb, int nb, float *msum, float *red,
                                                    const sm_team &tm) {
     for (int i = vb; i < a.n; i += nb) moe_combine_row_t<Y32, OUT32>(a, i, msum, red, tm);
+}
+
+/* The same combine in two steps for a persistent kernel (the same bits; a grid barrier between
+ * them): the norm scale of every (row, route) by its own team, then every element's route-ordered
+ * sum by one thread.  Step 1, item = i * K + k: rs[item] = the route's scale (0 when it
+ * contributes nothing); tm.nt must be MOE_COMBINE_THREADS (the sum of squares' order). */
+template <int Y32>
+__device__ __forceinline__ void moe_combine_scale_item(const moe_combine_args &a, int item, float *rs, float *red, const sm_team &tm) {
+    const int i = item / a.K, k = item - i * a.K;
+    const uint16_t *yr = NULL;
+    const float *yr32 = NULL;
+    if (!moe_combine_route<Y32>(a, i, k, &yr, &yr32)) {
+        if (tm.tid == 0) rs[item] = 0.0f;
+        return;
+    }
+    float ss = 0.0f;
+    for (int x = tm.tid; x < a.Hm; x += tm.nt) {
+        const float tv = moe_combine_t<Y32>(a, yr, yr32, x);
+        ss += tv * tv;
+    }
+    ss = sm_team_sum(ss, red, tm);
+    if (tm.tid == 0) rs[item] = moe_combine_scale_of(ss, a.Hm, a.eps);
+}
+/* Step 2, 8 consecutive elements a call (chunk c: row c / (Hm / 8), columns 8 (c % (Hm / 8)) +
+ * 0..7; Hm % 8 == 0, 16-byte aligned rows): m = the sum over the row's routes in order of
+ * w_k * (t * rs), each element's arithmetic that of moe_combine_row_t. */
+template <int Y32, int OUT32>
+__device__ __forceinline__ void moe_combine_elem8(const moe_combine_args &a, const float *rs, size_t c) {
+    const int cpr = a.Hm / 8, i = (int)(c / (size_t)cpr), x0 = (int)(c - (size_t)i * cpr) * 8;
+    float pn[8], m[8];
+    const float4 p0 = *(const float4 *)(a.pn + x0), p1 = *(const float4 *)(a.pn + x0 + 4);
+    pn[0] = p0.x; pn[1] = p0.y; pn[2] = p0.z; pn[3] = p0.w; pn[4] = p1.x; pn[5] = p1.y; pn[6] = p1.z; pn[7] = p1.w;
+#pragma unroll
+    for (int j = 0; j < 8; j++) m[j] = 0.0f;
+    for (int k = 0; k < a.K; k++) {
+        const uint16_t *yr = NULL;
+        const float *yr32 = NULL;
+        if (!moe_combine_route<Y32>(a, i, k, &yr, &yr32)) continue;
+        const float wk = a.w[i * a.K + k], rk = rs[i * a.K + k];
+        float y[8];
+        if (Y32) {
+            const float4 u0 = *(const float4 *)(yr32 + x0), u1 = *(const float4 *)(yr32 + x0 + 4);
+            y[0] = sm_r16d(u0.x); y[1] = sm_r16d(u0.y); y[2] = sm_r16d(u0.z); y[3] = sm_r16d(u0.w);
+            y[4] = sm_r16d(u1.x); y[5] = sm_r16d(u1.y); y[6] = sm_r16d(u1.z); y[7] = sm_r16d(u1.w);
+        } else {
+            const uint4 u = *(const uint4 *)(yr + x0);
+            y[0] = sm_bf_lo(u.x); y[1] = sm_bf_hi(u.x); y[2] = sm_bf_lo(u.y); y[3] = sm_bf_hi(u.y);
+            y[4] = sm_bf_lo(u.z); y[5] = sm_bf_hi(u.z); y[6] = sm_bf_lo(u.w); y[7] = sm_bf_hi(u.w);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float tv = sm_r16d(y[j] * pn[j]);
+            m[j] += wk * (tv * rk);
+        }
+    }
+    const size_t e = (size_t)i * a.Hm + x0;
+    if (OUT32) {
+        *(float4 *)(a.m_f32 + e) = make_float4(m[0], m[1], m[2], m[3]);
+        *(float4 *)(a.m_f32 + e + 4) = make_float4(m[4], m[5], m[6], m[7]);
+    } else {
+        uint4 o;
+        o.x = (uint32_t)sm_tobf(m[0]) | ((uint32_t)sm_tobf(m[1]) << 16);
+        o.y = (uint32_t)sm_tobf(m[2]) | ((uint32_t)sm_tobf(m[3]) << 16);
+        o.z = (uint32_t)sm_tobf(m[4]) | ((uint32_t)sm_tobf(m[5]) << 16);
+        o.w = (uint32_t)sm_tobf(m[6]) | ((uint32_t)sm_tobf(m[7]) << 16);
+        *(uint4 *)(a.m_out + e) = o;
+    }
 }
 
 /* The plain combine (bf16 y per slot, bf16 m). */

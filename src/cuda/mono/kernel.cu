@@ -21,8 +21,8 @@ static_assert(sizeof(mono_prog) <= 32000, "the program is a kernel parameter (at
 
 const char *const mono_phase_name[MP_N] = {
     "attention", "attention split sum", "o_proj", "post-attention boundary", "router", "top-k", "pooler",
-    "pre-expert norm | top-k + grouping", "experts gate_up", "experts down", "expert sum (TP y)", "expert combine",
-    "expert sum (EP m)", "unpooler", "post-FFN boundary", "next layer qkvg projection", "next layer qk norm / rope / kv insert",
+    "pre-expert norm | top-k + grouping", "experts gate_up", "experts down", "expert sum (TP y)", "expert combine scales",
+    "expert combine sums", "expert sum (EP m)", "unpooler", "post-FFN boundary", "next layer qkvg projection", "next layer qk norm / rope / kv insert",
     "wait attn_sum", "wait pooled_gather", "wait expert_sum", "wait unpooled_gather"};
 
 /* Where a block stands: its rank in the launch and its index among that rank's G blocks. */
@@ -341,14 +341,26 @@ __device__ __noinline__ void mono_rope(const mono_desc &d, const mono_blk &B) {
     }
 }
 
-/* The combine of the layer's experts (team 0: the stock combine's 256 threads, its bits; a row a
- * block): plain, EP (f32 m over the rank's routes) or TP (the summed f32 y per route). */
-__device__ __noinline__ void mono_combine(const mono_desc &d, uint8_t *dyn, float (*red)[32], const mono_blk &B) {
-    if (threadIdx.x >= MOE_COMBINE_THREADS) return;
-    const sm_team t = sm_team_slice(0, MOE_COMBINE_THREADS);
-    if (d.ca.y32) moe_combine_rows_t<1, 0>(d.ca, B.b, B.G, (float *)dyn, red[0], t);
-    else if (d.ca.m_f32) moe_combine_rows_t<0, 1>(d.ca, B.b, B.G, (float *)dyn, red[0], t);
-    else moe_combine_rows(d.ca, B.b, B.G, (float *)dyn, red[0], t);
+/* The combine of the layer's experts in two phases (moe/combine.cuh: the stock combine's bits):
+ * the scale of every (row, route) by a team of 256 (2 a block), then every element's sum by a
+ * thread; plain, EP (f32 m over the rank's routes) or TP (the summed f32 y per route). */
+__device__ __noinline__ void mono_combine(const mono_desc &d, float (*red)[32], const mono_blk &B) {
+    const int k = threadIdx.x >> 8, items = d.n * d.K;
+    const sm_team t = sm_team_slice(k, MOE_COMBINE_THREADS);
+    for (int v = B.b * 2 + k; v < items; v += B.G * 2) {
+        if (d.ca.y32) moe_combine_scale_item<1>(d.ca, v, d.rscale, red[k], t);
+        else moe_combine_scale_item<0>(d.ca, v, d.rscale, red[k], t);
+    }
+}
+
+__device__ __noinline__ void mono_combine_sum(const mono_desc &d, const mono_blk &B) {
+    /* 8 elements a thread, 16-byte loads (Hm % 64 == 0: a static refusal otherwise) */
+    const size_t step = (size_t)B.G * MONO_THREADS, chunks = (size_t)d.n * (d.Hm / 8);
+    for (size_t c = (size_t)B.b * MONO_THREADS + threadIdx.x; c < chunks; c += step) {
+        if (d.ca.y32) moe_combine_elem8<1, 0>(d.ca, d.rscale, c);
+        else if (d.ca.m_f32) moe_combine_elem8<0, 1>(d.ca, d.rscale, c);
+        else moe_combine_elem8<0, 0>(d.ca, d.rscale, c);
+    }
 }
 
 /* ---- the kernels ---- */
@@ -381,7 +393,8 @@ __device__ __forceinline__ void mono_phase(const mono_desc &d, int p, uint8_t *d
     case MP_PRE_NORM: mono_pre_norm(d, dyn, red, B); break;
     case MP_XSUM_Y:
     case MP_XSUM_M: mono_xsum_phase(d, p, B); break;
-    case MP_COMBINE: mono_combine(d, dyn, red, B); break;
+    case MP_COMBINE: mono_combine(d, red, B); break;
+    case MP_COMBINE_SUM: mono_combine_sum(d, B); break;
     case MP_UNPOOL: mono_mm_phase<N>(&d.mm[2], sm, rs, rph, B); break;
     case MP_POST_FFN: mono_post_ffn(d, red, B); break;
     case MP_QKVG: mono_mm_phase<N>(&d.mm[3], sm, rs, rph, B); break;
@@ -495,10 +508,9 @@ size_t mono_smem_bytes(int N, int G, int Hm, int I, int E) {
     const size_t rt = (size_t)2 * 16 * SM_RG_KL * 4;                         /* router x tiles */
     const size_t tk = (size_t)(MONO_THREADS / 32) * 2 * E * 4;              /* top-k scratch */
     const size_t gr = sizeof(moe_group_smem);
-    const size_t cb = (size_t)Hm * 4;                                       /* combine sums (team 0) */
-    const size_t o[5] = {att, rt, tk, gr, cb};
-    (void)I; (void)G; /* the attention scratch no longer depends on G */
-    for (int i = 0; i < 5; i++) if (o[i] > b) b = o[i];
+    const size_t o[4] = {att, rt, tk, gr};
+    (void)I; (void)G; (void)Hm; /* the attention scratch no longer depends on G; the combine keeps no row in shared memory */
+    for (int i = 0; i < 4; i++) if (o[i] > b) b = o[i];
     return b + 1024;                                                        /* 1024-byte alignment */
 }
 

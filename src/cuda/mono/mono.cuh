@@ -13,7 +13,8 @@
  *   PRE_NORM   pre-expert norm of h1 (a team per row) | on the last block: sigmoid + top-K (a
  *              warp a row; the TOPK slot stays in the numbering), then the route grouping
  *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies)
- *   COMBINE    post-expert norm + weighted sum in route order
+ *   COMBINE    post-expert norm scale of every (row, route), a team each
+ *   COMBINE_SUM the weighted sum of every element in route order (the stock combine's bits)
  *   UNPOOL     f = m Wunpool^T
  *   POST_FFN   FFN residual boundary + the NEXT layer's input norm (a team per row)
  *   QKVG       the next layer's q | k | v | gate projection
@@ -78,7 +79,7 @@
  * health words only: a wait runs at the start of its consuming phase). */
 enum {
     MP_ATT, MP_ATT_SUM, MP_OPROJ, MP_POST_ATT, MP_ROUTER, MP_TOPK, MP_POOLER, MP_PRE_NORM,
-    MP_MM1, MP_MM2, MP_XSUM_Y, MP_COMBINE, MP_XSUM_M, MP_UNPOOL, MP_POST_FFN, MP_QKVG, MP_ROPE, MP_NPHASE,
+    MP_MM1, MP_MM2, MP_XSUM_Y, MP_COMBINE, MP_COMBINE_SUM, MP_XSUM_M, MP_UNPOOL, MP_POST_FFN, MP_QKVG, MP_ROPE, MP_NPHASE,
     MP_XW0 = MP_NPHASE, MP_XW1, MP_XW2, MP_XW3, MP_N
 };
 /* Phase names (trace, health messages), indexed by MP_*. */
@@ -159,6 +160,7 @@ typedef struct mono_desc {
     moe_group_args ga;
     moe_args a1, a2;
     moe_combine_args ca;
+    float *rscale;              /* [n, K] the routes' norm scales (COMBINE -> COMBINE_SUM) */
     /* POST_FFN */
     const uint16_t *f;          /* [n, H] unpooler output */
     const float *post_ffn, *ffn_alpha, *ffn_beta, *next_norm;
