@@ -1,27 +1,29 @@
-/* combine.cu: the stock kernel of the combine phase (combine.cuh): one block of
- * MOE_COMBINE_THREADS per row, Hm floats of dynamic shared memory; its launcher, kernel
- * attribute and arguments in the workspace.
- * We rejected a fixed grid looping over rows: one block per row is the measured layout and
- * the body gives the same bits for any grid.
+/* combine.cu: the stock kernels of the combine phase (combine.cuh): step 1, one block of
+ * MOE_COMBINE_THREADS per (row, route); step 2, one thread per 8 elements of m; their
+ * launcher and the arguments in the workspace.
+ * We rejected one kernel of a block per row (the first version): its routes ran one after the
+ * other (combine.cuh says what it cost).
  */
 #include "cuda/moe/combine.cuh"
 #include "cuda/moe/geom.cuh"
 
-template <int Y32, int OUT32>
-__global__ void __launch_bounds__(MOE_COMBINE_THREADS) moe_combine_kernel(const uint16_t *__restrict__ y, const int *__restrict__ route_slot,
-                                                                          const float *__restrict__ w, const float *__restrict__ pn, int K,
-                                                                          int Hm, float eps, uint16_t *__restrict__ m_out,
-                                                                          float *__restrict__ m_f32, const float *__restrict__ y32,
-                                                                          const int *__restrict__ idx, int E) {
-    extern __shared__ float msum[]; /* [Hm], each element owned by one thread */
+#define MOE_COMBINE_SUM_THREADS 256 /* threads of a step-2 block */
+
+template <int Y32>
+__global__ void __launch_bounds__(MOE_COMBINE_THREADS) moe_combine_scale_kernel(const moe_combine_args ca) {
     __shared__ float red[32];
-    const moe_combine_args ca = {y, route_slot, w, pn, (int)gridDim.x, K, Hm, eps, m_out, m_f32, y32, idx, E};
-    moe_combine_rows_t<Y32, OUT32>(ca, blockIdx.x, gridDim.x, msum, red, sm_team_block());
+    moe_combine_scale_item<Y32>(ca, (int)blockIdx.x, red, sm_team_block());
+}
+
+template <int Y32, int OUT32>
+__global__ void __launch_bounds__(MOE_COMBINE_SUM_THREADS) moe_combine_sum_kernel(const moe_combine_args ca) {
+    const size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < (size_t)ca.n * (ca.Hm / 8)) moe_combine_elem8<Y32, OUT32>(ca, c);
 }
 
 moe_combine_args moe_combine_make(const sm_cuda_moe_layer *L, const float *w, int n, uint16_t *m_out, const sm_cuda_moe_ws *ws) {
     const moe_wsl W = moe_ws_layout(L->E, L->K, L->Hm, L->I, ws->max_rows);
-    const uint8_t *wb = (const uint8_t *)ws->buf;
+    uint8_t *wb = (uint8_t *)ws->buf;
     moe_combine_args ca;
     ca.y = (const uint16_t *)(wb + W.y);
     ca.route_slot = (const int *)(wb + W.route_slot);
@@ -34,30 +36,32 @@ moe_combine_args moe_combine_make(const sm_cuda_moe_layer *L, const float *w, in
     ca.y32 = NULL;
     ca.idx = NULL;
     ca.E = L->E;
+    ca.rs = (float *)(wb + W.rs);
     return ca;
 }
 
 int moe_combine_prepare(int Hm, sm_err *e) {
-    const size_t csm = sizeof(float) * (size_t)Hm;
-    if (csm > 48 * 1024) {
-        SM_CUDA_CHECK(cudaFuncSetAttribute(moe_combine_kernel<0, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)csm));
-        SM_CUDA_CHECK(cudaFuncSetAttribute(moe_combine_kernel<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)csm));
-        SM_CUDA_CHECK(cudaFuncSetAttribute(moe_combine_kernel<1, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)csm));
-    }
+    if (Hm % 8) return sm_errf(e, "cuda moe combine: moe_hidden_size %d is not a multiple of 8", Hm);
     return 0;
 }
 
 int moe_combine_launch(const moe_combine_args &ca, cudaStream_t st, sm_err *e) {
-    const size_t smem = sizeof(float) * (size_t)ca.Hm;
-    if (ca.y32)
-        moe_combine_kernel<1, 0><<<ca.n, MOE_COMBINE_THREADS, smem, st>>>(ca.y, ca.route_slot, ca.w, ca.pn, ca.K, ca.Hm, ca.eps,
-                                                                           ca.m_out, ca.m_f32, ca.y32, ca.idx, ca.E);
-    else if (ca.m_f32)
-        moe_combine_kernel<0, 1><<<ca.n, MOE_COMBINE_THREADS, smem, st>>>(ca.y, ca.route_slot, ca.w, ca.pn, ca.K, ca.Hm, ca.eps,
-                                                                           ca.m_out, ca.m_f32, ca.y32, ca.idx, ca.E);
-    else
-        moe_combine_kernel<0, 0><<<ca.n, MOE_COMBINE_THREADS, smem, st>>>(ca.y, ca.route_slot, ca.w, ca.pn, ca.K, ca.Hm, ca.eps,
-                                                                           ca.m_out, ca.m_f32, ca.y32, ca.idx, ca.E);
-    SM_LAUNCH_CHECK("moe_combine_kernel");
+    if (ca.n <= 0) return 0;
+    if (ca.Hm % 8 || !sm_aligned(ca.pn, 16) || (ca.y32 && !sm_aligned(ca.y32, 16)) ||
+        (ca.m_f32 ? !sm_aligned(ca.m_f32, 16) : !sm_aligned(ca.m_out, 16)))
+        return sm_errf(e, "cuda moe combine: Hm %d must be a multiple of 8 and y32, m and the norm 16-byte aligned", ca.Hm);
+    const int items = ca.n * ca.K;
+    const unsigned sb = (unsigned)(((size_t)ca.n * (ca.Hm / 8) + MOE_COMBINE_SUM_THREADS - 1) / MOE_COMBINE_SUM_THREADS);
+    if (ca.y32) {
+        moe_combine_scale_kernel<1><<<items, MOE_COMBINE_THREADS, 0, st>>>(ca);
+        SM_LAUNCH_CHECK("moe_combine_scale_kernel");
+        moe_combine_sum_kernel<1, 0><<<sb, MOE_COMBINE_SUM_THREADS, 0, st>>>(ca);
+    } else {
+        moe_combine_scale_kernel<0><<<items, MOE_COMBINE_THREADS, 0, st>>>(ca);
+        SM_LAUNCH_CHECK("moe_combine_scale_kernel");
+        if (ca.m_f32) moe_combine_sum_kernel<0, 1><<<sb, MOE_COMBINE_SUM_THREADS, 0, st>>>(ca);
+        else moe_combine_sum_kernel<0, 0><<<sb, MOE_COMBINE_SUM_THREADS, 0, st>>>(ca);
+    }
+    SM_LAUNCH_CHECK("moe_combine_sum_kernel");
     return 0;
 }

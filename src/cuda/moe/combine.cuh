@@ -1,4 +1,4 @@
-/* combine.cuh: the last phase of the MoE expert stage (device body): per row, the post-expert
+/* combine.cuh: the last phase of the MoE expert stage (device bodies): per row, the post-expert
  * norm of each of its routes and their route-ordered weighted sum,
  *   t = r16(y * eff(post_expert_norm)), yn = t * rsqrt(mean(t^2) + eps),
  *   m[row] = r16(sum_k w[row, k] * yn(row, k)) for k = 0..K-1 in order.
@@ -6,12 +6,14 @@
  * f32 sum NOT rounded (an EP rank's partial m over its own routes); Y32, y is read per ROUTE
  * from f32 rows as r16(y) and a route counts when its expert id is in [0, E) (the TP finalize
  * of the rank-summed partial y).
- * One block per row: the norm needs a block reduction per route and the sum a fixed order, so
- * the result is the same bits for any grid.  A persistent kernel runs the same arithmetic in two
- * steps (moe_combine_scale_item, moe_combine_elem8): every (row, route) and every element in
- * parallel instead of a row's routes one after the other (measured: one row's 8 routes take
- * ~26 us of dependent loads and barriers).  We rejected fusing the norm into the down
- * matmul's epilogue: a route's sum of squares spans every block's tiles.
+ * Two steps, a grid-wide barrier between them (the stock path: two kernels; the monokernel:
+ * two phases): the scale rsqrt(mean(t^2) + eps) of every (row, route), by a team of
+ * MOE_COMBINE_THREADS (the sum of squares' order), then every 8 elements' route-ordered sum by
+ * one thread.  Every (row, route) and element runs in parallel: the bits depend on nothing
+ * but the team size.  We rejected one block per row (the first version): a row's routes one
+ * after the other, ~26 us of dependent loads and barriers at 8 rows against ~11 us now.
+ * We rejected fusing the norm into the down matmul's epilogue: a route's sum of squares spans
+ * every block's tiles.
  */
 #ifndef SM_CUDA_MOE_COMBINE_CUH
 #define SM_CUDA_MOE_COMBINE_CUH
@@ -33,6 +35,7 @@ typedef struct moe_combine_args {
                                  of y / route_slot (Y32) */
     const int *idx;           /* Y32: [n, K] expert ids; a route counts when 0 <= id < E */
     int E;                    /* Y32: experts of the layer */
+    float *rs;                /* [n * K] the routes' norm scales (workspace: step 1 -> step 2) */
 } moe_combine_args;
 
 /* y of route (i, k) at column x: bf16 y of its slot, or r16 of its f32 row (Y32). */
@@ -67,55 +70,12 @@ __device__ __forceinline__ float moe_combine_t(const moe_combine_args &a, const 
 /* The norm scale of a route from its sum of squares: rsqrt(mean(t^2) + eps). */
 __device__ __forceinline__ float moe_combine_scale_of(float ss, int Hm, float eps) { return 1.0f / sqrtf(ss / (float)Hm + eps); }
 
-/* Row i (template flags: see the top of the file).  Every thread of team tm calls it
- * (common.cuh; tm.nt a multiple of 32, <= 1024; it holds team barriers; the bits depend on
- * tm.nt through the sum: MOE_COMBINE_THREADS reproduces the stock kernel); msum: the team's
- * shared [Hm] floats, each element owned by one thread; red: the team's shared [32]. */
-template <int Y32, int OUT32>
-__device__ __forceinline__ void moe_combine_row_t(const moe_combine_args &a, int i, float *msum, float *red, const sm_team &tm) {
-    const int K = a.K, Hm = a.Hm;
-    for (int x = tm.tid; x < Hm; x += tm.nt) msum[x] = 0.0f;
-    for (int k = 0; k < K; k++) {
-        const uint16_t *yr = NULL;
-        const float *yr32 = NULL;
-        if (!moe_combine_route<Y32>(a, i, k, &yr, &yr32)) continue;
-        const float wk = a.w[i * K + k];
-        /* t = r16(y * eff(post_expert_norm)); sum of squares */
-        float ss = 0.0f;
-        for (int x = tm.tid; x < Hm; x += tm.nt) {
-            const float tv = moe_combine_t<Y32>(a, yr, yr32, x);
-            ss += tv * tv;
-        }
-        ss = sm_team_sum(ss, red, tm);
-        /* yn = t * rsqrt(mean(t^2) + eps); m += w_k * yn */
-        const float r = moe_combine_scale_of(ss, Hm, a.eps);
-        for (int x = tm.tid; x < Hm; x += tm.nt) {
-            const float tv = moe_combine_t<Y32>(a, yr, yr32, x);
-            msum[x] += wk * (tv * r);
-        }
-    }
-    /* m = r16(sum), or the f32 sum (OUT32) */
-    for (int x = tm.tid; x < Hm; x += tm.nt) {
-        if (OUT32) a.m_f32[(size_t)i * Hm + x] = msum[x];
-        else a.m_out[(size_t)i * Hm + x] = sm_tobf(msum[x]);
-    }
-}
-
-/* Rows vb, vb + nb, vb + 2 nb, ... < a.n of virtual block vb of nb; same contract as
- * moe_combine_row_t.  Needs every item of the matmul's stage 2 (y): a persistent kernel puts a
- * grid barrier before this phase.  The stock kernel passes (blockIdx.x, gridDim.x = n). */
-template <int Y32, int OUT32>
-__device__ __forceinline__ void moe_combine_rows_t(const moe_combine_args &a, int vb, int nb, float *msum, float *red,
-                                                   const sm_team &tm) {
-    for (int i = vb; i < a.n; i += nb) moe_combine_row_t<Y32, OUT32>(a, i, msum, red, tm);
-}
-
-/* The same combine in two steps for a persistent kernel (the same bits; a grid barrier between
- * them): the norm scale of every (row, route) by its own team, then every element's route-ordered
- * sum by one thread.  Step 1, item = i * K + k: rs[item] = the route's scale (0 when it
- * contributes nothing); tm.nt must be MOE_COMBINE_THREADS (the sum of squares' order). */
+/* Step 1, item = i * K + k: a.rs[item] = the route's scale (0 when it contributes nothing), by
+ * every thread of team tm (tm.nt == MOE_COMBINE_THREADS: the sum of squares' order); red: the
+ * team's shared [32]. */
 template <int Y32>
-__device__ __forceinline__ void moe_combine_scale_item(const moe_combine_args &a, int item, float *rs, float *red, const sm_team &tm) {
+__device__ __forceinline__ void moe_combine_scale_item(const moe_combine_args &a, int item, float *red, const sm_team &tm) {
+    float *rs = a.rs;
     const int i = item / a.K, k = item - i * a.K;
     const uint16_t *yr = NULL;
     const float *yr32 = NULL;
@@ -135,7 +95,8 @@ __device__ __forceinline__ void moe_combine_scale_item(const moe_combine_args &a
  * 0..7; Hm % 8 == 0, 16-byte aligned rows): m = the sum over the row's routes in order of
  * w_k * (t * rs), each element's arithmetic that of moe_combine_row_t. */
 template <int Y32, int OUT32>
-__device__ __forceinline__ void moe_combine_elem8(const moe_combine_args &a, const float *rs, size_t c) {
+__device__ __forceinline__ void moe_combine_elem8(const moe_combine_args &a, size_t c) {
+    const float *rs = a.rs;
     const int cpr = a.Hm / 8, i = (int)(c / (size_t)cpr), x0 = (int)(c - (size_t)i * cpr) * 8;
     float pn[8], m[8];
     const float4 p0 = *(const float4 *)(a.pn + x0), p1 = *(const float4 *)(a.pn + x0 + 4);
@@ -177,23 +138,15 @@ __device__ __forceinline__ void moe_combine_elem8(const moe_combine_args &a, con
     }
 }
 
-/* The plain combine (bf16 y per slot, bf16 m). */
-__device__ __forceinline__ void moe_combine_row(const moe_combine_args &a, int i, float *msum, float *red, const sm_team &tm) {
-    moe_combine_row_t<0, 0>(a, i, msum, red, tm);
-}
-__device__ __forceinline__ void moe_combine_rows(const moe_combine_args &a, int vb, int nb, float *msum, float *red,
-                                                 const sm_team &tm) {
-    moe_combine_rows_t<0, 0>(a, vb, nb, msum, red, tm);
-}
-
 /* ---- host side (combine.cu) ---- */
 /* The combine arguments of a forward call: w [n, K] route weights, m_out [n, Hm] (m_f32,
  * y32, idx NULL: the plain combine; a caller sets m_f32 or y32 / idx / E after). */
 moe_combine_args moe_combine_make(const sm_cuda_moe_layer *L, const float *w, int n, uint16_t *m_out, const sm_cuda_moe_ws *ws);
-/* Kernel attribute (shared memory above 48 KB) of the stock kernel for width Hm. */
+/* Checks of width Hm for the stock kernels (Hm % 8 == 0). */
 int moe_combine_prepare(int Hm, sm_err *e);
-/* The stock launch: n blocks of MOE_COMBINE_THREADS, Hm floats of shared memory, on st; the
- * variant follows ca.y32 and ca.m_f32 (both NULL: the plain combine). */
+/* The stock launches: step 1 (n K blocks of MOE_COMBINE_THREADS), step 2 (a thread per 8
+ * elements), on st; the variant follows ca.y32 and ca.m_f32 (both NULL: the plain combine);
+ * the outputs and y32 must be 16-byte aligned. */
 int moe_combine_launch(const moe_combine_args &ca, cudaStream_t st, sm_err *e);
 
 #endif

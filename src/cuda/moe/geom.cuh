@@ -77,6 +77,7 @@ typedef struct moe_wsl {
     size_t jobs;              /* int4 [maxjobs]: (expert, first slot, routes, 0) */
     size_t act;               /* bf16 [R, I]: a = r16(silu(gate) * up) per slot */
     size_t y;                 /* bf16 [R, Hm]: y = r16(a down^T) per slot */
+    size_t rs;                /* f32 [R]: the post-expert norm scale of route r (the combine) */
     size_t total;             /* bytes of the workspace */
     int maxjobs;              /* upper bound of jobs for R = max_rows * K routes */
 } moe_wsl;
@@ -91,7 +92,8 @@ SM_HD moe_wsl moe_ws_layout(int E, int K, int Hm, int I, int max_rows) {
     W.jobs = W.slot_route + moe_rupz(R * 4, 256);
     W.act = W.jobs + moe_rupz((size_t)W.maxjobs * 16, 256);
     W.y = W.act + moe_rupz(R * (size_t)I * 2, 256);
-    W.total = W.y + moe_rupz(R * (size_t)Hm * 2, 256);
+    W.rs = W.y + moe_rupz(R * (size_t)Hm * 2, 256);
+    W.total = W.rs + moe_rupz(R * 4, 256);
     return W;
 }
 

@@ -31,7 +31,7 @@ struct cb_mono {
     mono_ctl *ctl;              /* device control words */
     mono_ctl *ctl_h;            /* pinned host copy (health words after a step) */
     void *ws;                   /* device: wgmma partial tiles | router partials | attention partials */
-    size_t part_bytes, rpart_bytes, att_bytes, rs_bytes;
+    size_t part_bytes, rpart_bytes, att_bytes;
     mono_desc *desc[CB_NBUCKETS]; /* host [L] per bucket (layers 1..L-2 filled), NULL: not built */
     int refused[CB_NBUCKETS];   /* 1: the bucket's plan failed (its steps run stock) */
     int grid;                   /* blocks of a dense launch: one per SM */
@@ -209,7 +209,6 @@ static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *
     d->a1 = moe_mm_make(&L->moe, c->h1, &c->mws, 1);
     d->a2 = moe_mm_make(&L->moe, c->h1, &c->mws, 2);
     d->ca = moe_combine_make(&L->moe, d->w, nb, c->mo, &c->mws);
-    d->rscale = (float *)(ws + M->part_bytes + M->rpart_bytes + M->att_bytes);
     if (W > 1 && !tp) d->ca.m_f32 = (float *)x0; /* the rank's partial m, summed by XSUM_M into mo */
     if (tp) {
         d->a2.y32 = (float *)x0;                 /* the rank's partial y per route, summed by XSUM_Y */
@@ -281,9 +280,7 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     }
     M->part_bytes = (M->part_bytes + 255) & ~(size_t)255;
     M->rpart_bytes = (M->rpart_bytes + 255) & ~(size_t)255;
-    M->rs_bytes = (R * cf->K * 4 + 255) & ~(size_t)255;
-    M->att_bytes = (M->att_bytes + 255) & ~(size_t)255;
-    SM_CUDA_CHECK(cudaMalloc(&M->ws, M->part_bytes + M->rpart_bytes + M->att_bytes + M->rs_bytes + 256));
+    SM_CUDA_CHECK(cudaMalloc(&M->ws, M->part_bytes + M->rpart_bytes + M->att_bytes + 256));
     SM_CUDA_CHECK(cudaMalloc((void **)&c->qkv2, (size_t)c->cap * (2 * cf->nH + 2 * cf->nKV) * cf->D * 2));
     SM_CUDA_CHECK(cudaMalloc((void **)&M->ctl, sizeof(mono_ctl)));
     SM_CUDA_CHECK(cudaMallocHost((void **)&M->ctl_h, sizeof(mono_ctl)));

@@ -341,15 +341,15 @@ __device__ __noinline__ void mono_rope(const mono_desc &d, const mono_blk &B) {
     }
 }
 
-/* The combine of the layer's experts in two phases (moe/combine.cuh: the stock combine's bits):
+/* The combine of the layer's experts in two phases (moe/combine.cuh, the stock kernels' steps):
  * the scale of every (row, route) by a team of 256 (2 a block), then every element's sum by a
  * thread; plain, EP (f32 m over the rank's routes) or TP (the summed f32 y per route). */
 __device__ __noinline__ void mono_combine(const mono_desc &d, float (*red)[32], const mono_blk &B) {
     const int k = threadIdx.x >> 8, items = d.n * d.K;
     const sm_team t = sm_team_slice(k, MOE_COMBINE_THREADS);
     for (int v = B.b * 2 + k; v < items; v += B.G * 2) {
-        if (d.ca.y32) moe_combine_scale_item<1>(d.ca, v, d.rscale, red[k], t);
-        else moe_combine_scale_item<0>(d.ca, v, d.rscale, red[k], t);
+        if (d.ca.y32) moe_combine_scale_item<1>(d.ca, v, red[k], t);
+        else moe_combine_scale_item<0>(d.ca, v, red[k], t);
     }
 }
 
@@ -357,9 +357,9 @@ __device__ __noinline__ void mono_combine_sum(const mono_desc &d, const mono_blk
     /* 8 elements a thread, 16-byte loads (Hm % 64 == 0: a static refusal otherwise) */
     const size_t step = (size_t)B.G * MONO_THREADS, chunks = (size_t)d.n * (d.Hm / 8);
     for (size_t c = (size_t)B.b * MONO_THREADS + threadIdx.x; c < chunks; c += step) {
-        if (d.ca.y32) moe_combine_elem8<1, 0>(d.ca, d.rscale, c);
-        else if (d.ca.m_f32) moe_combine_elem8<0, 1>(d.ca, d.rscale, c);
-        else moe_combine_elem8<0, 0>(d.ca, d.rscale, c);
+        if (d.ca.y32) moe_combine_elem8<1, 0>(d.ca, c);
+        else if (d.ca.m_f32) moe_combine_elem8<0, 1>(d.ca, c);
+        else moe_combine_elem8<0, 0>(d.ca, c);
     }
 }
 

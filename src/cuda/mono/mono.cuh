@@ -14,7 +14,7 @@
  *              warp a row; the TOPK slot stays in the numbering), then the route grouping
  *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies)
  *   COMBINE    post-expert norm scale of every (row, route), a team each
- *   COMBINE_SUM the weighted sum of every element in route order (the stock combine's bits)
+ *   COMBINE_SUM the weighted sum of every 8 elements in route order (the stock combine's steps)
  *   UNPOOL     f = m Wunpool^T
  *   POST_FFN   FFN residual boundary + the NEXT layer's input norm (a team per row)
  *   QKVG       the next layer's q | k | v | gate projection
@@ -159,8 +159,7 @@ typedef struct mono_desc {
     int fmt;                    /* sm_expert_fmt of the layer's experts */
     moe_group_args ga;
     moe_args a1, a2;
-    moe_combine_args ca;
-    float *rscale;              /* [n, K] the routes' norm scales (COMBINE -> COMBINE_SUM) */
+    moe_combine_args ca;        /* its rs: the routes' norm scales (COMBINE -> COMBINE_SUM) */
     /* POST_FFN */
     const uint16_t *f;          /* [n, H] unpooler output */
     const float *post_ffn, *ffn_alpha, *ffn_beta, *next_norm;
