@@ -274,7 +274,7 @@ __device__ __noinline__ void mono_router(const mono_desc &d, uint8_t *dyn, const
     const int gx = (d.E + SM_RG_ROWS - 1) / SM_RG_ROWS, gy = (d.n + NT - 1) / NT, items = gx * gy * d.rS;
     for (int v = B.b * 2 + k; v < items; v += B.G * 2) {
         const int bx = v % gx, by = (v / gx) % gy, bz = v / (gx * gy);
-        sm_mm_f32w_gemv_block<NT>(d.xf, d.n, d.H, d.router, d.E, d.rpart, bx, by, bz, xs, t);
+        sm_mm_f32w_gemv_block<NT, 4>(d.xf, d.n, d.H, d.router, d.E, d.rpart, bx, by, bz, xs, t); /* 4 tokens at once: no spills at 128 registers */
         sm_team_sync(t); /* xs is rewritten by the team's next item */
     }
 }

@@ -176,11 +176,14 @@ __device__ __forceinline__ void sm_mm_reduce_f32_range(const float *__restrict__
 
 /* Block (bx: rows bx * 32 .. +32 of W, by: tokens by * NT .. +NT, bz: k [bz * 512, +512)) of the
  * main router kernel, by the 256 threads of team tm; writes out [gridDim.z][n][m] at split bz (the caller sums
- * the splits, or out is y when there is one).  xs: shared float4 [NT][SM_RG_KL / 4]. */
-template <int NT>
+ * the splits, or out is y when there is one).  xs: shared float4 [NT][SM_RG_KL / 4].  TC: tokens
+ * whose sums a lane holds at once (NT: the stock kernel; fewer keep a caller under a register cap,
+ * e.g. the monokernel's 128); every output's FMA order, hence its bits, is the same for any TC. */
+template <int NT, int TC = NT>
 __device__ __forceinline__ void sm_mm_f32w_gemv_block(const uint16_t *__restrict__ x, int n, int k, const float *__restrict__ W,
                                                       int m, float *__restrict__ out, int bx, int by, int bz,
                                                       float4 (*xs)[SM_RG_KL / 4], const sm_team &tm) {
+    static_assert(NT % TC == 0, "sm_mm_f32w_gemv_block: TC must divide NT");
     const int warp = tm.tid >> 5, lane = tm.tid & 31;
     const int r0 = bx * SM_RG_ROWS + warp * 4, t0 = by * NT, kb = bz * SM_RG_KL;
     const int kl = min(SM_RG_KL, k - kb); /* a multiple of 4 */
@@ -206,38 +209,41 @@ __device__ __forceinline__ void sm_mm_f32w_gemv_block(const uint16_t *__restrict
         xs[tt][q] = v;
     }
     sm_team_sync(tm);
-    /* per lane: acc[r][t] = sum over its k of W[r0 + r][k] * x[t0 + t][k], f32 FMAs */
-    float acc[4][NT];
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int q = lane + 32 * j;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const float4 xv = xs[t][q];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                acc[r][t] = fmaf(w[r][j].x, xv.x, acc[r][t]);
-                acc[r][t] = fmaf(w[r][j].y, xv.y, acc[r][t]);
-                acc[r][t] = fmaf(w[r][j].z, xv.z, acc[r][t]);
-                acc[r][t] = fmaf(w[r][j].w, xv.w, acc[r][t]);
-            }
-        }
-    }
-    /* sum over the warp's lanes; lane 0 stores the split's partial out [split][n][m] */
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) acc[r][t] = sm_warp_sum(acc[r][t]);
-    if (lane == 0) {
+#pragma unroll 1
+    for (int c0 = 0; c0 < NT; c0 += TC) {
+        /* per lane: acc[r][t] = sum over its k of W[r0 + r][k] * x[t0 + c0 + t][k], f32 FMAs */
+        float acc[4][TC];
 #pragma unroll
         for (int r = 0; r < 4; r++)
 #pragma unroll
-            for (int t = 0; t < NT; t++)
-                if (r0 + r < m && t0 + t < n) out[((size_t)bz * n + t0 + t) * m + r0 + r] = acc[r][t];
+            for (int t = 0; t < TC; t++) acc[r][t] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int q = lane + 32 * j;
+#pragma unroll
+            for (int t = 0; t < TC; t++) {
+                const float4 xv = xs[c0 + t][q];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    acc[r][t] = fmaf(w[r][j].x, xv.x, acc[r][t]);
+                    acc[r][t] = fmaf(w[r][j].y, xv.y, acc[r][t]);
+                    acc[r][t] = fmaf(w[r][j].z, xv.z, acc[r][t]);
+                    acc[r][t] = fmaf(w[r][j].w, xv.w, acc[r][t]);
+                }
+            }
+        }
+        /* sum over the warp's lanes; lane 0 stores the split's partial out [split][n][m] */
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int t = 0; t < TC; t++) acc[r][t] = sm_warp_sum(acc[r][t]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int t = 0; t < TC; t++)
+                    if (r0 + r < m && t0 + c0 + t < n) out[((size_t)bz * n + t0 + c0 + t) * m + r0 + r] = acc[r][t];
+        }
     }
 }
 
