@@ -67,6 +67,7 @@ typedef struct mono_world {
     const mono_moe *moe[MONO_WMAX];
     mono_prog jp;               /* rank 0's joint program scratch */
     mono_moe jm;
+    int N, fmt;                 /* the current launch's token box / expert format (rank 0's) */
 } mono_world;
 
 static const int mono_buckets[CB_NBUCKETS] = {8, 16, 24, 32, 48, 64, 96, 128};
@@ -454,35 +455,63 @@ static int mono_meet(sm_cuda_dev *c, const char *what, sm_err *e) {
     return 0;
 }
 
+/* Rank 0's part of a joint launch: the launch of every rank's program (mw->prog or mw->moe). */
+static int mono_joint_dense(sm_cuda_dev *c, mono_world *mw, sm_err *e) {
+    mono_prog *J = &mw->jp;
+    const mono_prog *P = mw->prog[0];
+    J->nseg = 1;
+    J->nrank = mw->W;
+    J->p0[0] = P->p0[0];
+    J->p1[0] = P->p1[0];
+    for (int q = 0; q < mw->W; q++) J->d[q] = mw->prog[q]->d[0];
+    return mono_launch(mw->N, *J, c->mono->grid * mw->W, c->mono->smem, c->st, e);
+}
+
+static int mono_joint_moe(sm_cuda_dev *c, mono_world *mw, sm_err *e) {
+    mono_moe *J = &mw->jm;
+    memset(J, 0, sizeof *J);
+    J->layer = mw->moe[0]->layer;
+    J->nrank = mw->W;
+    for (int q = 0; q < mw->W; q++) {
+        J->a1[q] = mw->moe[q]->a1[0];
+        J->a2[q] = mw->moe[q]->a2[0];
+        J->ctl[q] = mw->moe[q]->ctl[0];
+        J->xc[q] = mw->moe[q]->xc[0];
+    }
+    return mono_moe_launch(mw->fmt, *J, c->mono->moe_grid * mw->W, c->st, e);
+}
+
+/* A joint launch of the virtual ranks: every rank records its work so far and meets the others;
+ * rank 0 waits for all of it on its stream and runs `go`; every rank then orders its stream
+ * after the launch.  A failure on rank 0 aborts the rendezvous, so no rank waits for it. */
+static int mono_joint(sm_cuda_dev *c, const char *what, int (*go)(sm_cuda_dev *, mono_world *, sm_err *), sm_err *e) {
+    mono_world *mw = c->mono->mw;
+    SM_CUDA_CHECK(cudaEventRecord(mw->ev[c->rank], c->st));
+    if (mono_meet(c, what, e)) return -1;
+    int rc = 0;
+    if (c->rank == 0) {
+        for (int q = 0; q < mw->W && !rc; q++)
+            if (cudaStreamWaitEvent(c->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
+        if (!rc) rc = go(c, mw, e);
+        if (!rc && cudaEventRecord(mw->done, c->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
+        if (rc) sm_hbar_abort(&mw->bar, 0, e->msg);
+    }
+    if (mono_meet(c, what, e)) return -1;
+    if (rc) return -1;
+    if (c->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(c->st, mw->done, 0));
+    return 0;
+}
+
 /* A dense launch of program P (this rank's), or with virtual ranks the joint launch of every
- * rank's program (issued by rank 0 after all ranks enqueued their work before it). */
+ * rank's program. */
 static int mono_go_dense(sm_cuda_dev *c, int N, mono_prog *P, sm_err *e) {
     cb_mono *M = c->mono;
     P->nrank = 1;
     if (!M->mw) return mono_launch(N, *P, M->grid, M->smem, c->st, e);
-    mono_world *mw = M->mw;
     if (P->nseg != 1) return sm_errf(e, "monokernel: a joint launch of virtual ranks takes one segment");
-    mw->prog[c->rank] = P;
-    SM_CUDA_CHECK(cudaEventRecord(mw->ev[c->rank], c->st));
-    if (mono_meet(c, "monokernel launch", e)) return -1;
-    int rc = 0;
-    if (c->rank == 0) {
-        mono_prog *J = &mw->jp;
-        J->nseg = 1;
-        J->nrank = mw->W;
-        J->p0[0] = P->p0[0];
-        J->p1[0] = P->p1[0];
-        for (int q = 0; q < mw->W; q++) J->d[q] = mw->prog[q]->d[0];
-        for (int q = 0; q < mw->W && !rc; q++)
-            if (cudaStreamWaitEvent(c->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
-        if (!rc) rc = mono_launch(N, *J, M->grid * mw->W, M->smem, c->st, e);
-        if (!rc && cudaEventRecord(mw->done, c->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
-        if (rc) sm_hbar_abort(&mw->bar, 0, e->msg);
-    }
-    if (mono_meet(c, "monokernel launch done", e)) return -1;
-    if (rc) return -1;
-    if (c->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(c->st, mw->done, 0));
-    return 0;
+    M->mw->prog[c->rank] = P;
+    if (c->rank == 0) M->mw->N = N;
+    return mono_joint(c, "monokernel launch", mono_joint_dense, e);
 }
 
 /* The expert launch, as mono_go_dense. */
@@ -490,32 +519,9 @@ static int mono_go_moe(sm_cuda_dev *c, int fmt, mono_moe *P, sm_err *e) {
     cb_mono *M = c->mono;
     P->nrank = 1;
     if (!M->mw) return mono_moe_launch(fmt, *P, M->moe_grid, c->st, e);
-    mono_world *mw = M->mw;
-    mw->moe[c->rank] = P;
-    SM_CUDA_CHECK(cudaEventRecord(mw->ev[c->rank], c->st));
-    if (mono_meet(c, "monokernel expert launch", e)) return -1;
-    int rc = 0;
-    if (c->rank == 0) {
-        mono_moe *J = &mw->jm;
-        memset(J, 0, sizeof *J);
-        J->layer = P->layer;
-        J->nrank = mw->W;
-        for (int q = 0; q < mw->W; q++) {
-            J->a1[q] = mw->moe[q]->a1[0];
-            J->a2[q] = mw->moe[q]->a2[0];
-            J->ctl[q] = mw->moe[q]->ctl[0];
-            J->xc[q] = mw->moe[q]->xc[0];
-        }
-        for (int q = 0; q < mw->W && !rc; q++)
-            if (cudaStreamWaitEvent(c->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
-        if (!rc) rc = mono_moe_launch(fmt, *J, M->moe_grid * mw->W, c->st, e);
-        if (!rc && cudaEventRecord(mw->done, c->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
-        if (rc) sm_hbar_abort(&mw->bar, 0, e->msg);
-    }
-    if (mono_meet(c, "monokernel expert launch done", e)) return -1;
-    if (rc) return -1;
-    if (c->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(c->st, mw->done, 0));
-    return 0;
+    M->mw->moe[c->rank] = P;
+    if (c->rank == 0) M->mw->fmt = fmt;
+    return mono_joint(c, "monokernel expert launch", mono_joint_moe, e);
 }
 
 int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, sm_err *e) {

@@ -298,24 +298,26 @@ static int wg_plan(const sm_cuda_ctx *c, int N, int MT, const uint16_t *x, int n
     return 0;
 }
 
-int sm_wg_plan_mm(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
-                  size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
+/* The plan of a persistent caller's matmul with output y (bf16) or y32 (f32, the other NULL). */
+static int wg_plan_persistent(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y,
+                              float *y32, void *part, size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
     if (!c->tma_encode) return sm_errf(e, "wgmma plan: needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
-    if (mm_check("wgmma plan", x, n, k, W, m, y, e)) return -1;
+    if (mm_check("wgmma plan", x, n, k, W, m, y ? (const void *)y : (const void *)y32, e)) return -1;
     memset(a, 0, sizeof *a);
     a->y = y;
+    a->y32 = y32;
     int G = 0;
     return wg_plan(c, N, 1, x, n, k, W, m, part, part_bytes, a, tw, tx, &G, e);
 }
 
+int sm_wg_plan_mm(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
+                  size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
+    return wg_plan_persistent(c, N, x, n, k, W, m, y, NULL, part, part_bytes, a, tw, tx, e);
+}
+
 int sm_wg_plan_mm_f32(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, float *y32, void *part,
                       size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
-    if (!c->tma_encode) return sm_errf(e, "wgmma plan: needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
-    if (mm_check("wgmma plan (f32)", x, n, k, W, m, y32, e)) return -1;
-    memset(a, 0, sizeof *a);
-    a->y32 = y32;
-    int G = 0;
-    return wg_plan(c, N, 1, x, n, k, W, m, part, part_bytes, a, tw, tx, &G, e);
+    return wg_plan_persistent(c, N, x, n, k, W, m, NULL, y32, part, part_bytes, a, tw, tx, e);
 }
 
 /* Launch over at most one block per SM; the partial tiles live at c->ws + ws_off. */
