@@ -7,16 +7,21 @@
  *              only with SPARKMONO_MONO_FUSED_ATT=1, else the stock kernel between launches)
  *   ATT_SUM    merge of the key splits (one warp per (row, head)), when the items split keys
  *   OPROJ      a = att Wo^T (the wgmma stream-K body, threads 0..255 consume, 256 produces)
- *   POST_ATT   attention residual boundary + pre-FFN norm (a team per row)
+ *   POST_ATT   attention residual boundary + pre-FFN norm (a team per row; W > 1: a = r16 of
+ *              the rank-order sum of the ranks' o_proj parts first, exchange 0)
  *   ROUTER     router logits, f32 (the split-k GEMV body, 2 teams a block)
  *   POOLER     h1 = xf Wpool^T | the router's split sum in split order (the matmul's idle warps)
- *   PRE_NORM   pre-expert norm of h1 (a team per row) | on the last block: sigmoid + top-K (a
+ *   PRE_NORM   pre-expert norm of h1 (a team per row; W > 1: the ranks' pooler blocks gathered
+ *              first, exchange 1) | on the last block: sigmoid + top-K (a
  *              warp a row; the TOPK slot stays in the numbering), then the route grouping
  *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies)
+ *   XSUM_Y     W > 1, TP: the rank-order sum of the ranks' f32 y per route (exchange 2)
  *   COMBINE    post-expert norm scale of every (row, route), a team each
  *   COMBINE_SUM the weighted sum of every 8 elements in route order (the stock combine's steps)
+ *   XSUM_M     W > 1, EP: mo = r16(rank-order sum of the ranks' f32 m) (exchange 2)
  *   UNPOOL     f = m Wunpool^T
- *   POST_FFN   FFN residual boundary + the NEXT layer's input norm (a team per row)
+ *   POST_FFN   FFN residual boundary + the NEXT layer's input norm (a team per row; W > 1:
+ *              the ranks' unpooler blocks gathered first, exchange 3)
  *   QKVG       the next layer's q | k | v | gate projection
  *   ROPE       the next layer's QK norm, RoPE (sliding layers) and K/V insert (a warp per head)
  * The expert stages (MM1, MM2) are a kernel of their own (the stock expert blocks: 256
