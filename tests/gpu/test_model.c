@@ -333,6 +333,7 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
         bo.moe_tp = tc->moe_tp;
         bo.devices = devs;
         bo.comm = tm_world_devices(tc->world, devs);
+        if (tc->mono) bo.comm = SM_COMM_PEER; /* the monokernel's exchanges are peer memory (nccl is refused) */
         bo.mono = tc->mono ? SM_MONO_ON : SM_MONO_OFF;
         if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { TM_CHECK(0, "world %d: %s", tc->world, e.msg); goto done; }
         d.have_gpu = 1;
