@@ -58,7 +58,6 @@ struct cb_mono {
  * it (a bounded host barrier), so every rank's blocks are co-resident. */
 typedef struct mono_world {
     int W;
-    sm_cuda_dev **rk;           /* [W] the ranks' contexts */
     sm_hbar bar;                /* the ranks' rendezvous (bounded, abortable) */
     double bound_s;             /* longest wait at it */
     cudaEvent_t ev[MONO_WMAX];  /* each rank's work before the launch */
@@ -391,33 +390,36 @@ static int mono_start(sm_cuda_dev *c, const mono_desc &d, int nb, mono_prog *P, 
 
 /* ---- W ranks ---- */
 
-int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, const unsigned long long *const *steps, sm_err *e) {
+/* The monokernel off on every rank of a world, with one line saying why (--mono on on any
+ * rank: an error instead, nothing freed). */
+static int mono_world_off(sm_cuda_dev **rk, int W, const char *why, sm_err *e) {
+    for (int r = 0; r < W; r++)
+        if (rk[r]->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: %s", why);
+    for (int r = 0; r < W; r++) {
+        if (rk[r]->mono && cb_enter(rk[r], e) == 0) cb_mono_free(rk[r]);
+        rk[r]->mono_mode = SM_MONO_OFF;
+    }
+    fprintf(stderr, "sparkmono: monokernel not eligible (%s): every step runs stock\n", why);
+    return 0;
+}
+
+int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, int peer, const unsigned long long *const *steps, sm_err *e) {
     int on = 0;
     for (int r = 0; r < W; r++) on += rk[r]->mono != NULL;
     if (!on) return 0;
-    if (on < W) { /* a refusal anywhere refuses everywhere: every rank takes the same path */
-        for (int r = 0; r < W; r++) {
-            if (rk[r]->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: rank %d cannot run the monokernel (see its line)", r);
-            if (rk[r]->mono && cb_enter(rk[r], e) == 0) cb_mono_free(rk[r]);
-            rk[r]->mono_mode = SM_MONO_OFF;
+    /* every rank takes the same path: a refusal anywhere refuses everywhere */
+    char why[160];
+    if (on < W) {
+        snprintf(why, sizeof why, "%d of %d ranks refused it (see their lines)", W - on, W);
+        return mono_world_off(rk, W, why, e);
+    }
+    if (!peer) return mono_world_off(rk, W, "--comm nccl: the exchanges inside the launches go through peer memory; use --comm peer", e);
+    for (int r = 1; virt && r < W; r++) /* virtual ranks share one joint launch: all on one device */
+        if (rk[r]->device != rk[0]->device) {
+            snprintf(why, sizeof why, "virtual ranks on several devices (%d and %d): all ranks on one device or one rank a device",
+                     rk[0]->device, rk[r]->device);
+            return mono_world_off(rk, W, why, e);
         }
-        fprintf(stderr, "sparkmono: monokernel off on every rank: %d of %d ranks refused it\n", W - on, W);
-        return 0;
-    }
-    if (virt) { /* virtual ranks: all on one device (the joint launch), else refused */
-        for (int r = 1; r < W; r++)
-            if (rk[r]->device != rk[0]->device) {
-                for (int q = 0; q < W; q++) {
-                    if (rk[q]->mono_mode == SM_MONO_ON)
-                        return sm_errf(e, "--mono on: virtual ranks on several devices (%d and %d): the monokernel takes all ranks on one "
-                                          "device or one rank a device", rk[0]->device, rk[r]->device);
-                    if (cb_enter(rk[q], e) == 0) cb_mono_free(rk[q]);
-                    rk[q]->mono_mode = SM_MONO_OFF;
-                }
-                fprintf(stderr, "sparkmono: monokernel not eligible (virtual ranks on several devices): every step runs stock\n");
-                return 0;
-            }
-    }
     mono_xc xc;
     memset(&xc, 0, sizeof xc);
     xc.W = W;
@@ -436,7 +438,6 @@ int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, const unsigned long lo
     mono_world *mw = (mono_world *)calloc(1, sizeof *mw);
     if (!mw) return sm_errf(e, "monokernel: out of host memory");
     mw->W = W;
-    mw->rk = rk;
     sm_hbar_init(&mw->bar, W);
     mw->bound_s = (double)rk[0]->mono->ctl_h->bound_ns / 1e9 + 1.0;
     if (cb_enter(rk[0], e)) return -1;

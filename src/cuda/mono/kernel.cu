@@ -93,12 +93,12 @@ __device__ __forceinline__ void mono_exit(mono_ctl *ctl, const mono_blk &B) {
 
 /* ---- the exchanges (W > 1) ---- */
 
-/* Exchange k of layer `layer` at the start of its consuming phase `phase` (every thread calls
+/* Exchange k of layer d.layer at the start of its consuming phase (every thread calls
  * it, after the grid barrier that ended the producing phase): block 0 releases the epoch into
  * flag `rank` of every rank when `publish` (the producer ran in this launch), then thread 0 of
  * every block waits until the W flags of this rank hold it.  1: the parts may be read; 0: a
  * wait ran out (recorded) or the rank aborted: leave. */
-__device__ __noinline__ int mono_xchg(const mono_desc &d, int k, int phase, int publish, const mono_blk &B, int *flag) {
+__device__ __noinline__ int mono_xchg(const mono_desc &d, int k, int publish, const mono_blk &B, int *flag) {
     const mono_xc &x = d.xc;
     mono_ctl *ctl = d.ctl;
     if (threadIdx.x == 0) {
@@ -133,7 +133,6 @@ __device__ __noinline__ int mono_xchg(const mono_desc &d, int k, int phase, int 
         *flag = ok;
     }
     __syncthreads();
-    (void)phase;
     return *flag;
 }
 
@@ -449,7 +448,7 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
             if (mono_skip(d, p)) continue;
             if (!first && !mono_grid_sync(ctl, d.layer, p, ++nbar, B, &flag_s)) return;
             const int xo = mono_xop(d, p);
-            if (xo >= 0 && !mono_xchg(d, xo, p, !first, B, &flag_s)) return;
+            if (xo >= 0 && !mono_xchg(d, xo, !first, B, &flag_s)) return;
             first = 0;
             unsigned long long *tr = mono_tr(ctl, d.layer, p, B);
             if (tr && threadIdx.x == 0) tr[0] = sm_now_ns();

@@ -283,11 +283,11 @@ int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e);
  * its last launch ran this start), the experts, and its end (unpooler .. the next layer's
  * projections), merged with the next layer's start when next_mono. */
 int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, sm_err *e);
-/* W > 1, after every rank's cb_mono_init: a refusal on any rank turns the monokernel off on all
- * (--mono on: an error), else every rank learns the others' exchange areas and flags (steps[r]:
- * rank r's step counter, sm_gcomm_step) and, with virtual ranks (virt: all on one device, else
- * refused), the joint launches. */
-int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, const unsigned long long *const *steps, sm_err *e);
+/* W > 1, after every rank's cb_mono_init: a refusal on any rank, a transport other than peer
+ * memory (peer 0) or virtual ranks on several devices turn the monokernel off on all ranks
+ * (--mono on: an error); else every rank learns the others' exchange areas and flags (steps[r]:
+ * rank r's step counter, sm_gcomm_step) and, with virtual ranks (virt), the joint launches. */
+int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, int peer, const unsigned long long *const *steps, sm_err *e);
 /* Enqueue the health words' copy to the host (before the step's sync); after it, check them:
  * -1 with one line naming device, layer, phase and block when a grid barrier timed out. */
 int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e);

@@ -243,18 +243,10 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
         rc = cw_run(w, e);
         w->m = NULL;
     }
-    if (!rc && o->comm == SM_COMM_NCCL && o->mono != SM_MONO_OFF) { /* the in-kernel exchanges use peer memory */
-        if (o->mono == SM_MONO_ON) rc = sm_errf(e, "cuda world: --mono on exchanges through peer memory inside its launches: use --comm peer");
-        else fprintf(stderr, "sparkmono: monokernel not eligible (--comm nccl: its exchanges go through peer memory): every step runs stock\n");
-        for (int r = 0; r < W; r++) {
-            if (w->rk[r]->mono && cb_enter(w->rk[r], e) == 0) cb_mono_free(w->rk[r]);
-            w->rk[r]->mono_mode = SM_MONO_OFF;
-        }
-    }
     if (!rc) { /* the monokernel across the ranks: the same path on every rank, the in-kernel exchanges */
         const unsigned long long *steps[64];
         for (int r = 0; r < W; r++) steps[r] = sm_gcomm_step(w->rk[r]->gc);
-        if (cb_mono_world_link(w->rk, W, sm_gcomm_is_virtual(w->gw), steps, e)) rc = sm_errprefix(e, "cuda world");
+        if (cb_mono_world_link(w->rk, W, sm_gcomm_is_virtual(w->gw), o->comm == SM_COMM_PEER, steps, e)) rc = sm_errprefix(e, "cuda world");
     }
     if (!rc) { /* one line of what was built */
         char dl[256] = "";
