@@ -1,15 +1,23 @@
 #!/bin/sh
 # nccl-header.sh DIR: put NCCL's header at DIR/include/nccl.h for the CUDA build (src/cuda/comm/
-# uses its types; the library itself is loaded with dlopen at run time, never linked).  Skips
-# when the header is there.  Source: NVIDIA's `nvidia-nccl-cu13` wheel from PyPI (pip download
-# into a temporary directory; the wheel is a zip, the header is nvidia/nccl/include/nccl.h).
-# Without network (or pip) it falls back to a system copy ($CUDA_HOME/include, /usr/include,
-# /usr/local/include).  We rejected vendoring the header: it is NVIDIA's file and version.
+# uses its types; the library itself is loaded with dlopen at run time, never linked).  Run by
+# make only when it builds the CUDA backend; skips when the header is there.  Source: the
+# system's copy when there is one ($CUDA_HOME/include, /usr/include, /usr/local/include: the
+# header of the libnccl.so.2 the engine will load), else NVIDIA's `nvidia-nccl-cu13` wheel from
+# PyPI (pip download into a temporary directory, about 200 MB; the wheel is a zip, the header is
+# nvidia/nccl/include/nccl.h).  We rejected vendoring the header: it is NVIDIA's file and version.
 set -eu
 dir=${1:-build/nccl}
 dst="$dir/include/nccl.h"
 [ -f "$dst" ] && exit 0
 mkdir -p "$dir/include"
+for src in "${CUDA_HOME:-/usr/local/cuda}/include/nccl.h" /usr/include/nccl.h /usr/local/include/nccl.h; do
+    if [ -f "$src" ]; then
+        cp "$src" "$dst"
+        printf '  %-5s %s\n' NCCL "$dst (from $src)"
+        exit 0
+    fi
+done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
 if python3 -m pip download -q --no-deps --only-binary=:all: --retries 1 --timeout 20 -d "$tmp" nvidia-nccl-cu13 \
@@ -22,16 +30,9 @@ with zipfile.ZipFile(whl) as z, open(sys.argv[2], "wb") as f:
 PY
 then
     mv "$dst.tmp" "$dst"
-    echo "nccl-header: $dst from the nvidia-nccl-cu13 wheel"
+    printf '  %-5s %s\n' NCCL "$dst (from the nvidia-nccl-cu13 wheel)"
     exit 0
 fi
 rm -f "$dst.tmp"
-for src in "${CUDA_HOME:-/usr/local/cuda}/include/nccl.h" /usr/include/nccl.h /usr/local/include/nccl.h; do
-    if [ -f "$src" ]; then
-        cp "$src" "$dst"
-        echo "nccl-header: pip download of nvidia-nccl-cu13 failed; $dst copied from $src"
-        exit 0
-    fi
-done
-echo "nccl-header: cannot get nccl.h: pip download of nvidia-nccl-cu13 failed ($(tail -n 1 "$tmp/pip.log")) and no system copy exists" >&2
+echo "nccl-header: cannot get nccl.h: no system copy, and pip download of nvidia-nccl-cu13 failed ($(tail -n 1 "$tmp/pip.log"))" >&2
 exit 1
