@@ -25,6 +25,6 @@ if python3 -c 'import numpy, pytest, tokenizers' 2>"$T/imp"; then
     np=$((np + p)); nf=$((nf + f))
     if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then fail python_pytest "pytest exit $rc"; fi
 else
-    fail python_deps "$(tail -n 1 "$T/imp"); run: python3 -m pip install -r tools/py-requirements.txt"
+    fail python_deps "$(tail -n 1 "$T/imp"); $PY_HINT"
 fi
 done_

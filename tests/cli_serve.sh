@@ -62,6 +62,6 @@ if python3 -c 'import openai, pytest, requests, tokenizers' 2>"$T/imp"; then
     np=$((np + p)); nf=$((nf + f))
     if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then fail serve_pytest "pytest exit $rc"; fi
 else
-    fail serve_python_deps "$(tail -n 1 "$T/imp"); run: python3 -m pip install -r tools/py-requirements.txt"
+    fail serve_python_deps "$(tail -n 1 "$T/imp"); $PY_HINT"
 fi
 done_

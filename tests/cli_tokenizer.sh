@@ -82,7 +82,7 @@ if grep -q 'byte offset 2' "$T/e2"; then pass invalid_utf8_offset; else fail inv
 
 # ---- token for token against the Python tokenizers package
 if ! command -v python3 >/dev/null 2>&1; then
-    fail tok_python "python3 not found (install it, then: python3 -m pip install -r tools/py-requirements.txt)"
+    fail tok_python "python3 not found (install it: tools/deps.txt; then $PY_HINT)"
     done_
 fi
 mkdir -p "$T/py"

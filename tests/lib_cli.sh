@@ -1,9 +1,15 @@
 # lib_cli.sh: shared plumbing of the CLI test scripts (tests/cli_*.sh; this file is not one), sourced after they set
 # NAME.  Gives: $B (build dir, from $1), $SM (the sparkmono binary), $T (a temp dir removed on
 # exit), pass/fail counters, `bad NAME ARGS...` (sparkmono ARGS must exit 2 with exactly one
-# stderr line) and `done_` (the DONE line tests/run.sh reads, then exit).
+# stderr line), `done_` (the DONE line tests/run.sh reads, then exit).
 B=${1:-build}
 SM="$B/sparkmono"
+# python3 is the tests' virtual environment's (`make test` makes it: tools/deps.sh --venv) when
+# a script runs alone; tests/run.sh has put it first on the PATH already.
+if VENV_BIN=$(cd "${SM_VENV:-build/venv}/bin" 2>/dev/null && pwd) && [ -x "$VENV_BIN/python3" ]; then
+    PATH="$VENV_BIN:$PATH"; export PATH
+fi
+PY_HINT="make test installs the packages of tools/py-requirements.txt into build/venv"
 T=$(mktemp -d "${TMPDIR:-/tmp}/sm_$NAME.XXXXXX") || { echo "FAIL ${NAME}_setup (mktemp)"; echo "DONE 0 passed, 1 failed"; exit 1; }
 trap 'rm -rf "$T"' EXIT INT TERM
 

@@ -24,7 +24,7 @@ try:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 except ImportError as ex:
     print(f"FAIL tok_python_package (python3 cannot import tokenizers: {ex}; "
-          "run: python3 -m pip install -r tools/py-requirements.txt)")
+          "make test installs it into build/venv, from tools/py-requirements.txt)")
     sys.exit(1)
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
