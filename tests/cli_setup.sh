@@ -1,9 +1,12 @@
 #!/bin/sh
 # cli_setup.sh BUILD_DIR: what a newcomer's first commands rely on.  The one dependency list
 # (tools/deps.txt) is installed or named by tools/deps.sh with exit 2 when it may not install;
-# a fresh build keeps its intermediate objects (so `make test` ends with the summary line, not
-# an `rm` of them); the model's specification is in the repository and nothing cites a file
-# outside it.
+# the tests' Python packages that cannot be installed (no network) are one line naming them
+# and what to do, exit 2, never a global pip install (Debian refuses it); CI installs nothing
+# itself (it runs make); a fresh CPU build prints one short line a built file, says it is the
+# CPU engine only, and keeps its intermediate objects (so `make test` ends with the summary
+# line, not an `rm` of them); the model's specification is in the repository and nothing cites
+# a file outside it.
 NAME=setup
 . "$(dirname "$0")/lib_cli.sh"
 
@@ -18,14 +21,37 @@ if [ $rc -eq 2 ] && [ "$(wc -l <"$T/d.err")" -eq 1 ] && grep -q 'apt-get install
 else
     fail deps_missing_named "rc $rc: $(cat "$T/d.err")"
 fi
-if grep -q 'tools/deps.sh' .ci/run && grep -q 'tools/deps.sh' Makefile; then pass deps_one_list; else fail deps_one_list; fi
+if grep -q 'tools/deps.sh' Makefile && ! grep -v '^ *#' .ci/run | grep -q -e 'apt-get' -e 'pip install' -e 'deps\.sh' -e 'venv'; then
+    pass deps_one_list
+else
+    fail deps_one_list "the Makefile must run tools/deps.sh and .ci/run install nothing itself"
+fi
 
-# ---- a fresh build keeps its intermediates: the test runner's summary is make's last line
-if make -s B="$T/b" CUDA=0 "$T/b/tests/test_kvcache" >"$T/m.out" 2>&1 && [ -f "$T/b/tests/test_kvcache.o" ] &&
+# ---- the tests' Python packages, with the package index out of reach
+printf 'sm-no-such-package-x>=1   # missing on purpose\n' >"$T/req.txt"
+PIP_INDEX_URL=http://127.0.0.1:9/simple PIP_NO_CACHE_DIR=1 sh tools/deps.sh --venv "$T/venv" "$T/req.txt" >"$T/v.out" 2>"$T/v.err"; rc=$?
+if [ $rc -eq 2 ] && [ "$(wc -l <"$T/v.err")" -eq 1 ] && grep -q 'sm-no-such-package-x) into .*unreachable.*make test' "$T/v.err" &&
+    ! grep -q 'pip install' "$T/v.err" && [ ! -f "$T/venv/.installed" ]; then
+    pass deps_python_offline_named; echo "  $(cat "$T/v.err")"
+else
+    fail deps_python_offline_named "rc $rc: $(cat "$T/v.err")"
+fi
+
+# ---- a fresh CPU build: one short line a built file, the CPU engine only, intermediates kept
+# (the test runner's summary is make's last line)
+if make B="$T/b" CUDA=0 OPT=-O0 "$T/b/tests/test_kvcache" "$T/b/sparkmono" >"$T/m.out" 2>&1 && [ -f "$T/b/tests/test_kvcache.o" ] &&
     ! grep -q '^rm ' "$T/m.out"; then
     pass build_keeps_objects
 else
     fail build_keeps_objects "$(tail -n 3 "$T/m.out")"
+fi
+nsrc=$(ls src/*.c src/cpu/*.c tools/*.c | wc -l)
+long=$(grep -v '^  [A-Z]\{2,4\} *[^ ]*$' "$T/m.out" | grep -v '^  LD    .*/sparkmono (the CPU engine only: ')
+if [ -z "$long" ] && [ "$(grep -c '^  CC    ' "$T/m.out")" -eq $((nsrc + 1)) ] &&
+    grep -q "^  LD    $T/b/sparkmono (the CPU engine only: CUDA=0; make CUDA=1 adds the CUDA backend)\$" "$T/m.out"; then
+    pass build_quiet; echo "  $(grep -c . "$T/m.out") lines for $((nsrc + 1)) sources; $(grep 'LD .*sparkmono' "$T/m.out")"
+else
+    fail build_quiet "$(echo "$long" | head -c 300)"
 fi
 
 # ---- the specification lives in the repository, with its ten sections, and is what is cited
