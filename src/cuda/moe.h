@@ -66,7 +66,19 @@ typedef struct sm_cuda_moe_ws {
     int prefetch;            /* k steps (of 2 KB per warp) the weights are prefetched into L2
                                 ahead of use, 0 = none (the default: no gain measured);
                                 benchmarks may change it (the results are the same bits) */
+    int sched;               /* schedule of the expert matmul: SM_MOE_SCHED_QUEUE (the default) or
+                                SM_MOE_SCHED_STAGES; benchmarks and tests may change it (the
+                                results are the same bits) */
+    unsigned long long *prof; /* NULL, or (benchmarks) a device buffer of SM_MOE_PROF_MAX_UNITS x 3:
+                                 per unit of the queue schedule (begin ns, end ns, block) */
 } sm_cuda_moe_ws;
+#define SM_MOE_PROF_MAX_UNITS 65536
+
+/* Schedules of the expert matmul (sm_cuda_moe_ws.sched). */
+enum {
+    SM_MOE_SCHED_STAGES = 0, /* two launches (gate_up, down), static item ranges (mm.cuh) */
+    SM_MOE_SCHED_QUEUE = 1   /* one launch, a queue of units, stage 2 after its job's stage 1 (queue.cuh) */
+};
 
 #ifdef __cplusplus
 extern "C" {

@@ -29,6 +29,10 @@ SM_HD int moe_rup(int x, int a) { return (x + a - 1) / a * a; }
 SM_HD size_t moe_rupz(size_t x, size_t a) { return (x + a - 1) / a * a; }
 /* k values per stored k step: MXFP4 128, FP8 64, BF16 32 (16 bytes a lane, two subs). */
 SM_HD int moe_kstep(int fmt) { return fmt == SM_EXP_MXFP4 ? 128 : fmt == SM_EXP_FP8 ? 64 : 32; }
+/* Bytes from one tile pair's stream to the next: ns step blocks of sb bytes (measured: an unused
+ * block of padding after streams of a multiple of 8 KB, against DRAM conflicts of streams at
+ * power-of-two strides, changed nothing beyond noise). */
+SM_HD size_t moe_pstride(int ns, int sb) { return (size_t)ns * sb; }
 
 typedef struct moe_geom {
     int Ip, Hp;             /* I and Hm rounded up to 16 (tile rows) */
@@ -50,8 +54,8 @@ SM_HD moe_geom moe_geometry(int fmt, int Hm, int I) {
     G.t1 = 2 * G.Ip / 16; G.t2 = G.Hp / 16;
     G.p1 = G.Ip / 16; G.p2 = (G.t2 + 1) / 2;
     G.sb = 2 * MOE_TILE_BYTES + (fmt == SM_EXP_MXFP4 ? 128 : 0);
-    G.w1 = (size_t)G.p1 * G.ns1 * G.sb;
-    G.w2 = (size_t)G.p2 * G.ns2 * G.sb;
+    G.w1 = (size_t)G.p1 * moe_pstride(G.ns1, G.sb);
+    G.w2 = (size_t)G.p2 * moe_pstride(G.ns2, G.sb);
     G.s1 = fmt == SM_EXP_FP8 ? (size_t)G.p1 * 32 * 4 : 0;
     G.s2 = fmt == SM_EXP_FP8 ? (size_t)G.p2 * 32 * 4 : 0;
     G.o_s1 = moe_rupz(G.w1, 256);
@@ -69,12 +73,26 @@ typedef struct moe_desc {
     int pad[2];
 } moe_desc;
 
+/* Per job, on the device: what a unit of the queue schedule (queue.cuh) needs of its job, in
+ * one 64-byte entry written by the grouping, so a unit costs one copy of metadata. */
+typedef struct moe_jobt {
+    unsigned long long w[2];  /* the expert's moe_desc.w: [gate_up, down] weights offset */
+    unsigned long long s[2];  /* its moe_desc.s: scales offset */
+    float mul[2];             /* its moe_desc.mul */
+    int s0, cnt;              /* first slot, routes (<= MOE_CH) */
+    unsigned short row[MOE_CH]; /* input row (route / K) of each slot: stage 1's h1 rows */
+} moe_jobt;
+static_assert(sizeof(moe_jobt) == 64, "moe_jobt: one 64-byte entry (four 16-byte copies)");
+
 /* Workspace layout: byte offsets into sm_cuda_moe_ws.buf. */
 typedef struct moe_wsl {
     size_t njobs;             /* int: jobs the grouping made */
+    size_t qctr;              /* int: units of the queue schedule claimed (zeroed by the grouping) */
     size_t route_slot;        /* int [R]: slot of route r, -1 for an invalid expert id */
     size_t slot_route;        /* int [R]: route of slot s (slots are expert-major) */
     size_t jobs;              /* int4 [maxjobs]: (expert, first slot, routes, 0) */
+    size_t jobt;              /* moe_jobt [maxjobs]: the jobs for the queue schedule */
+    size_t done1;             /* int [maxjobs]: stage-1 units finished per job (queue schedule) */
     size_t act;               /* bf16 [R, I]: a = r16(silu(gate) * up) per slot */
     size_t y;                 /* bf16 [R, Hm]: y = r16(a down^T) per slot */
     size_t rs;                /* f32 [R]: the post-expert norm scale of route r (the combine) */
@@ -87,10 +105,13 @@ SM_HD moe_wsl moe_ws_layout(int E, int K, int Hm, int I, int max_rows) {
     size_t R = (size_t)max_rows * K;
     W.maxjobs = (int)(R / MOE_CH + (R < (size_t)E ? R : (size_t)E) + 1);
     W.njobs = 0;
+    W.qctr = 64;
     W.route_slot = 256;
     W.slot_route = W.route_slot + moe_rupz(R * 4, 256);
     W.jobs = W.slot_route + moe_rupz(R * 4, 256);
-    W.act = W.jobs + moe_rupz((size_t)W.maxjobs * 16, 256);
+    W.jobt = W.jobs + moe_rupz((size_t)W.maxjobs * 16, 256);
+    W.done1 = W.jobt + moe_rupz((size_t)W.maxjobs * sizeof(moe_jobt), 256);
+    W.act = W.done1 + moe_rupz((size_t)W.maxjobs * 4, 256);
     W.y = W.act + moe_rupz(R * (size_t)I * 2, 256);
     W.rs = W.y + moe_rupz(R * (size_t)Hm * 2, 256);
     W.total = W.rs + moe_rupz(R * 4, 256);

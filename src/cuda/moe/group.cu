@@ -5,10 +5,8 @@
  */
 #include "cuda/moe/group.cuh"
 
-__global__ void __launch_bounds__(MOE_GROUP_THREADS) moe_group_kernel(const int *__restrict__ idx, int nr, int E, int *njobs,
-                                                                     int *route_slot, int *slot_route, int4 *jobs, int e0) {
+__global__ void __launch_bounds__(MOE_GROUP_THREADS) moe_group_kernel(const moe_group_args ga) {
     __shared__ moe_group_smem sm;
-    const moe_group_args ga = {idx, nr, E, njobs, route_slot, slot_route, jobs, e0};
     moe_group<MOE_GROUP_THREADS>(ga, &sm);
 }
 
@@ -24,11 +22,16 @@ moe_group_args moe_group_make(const sm_cuda_moe_layer *L, const int *idx, int n,
     ga.slot_route = (int *)(wb + W.slot_route);
     ga.jobs = (int4 *)(wb + W.jobs);
     ga.e0 = 0;
+    ga.K = L->K;
+    ga.desc = (const moe_desc *)L->desc;
+    ga.jobt = (moe_jobt *)(wb + W.jobt);
+    ga.done1 = (int *)(wb + W.done1);
+    ga.qctr = (int *)(wb + W.qctr);
     return ga;
 }
 
 int moe_group_launch(const moe_group_args &ga, cudaStream_t st, sm_err *e) {
-    moe_group_kernel<<<1, MOE_GROUP_THREADS, 0, st>>>(ga.idx, ga.nr, ga.E, ga.njobs, ga.route_slot, ga.slot_route, ga.jobs, ga.e0);
+    moe_group_kernel<<<1, MOE_GROUP_THREADS, 0, st>>>(ga);
     SM_LAUNCH_CHECK("moe_group_kernel");
     return 0;
 }

@@ -29,6 +29,11 @@ typedef struct moe_group_args {
     int4 *jobs;               /* out [njobs]: (expert, first slot, routes <= MOE_CH, 0) */
     int e0;                   /* global id of local expert 0: route r goes to local expert
                                  idx[r] - e0 when that lies in [0, E) (0: a whole layer) */
+    int K;                    /* routes per row (jobt rows = route / K) */
+    const moe_desc *desc;     /* [E] the layer's experts (jobt) */
+    moe_jobt *jobt;           /* out [njobs]: the jobs for the queue schedule */
+    int *done1;               /* out [njobs]: zeroed (the queue schedule's counters) */
+    int *qctr;                /* out: zeroed (the queue schedule's claim counter) */
 } moe_group_args;
 
 /* Shared memory of the grouping body. */
@@ -115,6 +120,25 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
         const int c = cnt[x];
         for (int j = 0; j * MOE_CH < c; j++)
             ga.jobs[joff[x] + j] = make_int4(x, off[x] + j * MOE_CH, min(MOE_CH, c - j * MOE_CH), 0);
+    }
+    /* the queue schedule's job table and counters (slot_route above complete in the block) */
+    __syncthreads();
+    if (tid == 0) *ga.qctr = 0;
+    for (int x = tid; x < E; x += NT) {
+        const int c = cnt[x];
+        if (!c) continue;
+        const moe_desc d = ga.desc[x];
+        for (int j = 0; j * MOE_CH < c; j++) {
+            moe_jobt t;
+            t.w[0] = d.w[0]; t.w[1] = d.w[1]; t.s[0] = d.s[0]; t.s[1] = d.s[1];
+            t.mul[0] = d.mul[0]; t.mul[1] = d.mul[1];
+            t.s0 = off[x] + j * MOE_CH;
+            t.cnt = min(MOE_CH, c - j * MOE_CH);
+#pragma unroll
+            for (int r = 0; r < MOE_CH; r++) t.row[r] = (unsigned short)(r < t.cnt ? ga.slot_route[t.s0 + r] / ga.K : 0);
+            ga.jobt[joff[x] + j] = t;
+            ga.done1[joff[x] + j] = 0;
+        }
     }
 }
 

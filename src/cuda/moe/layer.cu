@@ -84,6 +84,7 @@ static int moe_ws_alloc(const sm_config *c, int shard, int max_rows, sm_cuda_moe
     ws->E = c->E; ws->K = c->K; ws->Hm = c->Hm; ws->I = c->I;
     ws->grid = sms * (occ < 2 ? occ : 2);
     ws->prefetch = MOE_PREFETCH_DEFAULT;
+    ws->sched = SM_MOE_SCHED_QUEUE;
     return 0;
 }
 

@@ -10,6 +10,7 @@
  * ~55 touched ones at 8 rows).
  */
 #include "cuda/moe/mm.cuh"
+#include "cuda/moe/queue.cuh"
 #include "cuda/moe/group.cuh"
 #include "cuda/moe/combine.cuh"
 
@@ -17,6 +18,14 @@ template <int F, int STAGE, int Y32 = 0>
 __global__ void __launch_bounds__(MOE_THREADS, 2) moe_mm_kernel(const moe_args a) {
     extern __shared__ uint4 moe_smem[];
     moe_mm_block<F, STAGE, 1, Y32>(a, blockIdx.x, gridDim.x, moe_smem, sm_team_block());
+}
+
+/* The queue schedule (queue.cuh): both stages in one launch. */
+template <int F, int Y32>
+__global__ void __launch_bounds__(MOE_THREADS, 2) moe_q_kernel(const __grid_constant__ moe_qargs q) {
+    extern __shared__ uint4 moe_smem[];
+    __shared__ moe_qslot ring[MOE_Q_RING];
+    moe_q_block<F, Y32>(q, (uint2 *)moe_smem, ring, (int)gridDim.x);
 }
 
 /* TP: rows of y [nr, Hm] f32 of routes without a slot (invalid expert ids) = 0; one block per
@@ -56,6 +65,20 @@ moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     return a;
 }
 
+moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32) {
+    const moe_wsl W = moe_ws_layout(L->E, L->K, L->Hm, L->I, ws->max_rows);
+    uint8_t *wb = (uint8_t *)ws->buf;
+    moe_qargs q;
+    q.a1 = moe_mm_make(L, h1, ws, 1);
+    q.a2 = moe_mm_make(L, h1, ws, 2);
+    q.a2.y32 = y32;
+    q.jobt = (const moe_jobt *)(wb + W.jobt);
+    q.done1 = (int *)(wb + W.done1);
+    q.qctr = (int *)(wb + W.qctr);
+    q.prof = ws->prof;
+    return q;
+}
+
 /* Raise kernel k's dynamic shared memory limit to at least smem, never lower it: the limit is
  * one per kernel and device, and layers of other widths (a TP rank's I slice beside a
  * one-rank backend in one process) keep launching with their own, larger needs. */
@@ -83,19 +106,30 @@ int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
         moe_prep_kernel<SM_EXP_FP8, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_FP8, 2>(s2, occ, e) ||
         moe_prep_kernel<SM_EXP_BF16, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_BF16, 2>(s2, occ, e))
         return -1;
-    /* the f32-output stage 2 of TP ranks: attributes only (it need not be resident at the
-     * persistent grid's count: its blocks hold no grid barrier) */
-    if (moe_smem_at_least((const void *)moe_mm_kernel<SM_EXP_MXFP4, 2, 1>, s2, e) ||
-        moe_smem_at_least((const void *)moe_mm_kernel<SM_EXP_FP8, 2, 1>, s2, e) ||
-        moe_smem_at_least((const void *)moe_mm_kernel<SM_EXP_BF16, 2, 1>, s2, e))
+    /* the queue schedule: attributes only (its blocks need not all be resident: queue.cuh) */
+    const size_t sq = s1 > s2 ? s1 : s2;
+    if (moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_MXFP4, 0>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_FP8, 0>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_BF16, 0>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_MXFP4, 1>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_FP8, 1>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_BF16, 1>, sq, e))
         return -1;
     return 0;
 }
 
-/* Stages 1 and 2 on st; y32 NULL: y bf16 per slot in the workspace, else f32 per route. */
+/* Stages 1 and 2 on st, as ws->sched says; y32 NULL: y bf16 per slot in the workspace, else f32 per route. */
 template <int F>
 static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32, cudaStream_t st,
                          sm_err *e) {
+    if (ws->sched == SM_MOE_SCHED_QUEUE) {
+        const moe_qargs q = moe_q_make(L, h1, ws, y32);
+        const size_t s1 = moe_mm_smem(q.a1), s2 = moe_mm_smem(q.a2), smem = s1 > s2 ? s1 : s2;
+        if (y32) moe_q_kernel<F, 1><<<ws->grid, MOE_THREADS, smem, st>>>(q);
+        else moe_q_kernel<F, 0><<<ws->grid, MOE_THREADS, smem, st>>>(q);
+        SM_LAUNCH_CHECK("moe_q_kernel (gate_up + down)");
+        return 0;
+    }
     const moe_args a1 = moe_mm_make(L, h1, ws, 1);
     moe_mm_kernel<F, 1><<<ws->grid, MOE_THREADS, moe_mm_smem(a1), st>>>(a1);
     SM_LAUNCH_CHECK("moe_mm_kernel (gate_up)");

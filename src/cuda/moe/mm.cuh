@@ -92,7 +92,7 @@ __device__ __forceinline__ void moe_set_item(moe_cur &c, int it, int i1, const m
     const moe_desc *d = a.desc + a.jobs[job].x;
     int p = itile * MOE_WARPS + warp;
     if (p >= a.pairs) p = 0;
-    c.w = a.blob + d->w[STAGE - 1] + (size_t)p * a.nsteps * a.sb;
+    c.w = a.blob + d->w[STAGE - 1] + (size_t)p * moe_pstride(a.nsteps, a.sb);
     c.fs = (const float *)(a.blob + d->s[STAGE - 1]) + p * 32;
 }
 
@@ -181,6 +181,45 @@ __device__ __forceinline__ uint4 moe_ld_in(const uint16_t *p) {
     return *(const uint4 *)p;
 }
 
+/* The k offsets (ka, kb) in an input row of the two 8-value groups that k16 step ks of the
+ * B operand takes (MXFP4: k permuted inside each 128-k step, lo halves from block 2h, hi
+ * halves from 2h+1, as the weights). */
+template <int F>
+__device__ __forceinline__ void moe_b_kofs(int ks, int &ka, int &kb) {
+    if (F == SM_EXP_MXFP4) {
+        const int S = ks >> 3, s = ks & 7;
+        ka = S * 128 + (2 * (s >> 2)) * 32 + (s & 3) * 8;
+        kb = ka + 32;
+    } else {
+        ka = ks * 16; kb = ka + 8;
+    }
+}
+
+/* Write the fragment-order B entry (k16 step, route) made of the input groups A (at ka) and
+ * B (at kb) to dst (32 bytes): the 4 lanes t of the route each find their 4 bf16 there. */
+template <int F>
+__device__ __forceinline__ void moe_b_put(const uint4 &A, const uint4 &B, uint2 *dst_) {
+    uint2 o[4];
+    if (F == SM_EXP_MXFP4) {
+        /* lane t: slots 2t, 2t+1, 2t+8, 2t+9 = A[t], B[t], A[t+4], B[t+4] */
+        const uint32_t aw[4] = {A.x, A.y, A.z, A.w}, bw[4] = {B.x, B.y, B.z, B.w};
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const uint32_t a0 = (aw[t >> 1] >> (16 * (t & 1))) & 0xFFFFu, b0 = (bw[t >> 1] >> (16 * (t & 1))) & 0xFFFFu;
+            const uint32_t a4 = (aw[2 + (t >> 1)] >> (16 * (t & 1))) & 0xFFFFu,
+                           b4 = (bw[2 + (t >> 1)] >> (16 * (t & 1))) & 0xFFFFu;
+            o[t] = make_uint2(a0 | (b0 << 16), a4 | (b4 << 16));
+        }
+    } else {
+        /* lane t: slots 2t, 2t+1 from the first 8 values, 2t+8, 2t+9 from the second */
+        o[0] = make_uint2(A.x, B.x); o[1] = make_uint2(A.y, B.y);
+        o[2] = make_uint2(A.z, B.z); o[3] = make_uint2(A.w, B.w);
+    }
+    uint4 *dst = (uint4 *)dst_;
+    dst[0] = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
+    dst[1] = make_uint4(o[2].x, o[2].y, o[3].x, o[3].y);
+}
+
 /* Stage the job's routes (B operand) into shared memory in fragment order:
  * Bs[ks][r][t] = the 4 bf16 of k16 step ks, route r that lane (g = r, t) feeds to the mma. */
 template <int F, int STAGE, int RO>
@@ -195,46 +234,21 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
             const uint16_t *row = STAGE == 1 ? a.in + (size_t)(a.slot_route[slot] / a.K) * a.kin
                                              : a.in + (size_t)slot * a.kin;
             int ka, kb;
-            if (F == SM_EXP_MXFP4) { /* k permuted: lo halves from block 2h, hi halves from 2h+1 */
-                const int S = ks >> 3, s = ks & 7;
-                ka = S * 128 + (2 * (s >> 2)) * 32 + (s & 3) * 8;
-                kb = ka + 32;
-            } else {
-                ka = ks * 16; kb = ka + 8;
-            }
+            moe_b_kofs<F>(ks, ka, kb);
             if (ka < a.kin) A = moe_ld_in<RO>(row + ka);
             if (kb < a.kin) B = moe_ld_in<RO>(row + kb);
         }
-        uint2 o[4];
-        if (F == SM_EXP_MXFP4) {
-            /* lane t: slots 2t, 2t+1, 2t+8, 2t+9 = A[t], B[t], A[t+4], B[t+4] */
-            const uint32_t aw[4] = {A.x, A.y, A.z, A.w}, bw[4] = {B.x, B.y, B.z, B.w};
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                const uint32_t a0 = (aw[t >> 1] >> (16 * (t & 1))) & 0xFFFFu, b0 = (bw[t >> 1] >> (16 * (t & 1))) & 0xFFFFu;
-                const uint32_t a4 = (aw[2 + (t >> 1)] >> (16 * (t & 1))) & 0xFFFFu,
-                               b4 = (bw[2 + (t >> 1)] >> (16 * (t & 1))) & 0xFFFFu;
-                o[t] = make_uint2(a0 | (b0 << 16), a4 | (b4 << 16));
-            }
-        } else {
-            /* lane t: slots 2t, 2t+1 from the first 8 values, 2t+8, 2t+9 from the second */
-            o[0] = make_uint2(A.x, B.x); o[1] = make_uint2(A.y, B.y);
-            o[2] = make_uint2(A.z, B.z); o[3] = make_uint2(A.w, B.w);
-        }
-        uint4 *dst = (uint4 *)(Bs + (size_t)(ks * MOE_CH + r) * 4);
-        dst[0] = make_uint4(o[0].x, o[0].y, o[1].x, o[1].y);
-        dst[1] = make_uint4(o[2].x, o[2].y, o[3].x, o[3].y);
+        moe_b_put<F>(A, B, Bs + (size_t)(ks * MOE_CH + r) * 4);
     }
 }
 
+/* Write the outputs of tile pair p of a job (first slot s0, cnt routes, result factor mul)
+ * from the accumulators: stage 1 act = r16(silu(r16(gate)) * r16(up)), stage 2 y = r16(sum)
+ * (Y32: f32 y per route). */
 template <int STAGE, int Y32>
-__device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp, int lane, const float (&acc)[2][4]) {
+__device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0, int cnt, float mul, int lane,
+                                                const float (&acc)[2][4]) {
     const int g = lane >> 2, t = lane & 3;
-    const int job = it / a.ipj, itile = it - job * a.ipj;
-    const int4 jb = a.jobs[job];
-    const int s0 = jb.y, cnt = jb.z;
-    const float mul = a.desc[jb.x].mul[STAGE - 1];
-    const int p = itile * MOE_WARPS + warp;
     if (STAGE == 1) {
         if (p >= a.tiles) return;
 #pragma unroll
@@ -262,6 +276,13 @@ __device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp
             }
         }
     }
+}
+
+template <int STAGE, int Y32>
+__device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp, int lane, const float (&acc)[2][4]) {
+    const int job = it / a.ipj, itile = it - job * a.ipj;
+    const int4 jb = a.jobs[job];
+    moe_epilogue_at<STAGE, Y32>(a, itile * MOE_WARPS + warp, jb.y, jb.z, a.desc[jb.x].mul[STAGE - 1], lane, acc);
 }
 
 /* The loop state of one block, and one k step of it: issue the loads two steps ahead (and

@@ -75,7 +75,7 @@ __global__ void moe_repack_w_kernel(const uint8_t *__restrict__ raw, int R, int 
             wd[i] = lo | (hi << 16);
         }
     }
-    *(uint4 *)(dst + (size_t)(P * nsteps + S) * sb + X * 1024 + q * 512 + lane * 16) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+    *(uint4 *)(dst + (size_t)P * moe_pstride(nsteps, sb) + (size_t)S * sb + X * 1024 + q * 512 + lane * 16) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
 }
 
 /* MXFP4 scales: (pair, step, tile, g) -> 8 bytes after the step's weights, word h =
@@ -104,7 +104,7 @@ __global__ void moe_repack_mxs_kernel(const uint8_t *__restrict__ raws, int R, i
         }
         wv[h] = v;
     }
-    *(uint2 *)(dst + (size_t)(P * nsteps + S) * sb + 2048 + X * 64 + g * 8) = make_uint2(wv[0], wv[1]);
+    *(uint2 *)(dst + (size_t)P * moe_pstride(nsteps, sb) + (size_t)S * sb + 2048 + X * 64 + g * 8) = make_uint2(wv[0], wv[1]);
 }
 
 /* FP8 row scales -> float [pair][tile 2][16 rows], 0 on padding rows. */

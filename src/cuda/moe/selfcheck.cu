@@ -89,7 +89,7 @@ __global__ void moe_dequant_kernel(const uint8_t *__restrict__ blob, const moe_d
     const int rows[2] = {moe_raw_row(T * 16 + g, gu, R, Ip), moe_raw_row(T * 16 + g + 8, gu, R, Ip)};
     const moe_desc d = desc[x];
     const float mul = d.mul[mat];
-    const uint8_t *blk = blob + d.w[mat] + (size_t)(P * nsteps + S) * sb;
+    const uint8_t *blk = blob + d.w[mat] + (size_t)P * moe_pstride(nsteps, sb) + (size_t)S * sb;
     const uint4 v = *(const uint4 *)(blk + X * 1024 + q * 512 + lane * 16);
     const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
     if (F == SM_EXP_MXFP4) {

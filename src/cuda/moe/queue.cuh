@@ -1,0 +1,335 @@
+/* queue.cuh: the expert matmul as ONE persistent launch over a queue of units (device body),
+ * the default schedule of the MoE stage (sm_cuda_moe_ws.sched = SM_MOE_SCHED_QUEUE).
+ *
+ * A unit is one item of mm.cuh (a job's group of MOE_WARPS tile pairs, a pair a warp, the whole
+ * contraction) of stage 1 (gate_up + SiLU) or stage 2 (down).  The units of a call form one
+ * list: every stage-1 unit (job-major), then every stage-2 unit (job-major).  A block claims
+ * its next unit with one atomic on a counter of the workspace, late in its current unit, so
+ * every SM streams to the end of the layer (one tail, not one per stage) and no block holds
+ * work another could take.  A stage-2 unit of job j waits (bounded) until the job's stage-1
+ * units have all signalled (done1[j]), its first weight loads already in flight (weights never
+ * depend on activations).  Units are claimed in list order by running blocks only, so every
+ * stage-1 unit a wait needs is held by a block that never waits: the wait always ends, however
+ * many blocks are resident.
+ *
+ * The hot loop is mm.cuh's k step (three register buffers, loads two steps ahead, the same
+ * dequant and mma, the same k order: the same bits as the stage schedule).  What a unit needs
+ * of its job (weight offsets, slots, input rows, result factor) is one 64-byte entry of the
+ * grouping's job table, copied by thread 0 (cp.async) into a ring of shared-memory slots while
+ * the block streams; the warps read only shared memory at a unit switch.  The load cursor
+ * crosses into the next unit two steps before the compute cursor, so the stream goes on
+ * across the switch: the epilogue, the counter signal and the restage of B (the job's routes
+ * only: the columns of the other lanes keep stale values whose outputs are never written) run
+ * with the next unit's first two steps in flight.
+ * We rejected static item ranges (the stage schedule: at 8 rows some blocks get one item more
+ * than others, and each stage ends in its own tail) and claiming the next unit at the start
+ * of the current one (at the end of the queue a block then sits on a unit others could run).
+ */
+#ifndef SM_CUDA_MOE_QUEUE_CUH
+#define SM_CUDA_MOE_QUEUE_CUH
+#include "cuda/moe/mm.cuh"
+
+#define MOE_Q_RING 4                  /* slots of unit metadata in shared memory */
+#define MOE_Q_WAIT_NS 10000000000ull  /* bound of a stage-2 unit's wait for its job's stage 1 */
+
+typedef struct moe_qargs {
+    moe_args a1, a2;          /* stage 1 and stage 2 (moe_mm_make; a2.y32 for TP ranks) */
+    const moe_jobt *jobt;     /* [njobs] the grouping's job table */
+    int *done1;               /* [njobs] stage-1 units finished per job (zeroed by the grouping) */
+    int *qctr;                /* units claimed (zeroed by the grouping) */
+    unsigned long long *prof; /* NULL, or [SM_MOE_PROF_MAX_UNITS][3]: per unit its compute's begin
+                                 and end (globaltimer ns, thread 0) and block (benchmarks) */
+} moe_qargs;
+
+/* One slot of the ring: unit u (-1: the queue is empty) with sequence number seq in the
+ * block's list of units, and its job's entry. */
+typedef struct moe_qslot {
+    moe_jobt jt;
+    int u;
+    volatile int seq;         /* written last by thread 0; readers wait for their number */
+    int pad[2];
+} moe_qslot;
+
+/* The loop state of one thread. */
+typedef struct moe_qstate {
+    int cm, S, ns;            /* compute cursor: sequence number of the unit, its step, its steps */
+    int u;                    /* the unit */
+    int stage, job, itile;    /* the unit */
+    int P1, P2, P3;           /* steps at which thread 0 claims, copies and publishes unit cm + A */
+    int pu;                   /* thread 0: the unit it claimed */
+    int cn, ce;               /* thread 0: next and end unit of its current chunk of claimed units */
+    int done;                 /* the queue is empty: leave */
+    float acc[2][4];
+    moe_cur lc;               /* load cursor: pointers of the step to load next */
+    int lm, LS, lns, live;    /* its unit's sequence number, step, steps; 0 once the queue is empty */
+} moe_qstate;
+
+/* Unit u -> (stage, job, tile group) in the list [stage 1 units | stage 2 units]. */
+__device__ __forceinline__ void moe_q_decode(const moe_qargs &q, int n1, int u, int &stage, int &job, int &itile) {
+    if (u < n1) {
+        stage = 1; job = u / q.a1.ipj; itile = u - job * q.a1.ipj;
+    } else {
+        const int v = u - n1;
+        stage = 2; job = v / q.a2.ipj; itile = v - job * q.a2.ipj;
+    }
+}
+
+/* Wait until slot sl holds sequence number m (thread 0 publishes it during an earlier step). */
+__device__ __forceinline__ void moe_q_await(const moe_qslot *sl, int m) {
+    while (sl->seq != m) {
+    }
+    __threadfence_block();
+}
+
+/* The claim schedule of a call: the list's first nc * m units are claimed in chunks of m
+ * consecutive units (one job's: m divides both stages' units per job), the rest one by one, so
+ * a block restages B once per chunk while the end of the queue stays fine-grained. */
+typedef struct moe_qplan {
+    int n, n1;                /* units, stage-1 units */
+    int m, nc;                /* units a chunk, chunks */
+    int A;                    /* units published ahead of the compute cursor */
+} moe_qplan;
+
+__device__ __forceinline__ moe_qplan moe_q_plan(const moe_qargs &q, int nj, int nb) {
+    moe_qplan P;
+    P.n1 = nj * q.a1.ipj;
+    P.n = P.n1 + nj * q.a2.ipj;
+    /* chunks of 2 when the nb blocks get 16 units or more each on average (the last 2 nb units
+     * single) */
+    int m = P.n >= 16 * nb ? 2 : 1;
+    if (q.a1.ipj % m || q.a2.ipj % m) m = 1;
+    const int chunked = P.n - 2 * nb;
+    P.m = m;
+    P.nc = m > 1 && chunked > 0 ? chunked / m : 0;
+    P.A = (q.a1.nsteps < 2 || q.a2.nsteps < 2) ? 2 : 1;
+    return P;
+}
+
+/* Thread 0, once per step before the loads: claim (P1), copy the job entry (P2) and publish
+ * (P3) the unit of sequence number cm + A. */
+__device__ __forceinline__ void moe_q_prep(moe_qstate &Q, const moe_qargs &q, moe_qslot *ring, const moe_qplan &P) {
+    if (Q.S == Q.P1) {
+        if (Q.cn >= Q.ce) { /* a new chunk (or single unit) */
+            const int c = atomicAdd(q.qctr, 1);
+            if (c < P.nc) { Q.cn = c * P.m; Q.ce = Q.cn + P.m; }
+            else { Q.cn = P.nc * P.m + (c - P.nc); Q.ce = Q.cn + 1; }
+        }
+        Q.pu = Q.cn++;
+    }
+    moe_qslot *sl = ring + ((Q.cm + P.A) & (MOE_Q_RING - 1));
+    if (Q.S == Q.P2 && Q.pu < P.n) {
+        int st, job, it;
+        moe_q_decode(q, P.n1, Q.pu, st, job, it);
+        const uint4 *src = (const uint4 *)(q.jobt + job);
+#pragma unroll
+        for (int i = 0; i < 4; i++) sm_cp_async16((uint4 *)&sl->jt + i, src + i, 16);
+        sm_cp_async_commit();
+    }
+    if (Q.S == Q.P3) {
+        if (Q.pu < P.n) sm_cp_async_wait<0>();
+        sl->u = Q.pu < P.n ? Q.pu : -1;
+        __threadfence_block();
+        sl->seq = Q.cm + P.A;
+    }
+}
+
+/* The steps of the current unit at which thread 0 works on unit cm + A: with A = 1 as late as
+ * the load cursor allows (it crosses at step ns - 2), 3 steps apart (atomic, then copy). */
+__device__ __forceinline__ void moe_q_points(moe_qstate &Q, int A) {
+    if (A == 2) {
+        Q.P1 = Q.P2 = Q.P3 = 0;
+    } else {
+        Q.P3 = Q.ns > 3 ? Q.ns - 3 : 0;
+        Q.P2 = Q.P3 > 3 ? Q.P3 - 3 : 0;
+        Q.P1 = Q.P2 > 3 ? Q.P2 - 3 : 0;
+    }
+}
+
+/* Issue the loads of the next step of the load cursor (crossing into its next unit first when
+ * the current one is loaded). */
+template <int F>
+__device__ __forceinline__ void moe_q_load(moe_qstate &Q, moe_buf &b, const moe_qargs &q, const moe_qslot *ring, int n1,
+                                           int warp, int lane) {
+    if (!Q.live) return;
+    if (Q.LS == Q.lns) {
+        Q.lm++;
+        const moe_qslot *sl = ring + (Q.lm & (MOE_Q_RING - 1));
+        moe_q_await(sl, Q.lm);
+        const int u = sl->u;
+        if (u < 0) {
+            Q.live = 0;
+            return;
+        }
+        int st, job, it;
+        moe_q_decode(q, n1, u, st, job, it);
+        const int pairs = st == 1 ? q.a1.pairs : q.a2.pairs, ns = st == 1 ? q.a1.nsteps : q.a2.nsteps;
+        int p = it * MOE_WARPS + warp;
+        if (p >= pairs) p = 0; /* past the matrix: valid memory, outputs never written */
+        Q.lc.w = q.a1.blob + sl->jt.w[st - 1] + (size_t)p * moe_pstride(ns, q.a1.sb);
+        Q.lc.fs = (const float *)(q.a1.blob + sl->jt.s[st - 1]) + p * 32;
+        Q.lns = ns;
+        Q.LS = 0;
+    }
+    moe_load<F>(b, Q.lc, lane);
+    Q.lc.w += q.a1.sb;
+    Q.LS++;
+}
+
+/* Stage B of the compute cursor's (new) unit: a stage-2 unit first waits for its job's stage
+ * 1.  Only the job's cnt routes are written (route-major: a thread's 16-byte loads walk one
+ * row).  Ends with the block synchronized. */
+template <int F>
+__device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qargs &q, const moe_jobt &jt, uint2 *Bs, int tid) {
+    constexpr int NB = 2; /* entries a thread loads before it stores (4: spills, slower) */
+    if (Q.stage == 2) {
+        if (tid == 0) {
+            const unsigned *c = (const unsigned *)(q.done1 + Q.job), need = (unsigned)q.a1.ipj;
+            if (sm_ld_acquire_gpu_u32(c) < need) {
+                const uint64_t t0 = sm_now_ns();
+                while (sm_ld_acquire_gpu_u32(c) < need) {
+                    __nanosleep(128);
+                    if (sm_now_ns() - t0 > MOE_Q_WAIT_NS) {
+                        printf("moe queue: block %d waited past %llu ns for job %d's gate_up units\n", (int)blockIdx.x,
+                               MOE_Q_WAIT_NS, Q.job);
+                        __trap();
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const int st = Q.stage, cnt = jt.cnt, s0 = jt.s0;
+    const int kin = st == 1 ? q.a1.kin : q.a2.kin, nks = (st == 1 ? q.a1.Kp : q.a2.Kp) / 16;
+    const int total = nks * cnt;
+    for (int u0 = tid; u0 < total; u0 += NB * MOE_THREADS) {
+        uint4 A[NB], B[NB];
+        int ks[NB], r[NB];
+#pragma unroll
+        for (int h = 0; h < NB; h++) {
+            const int u = u0 + h * MOE_THREADS;
+            A[h] = make_uint4(0, 0, 0, 0); B[h] = A[h];
+            r[h] = u / nks; ks[h] = u - r[h] * nks;
+            if (u < total) {
+                int ka, kb;
+                moe_b_kofs<F>(ks[h], ka, kb);
+                if (st == 1) { /* h1: written by an earlier launch */
+                    const uint16_t *row = q.a1.in + (size_t)jt.row[r[h]] * kin;
+                    if (ka < kin) A[h] = moe_ld_in<1>(row + ka);
+                    if (kb < kin) B[h] = moe_ld_in<1>(row + kb);
+                } else { /* act: written in this launch (ordered by done1) */
+                    const uint16_t *row = q.a2.in + (size_t)(s0 + r[h]) * kin;
+                    if (ka < kin) A[h] = moe_ld_in<0>(row + ka);
+                    if (kb < kin) B[h] = moe_ld_in<0>(row + kb);
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < NB; h++)
+            if (u0 + h * MOE_THREADS < total) moe_b_put<F>(A[h], B[h], Bs + (size_t)(ks[h] * MOE_CH + r[h]) * 4);
+    }
+    __syncthreads();
+}
+
+/* Profile: the compute of unit Q.u begins (its B staged). */
+__device__ __forceinline__ void moe_q_prof_begin(const moe_qstate &Q, const moe_qargs &q, int tid) {
+    if (q.prof && tid == 0 && Q.u < SM_MOE_PROF_MAX_UNITS) {
+        q.prof[3 * Q.u] = sm_now_ns();
+        q.prof[3 * Q.u + 2] = blockIdx.x;
+    }
+}
+
+/* The compute cursor finished its unit: outputs, the stage-1 signal, the next unit (restaging
+ * B on a new job or stage). */
+template <int F, int Y32>
+__device__ __forceinline__ void moe_q_unit_end(moe_qstate &Q, const moe_qargs &q, uint2 *Bs, const moe_qslot *ring, const moe_qplan &P,
+                                               int warp, int lane, int tid) {
+    if (q.prof && tid == 0 && Q.u < SM_MOE_PROF_MAX_UNITS) q.prof[3 * Q.u + 1] = sm_now_ns();
+    const moe_qslot *cs = ring + (Q.cm & (MOE_Q_RING - 1));
+    const int p = Q.itile * MOE_WARPS + warp;
+    if (Q.stage == 1) moe_epilogue_at<1, 0>(q.a1, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[0], lane, Q.acc);
+    else moe_epilogue_at<2, Y32>(q.a2, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[1], lane, Q.acc);
+#pragma unroll
+    for (int X = 0; X < 2; X++) Q.acc[X][0] = Q.acc[X][1] = Q.acc[X][2] = Q.acc[X][3] = 0.0f;
+    Q.S = 0;
+    __syncthreads(); /* every warp's outputs written, B no longer read */
+    if (Q.stage == 1 && tid == 0) {
+        __threadfence(); /* the block's act stores (ordered by the barrier) before the count */
+        atomicAdd(q.done1 + Q.job, 1);
+    }
+    Q.cm++;
+    const moe_qslot *sl = ring + (Q.cm & (MOE_Q_RING - 1));
+    moe_q_await(sl, Q.cm);
+    const int u = sl->u;
+    if (u < 0) {
+        Q.done = 1;
+        return;
+    }
+    const int ost = Q.stage, ojob = Q.job;
+    Q.u = u;
+    moe_q_decode(q, P.n1, u, Q.stage, Q.job, Q.itile);
+    Q.ns = Q.stage == 1 ? q.a1.nsteps : q.a2.nsteps;
+    if (Q.stage != ost || Q.job != ojob) moe_q_restage<F>(Q, q, sl->jt, Bs, tid);
+    moe_q_points(Q, P.A);
+    moe_q_prof_begin(Q, q, tid);
+}
+
+template <int F, int Y32>
+__device__ __forceinline__ void moe_q_step(moe_qstate &Q, const moe_buf &cur, moe_buf &n2, const moe_qargs &q, uint2 *Bs,
+                                           moe_qslot *ring, const moe_qplan &P, int warp, int lane, int tid) {
+    if (tid == 0) moe_q_prep(Q, q, ring, P);
+    moe_q_load<F>(Q, n2, q, ring, P.n1, warp, lane);
+    moe_compute<F>(cur, Q.S, Bs, lane, Q.acc);
+    if (++Q.S == Q.ns) moe_q_unit_end<F, Y32>(Q, q, Bs, ring, P, warp, lane, tid);
+}
+
+/* Run the expert matmul of a call (both stages) as one block of the queue schedule: the whole
+ * block (MOE_THREADS threads) calls it; Bs: max(moe_mm_smem(a1), moe_mm_smem(a2)) bytes of
+ * shared memory, ring: MOE_Q_RING slots.  Needs the grouping complete (njobs, jobs, slots, job
+ * table, zeroed counters); h1 written by an earlier launch.  Y32: as moe_mm_block's. */
+template <int F, int Y32>
+__device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_qslot *ring, int nb) {
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const moe_qplan P = moe_q_plan(q, *q.a1.njobs, nb);
+    moe_qstate Q;
+    Q.cm = 0; Q.S = 0; Q.done = 0; Q.pu = 0; Q.cn = Q.ce = 0;
+    if (tid == 0) {
+        for (int m = 0; m < MOE_Q_RING; m++) ring[m].seq = -1;
+        for (int m = 0; m < P.A; m++) { /* the first A units, claimed and published at once */
+            Q.P1 = Q.P2 = Q.P3 = 0;
+            Q.cm = m - P.A;
+            moe_q_prep(Q, q, ring, P);
+        }
+        Q.cm = 0;
+    }
+    __syncthreads();
+    const moe_qslot *s0 = ring;
+    if (s0->u < 0) return;
+    Q.u = s0->u;
+    moe_q_decode(q, P.n1, s0->u, Q.stage, Q.job, Q.itile);
+    Q.ns = Q.stage == 1 ? q.a1.nsteps : q.a2.nsteps;
+#pragma unroll
+    for (int X = 0; X < 2; X++) Q.acc[X][0] = Q.acc[X][1] = Q.acc[X][2] = Q.acc[X][3] = 0.0f;
+    Q.lm = -1; Q.LS = 0; Q.lns = 0; Q.live = 1;
+    Q.lc.w = q.a1.blob; Q.lc.fs = (const float *)q.a1.blob;
+    moe_buf X, Y, Z;
+    moe_q_load<F>(Q, X, q, ring, P.n1, warp, lane);
+    moe_q_load<F>(Q, Y, q, ring, P.n1, warp, lane);
+    moe_q_restage<F>(Q, q, s0->jt, Bs, tid);
+    moe_q_points(Q, P.A);
+    moe_q_prof_begin(Q, q, tid);
+    /* three register buffers in rotation: a step computes one while the next two are in flight */
+    for (;;) {
+        moe_q_step<F, Y32>(Q, X, Z, q, Bs, ring, P, warp, lane, tid);
+        if (Q.done) break;
+        moe_q_step<F, Y32>(Q, Y, X, q, Bs, ring, P, warp, lane, tid);
+        if (Q.done) break;
+        moe_q_step<F, Y32>(Q, Z, Y, q, Bs, ring, P, warp, lane, tid);
+        if (Q.done) break;
+    }
+}
+
+/* ---- host side (mm.cu) ---- */
+/* The queue schedule's arguments for layer L, input h1, workspace ws (y32: as moe_mm_launch). */
+moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32);
+
+#endif
