@@ -206,12 +206,11 @@ static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *
     d->fmt = L->moe.fmt;
     d->ga = moe_group_make(&L->moe, d->idx, nb, &c->mws);
     if (W > 1 && !tp) d->ga.e0 = cf->E / W * c->rank;
-    d->a1 = moe_mm_make(&L->moe, c->h1, &c->mws, 1);
-    d->a2 = moe_mm_make(&L->moe, c->h1, &c->mws, 2);
+    d->mq = moe_q_make(&L->moe, c->h1, &c->mws, NULL);
     d->ca = moe_combine_make(&L->moe, d->w, nb, c->mo, &c->mws);
     if (W > 1 && !tp) d->ca.m_f32 = (float *)x0; /* the rank's partial m, summed by XSUM_M into mo */
     if (tp) {
-        d->a2.y32 = (float *)x0;                 /* the rank's partial y per route, summed by XSUM_Y */
+        d->mq.a2.y32 = (float *)x0;               /* the rank's partial y per route, summed by XSUM_Y */
         d->xc.ysum = c->xpart;
         d->ca.y = NULL;
         d->ca.route_slot = NULL;
@@ -246,8 +245,7 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
         sm_err e2;
         mono_moe mm;
         memset(&mm, 0, sizeof mm);
-        mm.a1[0] = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 1);
-        mm.a2[0] = moe_mm_make(&c->layers[1].moe, c->h1, &c->mws, 2);
+        mm.q[0] = moe_q_make(&c->layers[1].moe, c->h1, &c->mws, NULL);
         if (mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
         else if (mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
     }
@@ -474,8 +472,7 @@ static int mono_joint_moe(sm_cuda_dev *c, mono_world *mw, sm_err *e) {
     J->layer = mw->moe[0]->layer;
     J->nrank = mw->W;
     for (int q = 0; q < mw->W; q++) {
-        J->a1[q] = mw->moe[q]->a1[0];
-        J->a2[q] = mw->moe[q]->a2[0];
+        J->q[q] = mw->moe[q]->q[0];
         J->ctl[q] = mw->moe[q]->ctl[0];
         J->xc[q] = mw->moe[q]->xc[0];
     }
@@ -541,7 +538,7 @@ int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, s
     /* the experts */
     mono_moe *mm = &M->moe;
     memset(mm, 0, sizeof *mm);
-    mm->a1[0] = d.a1; mm->a2[0] = d.a2; mm->ctl[0] = d.ctl; mm->xc[0] = d.xc; mm->layer = l;
+    mm->q[0] = d.mq; mm->ctl[0] = d.ctl; mm->xc[0] = d.xc; mm->layer = l;
     if (mono_go_moe(c, d.fmt, mm, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
     /* the end of layer l (+ the start of layer l+1 when it runs mono with fused attention) */
     P->nseg = 0;

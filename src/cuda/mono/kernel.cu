@@ -21,7 +21,7 @@ static_assert(sizeof(mono_prog) <= 32000, "the program is a kernel parameter (at
 
 const char *const mono_phase_name[MP_N] = {
     "attention", "attention split sum", "o_proj", "post-attention boundary", "router", "top-k", "pooler",
-    "pre-expert norm | top-k + grouping", "experts gate_up", "experts down", "expert sum (TP y)", "expert combine scales",
+    "pre-expert norm | top-k + grouping", "experts gate_up + down (queue)", "experts down (in the queue)", "expert sum (TP y)", "expert combine scales",
     "expert combine sums", "expert sum (EP m)", "unpooler", "post-FFN boundary", "next layer qkvg projection", "next layer qk norm / rope / kv insert",
     "wait attn_sum", "wait pooled_gather", "wait expert_sum", "wait unpooled_gather"};
 
@@ -462,33 +462,30 @@ __global__ void __launch_bounds__(MONO_THREADS, 1) mono_kernel(const __grid_cons
     mono_exit(ctl, B);
 }
 
-/* The expert kernel of one layer: stage 1 | stage 2, the stock expert kernels'
- * blocks (MOE_THREADS threads, 2 an SM, the same body, arguments in the constant bank: the
- * stock register allocation), a grid barrier between the phases.  Y32: stage 2 writes the TP
- * rank's f32 y per route, published as exchange 2 after a last barrier.  JOINT: several ranks
- * in the launch (virtual ranks; the arguments indexed by rank). */
+/* The expert kernel of one layer: the stock expert kernel's blocks (MOE_THREADS threads, 2 an
+ * SM, the same queue body, arguments in the constant bank: the stock register allocation),
+ * both stages in one phase (traced as MM1; stage 2 units wait for their job's stage 1 inside
+ * the queue, queue.cuh).  Y32: stage 2 writes the TP rank's f32 y per route, published as
+ * exchange 2 after a last barrier.  JOINT: several ranks in the launch (virtual ranks; the
+ * arguments indexed by rank, each rank its own queue over its B.G blocks). */
 template <int F, int Y32, int JOINT>
 __global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_constant__ mono_moe P) {
     extern __shared__ uint4 moe_dyn[];
+    __shared__ moe_qslot ring[MOE_Q_RING];
     __shared__ int flag_s;
     const mono_blk B = mono_where(JOINT ? P.nrank : 1);
     const int r = JOINT ? B.rank : 0;
     mono_ctl *ctl = P.ctl[r];
     if (*(volatile unsigned *)&ctl->abort) return;
-    const sm_team t = sm_team_block();
-    for (int p = MP_MM1; p <= MP_MM2; p++) {
-        if (p > MP_MM1 && !mono_grid_sync(ctl, P.layer, p, (unsigned)(p - MP_MM1), B, &flag_s)) return;
-        unsigned long long *tr = mono_tr(ctl, P.layer, p, B);
-        if (tr && threadIdx.x == 0) tr[0] = sm_now_ns();
-        if (p == MP_MM1) moe_mm_block<F, 1, 1>(P.a1[r], B.b, B.G, moe_dyn, t); /* h1: an earlier launch's */
-        else moe_mm_block<F, 2, 0, Y32>(P.a2[r], B.b, B.G, moe_dyn, t);
-        if (tr) {
-            __syncthreads();
-            if (threadIdx.x == 0) tr[1] = sm_now_ns();
-        }
+    unsigned long long *tr = mono_tr(ctl, P.layer, MP_MM1, B);
+    if (tr && threadIdx.x == 0) tr[0] = sm_now_ns();
+    moe_q_block<F, Y32>(P.q[r], (uint2 *)moe_dyn, ring, B.G); /* h1: an earlier launch's */
+    if (tr) {
+        __syncthreads();
+        if (threadIdx.x == 0) tr[1] = sm_now_ns();
     }
     if (Y32) { /* every block's y written: publish exchange 2 (the dense launch waits for it) */
-        if (!mono_grid_sync(ctl, P.layer, MP_XSUM_Y, 2u, B, &flag_s)) return;
+        if (!mono_grid_sync(ctl, P.layer, MP_XSUM_Y, 1u, B, &flag_s)) return;
         if (B.b == 0 && threadIdx.x == 0) {
             const mono_xc &x = P.xc[r];
             const unsigned long long ep = *(volatile const unsigned long long *)x.step * 4096ull + 4ull * (unsigned)P.layer + 3ull;
@@ -543,14 +540,14 @@ int mono_launch(int N, const mono_prog &P, int grid, size_t smem, cudaStream_t s
 }
 
 size_t mono_moe_smem(const mono_moe &P) {
-    const size_t a = (size_t)P.a1[0].Kp * 16, b = (size_t)P.a2[0].Kp * 16;
+    const size_t a = moe_mm_smem(P.q[0].a1), b = moe_mm_smem(P.q[0].a2);
     return a > b ? a : b;
 }
 
 /* The expert kernel of format F for the program's ranks and stage-2 output. */
 template <int F>
 static int mono_moe_launch_f(const mono_moe &P, int grid, size_t smem, cudaStream_t st, sm_err *e) {
-    const int y32 = P.a2[0].y32 != NULL, joint = P.nrank > 1;
+    const int y32 = P.q[0].a2.y32 != NULL, joint = P.nrank > 1;
     if (!y32 && !joint) return mono_coop(mono_moe_kernel<F, 0, 0>, P, grid, MOE_THREADS, smem, st, e);
     if (!y32) return mono_coop(mono_moe_kernel<F, 0, 1>, P, grid, MOE_THREADS, smem, st, e);
     if (!joint) return mono_coop(mono_moe_kernel<F, 1, 0>, P, grid, MOE_THREADS, smem, st, e);

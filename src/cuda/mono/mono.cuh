@@ -14,7 +14,9 @@
  *   PRE_NORM   pre-expert norm of h1 (a team per row; W > 1: the ranks' pooler blocks gathered
  *              first, exchange 1) | on the last block: sigmoid + top-K (a
  *              warp a row; the TOPK slot stays in the numbering), then the route grouping
- *   MM1, MM2   the expert FFN stages (MXFP4 / FP8 / BF16 bodies)
+ *   MM1        the expert FFN, both stages (MXFP4 / FP8 / BF16 bodies, the queue schedule of
+ *              moe/queue.cuh: stage-2 units wait for their job's stage 1, no grid barrier)
+ *   MM2        (no longer a phase of its own: its slot stays in the numbering)
  *   XSUM_Y     W > 1, TP: the rank-order sum of the ranks' f32 y per route (exchange 2)
  *   COMBINE    post-expert norm scale of every (row, route), a team each
  *   COMBINE_SUM the weighted sum of every 8 elements in route order (the stock combine's steps)
@@ -24,7 +26,7 @@
  *              the ranks' unpooler blocks gathered first, exchange 3)
  *   QKVG       the next layer's q | k | v | gate projection
  *   ROPE       the next layer's QK norm, RoPE (sliding layers) and K/V insert (a warp per head)
- * The expert stages (MM1, MM2) are a kernel of their own (the stock expert blocks: 256
+ * The expert stage (MM1) is a kernel of its own (the stock expert blocks: 256
  * threads, 2 an SM, arguments in the constant bank; inside the 512-thread kernel they ran 40%
  * slower); every other phase is in the dense kernel, whose launch runs the end of layer l
  * (COMBINE..ROPE) and the start of layer l+1 (ATT..PRE_NORM) together: two launches a layer.
@@ -53,7 +55,7 @@
  * every rank (system scope); every block of every rank waits (bounded) until its W flags hold
  * the epoch, then the consuming phase reads the W parts (ld.global.cg) and adds them in rank
  * order 0..W-1 (sums) or places them (gathers): POST_ATT sums attn, PRE_NORM gathers h1,
- * XSUM_M sums the EP experts' m (XSUM_Y the TP experts' y, whose producer, MM2, publishes at
+ * XSUM_M sums the EP experts' m (XSUM_Y the TP experts' y, whose producer, MM1, publishes at
  * the end of the expert launch), POST_FFN gathers f.  A part is rewritten two exchanges later,
  * only after every rank has published the exchange in between, i.e. finished reading it.  A
  * wait that runs out records (layer, phase, block, peer + 1) in the health words and raises
@@ -70,7 +72,7 @@
 #include "cuda/ops/matmul.cuh"
 #include "cuda/ops/rope_kv.cuh"
 #include "cuda/moe.h"
-#include "cuda/moe/mm.cuh"
+#include "cuda/moe/queue.cuh"
 #include "cuda/moe/group.cuh"
 #include "cuda/moe/combine.cuh"
 #include <cuda.h>
@@ -163,7 +165,7 @@ typedef struct mono_desc {
     const float *pre_expert;
     int fmt;                    /* sm_expert_fmt of the layer's experts */
     moe_group_args ga;
-    moe_args a1, a2;
+    moe_qargs mq;               /* the expert matmul (both stages, the queue schedule) */
     moe_combine_args ca;        /* its rs: the routes' norm scales (COMBINE -> COMBINE_SUM) */
     /* POST_FFN */
     const uint16_t *f;          /* [n, H] unpooler output */
@@ -192,9 +194,9 @@ typedef struct mono_prog {
 /* The expert-stage launch of one layer (its own kernel: the stock expert blocks and registers),
  * for nrank ranks as mono_prog. */
 typedef struct mono_moe {
-    moe_args a1[MONO_WMAX], a2[MONO_WMAX];
+    moe_qargs q[MONO_WMAX];     /* each rank's expert matmul (queue.cuh) */
     mono_ctl *ctl[MONO_WMAX];
-    mono_xc xc[MONO_WMAX];       /* TP: MM2's y is exchange 2 (published at the end) */
+    mono_xc xc[MONO_WMAX];       /* TP: the expert stage's y is exchange 2 (published at the end) */
     int layer;
     int nrank;
 } mono_moe;
