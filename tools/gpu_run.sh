@@ -57,7 +57,20 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     echo "gpu_test exit $trc in $(( $(date +%s) - t0 )) s"
 fi
 
+# the SM clock and power through the run (power throttling moves the numbers by 10%)
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader -lms 500 >"$OUT/clocks.log" 2>&1 &
+smi_pid=$!
+
 brcs=""
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "${SKIP_OPS:-0}" != 1 ]; then
+    echo "== per-op microbenchmarks $OPS (log: $OUT/bench_ops.log)"
+    t0=$(date +%s)
+    ./build/gpu_test --bench "$OPS" >"$OUT/bench_ops.log" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] || status=1
+    brcs="$brcs ops:$rc"
+    echo "ops bench exit $rc in $(( $(date +%s) - t0 )) s"
+fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
 
     for f in $FORMATS; do
@@ -108,6 +121,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$WORLDS" ]; then
     rm -rf "$OUT/tiny_world"
 fi
 
+kill "$smi_pid" 2>/dev/null
+
 # ---- the short table, last ----
 echo
 echo "===================== summary ====================="
@@ -139,6 +154,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     fi
     echo "bench exits:$brcs"
 fi
+# SM clock samples (MHz) while the GPU drew more than 300 W: min / median / max
+awk -F', ' '$3 + 0 > 300 { print $2 + 0 }' "$OUT/clocks.log" 2>/dev/null | sort -n |
+    awk '{ v[NR] = $1 } END { if (NR) printf "SM clock under load (%d samples of 0.5 s): min %d / median %d / max %d MHz\n", NR, v[1], v[int((NR + 1) / 2)], v[NR] }'
 if [ -n "$wrcs" ]; then
     echo "-- tensor + expert parallelism on virtual ranks of one GPU (each rank's exchanges meet at host barriers)"
     for wm in $WORLDS; do

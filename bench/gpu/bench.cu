@@ -28,6 +28,16 @@ __global__ void bh_spin_kernel(long long ns) {
     do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
 }
 
+/* SM cycles and globaltimer ns over about ns nanoseconds, by one thread. */
+__global__ void bh_clock_kernel(long long ns, long long *out) {
+    long long t0, t;
+    const long long c0 = clock64();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+    out[0] = clock64() - c0;
+    out[1] = t - t0;
+}
+
 /* out[i] = mean + sd * z_i (src/rng.h normals of stream key), bf16 (f32 when f32 != 0). */
 __global__ void bh_normal_kernel(void *out, int64_t n, uint64_t key, float mean, float sd, int f32) {
     const int64_t np = (n + 1) / 2;
@@ -73,6 +83,19 @@ int bh_time(bh_run *r, bh_call fn, void *arg, int nsets, int per_interval, float
         if (it >= 0) t[it] = ms * 1e3f / (float)per_interval;
     }
     *us = sm_median(t, r->iters);
+    return 0;
+}
+
+int bh_sm_mhz(bh_run *r, double *mhz, sm_err *e) {
+    long long *d = NULL, h[2] = {0, 0};
+    SM_CUDA_CHECK(cudaMalloc((void **)&d, sizeof h));
+    bh_clock_kernel<<<1, 1, 0, r->st>>>(1000000, d);
+    cudaError_t rc = cudaGetLastError();
+    if (rc == cudaSuccess) rc = cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, r->st);
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(r->st);
+    SM_CUDA_CHECK_PRINT(cudaFree(d));
+    if (rc != cudaSuccess) return sm_errf(e, "bench: SM clock probe: %s", cudaGetErrorString(rc));
+    *mhz = h[1] > 0 ? (double)h[0] / (double)h[1] * 1e3 : 0.0;
     return 0;
 }
 

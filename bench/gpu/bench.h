@@ -75,6 +75,9 @@ int bh_normal_f32(bh_run *r, float *p, size_t n, const char *name, float mean, f
 static inline uint64_t bh_bits(uint64_t key, uint64_t i) { return sm_mix64(key + i * SM_RNG_GOLDEN); }
 /* Floor of a case in us: max(bytes / bandwidth, flops / rate). */
 double bh_floor_us(const bh_run *r, double bytes, double flops);
+/* The SM clock in MHz, measured over 1 ms by one thread right now (right after a timed loop:
+ * the clock that loop ran at, power throttling included). */
+int bh_sm_mhz(bh_run *r, double *mhz, sm_err *e);
 /* Table title: what is timed and what the floor counts, then the column header. */
 void bh_head(const char *title, const char *counts);
 /* One table line: op, case, rows, median us, MB counted, GB/s, byte floor, FLOP floor (flops 0:

@@ -1,8 +1,9 @@
 /* moe.cu: microbenchmark of the MoE expert stage (`gpu_test --bench moe`): sm_cuda_moe_forward
  * (route grouping, gate_up + SiLU, down, post-norm and weighted sum: 4 launches) at the real
  * widths Hm = I = 4096, K = 8, with synthetic experts (sm_cuda_moe_synth): MXFP4 (E = 256,
- * 2 layers of 6.8 GB, n = 8 .. 128 rows, L2 prefetch 0, 2, 4, 8 steps), FP8 (E = 128) and
- * BF16 (E = 64) (1 layer, n = 8 and 32, prefetch 0 and 4); uniform random top-8 routing.
+ * 2 layers of 6.8 GB, n = 8 .. 128 rows), FP8 (E = 128) and BF16 (E = 64) (1 layer, n = 8 and
+ * 32), each with both schedules of the expert matmul (queue, the default, and stages) back to
+ * back; uniform random top-8 routing.
  *
  * Each case is timed twice: plain stream launches ("ms stream") and a CUDA graph per (routing
  * set, layer) replayed ("ms graph", the form a step runs), rotating 8 routing sets and the
@@ -10,8 +11,9 @@
  * touch (weights + scales, read once; the mean over the 8 sets) / read bandwidth; the FLOP
  * floor (6 Hm I per route) is far lower and only enters the summary's max.  The summary takes
  * the graph time of every prefetch-0 case.  Knobs (environment): SM_MOE_BENCH_PREFETCH=P times
- * that prefetch distance only; SM_MOE_BENCH_QUICK=1 one MXFP4 layer at 8 rows, 4 timed calls
- * (for profilers).  We rejected the routing of a synthetic router here: uniform routing is the
+ * that prefetch distance; SM_MOE_BENCH_QUICK=1 (or a format name) one MXFP4 (that format's) layer at 8 rows, 4 timed calls
+ * (for profilers); SM_MOE_BENCH_PROF=1 also one profiled call of the queue schedule per case
+ * (mb_prof: where the blocks' time goes).  We rejected the routing of a synthetic router here: uniform routing is the
  * stage's own worst case of distinct experts, and `sparkmono bench` times model routing.
  */
 #include <stdio.h>
@@ -109,8 +111,16 @@ static void mb_graphs_free(mb_case *c) {
         }
 }
 
-/* One format: its layers, then every (prefetch, rows) case.  Buffers freed by the caller. */
-static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int nrows, const int *pfs, int npf,
+static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e);
+
+/* A timed variant: the schedule of the expert matmul and the L2 prefetch distance. */
+typedef struct mb_var {
+    int sched, pf;
+} mb_var;
+
+/* One format: its layers, then every (rows, variant) case (the variants of a row count back
+ * to back, so they run at the same clocks).  Buffers freed by the caller. */
+static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int nrows, const mb_var *vars, int nvar,
                      sm_err *e) {
     sm_config cf = r->cfg;
     cf.E = E;
@@ -118,6 +128,7 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
     for (; c->made < c->nlayers; c->made++)
         if (sm_cuda_moe_synth(&cf, c->made, fmt, r->seed, &c->L[c->made], r->st, e)) return sm_errprefix(e, "synth");
     if (sm_cuda_moe_ws_alloc(&cf, BH_MAX_ROWS, &c->ws, e)) return -1;
+    const int sched0 = c->ws.sched;
     const size_t rk = (size_t)MB_SETS * BH_MAX_ROWS * cf.K;
     SM_CUDA_CHECK(cudaMalloc((void **)&c->h1, (size_t)BH_MAX_ROWS * cf.Hm * 2));
     SM_CUDA_CHECK(cudaMalloc((void **)&c->mo, (size_t)BH_MAX_ROWS * cf.Hm * 2));
@@ -128,42 +139,107 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
     if (!c->hi || !c->hw) return sm_errf(e, "out of host memory");
     if (bh_normal_bf16(r, c->h1, (size_t)BH_MAX_ROWS * cf.Hm, "bench.moe.h1", 0.0f, 1.0f, e)) return -1;
     const char *fname = sm_expert_fmt_name((sm_expert_fmt)fmt);
-    printf("%-6s %3s %5s %8s %9s %10s %10s %9s %9s %8s\n", "format", "pf", "rows", "experts", "MB", "ms stream", "ms graph",
-           "TB/s", "floor ms", "of floor");
-    for (int vi = 0; vi < npf; vi++)
-        for (int ri = 0; ri < nrows; ri++) {
-            c->n = rows[ri];
-            c->ws.prefetch = pfs[vi];
-            char nm[64];
-            snprintf(nm, sizeof nm, "bench.moe.%s.routing.%d.%d", fname, pfs[vi], c->n);
-            const uint64_t key = sm_rng_key(r->seed, nm);
-            double touched = 0;
-            for (int s = 0; s < MB_SETS; s++) {
-                const size_t o = (size_t)s * BH_MAX_ROWS * cf.K;
-                touched += mb_routing(bh_bits(key, (uint64_t)s), c->n, E, cf.K, c->hi + o, c->hw + o);
-            }
-            touched /= MB_SETS;
-            SM_CUDA_CHECK(cudaMemcpy(c->idx, c->hi, rk * sizeof(int), cudaMemcpyHostToDevice));
-            SM_CUDA_CHECK(cudaMemcpy(c->w, c->hw, rk * sizeof(float), cudaMemcpyHostToDevice));
+    printf("%-6s %-6s %3s %5s %8s %9s %10s %10s %9s %9s %8s %8s\n", "format", "sched", "pf", "rows", "experts", "MB", "ms stream",
+           "ms graph", "TB/s", "floor ms", "of floor", "SM MHz");
+    for (int ri = 0; ri < nrows; ri++) {
+        c->n = rows[ri];
+        char nm[64];
+        snprintf(nm, sizeof nm, "bench.moe.%s.routing.%d", fname, c->n);
+        const uint64_t key = sm_rng_key(r->seed, nm);
+        double touched = 0;
+        for (int s = 0; s < MB_SETS; s++) {
+            const size_t o = (size_t)s * BH_MAX_ROWS * cf.K;
+            touched += mb_routing(bh_bits(key, (uint64_t)s), c->n, E, cf.K, c->hi + o, c->hw + o);
+        }
+        touched /= MB_SETS;
+        SM_CUDA_CHECK(cudaMemcpy(c->idx, c->hi, rk * sizeof(int), cudaMemcpyHostToDevice));
+        SM_CUDA_CHECK(cudaMemcpy(c->w, c->hw, rk * sizeof(float), cudaMemcpyHostToDevice));
+        for (int vi = 0; vi < nvar; vi++) {
+            c->ws.prefetch = vars[vi].pf;
+            c->ws.sched = vars[vi].sched;
+            const char *sname = c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages";
             const int nsets = MB_SETS * c->nlayers;
             float us_s = 0, us_g = 0;
+            double mhz = 0;
             if (bh_time(r, mb_stream, c, nsets, 1, &us_s, e)) return sm_errprefix(e, "%s n=%d stream", fname, c->n);
-            const int rc = mb_capture(r, c, e) || bh_time(r, mb_graph, c, nsets, 1, &us_g, e);
+            const int rc = mb_capture(r, c, e) || bh_time(r, mb_graph, c, nsets, 1, &us_g, e) || bh_sm_mhz(r, &mhz, e);
             mb_graphs_free(c);
             if (rc) return sm_errprefix(e, "%s n=%d graph", fname, c->n);
             const double ms = us_s * 1e-3, mg = us_g * 1e-3;
             const double bytes = touched * (double)c->L[0].touched_bytes;
             const double floor_ms = bytes / r->bw * 1e3;
-            printf("%-6s %3d %5d %8.1f %9.1f %10.3f %10.3f %9.2f %9.3f %7.1f%%\n", fname, c->ws.prefetch, c->n, touched,
-                   bytes / 1e6, ms, mg, bytes / (mg * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / mg);
+            printf("%-6s %-6s %3d %5d %8.1f %9.1f %10.3f %10.3f %9.2f %9.3f %7.1f%% %8.0f\n", fname, sname, c->ws.prefetch, c->n,
+                   touched, bytes / 1e6, ms, mg, bytes / (mg * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / mg, mhz);
             fflush(stdout);
-            if (pfs[vi] == 0) {
-                char op[40];
-                snprintf(op, sizeof op, "moe %s", fname);
+            if (c->ws.sched == SM_MOE_SCHED_QUEUE && getenv("SM_MOE_BENCH_PROF") && mb_prof(r, c, bytes, e)) return -1;
+            if (vars[vi].pf == 0) { /* the summary: "moe FMT" = the default schedule, "moe FMT stages" the other */
+                char op[48];
+                if (c->ws.sched == sched0) snprintf(op, sizeof op, "moe %s", fname);
+                else snprintf(op, sizeof op, "moe %s %s", fname, sname);
                 const double flops = 6.0 * c->n * cf.K * (double)cf.Hm * cf.I;
                 bh_add(r, op, c->n, us_g, bh_floor_us(r, bytes, flops));
             }
         }
+    }
+    c->ws.sched = sched0;
+    return 0;
+}
+
+/* SM_MOE_BENCH_PROF=1: one call of the queue schedule with per-unit timestamps, and where the
+ * blocks' time went: inside units (busy), between units (epilogue, signal, B restage, waits),
+ * before their first unit (head) and after their last (tail), as shares of blocks x span. */
+static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e) {
+    const size_t nb = (size_t)SM_MOE_PROF_MAX_UNITS * 3;
+    unsigned long long *d = NULL;
+    SM_CUDA_CHECK(cudaMalloc((void **)&d, nb * 8));
+    SM_CUDA_CHECK(cudaMemsetAsync(d, 0, nb * 8, r->st));
+    c->ws.prof = d;
+    const int rc = mb_stream(r, c, 0, e);
+    c->ws.prof = NULL;
+    unsigned long long *h = (unsigned long long *)malloc(nb * 8);
+    if (!h) return sm_errf(e, "out of host memory");
+    cudaError_t ce = rc ? cudaSuccess : cudaStreamSynchronize(r->st);
+    if (!rc && ce == cudaSuccess) ce = cudaMemcpy(h, d, nb * 8, cudaMemcpyDeviceToHost);
+    SM_CUDA_CHECK_PRINT(cudaFree(d));
+    if (rc || ce != cudaSuccess) { free(h); return rc ? -1 : sm_errf(e, "prof: %s", cudaGetErrorString(ce)); }
+    const int G = c->ws.grid;
+    unsigned long long t0 = ~0ull, t1 = 0;
+    double *busy = (double *)calloc((size_t)G, sizeof(double));
+    unsigned long long *first = (unsigned long long *)calloc((size_t)G, 8), *last = (unsigned long long *)calloc((size_t)G, 8);
+    int *cntb = (int *)calloc((size_t)G, sizeof(int));
+    int units = 0;
+    double dur = 0, dmax = 0;
+    for (int u = 0; u < SM_MOE_PROF_MAX_UNITS; u++) {
+        const unsigned long long b = h[3 * u], en = h[3 * u + 1];
+        const int blk = (int)h[3 * u + 2];
+        if (!b || !en || blk < 0 || blk >= G) continue;
+        units++;
+        if (b < t0) t0 = b;
+        if (en > t1) t1 = en;
+        busy[blk] += (double)(en - b);
+        dur += (double)(en - b);
+        if ((double)(en - b) > dmax) dmax = (double)(en - b);
+        if (!first[blk] || b < first[blk]) first[blk] = b;
+        if (en > last[blk]) last[blk] = en;
+        cntb[blk]++;
+    }
+    double sb = 0, sh = 0, st = 0, sg = 0;
+    int cmin = 1 << 30, cmax = 0;
+    for (int k = 0; k < G; k++) {
+        if (!cntb[k]) { st += (double)(t1 - t0); continue; }
+        sb += busy[k];
+        sh += (double)(first[k] - t0);
+        st += (double)(t1 - last[k]);
+        sg += (double)(last[k] - first[k]) - busy[k];
+        if (cntb[k] < cmin) cmin = cntb[k];
+        if (cntb[k] > cmax) cmax = cntb[k];
+    }
+    const double span = (double)(t1 - t0), tot = span * G;
+    printf("   prof %d rows: %d units, span %.1f us, unit %.1f us mean / %.1f max, units a block %d..%d; of blocks x span: "
+           "busy %.1f%%, between units %.1f%%, head %.1f%%, tail %.1f%%; rate while busy %.2f TB/s\n",
+           c->n, units, span * 1e-3, units ? dur / units * 1e-3 : 0.0, dmax * 1e-3, cmin, cmax, 100 * sb / tot, 100 * sg / tot,
+           100 * sh / tot, 100 * st / tot, sb > 0 ? bytes / (sb / G * 1e-9) / 1e12 : 0.0);
+    free(h); free(busy); free(first); free(last); free(cntb);
     return 0;
 }
 
@@ -180,11 +256,11 @@ static void mb_free(mb_case *c) {
     memset(c, 0, sizeof *c);
 }
 
-static int mb_one(bh_run *r, int fmt, int E, int nlayers, const int *rows, int nrows, const int *pfs, int npf, sm_err *e) {
+static int mb_one(bh_run *r, int fmt, int E, int nlayers, const int *rows, int nrows, const mb_var *vars, int nvar, sm_err *e) {
     mb_case *c = (mb_case *)calloc(1, sizeof *c);
     if (!c) return sm_errf(e, "out of host memory");
     c->nlayers = nlayers;
-    const int rc = mb_format(r, c, fmt, E, rows, nrows, pfs, npf, e);
+    const int rc = mb_format(r, c, fmt, E, rows, nrows, vars, nvar, e);
     mb_free(c);
     free(c);
     return rc;
@@ -193,23 +269,22 @@ static int mb_one(bh_run *r, int fmt, int E, int nlayers, const int *rows, int n
 int bench_moe(bh_run *r, sm_err *e) {
     printf("\n== moe: expert stage sm_cuda_moe_forward, Hm = I = 4096, K = 8, uniform random top-8 routing\n"
            "   floor = touched experts' bytes / read bandwidth; median of %d calls (after %d), rotating %d routing sets and "
-           "the layers (each layer >> L2)\n",
+           "the layers (each layer >> L2); sched queue (the default) and stages (the former two launches) back to back; "
+           "SM MHz probed right after each case\n",
            r->iters, BH_WARM, MB_SETS);
-    int pfs[4] = {0, 2, 4, 8}, npf = 4;
-    const int fpf[2] = {0, 4};
-    const char *vs = getenv("SM_MOE_BENCH_PREFETCH"); /* one L2 prefetch distance only */
-    if (vs) {
-        pfs[0] = atoi(vs);
-        npf = 1;
-    }
-    if (getenv("SM_MOE_BENCH_QUICK")) {
+    mb_var vars[2] = {{SM_MOE_SCHED_QUEUE, 0}, {SM_MOE_SCHED_STAGES, 0}};
+    const char *vs = getenv("SM_MOE_BENCH_PREFETCH"); /* one L2 prefetch distance for both schedules */
+    if (vs) vars[0].pf = vars[1].pf = atoi(vs);
+    const int nv = 2;
+    const char *quick = getenv("SM_MOE_BENCH_QUICK");
+    if (quick) { /* one layer of one format (1 = mxfp4) at 8 rows, 4 timed calls of each schedule */
         r->iters = 4;
-        return mb_one(r, SM_EXP_MXFP4, 256, 1, r->rows, 1, pfs, npf, e);
+        const int f = !strcmp(quick, "bf16") ? SM_EXP_BF16 : !strcmp(quick, "fp8") ? SM_EXP_FP8 : SM_EXP_MXFP4;
+        return mb_one(r, f, f == SM_EXP_MXFP4 ? 256 : f == SM_EXP_FP8 ? 128 : 64, 1, r->rows, 1, vars, 2, e);
     }
     const int rows_small[2] = {8, 32};
-    if (mb_one(r, SM_EXP_MXFP4, 256, 2, r->rows, BH_NROWS, pfs, npf, e) ||
-        mb_one(r, SM_EXP_FP8, 128, 1, rows_small, 2, vs ? pfs : fpf, vs ? 1 : 2, e) ||
-        mb_one(r, SM_EXP_BF16, 64, 1, rows_small, 2, vs ? pfs : fpf, vs ? 1 : 2, e))
+    if (mb_one(r, SM_EXP_MXFP4, 256, 2, r->rows, BH_NROWS, vars, nv, e) ||
+        mb_one(r, SM_EXP_FP8, 128, 1, rows_small, 2, vars, nv, e) || mb_one(r, SM_EXP_BF16, 64, 1, rows_small, 2, vars, nv, e))
         return -1;
     return 0;
 }
