@@ -7,7 +7,7 @@
  * We rejected linking libnccl: the binary would not start on a machine without NCCL, though the
  * peer transport and the CPU backend need none; and NCCL's own all-reduce: its summation order
  * depends on the algorithm it picks, ours must be rank order (docs/parallelism.md).  nccl.h
- * comes from NVIDIA's wheel (tools/nccl-header.sh) for the types only.
+ * (the system's copy, else NVIDIA's wheel: tools/nccl-header.sh) gives the types only.
  */
 #include <dlfcn.h>
 #include <stdio.h>
