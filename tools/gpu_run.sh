@@ -11,6 +11,8 @@
 #   BENCH_LAYERS   layers of the synthetic spark1x-l4 model (default 8: 6 monokernel layers)
 #   BENCH_ITERS    timed steps per row count (default 50)
 #   BENCH_OPS      ops of the per-op microbenchmarks, gpu_test --bench (default all)
+#   NCU_MOE=1      Nsight Compute on the MoE queue kernel (MXFP4, 8 and 128 rows, the clocks as
+#                  they run: --clock-control none): DRAM %, SM clock, warps, stall reasons
 #   SKIP_TESTS=1   skip build/gpu_test;  SKIP_BENCH=1  skip the bench;  SKIP_OPS=1  skip the per-op benches
 #   SKIP_BUILD=1   use the binaries already in build/ (built elsewhere with the same nvcc)
 #   BASELINE=BIN   also run the whole-step bench with an older sparkmono binary, in the same run,
@@ -121,6 +123,23 @@ if [ "${SKIP_BENCH:-0}" != 1 ] && [ -n "$WORLDS" ]; then
     rm -rf "$OUT/tiny_world"
 fi
 
+ncus=""
+if [ "${NCU_MOE:-0}" = 1 ]; then
+    echo "== Nsight Compute, MoE queue kernel (log: $OUT/ncu_moe.log)"
+    m=dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second
+    m=$m,smsp__warps_active.avg.per_cycle_active,smsp__warps_eligible.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active
+    m=$m,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
+    for st in long_scoreboard wait math_pipe_throttle barrier short_scoreboard not_selected selected lg_throttle mio_throttle \
+        dispatch_stall no_instruction branch_resolving; do
+        m=$m,smsp__average_warps_issue_stalled_${st}_per_issue_active.ratio
+    done
+    : >"$OUT/ncu_moe.log"
+    for rows in 8 128; do
+        SM_MOE_BENCH_QUICK=1 SM_MOE_BENCH_QUICK_ROWS=$rows ncu --clock-control none --kernel-name regex:moe_q_kernel --launch-skip 4 \
+            --launch-count 1 --metrics "$m" ./build/gpu_test --bench moe >>"$OUT/ncu_moe.log" 2>&1
+        ncus="$ncus $rows:$?"
+    done
+fi
 kill "$smi_pid" 2>/dev/null
 
 # ---- the short table, last ----
@@ -157,6 +176,11 @@ fi
 # SM clock samples (MHz) while the GPU drew more than 300 W: min / median / max
 awk -F', ' '$3 + 0 > 300 { print $2 + 0 }' "$OUT/clocks.log" 2>/dev/null | sort -n |
     awk '{ v[NR] = $1 } END { if (NR) printf "SM clock under load (%d samples of 0.5 s): min %d / median %d / max %d MHz\n", NR, v[1], v[int((NR + 1) / 2)], v[NR] }'
+if [ -n "$ncus" ]; then
+    echo "-- Nsight Compute, MoE queue kernel, MXFP4 at 8 then 128 rows (exits:$ncus; full log $OUT/ncu_moe.log)"
+    grep -E "dram__throughput|gpu__time_duration|sm__cycles_elapsed.avg.per_second|warps_(active|eligible)|issue_active|pipe_(alu|fma)|stalled_(long_scoreboard|wait|math_pipe|barrier|short_scoreboard|not_selected|lg_throttle|mio_throttle)" \
+        "$OUT/ncu_moe.log" | awk '{ printf "  %-80s %s %s\n", $1, $2, $3 }'
+fi
 if [ -n "$wrcs" ]; then
     echo "-- tensor + expert parallelism on virtual ranks of one GPU (each rank's exchanges meet at host barriers)"
     for wm in $WORLDS; do

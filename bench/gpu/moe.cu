@@ -11,7 +11,8 @@
  * touch (weights + scales, read once; the mean over the 8 sets) / read bandwidth; the FLOP
  * floor (6 Hm I per route) is far lower and only enters the summary's max.  The summary takes
  * the graph time of every prefetch-0 case.  Knobs (environment): SM_MOE_BENCH_PREFETCH=P times
- * that prefetch distance; SM_MOE_BENCH_QUICK=1 (or a format name) one MXFP4 (that format's) layer at 8 rows, 4 timed calls
+ * that prefetch distance; SM_MOE_BENCH_QUICK=1 (or a format name) one MXFP4 (that format's) layer at 8 rows
+ * (SM_MOE_BENCH_QUICK_ROWS=N: N rows), 4 timed calls
  * (for profilers); SM_MOE_BENCH_PROF=1 also one profiled call of the queue schedule per case
  * (mb_prof: where the blocks' time goes).  We rejected the routing of a synthetic router here: uniform routing is the
  * stage's own worst case of distinct experts, and `sparkmono bench` times model routing.
@@ -189,10 +190,11 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
  * blocks' time went: inside units (busy), between units (epilogue, signal, B restage, waits),
  * before their first unit (head) and after their last (tail), as shares of blocks x span. */
 static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e) {
-    const size_t nb = (size_t)SM_MOE_PROF_MAX_UNITS * 3;
+    const size_t nb = (size_t)SM_MOE_PROF_MAX_UNITS * 3 + 2;
     unsigned long long *d = NULL;
     SM_CUDA_CHECK(cudaMalloc((void **)&d, nb * 8));
     SM_CUDA_CHECK(cudaMemsetAsync(d, 0, nb * 8, r->st));
+    SM_CUDA_CHECK(cudaMemsetAsync(d + nb - 2, 0xFF, 8, r->st)); /* the kernel entry: a minimum */
     c->ws.prof = d;
     const int rc = mb_stream(r, c, 0, e);
     c->ws.prof = NULL;
@@ -210,7 +212,7 @@ static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e) {
     int units = 0;
     double dur = 0, dmax = 0;
     for (int u = 0; u < SM_MOE_PROF_MAX_UNITS; u++) {
-        const unsigned long long b = h[3 * u], en = h[3 * u + 1];
+        const unsigned long long b = h[3 * (size_t)u], en = h[3 * (size_t)u + 1];
         const int blk = (int)h[3 * u + 2];
         if (!b || !en || blk < 0 || blk >= G) continue;
         units++;
@@ -235,10 +237,14 @@ static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e) {
         if (cntb[k] > cmax) cmax = cntb[k];
     }
     const double span = (double)(t1 - t0), tot = span * G;
-    printf("   prof %d rows: %d units, span %.1f us, unit %.1f us mean / %.1f max, units a block %d..%d; of blocks x span: "
-           "busy %.1f%%, between units %.1f%%, head %.1f%%, tail %.1f%%; rate while busy %.2f TB/s\n",
-           c->n, units, span * 1e-3, units ? dur / units * 1e-3 : 0.0, dmax * 1e-3, cmin, cmax, 100 * sb / tot, 100 * sg / tot,
-           100 * sh / tot, 100 * st / tot, sb > 0 ? bytes / (sb / G * 1e-9) / 1e12 : 0.0);
+    const unsigned long long k0 = h[nb - 2], k1 = h[nb - 1];
+    const double kspan = k1 > k0 ? (double)(k1 - k0) : 0.0;
+    printf("   prof %d rows: queue kernel %.1f us (entry to its first unit %.1f us, last unit to exit %.1f us); %d units, span %.1f "
+           "us, unit %.1f us mean / %.1f max, units a block %d..%d; of blocks x span: busy %.1f%%, between units %.1f%%, head "
+           "%.1f%%, tail %.1f%%; rate while busy %.2f TB/s\n",
+           c->n, kspan * 1e-3, t0 > k0 ? (double)(t0 - k0) * 1e-3 : 0.0, k1 > t1 ? (double)(k1 - t1) * 1e-3 : 0.0, units,
+           span * 1e-3, units ? dur / units * 1e-3 : 0.0, dmax * 1e-3, cmin, cmax, 100 * sb / tot, 100 * sg / tot, 100 * sh / tot,
+           100 * st / tot, sb > 0 ? bytes / (sb / G * 1e-9) / 1e12 : 0.0);
     free(h); free(busy); free(first); free(last); free(cntb);
     return 0;
 }
@@ -277,10 +283,13 @@ int bench_moe(bh_run *r, sm_err *e) {
     if (vs) vars[0].pf = vars[1].pf = atoi(vs);
     const int nv = 2;
     const char *quick = getenv("SM_MOE_BENCH_QUICK");
-    if (quick) { /* one layer of one format (1 = mxfp4) at 8 rows, 4 timed calls of each schedule */
+    if (quick) { /* one layer of one format (1 = mxfp4) at 8 rows (SM_MOE_BENCH_QUICK_ROWS), 4 timed calls of each schedule */
         r->iters = 4;
         const int f = !strcmp(quick, "bf16") ? SM_EXP_BF16 : !strcmp(quick, "fp8") ? SM_EXP_FP8 : SM_EXP_MXFP4;
-        return mb_one(r, f, f == SM_EXP_MXFP4 ? 256 : f == SM_EXP_FP8 ? 128 : 64, 1, r->rows, 1, vars, 2, e);
+        const char *qr = getenv("SM_MOE_BENCH_QUICK_ROWS");
+        int rows1 = qr ? atoi(qr) : r->rows[0];
+        if (rows1 < 1 || rows1 > BH_MAX_ROWS) rows1 = r->rows[0];
+        return mb_one(r, f, f == SM_EXP_MXFP4 ? 256 : f == SM_EXP_FP8 ? 128 : 64, 1, &rows1, 1, vars, 2, e);
     }
     const int rows_small[2] = {8, 32};
     if (mb_one(r, SM_EXP_MXFP4, 256, 2, r->rows, BH_NROWS, vars, nv, e) ||

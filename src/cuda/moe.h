@@ -69,8 +69,10 @@ typedef struct sm_cuda_moe_ws {
     int sched;               /* schedule of the expert matmul: SM_MOE_SCHED_QUEUE (the default) or
                                 SM_MOE_SCHED_STAGES; benchmarks and tests may change it (the
                                 results are the same bits) */
-    unsigned long long *prof; /* NULL, or (benchmarks) a device buffer of SM_MOE_PROF_MAX_UNITS x 3:
-                                 per unit of the queue schedule (begin ns, end ns, block) */
+    unsigned long long *prof; /* NULL, or (benchmarks) a device buffer of SM_MOE_PROF_MAX_UNITS x 3
+                                 + 2: per unit of the queue schedule (begin ns, end ns, block), then
+                                 the first block's entry (atomicMin: set it to ~0 first) and the
+                                 last block's exit */
 } sm_cuda_moe_ws;
 #define SM_MOE_PROF_MAX_UNITS 65536
 

@@ -111,6 +111,7 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
                 const int s = off[ex[q]] + pos[q];
                 ga.route_slot[r] = s;
                 ga.slot_route[s] = r;
+                ga.jobt[joff[ex[q]] + pos[q] / MOE_CH].row[pos[q] % MOE_CH] = (unsigned short)(r / ga.K); /* its input row */
             } else {
                 ga.route_slot[r] = -1;
             }
@@ -121,22 +122,18 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
         for (int j = 0; j * MOE_CH < c; j++)
             ga.jobs[joff[x] + j] = make_int4(x, off[x] + j * MOE_CH, min(MOE_CH, c - j * MOE_CH), 0);
     }
-    /* the queue schedule's job table and counters (slot_route above complete in the block) */
-    __syncthreads();
+    /* the queue schedule's job table (its rows written with the slots above) and counters */
     if (tid == 0) *ga.qctr = 0;
     for (int x = tid; x < E; x += NT) {
         const int c = cnt[x];
         if (!c) continue;
         const moe_desc d = ga.desc[x];
         for (int j = 0; j * MOE_CH < c; j++) {
-            moe_jobt t;
-            t.w[0] = d.w[0]; t.w[1] = d.w[1]; t.s[0] = d.s[0]; t.s[1] = d.s[1];
-            t.mul[0] = d.mul[0]; t.mul[1] = d.mul[1];
-            t.s0 = off[x] + j * MOE_CH;
-            t.cnt = min(MOE_CH, c - j * MOE_CH);
-#pragma unroll
-            for (int r = 0; r < MOE_CH; r++) t.row[r] = (unsigned short)(r < t.cnt ? ga.slot_route[t.s0 + r] / ga.K : 0);
-            ga.jobt[joff[x] + j] = t;
+            moe_jobt *t = ga.jobt + joff[x] + j;
+            t->w[0] = d.w[0]; t->w[1] = d.w[1]; t->s[0] = d.s[0]; t->s[1] = d.s[1];
+            t->mul[0] = d.mul[0]; t->mul[1] = d.mul[1];
+            t->s0 = off[x] + j * MOE_CH;
+            t->cnt = min(MOE_CH, c - j * MOE_CH);
             ga.done1[joff[x] + j] = 0;
         }
     }

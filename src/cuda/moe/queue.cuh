@@ -175,12 +175,55 @@ __device__ __forceinline__ void moe_q_load(moe_qstate &Q, moe_buf &b, const moe_
     Q.LS++;
 }
 
+/* A thread's share of a B restage in flight: MOE_Q_NB entries (k16 step ks, route r) of the
+ * job's routes, loaded, not yet stored. */
+#define MOE_Q_NB 2            /* entries a thread loads before it stores (4: spills, slower) */
+typedef struct moe_qbe {
+    uint4 A[MOE_Q_NB], B[MOE_Q_NB];
+    int ks[MOE_Q_NB], r[MOE_Q_NB];
+} moe_qbe;
+
+/* Load entries u0 + h MOE_THREADS (h < MOE_Q_NB) of stage st's B for job entry jt
+ * (route-major: a thread's 16-byte loads walk one row); past the end: zeros, not stored. */
+template <int F>
+__device__ __forceinline__ void moe_q_b_fetch(const moe_qargs &q, int st, const moe_jobt &jt, int u0, moe_qbe &E) {
+    const int kin = st == 1 ? q.a1.kin : q.a2.kin, nks = (st == 1 ? q.a1.Kp : q.a2.Kp) / 16;
+    const int total = nks * jt.cnt;
+#pragma unroll
+    for (int h = 0; h < MOE_Q_NB; h++) {
+        const int u = u0 + h * MOE_THREADS;
+        E.A[h] = make_uint4(0, 0, 0, 0); E.B[h] = E.A[h];
+        E.r[h] = u / nks; E.ks[h] = u - E.r[h] * nks;
+        if (u < total) {
+            int ka, kb;
+            moe_b_kofs<F>(E.ks[h], ka, kb);
+            if (st == 1) { /* h1: written by an earlier launch */
+                const uint16_t *row = q.a1.in + (size_t)jt.row[E.r[h]] * kin;
+                if (ka < kin) E.A[h] = moe_ld_in<1>(row + ka);
+                if (kb < kin) E.B[h] = moe_ld_in<1>(row + kb);
+            } else { /* act: written in this launch (ordered by done1) */
+                const uint16_t *row = q.a2.in + (size_t)(jt.s0 + E.r[h]) * kin;
+                if (ka < kin) E.A[h] = moe_ld_in<0>(row + ka);
+                if (kb < kin) E.B[h] = moe_ld_in<0>(row + kb);
+            }
+        }
+    }
+}
+
+/* Store the fetched entries (those inside the job's total) in fragment order. */
+template <int F>
+__device__ __forceinline__ void moe_q_b_put(const moe_qargs &q, int st, const moe_jobt &jt, int u0, const moe_qbe &E, uint2 *Bs) {
+    const int total = (st == 1 ? q.a1.Kp : q.a2.Kp) / 16 * jt.cnt;
+#pragma unroll
+    for (int h = 0; h < MOE_Q_NB; h++)
+        if (u0 + h * MOE_THREADS < total) moe_b_put<F>(E.A[h], E.B[h], Bs + (size_t)(E.ks[h] * MOE_CH + E.r[h]) * 4);
+}
+
 /* Stage B of the compute cursor's (new) unit: a stage-2 unit first waits for its job's stage
- * 1.  Only the job's cnt routes are written (route-major: a thread's 16-byte loads walk one
- * row).  Ends with the block synchronized. */
+ * 1.  Only the job's cnt routes are written.  Ends with the block synchronized.  (Measured:
+ * loading a stage-1 job's first entries before the previous unit's epilogue gained nothing.) */
 template <int F>
 __device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qargs &q, const moe_jobt &jt, uint2 *Bs, int tid) {
-    constexpr int NB = 2; /* entries a thread loads before it stores (4: spills, slower) */
     if (Q.stage == 2) {
         if (tid == 0) {
             const unsigned *c = (const unsigned *)(q.done1 + Q.job), need = (unsigned)q.a1.ipj;
@@ -198,34 +241,11 @@ __device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qar
         }
         __syncthreads();
     }
-    const int st = Q.stage, cnt = jt.cnt, s0 = jt.s0;
-    const int kin = st == 1 ? q.a1.kin : q.a2.kin, nks = (st == 1 ? q.a1.Kp : q.a2.Kp) / 16;
-    const int total = nks * cnt;
-    for (int u0 = tid; u0 < total; u0 += NB * MOE_THREADS) {
-        uint4 A[NB], B[NB];
-        int ks[NB], r[NB];
-#pragma unroll
-        for (int h = 0; h < NB; h++) {
-            const int u = u0 + h * MOE_THREADS;
-            A[h] = make_uint4(0, 0, 0, 0); B[h] = A[h];
-            r[h] = u / nks; ks[h] = u - r[h] * nks;
-            if (u < total) {
-                int ka, kb;
-                moe_b_kofs<F>(ks[h], ka, kb);
-                if (st == 1) { /* h1: written by an earlier launch */
-                    const uint16_t *row = q.a1.in + (size_t)jt.row[r[h]] * kin;
-                    if (ka < kin) A[h] = moe_ld_in<1>(row + ka);
-                    if (kb < kin) B[h] = moe_ld_in<1>(row + kb);
-                } else { /* act: written in this launch (ordered by done1) */
-                    const uint16_t *row = q.a2.in + (size_t)(s0 + r[h]) * kin;
-                    if (ka < kin) A[h] = moe_ld_in<0>(row + ka);
-                    if (kb < kin) B[h] = moe_ld_in<0>(row + kb);
-                }
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < NB; h++)
-            if (u0 + h * MOE_THREADS < total) moe_b_put<F>(A[h], B[h], Bs + (size_t)(ks[h] * MOE_CH + r[h]) * 4);
+    const int st = Q.stage, total = (st == 1 ? q.a1.Kp : q.a2.Kp) / 16 * jt.cnt;
+    for (int u0 = tid; u0 < total; u0 += MOE_Q_NB * MOE_THREADS) {
+        moe_qbe E;
+        moe_q_b_fetch<F>(q, st, jt, u0, E);
+        moe_q_b_put<F>(q, st, jt, u0, E, Bs);
     }
     __syncthreads();
 }
@@ -236,6 +256,11 @@ __device__ __forceinline__ void moe_q_prof_begin(const moe_qstate &Q, const moe_
         q.prof[3 * Q.u] = sm_now_ns();
         q.prof[3 * Q.u + 2] = blockIdx.x;
     }
+}
+
+/* Profile: this block leaves. */
+__device__ __forceinline__ void moe_q_prof_exit(const moe_qargs &q, int tid) {
+    if (q.prof && tid == 0) atomicMax(q.prof + 3 * SM_MOE_PROF_MAX_UNITS + 1, (unsigned long long)sm_now_ns());
 }
 
 /* The compute cursor finished its unit: outputs, the stage-1 signal, the next unit (restaging
@@ -289,6 +314,7 @@ __device__ __forceinline__ void moe_q_step(moe_qstate &Q, const moe_buf &cur, mo
 template <int F, int Y32>
 __device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_qslot *ring, int nb) {
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (q.prof && tid == 0) atomicMin(q.prof + 3 * SM_MOE_PROF_MAX_UNITS, (unsigned long long)sm_now_ns());
     const moe_qplan P = moe_q_plan(q, *q.a1.njobs, nb);
     moe_qstate Q;
     Q.cm = 0; Q.S = 0; Q.done = 0; Q.pu = 0; Q.cn = Q.ce = 0;
@@ -303,7 +329,10 @@ __device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_q
     }
     __syncthreads();
     const moe_qslot *s0 = ring;
-    if (s0->u < 0) return;
+    if (s0->u < 0) {
+        moe_q_prof_exit(q, tid);
+        return;
+    }
     Q.u = s0->u;
     moe_q_decode(q, P.n1, s0->u, Q.stage, Q.job, Q.itile);
     Q.ns = Q.stage == 1 ? q.a1.nsteps : q.a2.nsteps;
@@ -326,6 +355,7 @@ __device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_q
         moe_q_step<F, Y32>(Q, Z, Y, q, Bs, ring, P, warp, lane, tid);
         if (Q.done) break;
     }
+    moe_q_prof_exit(q, tid);
 }
 
 /* ---- host side (mm.cu) ---- */
