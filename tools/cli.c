@@ -171,7 +171,14 @@ int cli_int_list(const char *what, const char *s, long lo, long hi, int **out, i
         size_t len = q ? (size_t)(q - p) : strlen(p);
         char buf[32];
         long x;
-        if (len == 0 || len >= sizeof buf) { free(v); return sm_errf(e, "%s: bad list '%s'", what, s); }
+        if (len == 0) {
+            free(v);
+            return sm_errf(e, "%s: entry %d is empty in '%.40s%s'", what, cnt, s, strlen(s) > 40 ? "..." : "");
+        }
+        if (len >= sizeof buf) {
+            free(v);
+            return sm_errf(e, "%s: '%.24s...' is not an integer in [%ld, %ld]", what, p, lo, hi);
+        }
         memcpy(buf, p, len);
         buf[len] = 0;
         if (parse_long(buf, &x) || x < lo || x > hi) {

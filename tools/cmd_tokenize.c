@@ -149,13 +149,13 @@ int cmd_tokenize(int argc, char **argv) {
         fwrite(text, 1, len, stdout);
         putchar('\n');
     } else {
-        const char *src = txt->present ? "--text" : "--text-file";
+        char what[600]; /* the input, as its errors name it */
         if (txt->present) {
+            snprintf(what, sizeof what, "%s: --text", cmd);
             len = strlen(txt->value);
             text = malloc(len + 1);
             if (text) memcpy(text, txt->value, len + 1);
         } else {
-            char what[600];
             snprintf(what, sizeof what, "%s: --text-file %s", cmd, tf->value);
             if (cli_read_all(what, tf->value, &text, &len, &e)) goto bad;
         }
@@ -163,7 +163,7 @@ int cmd_tokenize(int argc, char **argv) {
         struct timespec w0, w1, c0, c1; /* wall clock, and this thread's CPU time */
         clock_gettime(CLOCK_MONOTONIC, &w0);
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-        if (sm_tokenizer_encode(t, text, len, &ids, &n, &e)) { sm_errprefix(&e, "%s: %s", cmd, src); goto bad; }
+        if (sm_tokenizer_encode(t, text, len, &ids, &n, &e)) { sm_errprefix(&e, "%s", what); goto bad; }
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
         clock_gettime(CLOCK_MONOTONIC, &w1);
         put_ids(ids, n, 0);
