@@ -158,13 +158,13 @@ else
     fail bad_text_without_tokenizer "rc $rc: $(head -c 300 "$T/bad.err")"
 fi
 printf '\n  \n' >"$T/empty.jsonl"
-bad bad_no_requests $G --batch "$T/empty.jsonl"
-bad bad_missing_file $G --batch "$T/no-such.jsonl"
-bad bad_batch_and_prompt $G --batch "$T/b.jsonl" --prompt-ids 1,2
-bad bad_out_without_batch $G --prompt-ids 1,2 --max-tokens 3 --out "$T/x.jsonl"
-bad bad_out_dir $G --batch "$T/b.jsonl" --out "$T/no/such/dir/x.jsonl"
-bad bad_max_requests $G --batch "$T/b.jsonl" --max-requests 0
-bad bad_flag_temperature $G --prompt-ids 1,2 --max-tokens 3 --temperature warm
-bad bad_flag_top_p $G --prompt-ids 1,2 --max-tokens 3 --top-p 1.01
-bad bad_flag_seed $G --prompt-ids 1,2 --max-tokens 3 --seed -4
+bad_msg bad_no_requests "$T/empty.jsonl: no requests" $G --batch "$T/empty.jsonl"
+bad_msg bad_missing_file "--batch $T/no-such.jsonl: cannot open" $G --batch "$T/no-such.jsonl"
+bad_msg bad_batch_and_prompt "--batch FILE holds the prompts: no --prompt-ids" $G --batch "$T/b.jsonl" --prompt-ids 1,2
+bad_msg bad_out_without_batch "--max-requests and --out go with --batch FILE" $G --prompt-ids 1,2 --max-tokens 3 --out "$T/x.jsonl"
+bad_msg bad_out_dir "--out: $T/no/such/dir/x.jsonl: cannot create a temporary file" $G --batch "$T/b.jsonl" --out "$T/no/such/dir/x.jsonl"
+bad_msg bad_max_requests "--max-requests '0' is not an integer in [1, 65536]" $G --batch "$T/b.jsonl" --max-requests 0
+bad_msg bad_flag_temperature "--temperature warm is not a number" $G --prompt-ids 1,2 --max-tokens 3 --temperature warm
+bad_msg bad_flag_top_p "--top-p 1.01 is not a number in [0, 1]" $G --prompt-ids 1,2 --max-tokens 3 --top-p 1.01
+bad_msg bad_flag_seed "--seed '-4' is not an integer in [0," $G --prompt-ids 1,2 --max-tokens 3 --seed -4
 done_

@@ -61,7 +61,7 @@ fi
 ids=$(sed -n 's/^ids: //p' "$T/o.out")
 if [ -n "$ids" ] && follows 16 2 "$ids"; then pass cycle_entered_from_other_ids; else fail cycle_entered_from_other_ids "$ids"; fi
 
-bad cycle_too_short make-model --preset tiny --cycle 1 --out "$T/x1"
-bad cycle_too_long make-model --preset tiny --cycle 600 --out "$T/x2"
+bad_msg cycle_too_short "--cycle '1' is not an integer in [2, 65536]" make-model --preset tiny --cycle 1 --out "$T/x1"
+bad_msg cycle_too_long "a cycle of 600 ids needs 600 ids below vocab_used = 512" make-model --preset tiny --cycle 600 --out "$T/x2"
 if ls -A "$T" | grep -q '^x[12]'; then fail cycle_bad_no_leftovers; else pass cycle_bad_no_leftovers; fi
 done_

@@ -20,11 +20,6 @@ poke() {
     while [ "$i" -lt "$4" ]; do s="$s$3"; i=$((i + 1)); done
     printf "$s" | dd of="$1" bs=1 seek="$2" conv=notrunc 2>/dev/null
 }
-# the stderr line of the last `bad` holds TEXT
-says() {
-    if grep -qF -- "$2" "$T/bad.err"; then pass "$1"; else fail "$1" "want '$2', got: $(cat "$T/bad.err")"; fi
-}
-
 if ! "$SM" make-model --preset tiny --experts bf16 --seed 4 --out "$T/clean" >"$T/mm.out" 2>&1; then
     cat "$T/mm.out"; fail make_model; done_
 fi
@@ -53,25 +48,19 @@ if [ -n "$t1" ]; then pass first_token; else fail first_token "no prompt avoids 
 cp -r "$T/clean" "$T/norm"
 f="$T/norm/model.safetensors"
 o=$(toff "$f" "${P}norm.weight") && poke "$f" "$o" '\200\177' "$H"
-bad check_norm_inf check "$T/norm"
-says check_norm_inf_names "tensor '${P}norm.weight' element 0 [0] is +Inf"
-bad generate_norm_inf generate --model "$T/norm" --prompt-ids "$prompt" --max-tokens 4 --threads 2
-says generate_norm_inf_step "generate: prefill step 1, request 0, row 0: non-finite logits"
+bad_msg check_norm_inf "$f: tensor '${P}norm.weight' element 0 [0] is +Inf" check "$T/norm"
+bad_msg generate_norm_inf "generate: prefill step 1, request 0, row 0: non-finite logits" generate --model "$T/norm" --prompt-ids "$prompt" --max-tokens 4 --threads 2
 if grep -q '^ids:' "$T/bad.out"; then fail generate_norm_inf_no_ids; else pass generate_norm_inf_no_ids; fi
-bad logits_norm_inf logits --model "$T/norm" --prompt-ids "$prompt" --out "$T/norm.npy" --threads 2
-says logits_norm_inf_step "prefill step 1, request 0, row 0: non-finite logits"
+bad_msg logits_norm_inf "logits: prefill step 1, request 0, row 0: non-finite logits" logits --model "$T/norm" --prompt-ids "$prompt" --out "$T/norm.npy" --threads 2
 if [ -e "$T/norm.npy" ] || ls "$T"/norm.npy.tmp* >/dev/null 2>&1; then fail logits_norm_inf_no_file; else pass logits_norm_inf_no_file; fi
 
 # 2. a NaN in the embedding row of t1: the prefill passes, verify step 1 (row 0 = t1) fails
 cp -r "$T/clean" "$T/emb"
 f="$T/emb/model.safetensors"
 o=$(toff "$f" "${P}embed_tokens.weight") && poke "$f" $((o + t1 * H * 2 + 6)) '\300\177' 1
-bad check_embed_nan check "$T/emb"
-says check_embed_nan_names "tensor '${P}embed_tokens.weight' element $((t1 * H + 3)) [$t1, 3] is NaN"
-bad generate_embed_nan generate --model "$T/emb" --prompt-ids "$prompt" --max-tokens 4 --threads 2
-says generate_embed_nan_step "generate: verify step 1, request 0, row 0: non-finite logits"
-bad logits_embed_nan logits --model "$T/emb" --prompt-ids "$prompt,$t1" --out "$T/emb.npy" --threads 2
-says logits_embed_nan_row "prefill step 1, request 0, row 5: non-finite logits"
+bad_msg check_embed_nan "$f: tensor '${P}embed_tokens.weight' element $((t1 * H + 3)) [$t1, 3] is NaN" check "$T/emb"
+bad_msg generate_embed_nan "generate: verify step 1, request 0, row 0: non-finite logits" generate --model "$T/emb" --prompt-ids "$prompt" --max-tokens 4 --threads 2
+bad_msg logits_embed_nan "logits: prefill step 1, request 0, row 5: non-finite logits" logits --model "$T/emb" --prompt-ids "$prompt,$t1" --out "$T/emb.npy" --threads 2
 if [ -e "$T/emb.npy" ] || ls "$T"/emb.npy.tmp* >/dev/null 2>&1; then fail logits_embed_nan_no_file; else pass logits_embed_nan_no_file; fi
 if "$SM" logits --model "$T/emb" --prompt-ids "$prompt" --out "$T/ok.npy" --threads 2 >"$T/ok.out" 2>&1 && [ -s "$T/ok.npy" ]; then
     pass logits_without_the_token

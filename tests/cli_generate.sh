@@ -1,7 +1,8 @@
 #!/bin/sh
 # cli_generate.sh BUILD_DIR: the `generate` and `logits` commands end to end on a fresh tiny
 # model in a temp dir: speculative == plain output, the .npy file of logits, and bad inputs
-# (each must exit 2 with exactly one line on stderr).  Prints PASS/FAIL lines and a DONE line.
+# (each must exit 2 with exactly one line on stderr, naming the problem).  Prints PASS/FAIL
+# lines and a DONE line.
 NAME=cli_generate
 . "$(dirname "$0")/lib_cli.sh"
 
@@ -36,19 +37,19 @@ else
     cat "$T/l.out" "$T/l.err"; ls -l "$T"; fail logits_npy
 fi
 
-# bad inputs: exit 2, one line on stderr
-bad bad_id_out_of_range generate --model "$T/tiny" --prompt-ids 1,512,3 --max-tokens 4
-bad bad_id_negative generate --model "$T/tiny" --prompt-ids 1,-1 --max-tokens 4
-bad bad_too_long generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 100 --max-len 64
-bad bad_missing_dir generate --model "$T/no-such-model" --prompt-ids 1,2,3 --max-tokens 4
-bad bad_unknown_flag generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --bogus
-bad bad_rows_zero generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows 0
-bad bad_rows_text generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows eight
-bad bad_rows_and_nospec generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows 4 --no-spec
-bad bad_prompt_list generate --model "$T/tiny" --prompt-ids 1,,3 --max-tokens 4
-bad bad_no_max_tokens generate --model "$T/tiny" --prompt-ids 1,2,3
-bad bad_backend generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --backend tpu
-bad bad_logits_no_out logits --model "$T/tiny" --prompt-ids 1,2,3
-bad bad_logits_missing_dir logits --model "$T/no-such-model" --prompt-ids 1,2 --out "$T/x.npy"
-bad bad_logits_out_dir logits --model "$T/tiny" --prompt-ids 1,2 --out "$T/no/such/dir/x.npy"
+# bad inputs: exit 2, one line on stderr naming the problem
+bad_msg bad_id_out_of_range "--prompt-ids: token index 1 is 512, outside the vocabulary [0, 512)" generate --model "$T/tiny" --prompt-ids 1,512,3 --max-tokens 4
+bad_msg bad_id_negative "--prompt-ids: token index 1 is -1, outside the vocabulary" generate --model "$T/tiny" --prompt-ids 1,-1 --max-tokens 4
+bad_msg bad_too_long "prompt length 3 + max tokens 100 exceeds the max model length 64" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 100 --max-len 64
+bad_msg bad_missing_dir "generate: model dir '$T/no-such-model' does not exist" generate --model "$T/no-such-model" --prompt-ids 1,2,3 --max-tokens 4
+bad_msg bad_unknown_flag "unknown option '--bogus'" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --bogus
+bad_msg bad_rows_zero "--request-rows '0' is not an integer in [1, 256]" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows 0
+bad_msg bad_rows_text "--request-rows 'eight' is not an integer" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows eight
+bad_msg bad_rows_and_nospec "give --request-rows or --no-spec, not both" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --request-rows 4 --no-spec
+bad_msg bad_prompt_list "--prompt-ids: entry 1 is empty in '1,,3'" generate --model "$T/tiny" --prompt-ids 1,,3 --max-tokens 4
+bad_msg bad_no_max_tokens "--max-tokens N is required" generate --model "$T/tiny" --prompt-ids 1,2,3
+bad_msg bad_backend "--backend 'tpu' is not one of cpu|cuda" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --backend tpu
+bad_msg bad_logits_no_out "logits: --out FILE.npy is required" logits --model "$T/tiny" --prompt-ids 1,2,3
+bad_msg bad_logits_missing_dir "logits: model dir '$T/no-such-model' does not exist" logits --model "$T/no-such-model" --prompt-ids 1,2 --out "$T/x.npy"
+bad_msg bad_logits_out_dir "$T/no/such/dir/x.npy: cannot create a temporary file" logits --model "$T/tiny" --prompt-ids 1,2 --out "$T/no/such/dir/x.npy"
 done_

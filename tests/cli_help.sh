@@ -63,9 +63,9 @@ if "$SM" make-model --quiet --preset=tiny --experts=mxfp4 --seed=1 --out="$T/tin
 else
     fail make_model_equals_value
 fi
-bad switch_with_value generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --no-spec=1
-bad empty_equals_value generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens=
-bad unknown_equals generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --colour=red
+bad_msg switch_with_value "option '--no-spec' is a switch and takes no value" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --no-spec=1
+bad_msg empty_equals_value "--max-tokens '' is not an integer" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens=
+bad_msg unknown_equals "unknown option '--colour'" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --colour=red
 
 # ---- check --model DIR
 if "$SM" check --model "$T/tiny" >"$T/c1.out" 2>&1 && "$SM" check "$T/tiny" >"$T/c2.out" 2>&1 &&
@@ -75,20 +75,20 @@ if "$SM" check --model "$T/tiny" >"$T/c1.out" 2>&1 && "$SM" check "$T/tiny" >"$T
 else
     fail check_model_flag "$(head -c 200 "$T/c1.out")"
 fi
-bad check_model_and_dir check --model "$T/tiny" "$T/tiny"
-bad check_nothing check --online-mxfp4
+bad_msg check_model_and_dir "give the directory once: --model $T/tiny or $T/tiny, not both" check --model "$T/tiny" "$T/tiny"
+bad_msg check_nothing "check: --model DIR is required" check --online-mxfp4
 
 # ---- --moe needs --world; --world W --moe tp runs
-bad moe_without_world generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --moe tp
-bad moe_without_world_logits logits --model "$T/tiny" --prompt-ids 1,2 --out "$T/x.npy" --moe ep
-bad moe_bad generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --moe xp
+bad_msg moe_without_world "generate: --moe tp needs --world W" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --moe tp
+bad_msg moe_without_world_logits "logits: --moe ep needs --world W" logits --model "$T/tiny" --prompt-ids 1,2 --out "$T/x.npy" --moe ep
+bad_msg moe_bad "--moe 'xp' is not one of ep|tp" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --moe xp
 # ---- the ranks' devices and exchanges: --devices / --comm need --world; W devices; cuda only
-bad devices_without_world generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --devices 0,0
-bad devices_count generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,1,2
-bad devices_bad generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,x
-bad comm_bad generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --comm mpi
-bad devices_cpu generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,0
-bad bench_mono_bad bench --preset tiny --world 2 --mono maybe
+bad_msg devices_without_world "--devices 0,0 needs --world W" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --devices 0,0
+bad_msg devices_count "--world 2 --devices: devices '0,1,2' lists more than world = 2 devices" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,1,2
+bad_msg devices_bad "--world 2 --devices: devices '0,x': expected comma-separated device ordinals" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,x
+bad_msg comm_bad "--comm 'mpi' is not one of peer|nccl" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --comm mpi
+bad_msg devices_cpu "devices / comm go with backend 'cuda' and world > 1" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --world 2 --devices 0,0
+bad_msg bench_mono_bad "bench: --mono 'maybe' is not one of both|on|off" bench --preset tiny --world 2 --mono maybe
 if "$SM" generate --model "$T/tiny" --prompt-ids 5,6,7 --max-tokens 3 --world 2 --moe tp >"$T/w.out" 2>&1; then
     pass world_moe_runs
 else
@@ -105,9 +105,7 @@ else
 fi
 
 # ---- one name per meaning: --rows is retired in generate and bench
-bad generate_rows_renamed generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --rows 4
-if grep -q -- '--request-rows' "$T/bad.err"; then pass generate_rows_names_new; else fail generate_rows_names_new; fi
-bad bench_rows_renamed bench --preset tiny --rows 8,16
-if grep -q -- '--step-rows' "$T/bad.err"; then pass bench_rows_names_new; else fail bench_rows_names_new; fi
-bad bench_step_rows_bad bench --preset tiny --step-rows 8,x
+bad_msg generate_rows_renamed "generate: --rows is now --request-rows" generate --model "$T/tiny" --prompt-ids 1,2 --max-tokens 2 --rows 4
+bad_msg bench_rows_renamed "bench: --rows is now --step-rows" bench --preset tiny --rows 8,16
+bad_msg bench_step_rows_bad "--step-rows: 'x' is not an integer in [1, 128]" bench --preset tiny --step-rows 8,x
 done_

@@ -20,20 +20,20 @@ mkdir "$T/o"
 
 # refused targets
 mkdir "$T/o/dir"
-bad refuse_directory $L --out "$T/o/dir"
+bad_msg refuse_directory "--out: $T/o/dir: output exists and is a directory" $L --out "$T/o/dir"
 dir_ok=$nf
 mkfifo "$T/o/fifo"
-bad refuse_fifo $L --out "$T/o/fifo"
+bad_msg refuse_fifo "--out: $T/o/fifo: output exists and is a FIFO" $L --out "$T/o/fifo"
 if [ -d "$T/o/dir" ] && [ -p "$T/o/fifo" ]; then pass refused_targets_intact; else fail refused_targets_intact; fi
 echo keep >"$T/o/real"
 ln -s "$T/o/real" "$T/o/link"
-bad refuse_symlink_to_file $L --out "$T/o/link"
+bad_msg refuse_symlink_to_file "--out: $T/o/link: output is a symbolic link: refused" $L --out "$T/o/link"
 if [ -L "$T/o/link" ] && [ "$(cat "$T/o/real")" = keep ]; then pass symlink_target_intact; else fail symlink_target_intact; fi
 ln -s /dev/null "$T/o/devlink"
 if [ "$nf" -eq "$dir_ok" ]; then
-    bad refuse_symlink_to_device $L --out "$T/o/devlink"
-    bad refuse_dev_null $L --out /dev/null
-    bad refuse_dev_full $L --out /dev/full
+    bad_msg refuse_symlink_to_device "--out: $T/o/devlink: output is a symbolic link: refused" $L --out "$T/o/devlink"
+    bad_msg refuse_dev_null "--out: /dev/null: output exists and is a character device" $L --out /dev/null
+    bad_msg refuse_dev_full "--out: /dev/full: output exists and is a character device" $L --out /dev/full
     if [ -c /dev/null ] && ! ls /dev | grep -q '^null\.tmp\.\|^full\.tmp\.'; then pass devices_intact; else fail devices_intact; fi
 else
     fail refuse_devices "skipped: directories or FIFOs are not refused"

@@ -3,7 +3,7 @@
 # Good cases: tiny and mini in bf16 / mxfp4 / fp8 and with 2 shards, each made and checked.
 # Streaming: peak RSS of make-model on a mini model with 8 layers (~290 MB on disk) stays a
 # small fraction of the bytes written (tensors are generated and written in 16 MB chunks, never held whole).
-# Bad input: each must exit 2 with exactly one line on stderr.
+# Bad input: each must exit 2 with exactly one line on stderr, naming the problem.
 # Prints PASS/FAIL lines and a final DONE line (tests/run.sh counts them).
 NAME=cli_mm
 . "$(dirname "$0")/lib_cli.sh"
@@ -61,21 +61,21 @@ else
 fi
 rm -rf "$T/big"
 
-# bad input: exit 2 and one line on stderr
-bad bad_preset make-model --preset nosuch --out "$T/x1"
-bad bad_experts make-model --preset tiny --experts int3 --out "$T/x2"
-bad bad_layers make-model --preset tiny --layers 0 --out "$T/x3"
-bad no_out make-model --preset tiny
-bad unknown_option make-model --preset tiny --out "$T/x4" --colour red
-bad out_nonempty make-model --preset tiny --out "$T/tiny_bf16"
+# bad input: exit 2 and one line on stderr, naming the problem
+bad_msg bad_preset "--preset: unknown preset 'nosuch'" make-model --preset nosuch --out "$T/x1"
+bad_msg bad_experts "--experts 'int3' is not one of bf16|mxfp4|fp8" make-model --preset tiny --experts int3 --out "$T/x2"
+bad_msg bad_layers "--layers '0' is not an integer in [1, 256]" make-model --preset tiny --layers 0 --out "$T/x3"
+bad_msg no_out "make-model: --out DIR is required" make-model --preset tiny
+bad_msg unknown_option "unknown option '--colour'" make-model --preset tiny --out "$T/x4" --colour red
+bad_msg out_nonempty "$T/tiny_bf16: output exists and is not an empty directory" make-model --preset tiny --out "$T/tiny_bf16"
 if [ -d "$T/x1" ] || [ -d "$T/x2" ] || ls "$T" | grep -q '\.tmp\.'; then fail no_leftovers; else pass no_leftovers; fi
-bad check_missing_dir check "$T/does_not_exist"
-bad check_no_dir check
+bad_msg check_missing_dir "$T/does_not_exist: not a checkpoint directory" check "$T/does_not_exist"
+bad_msg check_no_dir "check: --model DIR is required" check
 mkdir "$T/trunc" && cp "$T/tiny_bf16/config.json" "$T/trunc/" &&
     head -c 100000 "$T/tiny_bf16/model.safetensors" >"$T/trunc/model.safetensors"
-bad check_truncated check "$T/trunc"
+bad_msg check_truncated "$T/trunc/model.safetensors: tensor 'model.language_model.embed_tokens.weight': data_offsets [65792, 327936] run past the data section" check "$T/trunc"
 mkdir "$T/badjson" && cp "$T/tiny_bf16/model.safetensors" "$T/badjson/" && printf '{"text_config": {"hidden_size": 256,' >"$T/badjson/config.json"
-bad check_bad_json check "$T/badjson"
+bad_msg check_bad_json "$T/badjson/config.json: invalid JSON at line 1 column 36" check "$T/badjson"
 mkdir "$T/noconfig" && cp "$T/tiny_bf16/model.safetensors" "$T/noconfig/"
-bad check_no_config check "$T/noconfig"
+bad_msg check_no_config "$T/noconfig/config.json: cannot open" check "$T/noconfig"
 done_

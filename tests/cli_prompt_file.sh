@@ -31,41 +31,34 @@ else
 fi
 
 # exactly one of --prompt-ids and --prompt-file
-bad both_prompts generate --model "$T/tiny" --max-tokens 2 --prompt-ids 1,2 --prompt-file "$T/p.txt"
-bad no_prompt generate --model "$T/tiny" --max-tokens 2
-bad no_prompt_logits logits --model "$T/tiny" --out "$T/x.npy"
+bad_msg both_prompts "give exactly one of --prompt-ids LIST and --prompt-file FILE" generate --model "$T/tiny" --max-tokens 2 --prompt-ids 1,2 --prompt-file "$T/p.txt"
+bad_msg no_prompt "generate: give exactly one of --prompt-ids LIST and --prompt-file FILE" generate --model "$T/tiny" --max-tokens 2
+bad_msg no_prompt_logits "logits: give exactly one of --prompt-ids LIST and --prompt-file FILE" logits --model "$T/tiny" --out "$T/x.npy"
 
 # badly formed files: one line naming the file and the token index
-want() { # name, text the error must contain, then sparkmono's arguments
-    wn=$1; wt=$2; shift 2
-    bad "$wn" "$@"
-    grep -q -F -- "$wt" "$T/bad.err" || fail "${wn}_names_place" "want '$wt' in: $(cat "$T/bad.err")"
-}
 printf '1 2 x3 4\n' >"$T/word.txt"
-want bad_word "$T/word.txt: token index 2 (line 1): 'x3'" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/word.txt"
+bad_msg bad_word "--prompt-file $T/word.txt: token index 2 (line 1): 'x3' is not an integer id" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/word.txt"
 printf '1\n2\n\n3,,4\n' >"$T/commas.txt"
-want bad_commas "$T/commas.txt: token index 3 (line 4)" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/commas.txt"
+bad_msg bad_commas "--prompt-file $T/commas.txt: token index 3 (line 4): empty entry" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/commas.txt"
 printf ',1 2' >"$T/lead.txt"
-want bad_leading_comma "token index 0" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/lead.txt"
+bad_msg bad_leading_comma "--prompt-file $T/lead.txt: token index 0 (line 1): empty entry" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/lead.txt"
 printf '1 2,' >"$T/trail.txt"
-want bad_trailing_comma "ends with a comma" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/trail.txt"
+bad_msg bad_trailing_comma "--prompt-file $T/trail.txt: ends with a comma after token index 1" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/trail.txt"
 : >"$T/empty.txt"
-want bad_empty "no token ids" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/empty.txt"
-want bad_missing "$T/nope.txt" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/nope.txt"
+bad_msg bad_empty "--prompt-file $T/empty.txt: no token ids" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/empty.txt"
+bad_msg bad_missing "--prompt-file $T/nope.txt: cannot open" generate --model "$T/tiny" --max-tokens 2 --prompt-file "$T/nope.txt"
 printf '1 2 512\n' >"$T/range.txt"
-want bad_range "$T/range.txt: token index 2 is 512" logits --model "$T/tiny" --out "$T/x.npy" --prompt-file "$T/range.txt"
+bad_msg bad_range "--prompt-file $T/range.txt: token index 2 is 512, outside the vocabulary" logits --model "$T/tiny" --out "$T/x.npy" --prompt-file "$T/range.txt"
 printf '1 -3\n' >"$T/neg.txt"
-bad bad_stdin_negative generate --model "$T/tiny" --max-tokens 2 --prompt-file - <"$T/neg.txt"
-grep -q -F -- '- (stdin): token index 1 is -3' "$T/bad.err" || fail bad_stdin_names_place "$(cat "$T/bad.err")"
+bad_msg bad_stdin_negative "--prompt-file - (stdin): token index 1 is -3, outside the vocabulary" generate --model "$T/tiny" --max-tokens 2 --prompt-file - <"$T/neg.txt"
 
 # 100000 ids (about 500 kB: more than one argument may hold, 128 kB on Linux)
 awk 'BEGIN { for (i = 0; i < 100000; i++) printf "%d%s", (i * 7) % 500 + 3, (i % 20 == 19) ? "\n" : ", " }' >"$T/big.txt"
 sz=$(wc -c <"$T/big.txt")
 echo "  100000 ids: $sz bytes"
-want big_read_whole "exceeds the max model length 64" generate --model "$T/tiny" --max-tokens 4 --max-len 64 --prompt-file "$T/big.txt"
-grep -q 'prompt length 100000 ' "$T/bad.err" || fail big_count "$(cat "$T/bad.err")"
+bad_msg big_read_whole "prompt length 100000 + max tokens 4 exceeds the max model length 64" generate --model "$T/tiny" --max-tokens 4 --max-len 64 --prompt-file "$T/big.txt"
 { cat "$T/big.txt"; printf ' 7q\n'; } >"$T/bigbad.txt"
-want big_bad_last_word "$T/bigbad.txt: token index 100000 (line 5001): '7q'" generate --model "$T/tiny" --max-tokens 4 --prompt-file "$T/bigbad.txt"
+bad_msg big_bad_last_word "--prompt-file $T/bigbad.txt: token index 100000 (line 5001): '7q' is not an integer id" generate --model "$T/tiny" --max-tokens 4 --prompt-file "$T/bigbad.txt"
 { cat "$T/big.txt"; printf ' 600\n'; } >"$T/bigrange.txt"
-want big_bad_last_id "token index 100000 is 600" generate --model "$T/tiny" --max-tokens 4 --prompt-file "$T/bigrange.txt"
+bad_msg big_bad_last_id "--prompt-file $T/bigrange.txt: token index 100000 is 600, outside the vocabulary" generate --model "$T/tiny" --max-tokens 4 --prompt-file "$T/bigrange.txt"
 done_

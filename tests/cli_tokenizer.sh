@@ -2,7 +2,7 @@
 # cli_tokenizer.sh BUILD_DIR: `sparkmono tokenize` end to end.  Its --help and the README's
 # listing; the tokenizer.json make-model writes (specials at the config's ids, text round trip);
 # --text, --text-file (stdin too), --ids, --batch, --skip-special, --stats; bad input (exit 2,
-# one line); then tests/tok/tokcmp.py: encode and decode token for token against the Python
+# one line that names the problem); then tests/tok/tokcmp.py: encode and decode token for token against the Python
 # tokenizers package, on tokenizers it trains and on make-model's (a missing package fails).
 # Prints PASS/FAIL lines and a DONE line (tests/run.sh counts them).
 NAME=cli_tok
@@ -61,22 +61,21 @@ fi
 "$SM" tokenize "$T/tiny" --text-file "$T/in.txt" --stats >/dev/null 2>"$T/err"
 if grep -q '^tokenize: encoded [0-9]* bytes into [0-9]* ids in [0-9.]* s: [0-9.]* MB/s ([0-9.]* s of CPU: [0-9.]* MB/s)$' "$T/err"; then pass stats; else fail stats "$(cat "$T/err")"; fi
 
-# ---- bad input: exit 2, one line
+# ---- bad input: exit 2, one line that names the problem
 printf 'ab\377cd' >"$T/bad_utf8.txt"
 printf '{"model": {"type": "WordPiece", "vocab": {}}}' >"$T/wp.json"
 printf '"ok"\n[1, "x"]\n' >"$T/bad.jsonl"
-bad tok_no_tokenizer tokenize --text hi
-bad tok_two_tokenizers tokenize "$T/tiny" --tokenizer "$T/tiny/tokenizer.json" --text hi
-bad tok_two_inputs tokenize "$T/tiny" --text hi --ids 1
-bad tok_no_input tokenize "$T/tiny"
-bad tok_missing_dir tokenize "$T/nope" --text hi
-bad tok_wordpiece tokenize --tokenizer "$T/wp.json" --text hi
-bad tok_invalid_utf8 tokenize "$T/tiny" --text-file "$T/bad_utf8.txt"
-bad tok_unknown_id tokenize "$T/tiny" --ids 5,600
-bad tok_bad_list tokenize "$T/tiny" --ids 5,,6
-bad tok_batch_line tokenize "$T/tiny" --batch "$T/bad.jsonl"
-grep -q 'line 2: entry 1 is not an integer id' "$T/bad.err" || fail tok_batch_line_names_line "$(cat "$T/bad.err")"
-bad tok_skip_on_encode tokenize "$T/tiny" --text hi --skip-special
+bad_msg tok_no_tokenizer "give the tokenizer as a model directory DIR or as --tokenizer FILE (exactly one)" tokenize --text hi
+bad_msg tok_two_tokenizers "give the tokenizer as a model directory DIR or as --tokenizer FILE (exactly one)" tokenize "$T/tiny" --tokenizer "$T/tiny/tokenizer.json" --text hi
+bad_msg tok_two_inputs "give exactly one of --text, --text-file, --ids and --batch" tokenize "$T/tiny" --text hi --ids 1
+bad_msg tok_no_input "give exactly one of --text, --text-file, --ids and --batch" tokenize "$T/tiny"
+bad_msg tok_missing_dir "$T/nope/tokenizer.json: cannot open" tokenize "$T/nope" --text hi
+bad_msg tok_wordpiece "$T/wp.json: model.type is 'WordPiece'; only BPE is supported" tokenize --tokenizer "$T/wp.json" --text hi
+bad_msg tok_invalid_utf8 "--text-file $T/bad_utf8.txt: tokenizer: the text is not valid UTF-8 at byte offset 2" tokenize "$T/tiny" --text-file "$T/bad_utf8.txt"
+bad_msg tok_unknown_id "--ids: tokenizer: id 600 (index 1) is not in the vocabulary" tokenize "$T/tiny" --ids 5,600
+bad_msg tok_bad_list "--ids: entry 1 is empty in '5,,6'" tokenize "$T/tiny" --ids 5,,6
+bad_msg tok_batch_line "--batch $T/bad.jsonl: line 2: entry 1 is not an integer id" tokenize "$T/tiny" --batch "$T/bad.jsonl"
+bad_msg tok_skip_on_encode "--skip-special applies to decoding" tokenize "$T/tiny" --text hi --skip-special
 "$SM" tokenize "$T/tiny" --text-file "$T/bad_utf8.txt" 2>"$T/e2" >/dev/null
 if grep -q 'byte offset 2' "$T/e2"; then pass invalid_utf8_offset; else fail invalid_utf8_offset "$(cat "$T/e2")"; fi
 
