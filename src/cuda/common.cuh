@@ -198,6 +198,30 @@ __device__ __forceinline__ void sm_cp_async_commit(void) { asm volatile("cp.asyn
 template <int N> __device__ __forceinline__ void sm_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+/* Programmatic dependent launch (sm_90): a kernel launched with sm_launch_pdl may start while
+ * the kernel before it on the stream still runs; it must call sm_pdl_wait() before it reads
+ * anything that kernel wrote (the wait returns once that grid has completed, its writes
+ * visible).  sm_pdl_trigger() lets the next such kernel launch now (its own wait still waits
+ * for this grid's completion). */
+__device__ __forceinline__ void sm_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void sm_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+/* Launch kernel k<<<grid, block, smem, st>>>(args...) with programmatic stream serialization
+ * (the kernel calls sm_pdl_wait first). */
+template <typename... P, typename... A>
+static inline cudaError_t sm_launch_pdl(void (*k)(P...), unsigned grid, unsigned block, size_t smem, cudaStream_t st, A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+}
+
 /* Streaming 16-byte load of data read once (weights): evict-first in L2, no L1 allocation. */
 __device__ __forceinline__ uint4 sm_ld_stream(const uint4 *p) { return __ldcs(p); }
 

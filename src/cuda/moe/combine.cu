@@ -12,12 +12,15 @@
 template <int Y32>
 __global__ void __launch_bounds__(MOE_COMBINE_THREADS) moe_combine_scale_kernel(const moe_combine_args ca) {
     __shared__ float red[32];
+    sm_pdl_wait();    /* y of the expert launch (programmatic dependent launch) */
+    sm_pdl_trigger(); /* step 2 may launch now: it waits for this grid's completion */
     moe_combine_scale_item<Y32>(ca, (int)blockIdx.x, red, sm_team_block());
 }
 
 template <int Y32, int OUT32>
 __global__ void __launch_bounds__(MOE_COMBINE_SUM_THREADS) moe_combine_sum_kernel(const moe_combine_args ca) {
     const size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    sm_pdl_wait(); /* step 1's scales */
     if (c < (size_t)ca.n * (ca.Hm / 8)) moe_combine_elem8<Y32, OUT32>(ca, c);
 }
 
@@ -52,16 +55,14 @@ int moe_combine_launch(const moe_combine_args &ca, cudaStream_t st, sm_err *e) {
         return sm_errf(e, "cuda moe combine: Hm %d must be a multiple of 8 and y32, m and the norm 16-byte aligned", ca.Hm);
     const int items = ca.n * ca.K;
     const unsigned sb = (unsigned)(((size_t)ca.n * (ca.Hm / 8) + MOE_COMBINE_SUM_THREADS - 1) / MOE_COMBINE_SUM_THREADS);
+    /* both steps launched programmatically dependent (each waits for the grid before it) */
     if (ca.y32) {
-        moe_combine_scale_kernel<1><<<items, MOE_COMBINE_THREADS, 0, st>>>(ca);
-        SM_LAUNCH_CHECK("moe_combine_scale_kernel");
-        moe_combine_sum_kernel<1, 0><<<sb, MOE_COMBINE_SUM_THREADS, 0, st>>>(ca);
+        SM_CUDA_CHECK(sm_launch_pdl(moe_combine_scale_kernel<1>, (unsigned)items, MOE_COMBINE_THREADS, 0, st, ca));
+        SM_CUDA_CHECK(sm_launch_pdl(moe_combine_sum_kernel<1, 0>, sb, MOE_COMBINE_SUM_THREADS, 0, st, ca));
     } else {
-        moe_combine_scale_kernel<0><<<items, MOE_COMBINE_THREADS, 0, st>>>(ca);
-        SM_LAUNCH_CHECK("moe_combine_scale_kernel");
-        if (ca.m_f32) moe_combine_sum_kernel<0, 1><<<sb, MOE_COMBINE_SUM_THREADS, 0, st>>>(ca);
-        else moe_combine_sum_kernel<0, 0><<<sb, MOE_COMBINE_SUM_THREADS, 0, st>>>(ca);
+        SM_CUDA_CHECK(sm_launch_pdl(moe_combine_scale_kernel<0>, (unsigned)items, MOE_COMBINE_THREADS, 0, st, ca));
+        if (ca.m_f32) SM_CUDA_CHECK(sm_launch_pdl(moe_combine_sum_kernel<0, 1>, sb, MOE_COMBINE_SUM_THREADS, 0, st, ca));
+        else SM_CUDA_CHECK(sm_launch_pdl(moe_combine_sum_kernel<0, 0>, sb, MOE_COMBINE_SUM_THREADS, 0, st, ca));
     }
-    SM_LAUNCH_CHECK("moe_combine_sum_kernel");
     return 0;
 }

@@ -7,6 +7,7 @@
 
 __global__ void __launch_bounds__(MOE_GROUP_THREADS) moe_group_kernel(const moe_group_args ga) {
     __shared__ moe_group_smem sm;
+    sm_pdl_trigger(); /* the expert launch may start now: it waits for this grid's completion */
     moe_group<MOE_GROUP_THREADS>(ga, &sm);
 }
 
