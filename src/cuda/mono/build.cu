@@ -258,10 +258,9 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     cb_mono *M = (cb_mono *)calloc(1, sizeof *M);
     if (!M) return sm_errf(e, "monokernel: out of host memory");
     c->mono = M;
-    /* virtual ranks share the GPU's SMs: each rank's share of a joint launch */
-    const int share = c->world > 1 && c->eager_only ? c->world : 1;
-    M->grid = c->kc.num_sms / share;
-    M->moe_grid = c->kc.num_sms / share * (mocc < 2 ? mocc : 2);
+    /* a launch's blocks: the rank's SMs (virtual ranks: its share, kc.num_sms set by the world) */
+    M->grid = c->kc.num_sms;
+    M->moe_grid = c->kc.num_sms * (mocc < 2 ? mocc : 2);
     M->smem = smem;
     const size_t R = (size_t)(c->cap < CB_GRAPH_ROWS ? c->cap : CB_GRAPH_ROWS);
     const int Nmax = mono_box((int)R);

@@ -233,6 +233,9 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
     for (int r = 0; r < W && !rc; r++) {
         w->rk[r]->gc = sm_gcomm_rank(w->gw, r);
         w->rk[r]->eager_only = sm_gcomm_is_virtual(w->gw);
+        /* virtual ranks share one GPU's SMs: each rank's kernels split their work over its share
+         * (the matmuls' stream-K split, hence their bits, as the monokernel's joint launch) */
+        if (w->rk[r]->eager_only) w->rk[r]->kc.num_sms = w->rk[r]->kc.num_sms / W > 0 ? w->rk[r]->kc.num_sms / W : 1;
     }
     if (!rc && sm_ranks_create(W, cw_job, w, &w->th, e)) rc = sm_errprefix(e, "cuda world");
     if (!rc) { /* every rank uploads (or makes) its shard at once */
