@@ -21,6 +21,7 @@ int sm_moe_layout_parse(const char *s, sm_moe_layout *out, sm_err *e) {
 }
 
 const char *sm_moe_layout_name(sm_moe_layout l) { return l == SM_MOE_TP ? "tp" : "ep"; }
+sm_moe_layout sm_moe_layout_of(int moe_tp) { return moe_tp ? SM_MOE_TP : SM_MOE_EP; }
 
 /* Append ", name = v" to the list in buf when v % world != 0. */
 static void need_div(char *buf, size_t cap, int *nbad, const char *name, int v, int world) {

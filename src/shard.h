@@ -78,6 +78,8 @@ typedef struct sm_shard {
 /* Parse "ep" / "tp" into *out; error naming the word otherwise. */
 int sm_moe_layout_parse(const char *s, sm_moe_layout *out, sm_err *e);
 const char *sm_moe_layout_name(sm_moe_layout l); /* "ep", "tp" */
+/* The layout of an options' moe_tp flag (nonzero: TP, 0: EP): the one conversion. */
+sm_moe_layout sm_moe_layout_of(int moe_tp);
 
 /* Can a model of config c run on `world` ranks with this layout?  One line listing every
  * dimension that does not divide (e.g. "world 3: does not divide num_attention_heads nH = 16,

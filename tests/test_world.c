@@ -295,7 +295,7 @@ static void t_shard_refusals(void) {
     /* mini admits 1, 2, 4, 8 in both layouts */
     for (int W = 1; W <= 8; W *= 2)
         for (int tp = 0; tp < 2; tp++)
-            CHECK(sm_shard_check_config(&c, W, tp ? SM_MOE_TP : SM_MOE_EP, &e) == 0, "mini W %d: %s", W, e.msg);
+            CHECK(sm_shard_check_config(&c, W, sm_moe_layout_of(tp), &e) == 0, "mini W %d: %s", W, e.msg);
     /* tiny: nKV = 2 (and nH = 4) do not divide 8 */
     if (sm_config_preset("tiny", &c, &e)) { CHECK(0, "%s", e.msg); return; }
     CHECK(sm_shard_check_config(&c, 8, SM_MOE_EP, &e) != 0, "world 8 accepted on tiny");

@@ -203,7 +203,7 @@ static size_t cw_max_bytes(const sm_cuda_dev *c) {
 int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t seed, const sm_kv *kv, const sm_backend_opts *o,
                     sm_backend *b, sm_err *e) {
     const int W = o->world;
-    const sm_moe_layout moe = o->moe_tp ? SM_MOE_TP : SM_MOE_EP;
+    const sm_moe_layout moe = sm_moe_layout_of(o->moe_tp);
     if (m ? sm_shard_check(m, W, moe, e) : sm_shard_check_config(cf, W, moe, e)) return sm_errprefix(e, "cuda world");
     if (o->comm != SM_COMM_PEER && o->comm != SM_COMM_NCCL) return sm_errf(e, "cuda world: unknown comm kind %d", o->comm);
     cw_world *w = (cw_world *)calloc(1, sizeof *w);
