@@ -5,7 +5,7 @@
  * schedule (mm.cuh: one launch a stage on a persistent grid fixed by the workspace, SMs x
  * resident blocks); the same bits either way.  The queue kernel and the combine's kernels are
  * programmatic dependent launches (common.cuh sm_launch_pdl): each waits for the grid before
- * it on entry, so their launches overlap that kernel (measured: the step 0.7-2.4% faster).
+ * it on entry, so their launches overlap that kernel (bench/results.md, 2026-12-04).
  * The rank entries reuse the same phases: EP groups with the rank's first expert as offset and
  * combines into an f32 partial m; TP stores stage 2's y in f32 per route (routes of invalid
  * ids zeroed by a small kernel), and the finalize is the combine reading that y.

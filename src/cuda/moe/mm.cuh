@@ -1,7 +1,9 @@
 /* mm.cuh: the expert matmul of the MoE stage (device body): stage 1 gate_up + SiLU, stage 2
- * down, over the jobs made by the grouping (group.cuh).  Callable from the stock kernel
- * (mm.cu: one launch per stage, the grid fixed by the workspace) and from a persistent
- * kernel that runs a stage as one phase on the range of work it is given.
+ * down, over the jobs made by the grouping (group.cuh).  Its k step (moe_load, moe_compute),
+ * B staging (moe_b_kofs, moe_b_put) and epilogue (moe_epilogue_at) are shared by both
+ * schedules: the queue schedule (queue.cuh, the default) and the stage schedule below,
+ * moe_mm_block, run by mm.cu's stage kernels (one launch per stage, the grid fixed by the
+ * workspace) or by a persistent kernel that runs a stage as one phase on a range of work.
  *
  * Work is a flat list of items (job, group of MOE_WARPS tile pairs): total = njobs * ipj.  A
  * (virtual) block takes a contiguous range of items; each warp owns one tile pair per item (stage 1:
@@ -13,9 +15,8 @@
  * holding exactly its A fragments for several k16 steps: four 512-byte warp loads per step,
  * two steps in flight in registers (an optional L2 prefetch further ahead, a.pf, measured no
  * gain).  Dequantization in registers: dequant.cuh.
- * Per 128-k step and warp the MXFP4 SASS is 16 HMMA, 64 HMUL2, ~89 LOP3 and ~68 SHF: at 8
- * rows the kernel is bound by these integer ops (ALU pipe ~60% busy) and load latency
- * (long-scoreboard stalls), not by bytes (bench/moe.md).
+ * Per 128-k step and warp the MXFP4 k step issues 16 HMMA, 64 HMUL2, ~89 LOP3 and ~68 SHF: the
+ * integer ops and the load latency, not the bytes, bound it (bench/moe.md).
  * We rejected split-K across blocks (atomics make sums nondeterministic), and measured and
  * dropped one tile per warp in stage 2 (finer items: slower, bench/moe.md).
  */
