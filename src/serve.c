@@ -3,7 +3,7 @@
  * drain, stop.
  *
  * Signals: SIGTERM and SIGINT are blocked in every thread (the mask is set before any thread
- * starts, so the engine's CPU workers and the connection threads inherit it) and taken by
+ * starts, so the engine's CPU workers and the HTTP polling threads inherit it) and taken by
  * this thread with sigwait, so no handler runs inside a thread holding a lock.  We rejected a
  * handler that sets a flag: the main thread would need to poll it, and async-signal-safety
  * rules out anything more.  The signals stay blocked when sm_serve_run returns (the process
@@ -118,9 +118,9 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     if (sm_http_start(&s, e)) goto stop_sched;
     const char *v6 = strchr(o->host, ':') ? "[" : "";
     printf("serve: listening on http://%s%s%s:%d/v1 (model '%s', %s, tokenizer %s; %d requests a step of %d rows each, "
-           "queue %d)\n",
+           "queue %d; %d connections, request timeout %d s, idle timeout %d s)\n",
            v6, o->host, *v6 ? "]" : "", s.port, name, o->backend, tok ? "yes" : "none (token ids only)",
-           o->max_requests, o->request_rows, o->queue);
+           o->max_requests, o->request_rows, o->queue, s.max_conns, o->request_timeout_s, o->idle_timeout_s);
     fflush(stdout);
 
     int sig = 0;

@@ -26,6 +26,9 @@ typedef struct sm_serve_opts {
     int queue;               /* requests waiting beyond those; one more is a 503 */
     int max_len;             /* prompt + max_tokens of a request */
     size_t max_body;         /* bytes of a request body; more is a 413 */
+    int max_connections;     /* open connections served; past it requests are a 503 (/health answered) */
+    int request_timeout_s;   /* seconds to receive a whole request from its request line; then a 408 */
+    int idle_timeout_s;      /* seconds a connection may stay open without a request under way */
     int threads;             /* CPU worker threads (0: online cores) */
     int world, moe_tp;       /* tensor + expert parallel ranks, MoE split */
     const char *devices;     /* cuda with world > 1: "0,1,.." the device of each rank, or NULL */

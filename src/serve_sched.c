@@ -50,8 +50,7 @@ sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_samplin
     sm_sreq *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->ids = malloc((size_t)(max_tokens > 0 ? max_tokens : 1) * sizeof(int));
-    if (!r->ids || cond_init(&r->cv)) {
-        free(r->ids);
+    if (!r->ids) {
         free(r);
         return NULL;
     }
@@ -66,7 +65,6 @@ sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_samplin
 
 static void release_locked(sm_sreq *r) {
     if (--r->refs > 0) return;
-    pthread_cond_destroy(&r->cv);
     free(r->prompt);
     free(r->ids);
     free(r);
@@ -75,8 +73,14 @@ static void release_locked(sm_sreq *r) {
 void sm_sreq_release(sm_sched *s, sm_sreq *r) {
     if (!r) return;
     pthread_mutex_lock(&s->mu);
+    r->notify = NULL;
     release_locked(r);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Tell r's consumer that its ids or state changed.  Under the mutex. */
+static void wake_locked(sm_sreq *r) {
+    if (r->notify) r->notify(r->notify_arg);
 }
 
 /* End r with state done and message why (NULL: none); wakes its consumer.  Under the mutex. */
@@ -85,7 +89,7 @@ static void finish_locked(sm_sreq *r, int done, const char *why) {
         r->done = done;
         if (why && !r->err[0]) snprintf(r->err, sizeof r->err, "%s", why);
     }
-    pthread_cond_broadcast(&r->cv);
+    wake_locked(r);
 }
 
 /* Take the engine's new ids of slot q into its request; remove it from the engine when it is
@@ -108,7 +112,7 @@ static void publish_locked(sm_sched *s, int q) {
         r->steps = info.steps;
         r->accepted = info.accepted;
         if (info.done) finish_locked(r, info.done == 1 ? SM_SREQ_EOS : SM_SREQ_LENGTH, NULL);
-        else pthread_cond_broadcast(&r->cv);
+        else wake_locked(r);
     }
     if (r->done) {
         sparkmono_remove(s->g, q);
@@ -246,9 +250,8 @@ int sm_sched_submit(sm_sched *s, sm_sreq *r) {
     return rc;
 }
 
-int sm_sched_wait(sm_sched *s, sm_sreq *r, int have, int *out, int cap, int timeout_ms, int *done) {
+int sm_sched_poll(sm_sched *s, sm_sreq *r, int have, int *out, int cap, int *done) {
     pthread_mutex_lock(&s->mu);
-    if (r->nids <= have && !r->done) cond_wait_ms(&r->cv, &s->mu, timeout_ms);
     int n = r->nids - have;
     if (n > cap) n = cap;
     if (n > 0) memcpy(out, r->ids + have, (size_t)n * sizeof(int));

@@ -43,7 +43,8 @@ typedef struct sm_sreq {
     int refs;                  /* holders: the submitter and, once submitted, the engine thread */
     int steps, accepted;       /* verify steps taken, drafts accepted (from the engine) */
     char err[256];             /* the failure line when done == SM_SREQ_FAILED or CANCELLED */
-    pthread_cond_t cv;         /* signalled when ids or done change */
+    void (*notify)(void *arg); /* called (under the mutex, by any thread) when ids or done change */
+    void *notify_arg;          /* set before submitting; cleared by sm_sreq_release */
     struct sm_sreq *next;      /* queue link (engine thread and submitter, under the mutex) */
     double t_submit, t_first;  /* monotonic seconds: submitted, first id out (0 before) */
 } sm_sreq;
@@ -73,7 +74,8 @@ typedef struct sm_sched {
 
 /* A new request (refs = 1, owned by the caller) taking ownership of prompt [n]. */
 sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_sampling *s);
-/* Drop one reference (the caller's); the last one frees the request. */
+/* Drop one reference (the caller's; its notify callback is not called again); the last one
+ * frees the request. */
 void sm_sreq_release(sm_sched *s, sm_sreq *r);
 
 /* Start the engine thread over g (request_rows R, max_req slots) with a queue of queue_cap. */
@@ -81,9 +83,9 @@ int sm_sched_start(sm_sched *s, sparkmono_engine *g, int max_req, int R, int que
 /* Queue r (the engine thread takes a second reference).  0, SM_SCHED_FULL (max_req requests
  * live or about to be, and queue_cap more waiting) or SM_SCHED_CLOSED (shutting down). */
 int sm_sched_submit(sm_sched *s, sm_sreq *r);
-/* Wait until r has more than have ids or is done, at most timeout_ms.  Copies ids
- * [have, nids) to out [cap] (as many as fit); returns how many, and *done the state. */
-int sm_sched_wait(sm_sched *s, sm_sreq *r, int have, int *out, int cap, int timeout_ms, int *done);
+/* Copies r's ids [have, nids) to out [cap] (as many as fit) without waiting; returns how
+ * many, and *done the state (SM_SREQ_RUNNING until every id has been taken). */
+int sm_sched_poll(sm_sched *s, sm_sreq *r, int have, int *out, int cap, int *done);
 /* Ask the engine thread to drop r (client gone, stop string matched). */
 void sm_sched_cancel(sm_sched *s, sm_sreq *r);
 /* Refuse new submissions from now on. */

@@ -15,7 +15,9 @@ const cli_cmd cli_help_serve = {
     "sparkmono serve build/models/tiny --port 8000 --max-requests 16",
     "Prints 'serve: listening on http://HOST:PORT/v1 ...' on stdout once it accepts requests; one\n"
     "line a request on stderr (--quiet: none).  Up to --max-requests requests run in every verify\n"
-    "step (continuous batching); --queue more wait, and one more gets a 503.  Text prompts and\n"
+    "step (continuous batching); --queue more wait, and one more gets a 503.  Thousands of open\n"
+    "connections cost little (a few polling threads); a request must arrive whole within\n"
+    "--request-timeout, an idle connection is closed after --idle-timeout.  Text prompts and\n"
     "text output need MODEL_DIR/tokenizer.json; without it prompts are lists of token ids.\n"
     "SIGTERM / SIGINT: stop accepting, let the requests in flight finish (--drain-timeout), exit 0.",
 };
@@ -34,6 +36,9 @@ int cmd_serve(int argc, char **argv) {
         CLI_OPT("queue", "N", "64", "requests waiting beyond --max-requests; one more is answered 503"),
         CLI_OPT("max-len", "L", "4096", "most tokens of a request: prompt + max_tokens"),
         CLI_OPT("max-body", "BYTES", "1048576", "largest request body; a longer one is answered 413"),
+        CLI_OPT("max-connections", "N", "4096", "open connections served; past it requests but /health are answered 503"),
+        CLI_OPT("request-timeout", "S", "10", "seconds a client has to send a whole request (headers and body); then 408"),
+        CLI_OPT("idle-timeout", "S", "5", "seconds a connection may stay open with no request under way (kept alive)"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
         CLI_WORLD_OPTS,
@@ -61,12 +66,15 @@ int cmd_serve(int argc, char **argv) {
     so.backend = cli_str(backend);
     so.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
     so.quiet = cli_find(opts, no, "quiet")->present;
-    long port, rows, maxreq, queue, maxlen, maxbody, threads, drain;
+    long port, rows, maxreq, queue, maxlen, maxbody, maxconn, reqto, idleto, threads, drain;
     if (cli_int(cmd, cli_find(opts, no, "port"), 0, 65535, &port, &e) || cli_int(cmd, rows_o, 1, 256, &rows, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-requests"), 1, 4096, &maxreq, &e) ||
         cli_int(cmd, cli_find(opts, no, "queue"), 0, 1 << 20, &queue, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-len"), 2, 1 << 24, &maxlen, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-body"), 1024, 1L << 30, &maxbody, &e) ||
+        cli_int(cmd, cli_find(opts, no, "max-connections"), 1, 1 << 20, &maxconn, &e) ||
+        cli_int(cmd, cli_find(opts, no, "request-timeout"), 1, 3600, &reqto, &e) ||
+        cli_int(cmd, cli_find(opts, no, "idle-timeout"), 1, 3600, &idleto, &e) ||
         cli_int(cmd, cli_find(opts, no, "drain-timeout"), 0, 86400, &drain, &e) ||
         cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
         cli_world(cmd, opts, no, &ws, &e) ||
@@ -86,6 +94,9 @@ int cmd_serve(int argc, char **argv) {
     so.queue = (int)queue;
     so.max_len = (int)maxlen;
     so.max_body = (size_t)maxbody;
+    so.max_connections = (int)maxconn;
+    so.request_timeout_s = (int)reqto;
+    so.idle_timeout_s = (int)idleto;
     so.threads = (int)threads;
     so.drain_s = (int)drain;
     so.world = ws.world;
