@@ -4,7 +4,8 @@
 # of --help in the README), then the HTTP API through the official `openai` Python client
 # (tests/serve, pytest with the passfail plugin: one PASS/FAIL line a test): completions,
 # streaming, concurrent clients equal to each alone, bad bodies, the 503 queue, client
-# disconnects, SIGTERM.  Prints PASS/FAIL lines and a DONE line.
+# disconnects, SIGTERM (tests/cli_serve_load.sh: slow, idle and many clients).  Prints PASS/FAIL
+# lines and a DONE line.
 NAME=cli_serve
 . "$(dirname "$0")/lib_cli.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -36,6 +37,9 @@ bad serve_bad_host serve "$T/tiny" --host 300.1.2.3 --port 0
 bad serve_bad_backend serve "$T/tiny" --backend tpu
 bad serve_small_body serve "$T/tiny" --max-body 10
 bad serve_rows_and_nospec serve "$T/tiny" --request-rows 4 --no-spec
+bad serve_no_connections serve "$T/tiny" --max-connections 0
+bad serve_zero_request_timeout serve "$T/tiny" --request-timeout 0
+bad serve_bad_idle_timeout serve "$T/tiny" --idle-timeout 5s
 mkdir "$T/badtok" && cp "$T/tiny/config.json" "$T/badtok/" && ln -s "$T/tiny/model.safetensors" "$T/badtok/" &&
     printf '{"model": {"type": "BPE", "vocab": 5}' >"$T/badtok/tokenizer.json"
 bad serve_broken_tokenizer serve "$T/badtok" --port 0
@@ -51,11 +55,23 @@ else
 fi
 kill -TERM $pid; wait $pid; rc=$?
 if [ $rc -eq 0 ] && [ "$(grep -c . "$T/s1.err")" -le 2 ]; then pass serve_sigterm_idle_exit0; else fail serve_sigterm_idle_exit0 "exit $rc: $(cat "$T/s1.err")"; fi
+# an open-file limit (soft and hard) too low for --max-connections: one line, fewer connections
+# (600 files less 64 spare connections and 128 other files leave 408)
+(ulimit -n 600 2>/dev/null || exit 99; exec "$SM" serve "$T/tiny" --port 0 --threads 1 --quiet) >"$T/lo.out" 2>"$T/lo.err" &
+pid=$!
+i=0; while [ $i -lt 100 ] && ! grep -q listening "$T/lo.out" && kill -0 $pid 2>/dev/null; do sleep 0.05; i=$((i + 1)); done
+if grep -q '; 408 connections,' "$T/lo.out" && [ "$(grep -c . "$T/lo.err")" -eq 1 ] &&
+    grep -q 'open-file limit is 600 .*at most 408 connections' "$T/lo.err"; then
+    pass serve_low_open_file_limit; echo "  $(cat "$T/lo.err")"
+else
+    fail serve_low_open_file_limit "$(cat "$T/lo.out" "$T/lo.err" | head -c 300)"
+fi
+kill -TERM $pid 2>/dev/null; wait $pid
 
 # ---- the HTTP API (pytest)
 if python3 -c 'import openai, pytest, requests, tokenizers' 2>"$T/imp"; then
     PYTHONDONTWRITEBYTECODE=1 SM_BIN="$SM_ABS" PYTHONPATH="$HERE/serve" \
-        python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve" >"$T/py.out" 2>&1
+        python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve/test_serve.py" >"$T/py.out" 2>&1
     rc=$?
     cat "$T/py.out"
     p=$(grep -c '^PASS ' "$T/py.out"); f=$(grep -c '^FAIL ' "$T/py.out")

@@ -39,7 +39,7 @@ class Server:
             return f.read()
 
     def health(self):
-        return requests.get(self.url + "/health", timeout=TIMEOUT).json()
+        return requests.get(self.url + "/health", timeout=TIMEOUT, headers={"Connection": "close"}).json()
 
     def wait_idle(self, seconds=10):
         """True once nothing runs or waits (within seconds)."""

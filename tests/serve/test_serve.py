@@ -284,10 +284,13 @@ def test_bad_input_never_crashes(server):
                  b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
                  b"GET /" + b"a" * 100000 + b" HTTP/1.1\r\n\r\n", b"\x00\x01\x02" * 100]:
         with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as sk:
-            sk.sendall(junk)
-            sk.shutdown(socket.SHUT_WR)
-            while sk.recv(65536):
-                pass
+            try:
+                sk.sendall(junk)
+                sk.shutdown(socket.SHUT_WR)
+                while sk.recv(65536):
+                    pass
+            except (ConnectionResetError, BrokenPipeError, OSError) as e:  # answered and closed mid-send
+                assert not isinstance(e, socket.timeout), junk[:40]
     assert server.health()["status"] == "ok"
     assert server.proc.poll() is None
 
