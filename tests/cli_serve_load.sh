@@ -5,14 +5,14 @@
 # timeout with a 408, no thread or memory left behind; the connection limit's 503, idle
 # connections closed, a parked stream outliving every timeout; a soak of 16 clients.  The
 # numbers measured are printed as indented lines.
-#   SM_SOAK_S=S   the soak's length in seconds (default here 20, to keep `make test` short on
-#                 a small machine; the issue's full soak is SM_SOAK_S=60)
+#   SM_SOAK_S=S   the soak's length in seconds (default here 10, to keep `make test` short on
+#                 a small machine; the full soak is SM_SOAK_S=60)
 NAME=cli_serve_load
 . "$(dirname "$0")/lib_cli.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
 SM_ABS=$(cd "$(dirname "$SM")" && pwd)/$(basename "$SM")
 if python3 -c 'import pytest, requests, tokenizers' 2>"$T/imp"; then
-    PYTHONDONTWRITEBYTECODE=1 SM_BIN="$SM_ABS" PYTHONPATH="$HERE/serve" SM_SOAK_S="${SM_SOAK_S:-20}" \
+    PYTHONDONTWRITEBYTECODE=1 SM_BIN="$SM_ABS" PYTHONPATH="$HERE/serve" SM_SOAK_S="${SM_SOAK_S:-10}" \
         python3 -m pytest -q -s -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve/test_load.py" >"$T/py.out" 2>&1
     rc=$?
     cat "$T/py.out"
