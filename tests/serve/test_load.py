@@ -48,6 +48,13 @@ def proc_status(pid):
     return int(f["Threads"]), int(f["VmRSS"].split()[0])
 
 
+def sanitized(pid):
+    """The server runs under AddressSanitizer or ThreadSanitizer (`make test-asan`): it is
+    slower, and its quarantine keeps freed memory, so RSS says nothing about leaks (its leak
+    check at exit does, failing the server's exit status)."""
+    return any(("libasan" in l or "libtsan" in l) for l in open("/proc/%d/maps" % pid))
+
+
 def raise_open_files(n):
     """Let this process hold n more sockets (the hard limit allowing)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -146,7 +153,7 @@ def slow_round(s, ref_ids):
         (ids, _), t_stream = timed(lambda: stream(s, GREEDY))
         assert ids == ref_ids
         threads_held, rss_held = proc_status(s.proc.pid)
-        assert max(t_health, t_compl, t_stream) < 1.0, (t_health, t_compl, t_stream)
+        assert max(t_health, t_compl, t_stream) < (3.0 if sanitized(s.proc.pid) else 1.0), (t_health, t_compl, t_stream)
         # nothing for the slow ones before the request timeout
         time.sleep(max(0.0, t0 + REQUEST_TIMEOUT - 1.0 - time.monotonic()))
         early = readable(socks)
@@ -185,6 +192,9 @@ def test_slow_connections_held_then_cut(load_server):
                 m["rss"] / 1024))
     # no thread per connection, none left behind; memory back where the first round left it
     assert all(m["threads_held"] == threads0 and m["threads"] == threads0 for m in rounds), (threads0, rounds)
+    if sanitized(s.proc.pid):
+        note("a sanitizer build: RSS not compared (its leak check runs at exit)")
+        return
     assert rounds[1]["rss"] <= rounds[0]["rss"] + 1024, (rounds[0]["rss"], rounds[1]["rss"])
     assert rounds[0]["rss_held"] - rss0 < 64 * 1024  # 1,000 slow clients cost under 64 MiB
 
@@ -413,7 +423,10 @@ def test_soak(tmp, model_dir):
                 late / 1024, rss1 / 1024))
         assert counts["plain"] > 0 and counts["stream"] > 0 and counts["hung_up"] > 0, counts
         assert threads1 == threads0 and all(x == threads0 for _, x, _ in samples), (threads0, samples[:5])
-        assert late <= early + 2048, (early, late)
+        if sanitized(s.proc.pid):
+            note("a sanitizer build: RSS not compared (its leak check runs at exit)")
+        else:
+            assert late <= early + 2048, (early, late)
         h = s.health()
         assert h["running"] == 0 and h["queued"] == 0, h
     finally:
