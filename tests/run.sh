@@ -66,7 +66,7 @@ jobs=${SM_TEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
 
 # the slowest first (measured on 2 cores), so that the last to start are short
 list=
-for t in "$B"/tests/test_sample tests/cli_setup.sh tests/cli_serve.sh tests/cli_readme.sh \
+for t in tests/cli_serve_load.sh "$B"/tests/test_sample tests/cli_setup.sh tests/cli_serve.sh tests/cli_readme.sh \
          tests/cli_make_model.sh "$B"/tests/test_* tests/cli_*.sh; do
     [ -e "$t" ] || continue
     case "$t" in *.o|*.d) continue ;; esac
