@@ -58,7 +58,10 @@ ifeq ($(CUDA),1)
   endif
 endif
 
-LIB_SRC  := $(wildcard src/*.c src/cpu/*.c)
+# The host folders (docs/architecture.md): base, model, parallel, backend, cpu, engine, serve,
+# testing; src/cuda/ is compiled by nvcc below.
+HOST_DIRS := base model parallel backend cpu engine serve testing
+LIB_SRC  := $(wildcard $(HOST_DIRS:%=src/%/*.c))
 CLI_SRC  := $(wildcard tools/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/%.o)
@@ -162,8 +165,8 @@ $(B)/sparkmono: $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB) $(FLAGS_C)
 # The Python binding's shared library (python/, CPU backend only): the library's sources again,
 # compiled with -fPIC into $(B)/pic/ without the CUDA backend, linked against the system's
 # shared jansson and pcre2 (their static archives are not position-independent).  The server
-# (src/serve*) stays out: it needs libmicrohttpd, and Python has its own HTTP servers.
-PIC_SRC  := $(filter-out src/serve%,$(LIB_SRC))
+# (src/serve/) stays out: it needs libmicrohttpd, and Python has its own HTTP servers.
+PIC_SRC  := $(filter-out src/serve/%,$(LIB_SRC))
 PIC_OBJ  := $(PIC_SRC:%.c=$(B)/pic/%.o)
 SO_LIBS  := -ljansson -lpcre2-8 -lm -lpthread
 $(B)/pic/%.o: %.c $(FLAGS_PIC) | $(DEPS_OK)

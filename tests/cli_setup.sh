@@ -45,7 +45,7 @@ if make B="$T/b" CUDA=0 OPT=-O0 "$T/b/tests/test_kvcache" "$T/b/sparkmono" >"$T/
 else
     fail build_keeps_objects "$(tail -n 3 "$T/m.out")"
 fi
-nsrc=$(ls src/*.c src/cpu/*.c tools/*.c | wc -l)
+nsrc=$(ls src/*/*.c tools/*.c | wc -l)
 long=$(grep -v '^  [A-Z]\{2,4\} *[^ ]*$' "$T/m.out" | grep -v '^  LD    .*/sparkmono (the CPU engine only: ')
 if [ -z "$long" ] && [ "$(grep -c '^  CC    ' "$T/m.out")" -eq $((nsrc + 1)) ] &&
     grep -q "^  LD    $T/b/sparkmono (the CPU engine only: CUDA=0; make CUDA=1 adds the CUDA backend)\$" "$T/m.out"; then

@@ -14,8 +14,8 @@
 #define SM_TEST_CONDITION_H
 #include <stdint.h>
 #include <stdlib.h>
-#include "codec.h"
-#include "weights.h"
+#include "model/codec.h"
+#include "model/weights.h"
 
 static inline void residual_dominant(sm_model *m, uint64_t seed) {
     int H = m->cfg.H;

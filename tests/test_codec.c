@@ -1,4 +1,4 @@
-/* test_codec.c: the number formats of src/codec.h against docs/model.md section 7.
+/* test_codec.c: the number formats of src/model/codec.h against docs/model.md section 7.
  *
  * Exhaustive where the format is small (all 16 e2m1 codes, all 256 e8m0 and e4m3 bytes, all
  * 65536 bf16 patterns), hand-picked points for every tie and saturation rule, and independent
@@ -13,8 +13,8 @@
 #include <stdio.h>
 #include <string.h>
 #include "check.h"
-#include "codec.h"
-#include "rng.h"
+#include "model/codec.h"
+#include "model/rng.h"
 
 /* ---- seeded random numbers (rng.h) ---- */
 static uint64_t rng = 0x5EED0C0DECULL;

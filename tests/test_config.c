@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include "check.h"
 #include "tmodel.h"
-#include "config.h"
+#include "model/config.h"
 
 /* A valid tiny-like config in the HF layout, every field spelled out. */
 static const char *BASE =

@@ -19,14 +19,14 @@
 #include <unistd.h>
 #include "check.h"
 #include "tmodel.h"
-#include "codec.h"
-#include "config.h"
+#include "model/codec.h"
+#include "model/config.h"
 #include "cpu/ops.h"
-#include "drafter.h"
-#include "engine.h"
-#include "makemodel.h"
-#include "npy.h"
-#include "rng.h"
+#include "engine/drafter.h"
+#include "engine/engine.h"
+#include "testing/makemodel.h"
+#include "model/npy.h"
+#include "model/rng.h"
 #include "sparkmono.h"
 
 static char g_tmp[512];          /* temp root */

@@ -16,9 +16,9 @@
  */
 #include "check.h"
 #include "tmodel.h"
-#include "../src/check.h"
+#include "engine/check.h"
 #include "cpu/debug.h"
-#include "engine.h"
+#include "engine/engine.h"
 #include "sparkmono.h"
 #include <fcntl.h>
 #include <math.h>

@@ -6,12 +6,12 @@
  * grouped MoE matches route-by-route experts, step input errors, and the thread pool.
  * Models: the tiny preset (4 layers) with a 16-token window so 32 positions cross it.
  */
-#include "rng.h"
+#include "model/rng.h"
 #include "check.h"
 #include "tmodel.h"
-#include "backend.h"
-#include "codec.h"
-#include "makemodel.h"
+#include "backend/backend.h"
+#include "model/codec.h"
+#include "testing/makemodel.h"
 #include "cpu/ops.h"
 #include "cpu/pool.h"
 #include <math.h>

@@ -1,7 +1,7 @@
-/* test_kvcache.c: the paged KV cache bookkeeping (src/kvcache.c): allocation, release, reuse,
+/* test_kvcache.c: the paged KV cache bookkeeping (src/backend/kvcache.c): allocation, release, reuse,
  * the full-cache and too-long errors, slot mapping, shuffled page order. */
 #include "check.h"
-#include "kvcache.h"
+#include "backend/kvcache.h"
 #include <string.h>
 
 static void t_alloc_and_slots(void) {

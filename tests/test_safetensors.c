@@ -1,4 +1,4 @@
-/* test_safetensors.c: the safetensors reader and writer (src/safetensors.h).
+/* test_safetensors.c: the safetensors reader and writer (src/model/safetensors.h).
  *
  * Round trips (every dtype incl. F4, an empty tensor, a scalar, __metadata__; a sharded
  * directory with an index written here), one malformed file per validation rule checked by a
@@ -8,8 +8,8 @@
  */
 #include "check.h"
 #include "tmodel.h"
-#include "safetensors.h"
-#include "rng.h"
+#include "model/safetensors.h"
+#include "model/rng.h"
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>

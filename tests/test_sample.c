@@ -1,4 +1,4 @@
-/* test_sample.c: the sampler (src/sample.h) and sampled generation through the engine.
+/* test_sample.c: the sampler (src/engine/sample.h) and sampled generation through the engine.
  *
  * Unit level: the top-k / top-p cut and the probabilities against a brute-force reference
  * (whole-row sort, long double softmax) on random rows with ties and -inf ids; the draw as an
@@ -26,12 +26,12 @@
 #include <string.h>
 #include "check.h"
 #include "tmodel.h"
-#include "backend.h"
-#include "engine.h"
-#include "kvcache.h"
-#include "makemodel.h"
-#include "rng.h"
-#include "sample.h"
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "backend/kvcache.h"
+#include "testing/makemodel.h"
+#include "model/rng.h"
+#include "engine/sample.h"
 #include "sparkmono.h"
 
 #define CHI_Z 3.719 /* standard normal quantile of 1 - 1e-4: the threshold of every chi-square test */

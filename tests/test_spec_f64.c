@@ -20,9 +20,9 @@
  */
 #include "check.h"
 #include "tmodel.h"
-#include "backend.h"
-#include "codec.h"
-#include "makemodel.h"
+#include "backend/backend.h"
+#include "model/codec.h"
+#include "testing/makemodel.h"
 #include "cpu/debug.h" /* the debug trace hook, sm_cpu_backend_trace */
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* test_tokenizer.c: the tokenizer.json reader, encode and decode (src/tokenizer.h).
+/* test_tokenizer.c: the tokenizer.json reader, encode and decode (src/model/tokenizer.h).
  *
  * Each case builds a small tokenizer.json with jansson (the 256 byte tokens at ids equal to
  * their byte, plus the merges and added tokens the case needs), writes it to a temp dir and
@@ -17,7 +17,7 @@
 #include <time.h>
 #include "check.h"
 #include "tmodel.h"
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 static char g_dir[512];
 

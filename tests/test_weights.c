@@ -1,5 +1,5 @@
-/* test_weights.c: make-model + the checkpoint loader (src/makemodel.c, src/weights.c,
- * src/check.c).  Tiny models of one seed in the three expert formats are made into a temp
+/* test_weights.c: make-model + the checkpoint loader (src/testing/makemodel.c, src/model/weights.c,
+ * src/engine/check.c).  Tiny models of one seed in the three expert formats are made into a temp
  * directory and loaded: shapes and formats, quantized expert rows against the BF16 model,
  * online MXFP4 against the MXFP4 file bit for bit, shards against one file, precomputed
  * vectors against their formulas, determinism.  Broken checkpoints are written tensor by
@@ -7,13 +7,13 @@
  * must fail with a message naming the tensor. */
 #include "check.h"
 #include "tmodel.h"
-#include "../src/check.h"
-#include "codec.h"
-#include "config.h"
-#include "makemodel.h"
-#include "safetensors.h"
-#include "shard.h"
-#include "weights.h"
+#include "engine/check.h"
+#include "model/codec.h"
+#include "model/config.h"
+#include "testing/makemodel.h"
+#include "model/safetensors.h"
+#include "parallel/shard.h"
+#include "model/weights.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* test_world.c: tensor + expert parallelism in the CPU reference (src/shard.c, src/comm.h,
+/* test_world.c: tensor + expert parallelism in the CPU reference (src/parallel/shard.c, src/parallel/comm.h,
  * src/cpu/comm_cpu.c, src/cpu/world.c; docs/model.md section 9, docs/parallelism.md).
  *
  * Properties: shards refuse world sizes that do not divide a dimension (naming it) and their
@@ -14,17 +14,17 @@
  * widths (H = Hm = I = 128, V = 512, vocab_used 500), a 16-token window, 4 layers, and
  * residual-dominant gates (see residual_dominant).  About 1.5 s (6 s under ASan) on 2 cores.
  */
-#include "rng.h"
+#include "model/rng.h"
 #include "check.h"
 #include "condition.h"
 #include "tmodel.h"
-#include "backend.h"
-#include "comm.h"
-#include "shard.h"
-#include "codec.h"
-#include "makemodel.h"
+#include "backend/backend.h"
+#include "parallel/comm.h"
+#include "parallel/shard.h"
+#include "model/codec.h"
+#include "testing/makemodel.h"
 #include "sparkmono.h"
-#include "engine.h"
+#include "engine/engine.h"
 #include "cpu/debug.h"
 #include <math.h>
 #include <pthread.h>

@@ -9,9 +9,9 @@
 #ifndef SM_TEST_TMODEL_H
 #define SM_TEST_TMODEL_H
 #include "check.h"
-#include "config.h"
-#include "makemodel.h"
-#include "weights.h"
+#include "model/config.h"
+#include "testing/makemodel.h"
+#include "model/weights.h"
 #include <ftw.h>
 #include <math.h>
 #include <stdint.h>

@@ -10,8 +10,8 @@
  */
 #ifndef SM_CLI_H
 #define SM_CLI_H
-#include "err.h"
-#include "shard.h"
+#include "base/err.h"
+#include "parallel/shard.h"
 
 #define SM_VERSION "0.2.0" /* `sparkmono --version` */
 

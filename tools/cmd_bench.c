@@ -16,12 +16,12 @@
  * host jitter would dominate the small row counts.
  */
 #include "cli.h"
-#include "config.h"
-#include "kvcache.h"
-#include "weights.h"
-#include "backend.h"
-#include "rng.h"
-#include "stats.h"
+#include "model/config.h"
+#include "backend/kvcache.h"
+#include "model/weights.h"
+#include "backend/backend.h"
+#include "model/rng.h"
+#include "backend/stats.h"
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

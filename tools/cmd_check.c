@@ -1,14 +1,14 @@
 /* cmd_check.c: `sparkmono check (DIR | --model DIR) [--online-mxfp4]`: load and validate a
- * checkpoint with the engine's own loader and print its summary (src/check.h).  Using
+ * checkpoint with the engine's own loader and print its summary (src/engine/check.h).  Using
  * sm_model_load rather than a separate validator means `check` passing is exactly "the engine
  * will load it".  The directory is --model DIR like every other command; the bare DIR of
  * earlier versions is kept, and giving both is an error rather than a silent choice. */
 #ifdef SM_HAVE_CUDA
 #include "cuda/mono.h"
 #endif
-#include "check.h"
+#include "engine/check.h"
 #include "cli.h"
-#include "weights.h"
+#include "model/weights.h"
 #include <stdio.h>
 
 const cli_cmd cli_help_check = {

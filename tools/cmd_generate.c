@@ -11,12 +11,12 @@
  *
  * --batch FILE: every line is checked (JSON, keys, values, ids against the vocabulary, length
  * against --max-len) before the first step, so a bad line costs no compute; a text prompt is
- * encoded with the model directory's tokenizer.json (src/tokenizer.h; no bos added), and a
+ * encoded with the model directory's tokenizer.json (src/model/tokenizer.h; no bos added), and a
  * result's text is its ids decoded without the special tokens.  Then up to
  * --max-requests requests are live at once: between two verify steps the finished ones leave
  * (their slots and cache pages freed) and waiting ones join (add + prefill), in file order.
  * Results are JSONL in input order (a finished request waits for those before it), on stdout
- * or through src/outfile.c into --out; a progress line goes to stderr.  Since a request's
+ * or through src/base/outfile.c into --out; a progress line goes to stderr.  Since a request's
  * tokens depend only on its prompt and sampling (sample.h: batch-invariant draws), each
  * result equals what `generate` gives for that request alone.  We rejected a fixed batch
  * (start the next group when the whole group is done): a long request would idle every slot.
@@ -31,10 +31,10 @@
 #include <unistd.h>
 #include <jansson.h>
 #include "cli.h"
-#include "outfile.h"
-#include "sample.h"
+#include "base/outfile.h"
+#include "engine/sample.h"
 #include "sparkmono.h"
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 const cli_cmd cli_help_generate = {
     "generate",

@@ -1,7 +1,7 @@
 /* cmd_logits.c: `sparkmono logits`: the f32 logits [T, V] of a prefill of the prompt, written
  * as a .npy file (v1.0, '<f4', C order) for cross-checks against other implementations
  * (numpy.load reads it directly).  The file is written through a temporary file in the same
- * directory, fsync'd and renamed onto --out (src/outfile.h); a target that exists and is not
+ * directory, fsync'd and renamed onto --out (src/base/outfile.h); a target that exists and is not
  * a regular file is refused before the model is even loaded.  We rejected printing text:
  * V is 202048 for the real model.
  */
@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
-#include "npy.h"
-#include "outfile.h"
+#include "model/npy.h"
+#include "base/outfile.h"
 #include "sparkmono.h"
 
 const cli_cmd cli_help_logits = {

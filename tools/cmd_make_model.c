@@ -1,13 +1,13 @@
 /* cmd_make_model.c: `sparkmono make-model --preset P --out DIR [options]`: a random checkpoint
- * (src/makemodel.h), or with --cycle N a demonstration model whose greedy output walks a
+ * (src/testing/makemodel.h), or with --cycle N a demonstration model whose greedy output walks a
  * cycle of N ids.  A thin shell over sm_make_model: parse, build the config, call, report.
  * SIGINT / SIGTERM only set a flag that the writer polls between 16 MB chunks; it then removes
  * its temporary directory and we exit with 128 + the signal.  We rejected cleaning up inside
  * the signal handler (nothing but a flag store is async-signal-safe there) and config
  * overrides beyond --layers (a test that needs another shape builds the config in C). */
 #include "cli.h"
-#include "config.h"
-#include "makemodel.h"
+#include "model/config.h"
+#include "testing/makemodel.h"
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>

@@ -1,12 +1,12 @@
 /* cmd_serve.c: `sparkmono serve MODEL_DIR`: the command line of the OpenAI-compatible HTTP
- * server (src/serve.h does the serving).  This file only turns flags into sm_serve_opts;
+ * server (src/serve/serve.h does the serving).  This file only turns flags into sm_serve_opts;
  * every bad flag is one line and exit status 2, as everywhere in the CLI.  We rejected a
  * configuration file: every setting is one flag, listed by --help from the table below. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
-#include "serve.h"
+#include "serve/serve.h"
 
 const cli_cmd cli_help_serve = {
     "serve",

@@ -1,5 +1,5 @@
 /* cmd_tokenize.c: `sparkmono tokenize`: text to token ids and ids to text with a Hugging Face
- * tokenizer.json (src/tokenizer.h), from a model directory or a file.  One input per call
+ * tokenizer.json (src/model/tokenizer.h), from a model directory or a file.  One input per call
  * (--text, --text-file, --ids), or many in JSON lines (--batch: a JSON string is encoded, a
  * JSON array of ids decoded, one output line per input line, in order), which is how the
  * tests compare thousands of strings with the Python tokenizers package without a process
@@ -13,7 +13,7 @@
 #include <time.h>
 #include <jansson.h>
 #include "cli.h"
-#include "tokenizer.h"
+#include "model/tokenizer.h"
 
 const cli_cmd cli_help_tokenize = {
     "tokenize",

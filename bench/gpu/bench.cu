@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include "cuda/common.cuh"
-#include "stats.h"
+#include "backend/stats.h"
 #include "cuda/stock/bench.h"
 #include "bench.h"
 #include "../../tests/gpu/gpu_tests.h"
@@ -38,7 +38,7 @@ __global__ void bh_clock_kernel(long long ns, long long *out) {
     out[1] = t - t0;
 }
 
-/* out[i] = mean + sd * z_i (src/rng.h normals of stream key), bf16 (f32 when f32 != 0). */
+/* out[i] = mean + sd * z_i (src/model/rng.h normals of stream key), bf16 (f32 when f32 != 0). */
 __global__ void bh_normal_kernel(void *out, int64_t n, uint64_t key, float mean, float sd, int f32) {
     const int64_t np = (n + 1) / 2;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < np; k += (int64_t)gridDim.x * blockDim.x) {
@@ -198,7 +198,7 @@ static int bh_setup(bh_run *r, sm_err *e) {
            r->cfg.Hm, r->cfg.I, r->cfg.E, r->cfg.K, r->cfg.nH, r->cfg.nKV, r->cfg.D, r->cfg.V, (unsigned long long)r->seed,
            r->kc.tma_encode ? "" : "; NO wgmma path on this device");
     printf("each case: %d warm-up calls, median of %d timed calls (CUDA events, a %d us spin kernel ahead of each), "
-           "inputs rotated over sets of >= %d x L2 in all, random (src/rng.h), never zeros\n",
+           "inputs rotated over sets of >= %d x L2 in all, random (src/model/rng.h), never zeros\n",
            BH_WARM, r->iters, BH_SPIN_NS / 1000, BH_L2_TIMES);
     return 0;
 }

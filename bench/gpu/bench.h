@@ -5,10 +5,10 @@
  * (read bandwidth by the one probe sm_cuda_read_bandwidth, the bf16 tensor-core rate by a large
  * cuBLAS product through sm_k_mm_blas), the stock-kernel context at the real widths (spark1x
  * preset) and the summary lines.  A driver allocates its inputs as `nsets` copies (bh_sets:
- * together beyond the L2), fills them with random values from src/rng.h (bh_normal_*), and
+ * together beyond the L2), fills them with random values from src/model/rng.h (bh_normal_*), and
  * times one call through bh_time: a spin kernel ahead of the call keeps the host's launch
  * latency out of the interval, CUDA events around it, warm-up calls first, the median of the
- * timed calls (sm_median of src/stats.h), the input set rotating every call.  bh_row prints a
+ * timed calls (sm_median of src/backend/stats.h), the input set rotating every call.  bh_row prints a
  * table line with the floor = max(bytes / bandwidth, FLOPs / rate) and records the summary.
  * We rejected CUDA-graph replays as the general method: a graph per input set multiplies the
  * setup, and the spin kernel already keeps the launch gaps out; the MoE stage keeps its graph
@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 #include "cuda/kernels.h"
-#include "rng.h"
+#include "model/rng.h"
 
 #define BH_ITERS 50          /* timed calls of a case (their median is reported) */
 #define BH_WARM 5            /* untimed calls before them */
@@ -67,7 +67,7 @@ int bh_sets(const bh_run *r, double set_bytes);
  * kernel, event, per_interval calls of fn on consecutive sets, event, synchronize; the interval
  * divided by per_interval.  Sets rotate 0, 1, .., nsets-1, 0, .. over every call. */
 int bh_time(bh_run *r, bh_call fn, void *arg, int nsets, int per_interval, float *us, sm_err *e);
-/* p[0..n) = mean + sd * z with z the normals of src/rng.h's stream sm_rng_key(r->seed, name),
+/* p[0..n) = mean + sd * z with z the normals of src/model/rng.h's stream sm_rng_key(r->seed, name),
  * as bf16 / f32, on r->st (not synchronized). */
 int bh_normal_bf16(bh_run *r, uint16_t *p, size_t n, const char *name, float mean, float sd, sm_err *e);
 int bh_normal_f32(bh_run *r, float *p, size_t n, const char *name, float mean, float sd, sm_err *e);

@@ -1,5 +1,5 @@
 """_lib.py: finds and loads libsparkmono.so and declares the C functions the binding calls
-(include/sparkmono.h, and src/tokenizer.h for text), each with its argument and result types.
+(include/sparkmono.h, and src/model/tokenizer.h for text), each with its argument and result types.
 
 The library is the first of: $SPARKMONO_LIB; libsparkmono.so beside this file (copied there by
 `pip install ./python`); build/libsparkmono.so of the source tree this file sits in.  We
@@ -61,7 +61,7 @@ class RequestInfo(ctypes.Structure):
 
 
 class Err(ctypes.Structure):
-    """sm_err of src/err.h: one line."""
+    """sm_err of src/base/err.h: one line."""
     _fields_ = [("msg", ctypes.c_char * 1024)]
 
 

@@ -14,10 +14,10 @@
  * reading peers' buffers in place (the caller's output is often its input, so a rank could
  * overwrite its part while a peer still reads it).
  */
-#include "comm.h"
-#include "hbar.h"
-#include "rng.h"
-#include "shard.h"
+#include "parallel/comm.h"
+#include "parallel/hbar.h"
+#include "model/rng.h"
+#include "parallel/shard.h"
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>

@@ -13,7 +13,7 @@
  * We rejected running W = 1 through the world backend's rank threads and comm_cpu.c: a thread
  * handoff per step and a barrier per collective buy nothing with one rank.
  */
-#include "backend.h"
+#include "backend/backend.h"
 #include "cpu/layer.h"
 #include <stdlib.h>
 #include <string.h>

@@ -12,10 +12,10 @@
 #ifndef SM_CPU_LAYER_H
 #define SM_CPU_LAYER_H
 #include <stdint.h>
-#include "backend.h"
-#include "comm.h"
-#include "shard.h"
-#include "step.h"
+#include "backend/backend.h"
+#include "parallel/comm.h"
+#include "parallel/shard.h"
+#include "backend/step.h"
 #include "cpu/debug.h"
 #include "cpu/ops.h"
 #include "cpu/pool.h"

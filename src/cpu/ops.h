@@ -37,8 +37,8 @@
 #ifndef SM_CPU_OPS_H
 #define SM_CPU_OPS_H
 #include <stdint.h>
-#include "shard.h"
-#include "weights.h"
+#include "parallel/shard.h"
+#include "model/weights.h"
 
 struct sm_pool; /* thread pool (src/cpu/pool.h); NULL = run on the calling thread */
 

@@ -12,8 +12,8 @@
  */
 #include "cpu/ops.h"
 #include "cpu/pool.h"
-#include "codec.h"
-#include "kvcache.h"
+#include "model/codec.h"
+#include "backend/kvcache.h"
 #include <math.h>
 #include <stdlib.h>
 

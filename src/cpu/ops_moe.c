@@ -13,7 +13,7 @@
  */
 #include "cpu/ops.h"
 #include "cpu/pool.h"
-#include "codec.h"
+#include "model/codec.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -10,7 +10,7 @@
  * needed (t of the post-FFN boundary) fits in the row of the output that follows it.
  */
 #include "cpu/ops.h"
-#include "codec.h"
+#include "model/codec.h"
 #include <math.h>
 #include <string.h>
 

@@ -13,7 +13,7 @@
 #ifndef SM_CPU_POOL_H
 #define SM_CPU_POOL_H
 #include <stdint.h>
-#include "err.h"
+#include "base/err.h"
 
 typedef struct sm_pool sm_pool;
 typedef void (*sm_pool_fn)(void *arg, int64_t lo, int64_t hi, int tid);

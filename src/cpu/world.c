@@ -2,7 +2,7 @@
  * its shard (shard.h) and exchanging partial results through comm.h (docs/model.md section
  * 9).  It is the oracle of multi-GPU tensor + expert parallelism; docs/parallelism.md gives
  * the sequence of local products and collectives of one step.
- * The caller's thread hands a step to the W rank threads (src/ranks.c) and waits; rank 0 writes the
+ * The caller's thread hands a step to the W rank threads (src/parallel/ranks.c) and waits; rank 0 writes the
  * outputs.  A rank that fails aborts the communicator, so its peers fail instead of waiting.
  * With W = 1 the caller's thread runs the one rank through layer.c's single-rank
  * communicator, exactly as the single-rank backend does.
@@ -10,11 +10,11 @@
  * arrival-order and deadlock behaviour a GPU deployment has would never be exercised), and
  * one process per rank (the reference needs no isolation, and tests want one address space).
  */
-#include "backend.h"
-#include "comm.h"
-#include "shard.h"
+#include "backend/backend.h"
+#include "parallel/comm.h"
+#include "parallel/shard.h"
 #include "cpu/layer.h"
-#include "ranks.h"
+#include "parallel/ranks.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -14,10 +14,10 @@
 #include <stdio.h>
 #include <math.h>
 extern "C" {
-#include "err.h"
-#include "kvcache.h"
+#include "base/err.h"
+#include "backend/kvcache.h"
 }
-#include "codec.h"
+#include "model/codec.h"
 
 /* ---- checks ---- */
 /* Check a CUDA runtime call; on failure fill the sm_err `e` in scope and return -1. */

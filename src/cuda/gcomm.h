@@ -1,4 +1,4 @@
-/* gcomm.h: the cross-rank operations of src/comm.h between W GPU ranks, stream-ordered on
+/* gcomm.h: the cross-rank operations of src/parallel/comm.h between W GPU ranks, stream-ordered on
  * each rank's device (docs/parallelism.md, "The GPU path").  Included by .cu files and C tests
  * (plain C under extern "C"; CUDA runtime types only).
  *
@@ -53,12 +53,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "err.h"
+#include "base/err.h"
 
 #define SM_GCOMM_PEER 0
 #define SM_GCOMM_NCCL 1
 
-/* Operation tags (messages, health words, fault injection): the names of src/comm.h. */
+/* Operation tags (messages, health words, fault injection): the names of src/parallel/comm.h. */
 typedef enum sm_gcomm_op {
     SM_GC_EMBED = 0,      /* embed_gather */
     SM_GC_ATTN,           /* attn_sum */

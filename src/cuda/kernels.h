@@ -26,8 +26,8 @@
 #ifdef __cplusplus
 extern "C" { /* err.h and config.h are C headers without their own guards */
 #endif
-#include "err.h"
-#include "config.h"
+#include "base/err.h"
+#include "model/config.h"
 #ifdef __cplusplus
 }
 #endif

@@ -38,9 +38,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-#include "err.h"
-#include "weights.h"
-#include "shard.h"
+#include "base/err.h"
+#include "model/weights.h"
+#include "parallel/shard.h"
 #ifdef __cplusplus
 }
 #endif
@@ -97,7 +97,7 @@ int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, cudaStrea
 int sm_cuda_moe_upload_shard(const sm_model *m, int l, const sm_shard_experts *X, sm_cuda_moe_layer *L, cudaStream_t st,
                              sm_err *e);
 /* Fill a layer of config c with device-generated random experts of format fmt
- * (sm_expert_fmt), on stream st, complete on return: the values of make-model (src/rng.h
+ * (sm_expert_fmt), on stream st, complete on return: the values of make-model (src/model/rng.h
  * streams keyed by make-model's expert names, N(0, 1/fan_in), quantized as make-model does:
  * MXFP4 sm_mx_quantize_block, FP8 per-row scale amax/448, BF16 round to nearest even) and
  * its eff(post_expert_norm), so a synthetic layer equals the uploaded layer of a make-model

@@ -4,8 +4,8 @@
 #ifndef SM_CUDA_MONO_H
 #define SM_CUDA_MONO_H
 #include <stddef.h>
-#include "config.h"
-#include "err.h"
+#include "model/config.h"
+#include "base/err.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -16,9 +16,9 @@
 #ifdef __cplusplus
 extern "C" { /* the project headers below are C headers, some without their own guards */
 #endif
-#include "backend.h"
-#include "config.h"
-#include "weights.h"
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
 
 /* A CUDA backend (device o->device) for model config c with random weights made on the
  * device from seed.  expert_fmt (sm_expert_fmt): format of the experts of layers 1..L-2

@@ -24,8 +24,8 @@
 #include <string.h>
 #include <time.h>
 #include <cuda_runtime.h>
-#include "rng.h"
-#include "codec.h"
+#include "model/rng.h"
+#include "model/codec.h"
 #include "cuda/gcomm.h"
 #include "gpu_tests.h"
 

@@ -12,7 +12,7 @@
  * comparison by max-abs error: bf16 rounding flips make single elements differ by one ulp
  * while the tensor as a whole agrees to 1e-3.
  */
-#include "rng.h"
+#include "model/rng.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,14 +20,14 @@
 #include <time.h>
 #include <cuda_runtime.h>
 extern "C" {
-#include "err.h"
-#include "config.h"
-#include "weights.h"
-#include "kvcache.h"
+#include "base/err.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "backend/kvcache.h"
 #include "cpu/ops.h"
 #include "cpu/pool.h"
 }
-#include "codec.h"
+#include "model/codec.h"
 #include "cuda/kernels.h"
 #include "gpu_tests.h"
 

@@ -19,12 +19,12 @@
  * near-ties that bf16 rounding differences legitimately flip.
  */
 #include "gpu_tests.h"
-#include "backend.h"
-#include "config.h"
-#include "kvcache.h"
-#include "makemodel.h"
-#include "rng.h"
-#include "weights.h"
+#include "backend/backend.h"
+#include "model/config.h"
+#include "backend/kvcache.h"
+#include "testing/makemodel.h"
+#include "model/rng.h"
+#include "model/weights.h"
 #include "sparkmono.h"
 #include "cuda/synth.h"
 #include "cuda/stock/bench.h"

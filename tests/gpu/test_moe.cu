@@ -13,7 +13,7 @@
  * 64-expert layer with every expert touched, synthetic layers (determinism), and the device
  * layout read back through the dequantizers (sm_cuda_moe_dequant) against the rows of a
  * make-model checkpoint, for its uploaded layers and for the layers sm_cuda_moe_synth makes
- * from the same seed (bit for bit: the synthesizer and make-model share src/rng.h).  W ranks
+ * from the same seed (bit for bit: the synthesizer and make-model share src/model/rng.h).  W ranks
  * (test_shards, W = 2 and 4, EP and TP, MXFP4 / BF16 / FP8 layers of mini): each rank's shard
  * (sm_shard_make) uploaded with sm_cuda_moe_upload_shard and read back bit for bit against
  * its views, its forward_ep / forward_tp against the CPU rank's partial (ref_moe_group +
@@ -27,7 +27,7 @@
  * run (the seed is printed).  We rejected comparing against a dequantized cuBLAS product:
  * it would share our own rounding assumptions instead of the reference's.
  */
-#include "rng.h"
+#include "model/rng.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,15 +38,15 @@
 #include <algorithm>
 #include <cuda_runtime.h>
 extern "C" {
-#include "err.h"
-#include "config.h"
-#include "weights.h"
-#include "makemodel.h"
-#include "shard.h"
+#include "base/err.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "testing/makemodel.h"
+#include "parallel/shard.h"
 #include "cpu/ops.h"
 #include "cpu/pool.h"
 }
-#include "codec.h"
+#include "model/codec.h"
 #include "cuda/moe.h"
 #include "gpu_tests.h"
 

@@ -15,7 +15,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>              /* types only: the library is loaded with dlopen (nccl.cu) */
 #include "cuda/gcomm.h"
-#include "hbar.h"
+#include "parallel/hbar.h"
 #include "cuda/common.cuh"
 
 #define GC_EPOCH_OPS 4096      /* operations of one chunk: epoch = step * 4096 + i */
@@ -68,7 +68,7 @@ struct sm_gcomm_world {
     int fault_rank, fault_layer, fault_op; /* SPARKMONO_COMM_FAULT, fault_rank -1: none */
     gc_nccl_api nccl;             /* kind nccl */
     sm_gcomm *ranks;              /* [W] */
-    sm_hbar bar;                  /* virtual ranks' host barrier, abortable (src/hbar.h) */
+    sm_hbar bar;                  /* virtual ranks' host barrier, abortable (src/parallel/hbar.h) */
 };
 
 /* The wait of one take, passed by value to the finish kernels (active 0: no wait, nccl). */

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "cuda/moe.h"
-#include "codec.h"
+#include "model/codec.h"
 
 #define MOE_WARPS 8
 #define MOE_THREADS (MOE_WARPS * 32) /* threads of a block running the matmul body */

@@ -1,7 +1,7 @@
 /* synth.cu: a layer of random experts generated on the device (moe.h sm_cuda_moe_synth), for
  * benchmarks at the real widths without a checkpoint.
  *
- * The values are make-model's (src/makemodel.c), bit for bit: expert matrix (layer l,
+ * The values are make-model's (src/testing/makemodel.c), bit for bit: expert matrix (layer l,
  * expert x, gate_up / down) is the rng.h stream sm_rng_expert_key(seed, l, x, mat), element
  * (row, col) = half (row * cols + col) % 2 of normal pair (row * cols + col) / 2, value
  * N(0, 1/cols) = std * z with std = 1 / sqrtf(cols); then BF16: bf16(value); MXFP4:
@@ -16,8 +16,8 @@
  */
 #include "cuda/common.cuh"
 #include "cuda/moe/build.h"
-#include "rng.h"
-#include "tensors.h"
+#include "model/rng.h"
+#include "model/tensors.h"
 #include <stdio.h>
 #include <string.h>
 

@@ -16,9 +16,9 @@
 #include "cuda/stock/bench.h"
 #include "cuda/mono.h"
 extern "C" {
-#include "hbar.h"
-#include "outfile.h"
-#include "stats.h"
+#include "parallel/hbar.h"
+#include "base/outfile.h"
+#include "backend/stats.h"
 }
 #include <math.h>
 #include <stdarg.h>

@@ -9,8 +9,8 @@
  * clocks around single launches: launch gaps and host jitter dominate small row counts.
  */
 #include "stock.h"
-#include "stats.h"
-#include "rng.h"
+#include "backend/stats.h"
+#include "model/rng.h"
 #include "cuda/stock/bench.h"
 #include <stdlib.h>
 #include <time.h>

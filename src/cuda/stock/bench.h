@@ -12,8 +12,8 @@
 #ifdef __cplusplus
 extern "C" { /* the project headers below are C headers, some without their own guards */
 #endif
-#include "backend.h"
-#include "weights.h"
+#include "backend/backend.h"
+#include "model/weights.h"
 
 /* Facts of CUDA device `device` (made current).  Fails with one line when it does not exist. */
 typedef struct sm_cuda_devinfo {

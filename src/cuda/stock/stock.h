@@ -21,12 +21,12 @@
 #include <stdint.h>
 #include <string.h>
 extern "C" { /* C headers without their own extern "C" guards: include them first */
-#include "err.h"
-#include "backend.h"
-#include "shard.h"
-#include "tensors.h"
+#include "base/err.h"
+#include "backend/backend.h"
+#include "parallel/shard.h"
+#include "model/tensors.h"
 }
-#include "step.h"
+#include "backend/step.h"
 #include "cuda/kernels.h"
 #include "cuda/moe.h"
 #include "cuda/gcomm.h"

@@ -14,8 +14,8 @@
 #include "stock.h"
 #include "cuda/stock/bench.h"
 extern "C" {
-#include "ranks.h"
-#include "stats.h"
+#include "parallel/ranks.h"
+#include "backend/stats.h"
 }
 #include <stdio.h>
 #include <stdlib.h>

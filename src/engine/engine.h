@@ -1,0 +1,80 @@
+/* engine.h: the engine's internals behind include/sparkmono.h (for the CLI, tests, benches).
+ *
+ * An engine owns one backend, one paged KV cache (sm_kv: block tables here, pages in the
+ * backend) and up to max_req requests, each with its token history (prompt then generated
+ * ids).  Positions 0 .. nhist-2 of a generating request have committed K/V; its last token is
+ * the first row of its next verify step, followed by R-1 n-gram drafts.  We rejected keeping
+ * the drafts' K/V bookkeeping separate from the committed length: rejected rows are simply
+ * overwritten by the next step, as in docs/model.md section 8.  A sampled request's rows also
+ * bring their logits back from the step (sm_step.logits_at), packed into slog.
+ */
+#ifndef SM_ENGINE_H
+#define SM_ENGINE_H
+#include "sparkmono.h"
+#include "backend/backend.h"
+#include "backend/kvcache.h"
+#include "engine/sample.h"
+#include "model/weights.h"
+#include "parallel/shard.h"
+
+typedef struct sm_request {
+    int live;          /* slot in use */
+    int prompt_len;    /* n */
+    int max_tokens;    /* generation budget */
+    int *hist;         /* [prompt_len + max_tokens] prompt, then generated ids */
+    int nhist;         /* prompt_len + ngen */
+    int prefilled;     /* prompt K/V committed */
+    int done;          /* 0 running, 1 eos emitted, 2 max_tokens reached */
+    int steps;         /* verify steps taken */
+    int accepted;      /* drafts accepted over all steps */
+    int row0, nrows;   /* its rows in the engine's last step; nrows = 0 if absent */
+    int sampled;       /* 1: tokens drawn under samp (temperature > 0); 0: greedy */
+    sparkmono_sampling samp; /* its sampling parameters (sampled requests) */
+    int lrow0;         /* sampled: its first row in the last verify step's sampled logits */
+} sm_request;
+
+struct sparkmono_model {
+    sm_model m;        /* loaded checkpoint (views into the mapped files) */
+};
+
+struct sparkmono_engine {
+    sparkmono_model *model;
+    const sm_config *cfg;  /* = &model->m.cfg */
+    sm_backend be;         /* compute backend (owns the KV pages) */
+    int have_be;           /* be was created */
+    int devices[SM_MAX_WORLD]; /* cuda, world > 1: the device of each rank (engine option devices) */
+    sm_kv kv;              /* block tables, free pages, committed lengths */
+    int have_kv;
+    int R;                 /* verify rows per request (1 = no speculation) */
+    int max_req;           /* request slots */
+    int max_len;           /* max model length */
+    int chunk;             /* most prompt rows per prefill step */
+    int max_rows;          /* most rows of one step = max(R * max_req, chunk) */
+    int naux;              /* aux layers */
+    int *aux_layers;       /* [naux] */
+    sm_request *reqs;      /* [max_req] */
+    int *tok, *pos, *rreq; /* [max_rows] step inputs: token, position, request slot */
+    int *argmax;           /* [max_rows] step output */
+    int *logits_at;        /* [max_rows] step input: row of slog each row's logits go to, -1 */
+    float *slog;           /* [slog_rows, V] logits of the rows of sampled requests, or NULL */
+    int slog_rows;         /* rows slog holds */
+    sm_sample_ws sws;      /* the sampler's distribution of one row (allocated with the first
+                              sampled request: have_sws) */
+    int have_sws;
+    float *aux;            /* [naux, max_rows, H] step output, NULL when naux = 0 */
+    int last_nrows;        /* rows of the last step (aux rows are strided by it) */
+    int *draft;            /* [R] scratch for the drafter */
+    /* Drafter seam: NULL = the n-gram drafter.  Called per request and step with its history
+     * hist [nhist] (prompt then generated); writes ndraft tokens in [0, V) to out.  Tests set
+     * it to feed known continuations; a learned drafter would plug in here. */
+    void (*draft_fn)(void *arg, int req, const int *hist, int nhist, int ndraft, int *out);
+    void *draft_arg;       /* passed to draft_fn */
+};
+
+/* Greedy acceptance of one request's verify rows (docs/model.md section 8): t [r] the rows' input
+ * tokens (t[0] the last accepted token, t[1..r) drafts), a [r] the rows' argmax.  Accepts
+ * draft j while t[j] == a[j-1]; writes the accepted drafts and then a[k] (k = drafts accepted)
+ * to out [r]; returns k + 1.  (Sampled requests: engine.c accept_sampled, sample.h.) */
+int sm_accept_greedy(const int *t, const int *a, int r, int *out);
+
+#endif

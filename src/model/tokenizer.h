@@ -1,0 +1,50 @@
+/* tokenizer.h: a Hugging Face tokenizer.json (byte-level BPE with a regex pre-tokenizer,
+ * added / special tokens) read in C: encode text to ids, decode ids to text.
+ *
+ * The file is parsed with jansson and the pre-tokenizer pattern compiled with PCRE2 (UTF-8,
+ * Unicode properties); merges are looked up by pair rank.  Special tokens are matched first,
+ * longest first, and never split.  We rejected a hand-written regex engine (the pattern uses
+ * Unicode classes and lookahead that a small matcher gets subtly wrong) and a Python helper
+ * process (the server and the CLI must not need Python).
+ */
+#ifndef SM_TOKENIZER_H
+#define SM_TOKENIZER_H
+
+#include "base/err.h"
+#include <stddef.h>
+
+typedef struct sm_tokenizer sm_tokenizer;
+
+/* Load tokenizer.json at path; one line naming the file and the problem on failure. */
+int sm_tokenizer_load(const char *path, sm_tokenizer **out, sm_err *e);
+void sm_tokenizer_free(sm_tokenizer *t);
+/* Ids of text [len bytes, UTF-8]: *ids malloc'd [*n] (caller frees).  Special tokens in the
+ * text are recognized.  Invalid UTF-8 is an error naming the byte offset.  The ids of the text
+ * alone (the file's post_processor is not applied): a caller that wants bos prepends it.
+ * Thread-safe: concurrent calls on one tokenizer are fine (one at a time uses the cache). */
+int sm_tokenizer_encode(const sm_tokenizer *t, const char *text, size_t len, int **ids, int *n, sm_err *e);
+/* Text of ids [n]: *text malloc'd, NUL-terminated, *len bytes (caller frees).  An id outside
+ * the vocabulary is an error naming it and its index. */
+int sm_tokenizer_decode(const sm_tokenizer *t, const int *ids, int n, char **text, size_t *len, sm_err *e);
+/* Largest id + 1 (vocabulary and added tokens). */
+int sm_tokenizer_size(const sm_tokenizer *t);
+/* Id of a token string (e.g. "<|eos|>"), -1 if absent. */
+int sm_tokenizer_token_id(const sm_tokenizer *t, const char *token);
+/* 1 if id is a special added token (decoders that skip special tokens drop it), else 0. */
+int sm_tokenizer_is_special(const sm_tokenizer *t, int id);
+
+typedef struct sm_tok_special {
+    const char *content;     /* "<|eos|>" */
+    int id;                  /* its id, distinct from every other special's */
+} sm_tok_special;
+
+/* Write a byte-level BPE tokenizer.json at path (through a temporary file, outfile.h) for a
+ * test model: the special tokens sp [nsp] at their ids (in model.vocab and added_tokens), the
+ * 256 byte tokens at the smallest ids that are free, then merges learned from a small
+ * built-in English text (most frequent pair first, ties to the smaller ids; deterministic),
+ * each new token at the next free id, until ids reach limit or no pair occurs twice.  Every
+ * id is below limit except the specials'.  Error when the 256 bytes do not fit below limit.
+ * *nvocab (when not NULL): the ids written (specials, bytes, merged tokens). */
+int sm_tokenizer_write_trained(const char *path, const sm_tok_special *sp, int nsp, int limit, int *nvocab, sm_err *e);
+
+#endif

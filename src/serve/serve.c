@@ -1,0 +1,154 @@
+/* serve.c: `sparkmono serve` from start to clean exit (see serve.h): open the model, its
+ * tokenizer and the engine, start the engine thread and the HTTP server, wait for a signal,
+ * drain, stop.
+ *
+ * Signals: SIGTERM and SIGINT are blocked in every thread (the mask is set before any thread
+ * starts, so the engine's CPU workers and the HTTP polling threads inherit it) and taken by
+ * this thread with sigwait, so no handler runs inside a thread holding a lock.  We rejected a
+ * handler that sets a flag: the main thread would need to poll it, and async-signal-safety
+ * rules out anything more.  The signals stay blocked when sm_serve_run returns (the process
+ * is about to exit): a second SIGTERM during the shutdown must not kill it with status 143.
+ */
+#include "serve/serve.h"
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "serve/serve_http.h"
+
+/* dir/name into buf [n]; -1 when too long. */
+static int path_in(char *buf, size_t n, const char *dir, const char *name) {
+    return (size_t)snprintf(buf, n, "%s/%s", dir, name) < n ? 0 : -1;
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Does the model directory ship a chat template (tokenizer_config.json "chat_template", or
+ * chat_template.jinja beside it)? */
+static int has_chat_template(const char *dir) {
+    char p[4096];
+    if (!path_in(p, sizeof p, dir, "chat_template.jinja") && is_file(p)) return 1;
+    if (path_in(p, sizeof p, dir, "tokenizer_config.json") || !is_file(p)) return 0;
+    json_t *cfg = json_load_file(p, 0, NULL);
+    int has = cfg && json_object_get(cfg, "chat_template") && !json_is_null(json_object_get(cfg, "chat_template"));
+    json_decref(cfg);
+    return has;
+}
+
+/* The served model's default name: the directory's last component. */
+static void base_name(const char *dir, char *out, size_t n) {
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') len--;
+    size_t b = len;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    snprintf(out, n, "%.*s", (int)(len - b), dir + b);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
+    sm_server s;
+    memset(&s, 0, sizeof s);
+    s.o = o;
+    sparkmono_model *m = NULL;
+    sparkmono_engine *g = NULL;
+    sm_tokenizer *tok = NULL;
+    char name[256], path[4096];
+    int rc = -1;
+
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a client that hangs up is an error return of the write */
+
+    sparkmono_model_opts mo = {0};
+    mo.online_mxfp4 = o->online_mxfp4;
+    if (sparkmono_model_open(o->model_dir, &mo, &m)) {
+        sm_errf(e, "serve: %s", sparkmono_errmsg());
+        goto out;
+    }
+    sparkmono_model_info info;
+    sparkmono_model_get_info(m, &info);
+    if (path_in(path, sizeof path, o->model_dir, "tokenizer.json")) {
+        sm_errf(e, "serve: model directory path is too long");
+        goto out;
+    }
+    if (is_file(path) && sm_tokenizer_load(path, &tok, e)) {
+        sm_errprefix(e, "serve");
+        goto out;
+    }
+    if (o->model_name) snprintf(name, sizeof name, "%s", o->model_name);
+    else base_name(o->model_dir, name, sizeof name);
+
+    sparkmono_engine_opts eo = {0};
+    eo.backend = o->backend;
+    eo.request_rows = o->request_rows;
+    eo.max_requests = o->max_requests;
+    eo.max_len = o->max_len;
+    eo.threads = o->threads;
+    eo.world = o->world;
+    eo.moe_tp = o->moe_tp;
+    eo.devices = o->devices;
+    eo.comm = o->comm;
+    if (sparkmono_engine_create(m, &eo, &g)) {
+        sm_errf(e, "serve: %s", sparkmono_errmsg());
+        goto out;
+    }
+    s.api.name = name;
+    s.api.tok = tok;
+    s.api.vocab = info.vocab_size;
+    s.api.bos = info.bos;
+    s.api.max_len = o->max_len;
+    s.created = (long)time(NULL);
+    s.chat_template = has_chat_template(o->model_dir);
+    if (sm_sched_start(&s.sched, g, o->max_requests, o->request_rows, o->queue, e)) goto out;
+    if (sm_http_start(&s, e)) goto stop_sched;
+    const char *v6 = strchr(o->host, ':') ? "[" : "";
+    printf("serve: listening on http://%s%s%s:%d/v1 (model '%s', %s, tokenizer %s; %d requests a step of %d rows each, "
+           "queue %d; %d connections, request timeout %d s, idle timeout %d s)\n",
+           v6, o->host, *v6 ? "]" : "", s.port, name, o->backend, tok ? "yes" : "none (token ids only)",
+           o->max_requests, o->request_rows, o->queue, s.max_conns, o->request_timeout_s, o->idle_timeout_s);
+    fflush(stdout);
+
+    int sig = 0;
+    while (sigwait(&sigs, &sig) != 0) {}
+    /* drain: no new connections, no new requests; the running ones may finish */
+    __atomic_store_n(&s.closing, 1, __ATOMIC_RELAXED);
+    sm_http_quiesce(&s);
+    sm_sched_close(&s.sched);
+    fprintf(stderr, "serve: %s: finishing the requests in flight (at most %d s; signal again to cancel them)\n",
+            strsignal(sig), o->drain_s);
+    struct timespec tick = {0, 100 * 1000000L};
+    int waited_ms = 0, again = 0;
+    while (!again && waited_ms < o->drain_s * 1000 &&
+           !(sm_sched_wait_idle(&s.sched, 0) && __atomic_load_n(&s.jobs, __ATOMIC_RELAXED) == 0)) {
+        again = sigtimedwait(&sigs, NULL, &tick) > 0;
+        waited_ms += 100;
+    }
+    sm_sched_cancel_all(&s.sched, "the server is shutting down");
+    /* the cancelled ones end their answers; give their connections a moment to write them */
+    for (int i = 0; i < 50 && __atomic_load_n(&s.jobs, __ATOMIC_RELAXED) > 0; i++) sleep_ms(20);
+    sm_http_stop(&s);
+    fprintf(stderr, "serve: stopped (%lld tokens in %lld verify steps)\n", s.sched.tokens, s.sched.steps);
+    rc = 0;
+stop_sched:
+    sm_sched_stop(&s.sched);
+out:
+    sparkmono_engine_destroy(g);
+    if (tok) sm_tokenizer_free(tok);
+    sparkmono_model_close(m);
+    return rc;
+}

@@ -1,0 +1,330 @@
+/* serve_api.c: the OpenAI completions API's JSON (see serve_api.h), with jansson.
+ *
+ * The parser walks the body's fields once against a table of known names; each known field
+ * has its own check.  Responses are built as jansson values and dumped compactly, so every
+ * string is escaped by one well-tested encoder (text is valid UTF-8 by then: serve_text.c
+ * repairs it).  We rejected printf-built JSON: one missed escape and a client's parser fails.
+ */
+#include "serve/serve_api.h"
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- parsing ---------------------------------------------------------------------------- */
+
+typedef struct parse_ctx {
+    const sm_api_model *m;
+    sm_api_req *r;
+    int *status;
+    char *param;
+    sm_err *e;
+} parse_ctx;
+
+/* A 400 naming field name (the message is printf'd). */
+static int __attribute__((format(printf, 3, 4))) bad(parse_ctx *c, const char *name, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->e->msg, sizeof c->e->msg, fmt, ap);
+    va_end(ap);
+    *c->status = 400;
+    snprintf(c->param, SM_API_PARAM, "%s", name);
+    return -1;
+}
+
+/* A number field: finite, within [lo, hi]. */
+static int get_number(parse_ctx *c, const char *name, const json_t *v, double lo, double hi, double *out) {
+    if (!json_is_number(v)) return bad(c, name, "'%s' must be a number", name);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi) return bad(c, name, "'%s' is %g; it must be in [%g, %g]", name, x, lo, hi);
+    *out = x;
+    return 0;
+}
+
+/* An integer field within [lo, hi]. */
+static int get_int(parse_ctx *c, const char *name, const json_t *v, long long lo, long long hi, long long *out) {
+    if (!json_is_integer(v)) return bad(c, name, "'%s' must be an integer", name);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return bad(c, name, "'%s' is %lld; it must be in [%lld, %lld]", name, x, lo, hi);
+    *out = x;
+    return 0;
+}
+
+/* ids from a JSON array of integers in [0, V). */
+static int get_ids(parse_ctx *c, const json_t *a) {
+    size_t n = json_array_size(a);
+    if (n == 0) return bad(c, "prompt", "'prompt' is an empty list");
+    if (n > (size_t)c->m->max_len)
+        return bad(c, "prompt", "the prompt has %zu tokens, more than the model's maximum context length of %d", n,
+                   c->m->max_len);
+    int *ids = malloc(n * sizeof(int));
+    if (!ids) return bad(c, "prompt", "out of memory for a prompt of %zu tokens", n);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v)) {
+            free(ids);
+            return bad(c, "prompt", "'prompt' token index %zu is not an integer", i);
+        }
+        long long x = json_integer_value(v);
+        if (x < 0 || x >= c->m->vocab) {
+            free(ids);
+            return bad(c, "prompt", "'prompt' token index %zu is %lld, outside the vocabulary [0, %d)", i, x,
+                       c->m->vocab);
+        }
+        ids[i] = (int)x;
+    }
+    c->r->prompt = ids;
+    c->r->n = (int)n;
+    return 0;
+}
+
+/* ids of a text prompt, through the model's tokenizer. */
+static int get_text(parse_ctx *c, const json_t *s) {
+    if (!c->m->tok)
+        return bad(c, "prompt", "this model directory has no tokenizer.json: give the prompt as a list of token ids");
+    sm_err te = {{0}};
+    int *ids = NULL, n = 0;
+    if (sm_tokenizer_encode(c->m->tok, json_string_value(s), json_string_length(s), &ids, &n, &te))
+        return bad(c, "prompt", "'prompt' cannot be tokenized: %s", te.msg);
+    if (n == 0) { /* an empty text: the bos token alone, when the model has one */
+        free(ids);
+        if (c->m->bos < 0) return bad(c, "prompt", "'prompt' is empty and the model has no bos token");
+        ids = malloc(sizeof(int));
+        if (!ids) return bad(c, "prompt", "out of memory");
+        ids[0] = c->m->bos;
+        n = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->m->vocab) {
+            int bad_id = ids[i];
+            free(ids);
+            return bad(c, "prompt", "'prompt' encodes to id %d at token %d, outside the model's vocabulary [0, %d)",
+                       bad_id, i, c->m->vocab);
+        }
+    c->r->prompt = ids;
+    c->r->n = n;
+    return 0;
+}
+
+/* prompt: a string, a list of ids, or a list holding one string or one list of ids. */
+static int get_prompt(parse_ctx *c, const json_t *v) {
+    if (json_is_string(v)) return get_text(c, v);
+    if (!json_is_array(v)) return bad(c, "prompt", "'prompt' must be a string or a list of token ids");
+    const json_t *first = json_array_get(v, 0);
+    if (json_is_string(first) || json_is_array(first)) {
+        if (json_array_size(v) != 1)
+            return bad(c, "prompt", "'prompt' holds %zu prompts; this server takes one prompt a request",
+                       json_array_size(v));
+        return json_is_string(first) ? get_text(c, first) : get_ids(c, first);
+    }
+    return get_ids(c, v);
+}
+
+static int get_stop(parse_ctx *c, const json_t *v) {
+    if (json_is_null(v)) return 0;
+    const json_t *one[1] = {v};
+    size_t n = json_is_string(v) ? 1 : json_is_array(v) ? json_array_size(v) : 0;
+    if (!json_is_string(v) && !json_is_array(v)) return bad(c, "stop", "'stop' must be a string or a list of strings");
+    if (n > SM_MAX_STOP) return bad(c, "stop", "'stop' holds %zu strings; at most %d are allowed", n, SM_MAX_STOP);
+    if (n > 0 && !c->m->tok)
+        return bad(c, "stop", "'stop' needs text, and this model directory has no tokenizer.json");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *s = json_is_string(v) ? one[0] : json_array_get(v, i);
+        if (!json_is_string(s)) return bad(c, "stop", "'stop' entry %zu is not a string", i);
+        if (json_string_length(s) == 0 || strlen(json_string_value(s)) != json_string_length(s))
+            return bad(c, "stop", "'stop' entry %zu is empty", i);
+        c->r->stop[c->r->nstop] = strdup(json_string_value(s));
+        if (!c->r->stop[c->r->nstop]) return bad(c, "stop", "out of memory");
+        c->r->nstop++;
+    }
+    return 0;
+}
+
+/* A field we know but do not implement: accepted only at its neutral value. */
+static int neutral(parse_ctx *c, const char *name, const json_t *v) {
+    int ok = json_is_null(v);
+    if (!strcmp(name, "n") || !strcmp(name, "best_of")) ok |= json_is_integer(v) && json_integer_value(v) == 1;
+    else if (!strcmp(name, "echo")) ok |= json_is_false(v);
+    else if (!strcmp(name, "logprobs")) ok |= json_is_false(v);
+    else if (!strcmp(name, "presence_penalty") || !strcmp(name, "frequency_penalty"))
+        ok |= json_is_number(v) && json_number_value(v) == 0;
+    else if (!strcmp(name, "logit_bias")) ok |= json_is_object(v) && json_object_size(v) == 0;
+    else if (!strcmp(name, "suffix")) ok |= json_is_string(v) && json_string_length(v) == 0;
+    else if (!strcmp(name, "user")) ok |= json_is_string(v); /* an end-user id: only for logs */
+    return ok ? 0 : bad(c, name, "'%s' is not supported by this server (only its default value is accepted)", name);
+}
+
+static const char *const NEUTRAL_FIELDS[] = {"n", "best_of", "echo", "logprobs", "presence_penalty",
+                                             "frequency_penalty", "logit_bias", "suffix", "user"};
+
+int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m, sm_api_req *out, int *status,
+                            char *param, sm_err *e) {
+    memset(out, 0, sizeof *out);
+    param[0] = 0;
+    parse_ctx c = {m, out, status, param, e};
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        *status = 400;
+        sm_errf(e, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return -1;
+    }
+    int rc = -1, have_prompt = 0;
+    long long max_tokens = SM_API_DEFAULT_MAX_TOKENS;
+    double temperature = 1.0, top_p = 1.0; /* OpenAI's defaults */
+    long long top_k = 0, seed = 0;
+    if (!json_is_object(root)) {
+        bad(&c, "", "the body must be a JSON object");
+        goto out;
+    }
+    /* the model first: a request for another model is a 404 whatever else it holds */
+    json_t *model = json_object_get(root, "model");
+    if (model && !json_is_string(model)) {
+        bad(&c, "model", "'model' must be a string");
+        goto out;
+    }
+    if (model && strcmp(json_string_value(model), m->name)) {
+        *status = 404;
+        snprintf(param, SM_API_PARAM, "model");
+        sm_errf(e, "The model '%.200s' does not exist (this server serves '%s')", json_string_value(model), m->name);
+        goto out;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        int known = 1;
+        if (!strcmp(k, "model")) {
+            /* checked above */
+        } else if (!strcmp(k, "prompt")) {
+            if (get_prompt(&c, v)) goto out;
+            have_prompt = 1;
+        } else if (!strcmp(k, "max_tokens")) {
+            if (!json_is_null(v) && get_int(&c, k, v, 1, m->max_len, &max_tokens)) goto out;
+        } else if (!strcmp(k, "temperature")) {
+            if (!json_is_null(v) && get_number(&c, k, v, 0, 2, &temperature)) goto out;
+        } else if (!strcmp(k, "top_p")) {
+            if (!json_is_null(v) && get_number(&c, k, v, 0, 1, &top_p)) goto out;
+            if (!json_is_null(v) && top_p <= 0) { bad(&c, k, "'top_p' must be greater than 0"); goto out; }
+        } else if (!strcmp(k, "top_k")) { /* an extension (vLLM's): 0 or -1 means no limit */
+            if (!json_is_null(v) && get_int(&c, k, v, -1, 1 << 30, &top_k)) goto out;
+        } else if (!strcmp(k, "seed")) {
+            if (!json_is_null(v)) {
+                if (get_int(&c, k, v, LLONG_MIN, LLONG_MAX, &seed)) goto out;
+                out->has_seed = 1;
+            }
+        } else if (!strcmp(k, "stream")) {
+            if (!json_is_null(v) && !json_is_boolean(v)) { bad(&c, k, "'stream' must be true or false"); goto out; }
+            out->stream = json_is_true(v);
+        } else if (!strcmp(k, "stream_options")) {
+            if (json_is_null(v)) continue;
+            json_t *u = json_object_get(v, "include_usage");
+            if (!json_is_object(v) || json_object_size(v) != (u ? 1u : 0u) || (u && !json_is_boolean(u))) {
+                bad(&c, k, "'stream_options' must be {\"include_usage\": true|false}");
+                goto out;
+            }
+            out->include_usage = json_is_true(u);
+        } else if (!strcmp(k, "stop")) {
+            if (get_stop(&c, v)) goto out;
+        } else {
+            known = 0;
+            for (size_t i = 0; i < sizeof NEUTRAL_FIELDS / sizeof NEUTRAL_FIELDS[0]; i++)
+                if (!strcmp(k, NEUTRAL_FIELDS[i])) {
+                    if (neutral(&c, NEUTRAL_FIELDS[i], v)) goto out;
+                    known = 1;
+                }
+        }
+        if (!known) {
+            /* the name is echoed back: keep it short */
+            bad(&c, "", "unknown field '%.64s'", k);
+            goto out;
+        }
+    }
+    if (!have_prompt) { bad(&c, "prompt", "'prompt' is required"); goto out; }
+    if (out->include_usage && !out->stream) {
+        bad(&c, "stream_options", "'stream_options' is only allowed with 'stream': true");
+        goto out;
+    }
+    if ((long long)out->n + max_tokens > m->max_len) {
+        bad(&c, "max_tokens",
+            "This model's maximum context length is %d tokens; the prompt has %d tokens and max_tokens is %lld",
+            m->max_len, out->n, max_tokens);
+        goto out;
+    }
+    out->max_tokens = (int)max_tokens;
+    out->samp.temperature = (float)temperature;
+    out->samp.top_p = (float)top_p;
+    out->samp.top_k = top_k < 0 ? 0 : (int)top_k;
+    out->samp.seed = (unsigned long long)seed;
+    rc = 0;
+out:
+    json_decref(root);
+    if (rc) sm_api_req_free(out);
+    return rc;
+}
+
+void sm_api_req_free(sm_api_req *r) {
+    free(r->prompt);
+    for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- responses -------------------------------------------------------------------------- */
+
+/* Dump v (stolen) as compact JSON; NULL when out of memory. */
+static char *dump(json_t *v) {
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    return s;
+}
+
+static json_t *ids_array(const int *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+char *sm_api_error(const char *msg, const char *type, const char *param, const char *code) {
+    sm_sbuf b = {0}; /* the message may quote the client's bytes, cut anywhere: repair them */
+    if (sm_utf8_sanitize(&b, msg, strlen(msg))) return NULL;
+    json_t *err = json_pack("{s:s%, s:s, s:s?, s:s?}", "message", b.p ? b.p : "", b.n, "type", type, "param",
+                            param && *param ? param : NULL, "code", code);
+    sm_sbuf_free(&b);
+    return dump(json_pack("{s:o}", "error", err));
+}
+
+/* One choice: text, index 0, no logprobs, finish_reason (null while streaming), token_ids. */
+static json_t *choice(const char *text, size_t ntext, const int *ids, int nids, const char *finish) {
+    return json_pack("{s:s%, s:i, s:n, s:s?, s:o}", "text", text ? text : "", text ? ntext : 0, "index", 0,
+                     "logprobs", "finish_reason", finish, "token_ids", ids_array(ids, nids));
+}
+
+char *sm_api_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
+                        const int *ids, int nids, const char *finish, int prompt_tokens) {
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:i, s:i, s:i}}", "id", id, "object", "text_completion",
+                          "created", (json_int_t)created, "model", model, "choices",
+                          choice(text, ntext, ids, nids, finish), "usage", "prompt_tokens", prompt_tokens,
+                          "completion_tokens", nids, "total_tokens", prompt_tokens + nids));
+}
+
+char *sm_api_chunk(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
+                   int nids, const char *finish) {
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object", "text_completion", "created",
+                          (json_int_t)created, "model", model, "choices", choice(text, ntext, ids, nids, finish)));
+}
+
+char *sm_api_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens) {
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[], s:{s:i, s:i, s:i}}", "id", id, "object", "text_completion",
+                          "created", (json_int_t)created, "model", model, "choices", "usage", "prompt_tokens",
+                          prompt_tokens, "completion_tokens", completion_tokens, "total_tokens",
+                          prompt_tokens + completion_tokens));
+}
+
+char *sm_api_models(const char *model, long created, int max_len, int list) {
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", model, "object", "model", "created", (json_int_t)created,
+                          "owned_by", "sparkmono", "max_model_len", max_len);
+    if (!list) return dump(m);
+    return dump(json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}

@@ -1,0 +1,66 @@
+/* serve_api.h: the OpenAI completions API as JSON: a request body parsed and checked into
+ * what the scheduler needs, and the bodies the server answers with (a completion, a stream
+ * chunk, the model list, an error).
+ *
+ * Every field of the request is checked against a list of the fields we know: a known
+ * field we do not implement (n > 1, logprobs, echo, best_of, suffix, penalties, a
+ * logit_bias entry) and any unknown field is a 400 naming it, so a client never gets silently
+ * different behaviour than it asked for; a known field at its neutral value (n: 1,
+ * logprobs: null, presence_penalty: 0, ...) is accepted, since clients send those by default.
+ * Error bodies have OpenAI's shape {"error": {"message", "type", "param", "code"}}.  We
+ * rejected accepting unknown fields (vLLM's choice): a misspelt "temprature" would be
+ * ignored and the user would sample at the default.
+ */
+#ifndef SM_SERVE_API_H
+#define SM_SERVE_API_H
+#include "base/err.h"
+#include "serve/serve_text.h"
+#include "sparkmono.h"
+#include "model/tokenizer.h"
+
+#define SM_API_DEFAULT_MAX_TOKENS 16 /* OpenAI's default for /v1/completions */
+
+/* What the parser needs to know about the served model. */
+typedef struct sm_api_model {
+    const char *name;          /* the served model id */
+    const sm_tokenizer *tok;   /* NULL: prompts must be token ids, no text out */
+    int vocab;                 /* V: prompt ids in [0, V) */
+    int bos;                   /* prompt of an empty text when >= 0 */
+    int max_len;               /* prompt + max_tokens <= max_len */
+} sm_api_model;
+
+/* A parsed /v1/completions request. */
+typedef struct sm_api_req {
+    int *prompt;               /* [n] ids (malloc'd; the caller owns it) */
+    int n;
+    int max_tokens;            /* >= 1 */
+    sparkmono_sampling samp;   /* temperature 0: greedy */
+    int has_seed;              /* 0: no seed given (the server picks one) */
+    int stream;                /* server-sent events */
+    int include_usage;         /* stream_options.include_usage: a last chunk with usage */
+    char *stop[SM_MAX_STOP];   /* [nstop] non-empty stop strings (malloc'd) */
+    int nstop;
+} sm_api_req;
+
+#define SM_API_PARAM 32 /* bytes of the name of an offending field */
+/* Parse body [len].  0 on success; otherwise *status is the HTTP status (400, or 404 for an
+ * unknown model), param [SM_API_PARAM] the offending field ("" when none) and e one line. */
+int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m, sm_api_req *out, int *status,
+                            char *param, sm_err *e);
+void sm_api_req_free(sm_api_req *r);
+
+/* A response body (malloc'd JSON text) for an error: type is OpenAI's error type
+ * ("invalid_request_error", ...), param and code may be NULL. */
+char *sm_api_error(const char *msg, const char *type, const char *param, const char *code);
+/* The body of a finished completion. finish: "stop" / "length". */
+char *sm_api_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
+                        const int *ids, int nids, const char *finish, int prompt_tokens);
+/* One stream chunk (the JSON after "data: "): new text and ids, finish NULL while running. */
+char *sm_api_chunk(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
+                   int nids, const char *finish);
+/* The last stream chunk when usage was asked for: no choices, the token counts. */
+char *sm_api_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens);
+/* GET /v1/models (one entry) or /v1/models/NAME (list 0: the entry alone). */
+char *sm_api_models(const char *model, long created, int max_len, int list);
+
+#endif

@@ -1,0 +1,726 @@
+/* serve_http.c: routes, bodies, answers, SSE streams, parking and deadlines of `sparkmono
+ * serve` on libmicrohttpd (see serve_http.h).
+ *
+ * Routes: GET /health, GET /v1/models, GET /v1/models/NAME, POST /v1/completions (JSON or, with
+ * "stream": true, server-sent events "data: {chunk}" ending "data: [DONE]"), POST
+ * /v1/chat/completions (a 400 naming why there is no chat).  A body longer than max_body is
+ * a 413: at once when Content-Length says so, else once it has been read up to the limit
+ * (the rest is discarded; a client that keeps sending far past it is disconnected).  A
+ * "job" is one completion on its way out: the ids received so far, the text decoder and the
+ * bytes not yet written; the plain answer and the stream share it.  A "peer" is one open
+ * connection: its socket and its deadline, seen by the watch thread.  We rejected writing the
+ * stream from the engine thread: a slow client would stall every request's next step.
+ *
+ * Locks: the scheduler's mutex, then s->mu, then libmicrohttpd's own.  The engine thread calls
+ * on_news holding the scheduler's mutex; nothing here calls the scheduler holding s->mu, and
+ * libmicrohttpd calls none of our callbacks holding its lock.
+ */
+#include "serve/serve_http.h"
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DISCARD_LIMIT ((size_t)16 << 20) /* bytes past max_body read and dropped before hanging up */
+
+enum route { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT };
+
+/* One open connection (libmicrohttpd's socket context); fields under s->mu. */
+typedef struct peer {
+    int fd;                    /* the socket, valid until libmicrohttpd's CLOSED notice */
+    double deadline;           /* monotonic seconds: cut when reached; 0: none (an answer is on its way) */
+    int in_request;            /* a request line was read: a cut is answered 408 */
+    int cut;                   /* the watch thread shut the socket down */
+    int over;                  /* opened past max_conns: only /health is served, then closed */
+    struct peer *prev, *next;  /* s->peers */
+} peer;
+
+/* One HTTP request (libmicrohttpd's per-request pointer). */
+typedef struct conn {
+    int route;                 /* enum route */
+    sm_sbuf body;              /* the request body read so far */
+    size_t seen;               /* body bytes received, kept or not */
+    int too_big;               /* the body passed max_body */
+    struct job *job;           /* a plain completion under way (its connection parks between news) */
+} conn;
+
+/* One completion on its way to the client. */
+typedef struct job {
+    sm_server *s;
+    sm_sreq *r;                /* the scheduler's request (one reference held here) */
+    sm_api_req req;            /* parsed request: stop strings, stream flags (prompt moved to r) */
+    int prompt_len;            /* tokens of the prompt */
+    struct MHD_Connection *mc; /* its connection, suspended while the job is parked */
+    int fd;                    /* the client's socket, polled for a hang-up while parked */
+    char id[48];               /* "cmpl-..." */
+    int *ids;                  /* [max_tokens] ids received */
+    int nids;                  /* ids received */
+    int sent_ids;              /* ids already put in a chunk */
+    sm_detok dt;               /* ids -> text */
+    sm_sbuf text;              /* text not yet put in a chunk (all of it for a plain answer) */
+    const char *finish;        /* "stop" / "length" once ended normally */
+    char err[256];             /* the reason once ended by a failure or cancellation */
+    int err_status;            /* HTTP status of that reason (500 or 503) */
+    int ended;                 /* the request is over (finish or err set) */
+    sm_sbuf out;               /* stream bytes not yet handed to libmicrohttpd */
+    size_t off;                /* of out, already handed */
+    int closed;                /* stream: [DONE] written */
+    /* under s->mu */
+    int news;                  /* the request changed since the job last parked */
+    int parked;                /* in s->parked, its connection suspended */
+    int gone;                  /* the client hung up while parked (read atomically) */
+    struct job *pprev, *pnext; /* s->parked */
+} job;
+
+static double now_s(void) { return sm_sched_now(); }
+
+/* The peer of a connection (NULL when its allocation failed). */
+static peer *peer_of(struct MHD_Connection *mc) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* The request on mc has its answer on the way: no deadline until it is done.  -1 when the
+ * watch thread cut the connection first (answer nothing). */
+static int answering(sm_server *s, struct MHD_Connection *mc) {
+    peer *p = peer_of(mc);
+    if (!p) return 0;
+    pthread_mutex_lock(&s->mu);
+    int cut = p->cut;
+    p->deadline = 0;
+    pthread_mutex_unlock(&s->mu);
+    return cut ? -1 : 0;
+}
+
+/* ---- answers ---------------------------------------------------------------------------- */
+
+/* Queue status + json (freed; NULL: out of memory, a 500).  A 503 says when to retry; a
+ * connection past the limit is closed after its answer. */
+static enum MHD_Result reply(sm_server *s, struct MHD_Connection *mc, unsigned status, char *json) {
+    static const char OOM[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
+    struct MHD_Response *resp =
+        json ? MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE)
+             : MHD_create_response_from_buffer(sizeof OOM - 1, (void *)OOM, MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(json);
+        return MHD_NO;
+    }
+    if (!json) status = 500;
+    const peer *p = peer_of(mc);
+    if (answering(s, mc)) {
+        MHD_destroy_response(resp);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    if (status == 503 && !__atomic_load_n(&s->closing, __ATOMIC_RELAXED)) MHD_add_response_header(resp, "Retry-After", "1");
+    if (p && p->over) MHD_add_response_header(resp, "Connection", "close");
+    enum MHD_Result rc = MHD_queue_response(mc, status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+/* OpenAI's error type of an HTTP status. */
+static const char *error_type(unsigned status) {
+    if (status == 404) return "not_found_error";
+    if (status >= 500) return "server_error";
+    return "invalid_request_error";
+}
+
+static enum MHD_Result reply_error(sm_server *s, struct MHD_Connection *mc, unsigned status, const char *msg,
+                                   const char *param, const char *code) {
+    return reply(s, mc, status, sm_api_error(msg, error_type(status), param, code));
+}
+
+/* ---- parking ---------------------------------------------------------------------------- */
+
+/* Take j out of s->parked and resume its connection.  Under s->mu. */
+static void unpark_locked(sm_server *s, job *j) {
+    if (!j->parked) return;
+    if (j->pprev) j->pprev->pnext = j->pnext;
+    else s->parked = j->pnext;
+    if (j->pnext) j->pnext->pprev = j->pprev;
+    j->pprev = j->pnext = NULL;
+    j->parked = 0;
+    MHD_resume_connection(j->mc);
+}
+
+/* The scheduler's notify callback: j's request has new ids or ended.  Engine thread (or the
+ * shutdown), scheduler mutex held. */
+static void on_news(void *arg) {
+    job *j = arg;
+    sm_server *s = j->s;
+    pthread_mutex_lock(&s->mu);
+    if (j->parked) unpark_locked(s, j);
+    else j->news = 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Suspend j's connection until news (called from a libmicrohttpd callback of it).  1 parked:
+ * return and wait; 0 news came meanwhile: look again; -1 the server is stopping: end. */
+static int park(job *j) {
+    sm_server *s = j->s;
+    int rc = 1;
+    pthread_mutex_lock(&s->mu);
+    if (j->news) {
+        j->news = 0;
+        rc = 0;
+    } else if (s->stopping) {
+        rc = -1;
+    } else {
+        j->pnext = s->parked;
+        if (s->parked) s->parked->pprev = j;
+        s->parked = j;
+        j->parked = 1;
+        MHD_suspend_connection(j->mc);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+/* ---- jobs ------------------------------------------------------------------------------- */
+
+static void job_free(job *j) {
+    if (!j) return;
+    if (j->r) {
+        if (!j->ended) sm_sched_cancel(&j->s->sched, j->r); /* the client left first */
+        sm_sreq_release(&j->s->sched, j->r);                /* no on_news after this */
+        if (!j->s->o->quiet)
+            fprintf(stderr, "serve: %s: prompt %d tokens, %d generated, %s\n", j->id, j->prompt_len, j->nids,
+                    j->finish ? j->finish : j->err[0] ? j->err : "client disconnected");
+    }
+    sm_detok_free(&j->dt);
+    sm_api_req_free(&j->req);
+    sm_sbuf_free(&j->text);
+    sm_sbuf_free(&j->out);
+    free(j->ids);
+    __atomic_sub_fetch(&j->s->jobs, 1, __ATOMIC_RELAXED);
+    free(j);
+}
+
+/* Take the news of j's request without waiting: new ids and their text go to j->ids and
+ * j->text.  1 when the request is over (j->finish or j->err set), 0 when it goes on, -1 when
+ * the client hung up. */
+static int job_pump(job *j) {
+    if (__atomic_load_n(&j->gone, __ATOMIC_ACQUIRE)) return -1;
+    int done;
+    int k = sm_sched_poll(&j->s->sched, j->r, j->nids, j->ids + j->nids, j->req.max_tokens - j->nids, &done);
+    j->nids += k;
+    if (k == 0 && done == SM_SREQ_RUNNING) return 0;
+    sm_err e = {{0}};
+    int st = sm_detok_push(&j->dt, j->ids, j->nids, done != SM_SREQ_RUNNING, &j->text, &e);
+    j->ended = 1;
+    if (st < 0) {
+        sm_sched_cancel(&j->s->sched, j->r);
+        snprintf(j->err, sizeof j->err, "%.255s", e.msg);
+        j->err_status = 500;
+    } else if (st == 1) { /* a stop string: the text ends before it, generation stops */
+        sm_sched_cancel(&j->s->sched, j->r);
+        j->finish = "stop";
+    } else if (done == SM_SREQ_EOS) {
+        j->finish = "stop";
+    } else if (done == SM_SREQ_LENGTH) {
+        j->finish = "length";
+    } else if (done == SM_SREQ_RUNNING) {
+        j->ended = 0;
+    } else { /* failed in the engine, or cancelled by a shutdown */
+        snprintf(j->err, sizeof j->err, "%s", j->r->err[0] ? j->r->err : "request failed");
+        j->err_status = done == SM_SREQ_CANCELLED ? 503 : 500;
+    }
+    return j->ended;
+}
+
+/* Append one SSE event "data: <json>\n\n" (json freed) to j->out. */
+static int sse(job *j, char *json) {
+    int rc = !json || sm_sbuf_str(&j->out, "data: ") || sm_sbuf_str(&j->out, json) || sm_sbuf_str(&j->out, "\n\n");
+    free(json);
+    return rc ? -1 : 0;
+}
+
+/* The stream's reader: bytes when it has some, else it parks the connection and returns 0
+ * (libmicrohttpd calls it again once on_news resumes the connection). */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    job *j = cls;
+    const sm_server *s = j->s;
+    (void)pos;
+    while (j->off == j->out.n) {
+        if (j->closed) return MHD_CONTENT_READER_END_OF_STREAM;
+        j->out.n = j->off = 0;
+        int st = job_pump(j);
+        if (st < 0) return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels */
+        if (st == 0 && !j->text.n && j->nids == j->sent_ids) { /* nothing new: wait for news */
+            int p = park(j);
+            if (p > 0) return 0;
+            if (p < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+            continue;
+        }
+        int rc = 0;
+        if (j->text.n || j->nids > j->sent_ids || (st == 1 && j->finish)) {
+            rc |= sse(j, sm_api_chunk(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids + j->sent_ids,
+                                      j->nids - j->sent_ids, st == 1 ? j->finish : NULL));
+            j->text.n = 0;
+            j->sent_ids = j->nids;
+        }
+        if (st == 1) {
+            if (j->err[0]) rc |= sse(j, sm_api_error(j->err, error_type((unsigned)j->err_status), NULL, NULL));
+            if (j->req.include_usage) rc |= sse(j, sm_api_usage_chunk(j->id, s->created, s->api.name, j->prompt_len, j->nids));
+            rc |= sm_sbuf_str(&j->out, "data: [DONE]\n\n");
+            j->closed = 1;
+        }
+        if (rc) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = j->out.n - j->off < max ? j->out.n - j->off : max;
+    memcpy(buf, j->out.p + j->off, n);
+    j->off += n;
+    return (ssize_t)n;
+}
+
+static void stream_free(void *cls) { job_free(cls); }
+
+/* A plain completion under way on c: answer once its request is over, else park.  Called
+ * when the request is in and again each time the connection is resumed. */
+static enum MHD_Result plain_next(sm_server *s, struct MHD_Connection *mc, conn *c) {
+    job *j = c->job;
+    int st;
+    while ((st = job_pump(j)) == 0) {
+        int p = park(j);
+        if (p > 0) return MHD_YES;
+        if (p < 0) return MHD_NO;
+    }
+    if (st < 0) return MHD_NO; /* hung up: on_completed frees the job, which cancels */
+    enum MHD_Result qr;
+    if (j->err[0]) qr = reply_error(s, mc, (unsigned)j->err_status, j->err, NULL, NULL);
+    else qr = reply(s, mc, 200, sm_api_completion(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids, j->nids,
+                                                  j->finish, j->prompt_len));
+    c->job = NULL;
+    job_free(j);
+    return qr;
+}
+
+/* POST /v1/completions with the whole body in c. */
+static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn *c) {
+    job *j = calloc(1, sizeof *j);
+    if (!j) return reply(s, mc, 500, NULL);
+    j->s = s;
+    __atomic_add_fetch(&s->jobs, 1, __ATOMIC_RELAXED);
+    int status = 400;
+    char param[SM_API_PARAM];
+    sm_err e = {{0}};
+    if (sm_api_parse_completion(c->body.p ? c->body.p : "", c->body.n, &s->api, &j->req, &status, param, &e)) {
+        job_free(j);
+        return reply_error(s, mc, (unsigned)status, e.msg, param, status == 404 ? "model_not_found" : NULL);
+    }
+    unsigned long long serial = __atomic_add_fetch(&s->serial, 1, __ATOMIC_RELAXED);
+    snprintf(j->id, sizeof j->id, "cmpl-%lx%06llx", (unsigned long)s->created, serial);
+    if (!j->req.has_seed && j->req.samp.temperature > 0) /* a seed of its own: distinct draws per request */
+        j->req.samp.seed = (unsigned long long)s->created * 0x9E3779B97F4A7C15ull ^ serial;
+    j->prompt_len = j->req.n;
+    j->ids = malloc((size_t)j->req.max_tokens * sizeof(int));
+    j->r = j->ids ? sm_sreq_new(j->req.prompt, j->req.n, j->req.max_tokens, &j->req.samp) : NULL;
+    if (!j->r) {
+        job_free(j);
+        return reply(s, mc, 500, NULL);
+    }
+    j->r->serial = serial;
+    j->r->notify = on_news;
+    j->r->notify_arg = j;
+    j->req.prompt = NULL; /* now the request's */
+    j->dt.tok = s->api.tok;
+    for (int i = 0; i < j->req.nstop; i++) j->dt.stop[i] = j->req.stop[i];
+    j->dt.nstop = j->req.nstop;
+    j->mc = mc;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    int rc = sm_sched_submit(&s->sched, j->r);
+    if (rc) {
+        char msg[160];
+        if (rc == SM_SCHED_FULL)
+            snprintf(msg, sizeof msg, "the server is busy (%d requests running, %d queued); retry later",
+                     s->o->max_requests, s->o->queue);
+        else
+            snprintf(msg, sizeof msg, "the server is shutting down");
+        j->ended = 1; /* never ran */
+        snprintf(j->err, sizeof j->err, "%s", msg);
+        job_free(j);
+        return reply_error(s, mc, 503, msg, NULL, rc == SM_SCHED_FULL ? "overloaded" : "shutting_down");
+    }
+    if (j->req.stream) {
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j, stream_free);
+        if (!resp) {
+            job_free(j);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        enum MHD_Result qr = MHD_queue_response(mc, 200, resp);
+        MHD_destroy_response(resp); /* libmicrohttpd holds it; stream_free runs when it is done */
+        return qr;
+    }
+    c->job = j; /* a plain answer: the connection parks until the request is over */
+    return plain_next(s, mc, c);
+}
+
+/* ---- routing ---------------------------------------------------------------------------- */
+
+static int route_of(const char *url) {
+    if (!strcmp(url, "/health")) return R_HEALTH;
+    if (!strcmp(url, "/v1/models")) return R_MODELS;
+    if (!strncmp(url, "/v1/models/", 11)) return R_MODEL;
+    if (!strcmp(url, "/v1/completions")) return R_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions")) return R_CHAT;
+    return R_NONE;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    sm_server *s = cls;
+    conn *c = *con_cls;
+    (void)version;
+    if (!c) { /* headers read: route and check what can be checked before the body */
+        c = calloc(1, sizeof *c);
+        if (!c) return MHD_NO;
+        *con_cls = c;
+        c->route = route_of(url);
+        int post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        int wants_post = c->route == R_COMPLETIONS || c->route == R_CHAT;
+        char msg[256];
+        const peer *p = peer_of(mc);
+        if (p && p->over && c->route != R_HEALTH) {
+            snprintf(msg, sizeof msg, "the server has %d open connections (--max-connections); retry later",
+                     s->max_conns);
+            return reply_error(s, mc, 503, msg, NULL, "too_many_connections");
+        }
+        if (c->route == R_NONE) {
+            snprintf(msg, sizeof msg, "no route %.16s %.160s (this server has GET /health, GET /v1/models, POST /v1/completions)",
+                     method, url);
+            return reply_error(s, mc, 404, msg, NULL, "not_found");
+        }
+        if (wants_post ? !post : !get) {
+            snprintf(msg, sizeof msg, "%.160s takes %s, not %.16s", url, wants_post ? "POST" : "GET", method);
+            return reply_error(s, mc, 405, msg, NULL, "method_not_allowed");
+        }
+        const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->o->max_body) {
+            snprintf(msg, sizeof msg, "the request body has %.24s bytes; this server takes at most %zu", cl, s->o->max_body);
+            return reply_error(s, mc, 413, msg, NULL, "request_too_large");
+        }
+        return MHD_YES;
+    }
+    if (c->job) return plain_next(s, mc, c); /* resumed: the completion has news */
+    if (*upload_size) { /* a piece of the body */
+        size_t n = *upload_size;
+        *upload_size = 0;
+        c->seen += n;
+        if (c->too_big || c->body.n + n > s->o->max_body) {
+            c->too_big = 1;
+            sm_sbuf_free(&c->body);
+            return c->seen > s->o->max_body + DISCARD_LIMIT ? MHD_NO : MHD_YES;
+        }
+        return sm_sbuf_add(&c->body, upload, n) ? MHD_NO : MHD_YES;
+    }
+    /* the whole request is in: from here on no deadline cuts it */
+    if (answering(s, mc)) return MHD_NO;
+    if (c->too_big) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the request body is longer than %zu bytes", s->o->max_body);
+        return reply_error(s, mc, 413, msg, NULL, "request_too_large");
+    }
+    switch (c->route) {
+    case R_HEALTH: {
+        int live, queued, closing = __atomic_load_n(&s->closing, __ATOMIC_RELAXED);
+        long long tokens, steps;
+        sm_sched_counts(&s->sched, &live, &queued, &tokens, &steps);
+        pthread_mutex_lock(&s->mu);
+        int npeers = s->npeers;
+        pthread_mutex_unlock(&s->mu);
+        char b[256];
+        snprintf(b, sizeof b,
+                 "{\"status\":\"%s\",\"running\":%d,\"queued\":%d,\"tokens\":%lld,\"steps\":%lld,\"connections\":%d}",
+                 closing ? "shutting down" : "ok", live, queued, tokens, steps, npeers);
+        return reply(s, mc, closing ? 503 : 200, strdup(b));
+    }
+    case R_MODELS:
+        return reply(s, mc, 200, sm_api_models(s->api.name, s->created, s->api.max_len, 1));
+    case R_MODEL:
+        if (strcmp(url + 11, s->api.name)) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "The model '%.200s' does not exist (this server serves '%s')", url + 11, s->api.name);
+            return reply_error(s, mc, 404, msg, "model", "model_not_found");
+        }
+        return reply(s, mc, 200, sm_api_models(s->api.name, s->created, s->api.max_len, 0));
+    case R_CHAT:
+        return reply_error(s, mc, 400,
+                           s->chat_template
+                               ? "this model's chat template needs a template engine, which this server does not have; "
+                                 "format the conversation yourself and use /v1/completions"
+                               : "this model ships no chat template; use /v1/completions with a prompt",
+                           NULL, "chat_template_unavailable");
+    default:
+        return completions(s, mc, c);
+    }
+}
+
+/* The request line of a request was read: it now has request_timeout to arrive whole. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc) {
+    sm_server *s = cls;
+    peer *p = peer_of(mc);
+    (void)uri;
+    if (p) {
+        pthread_mutex_lock(&s->mu);
+        p->in_request = 1;
+        p->deadline = now_s() + s->o->request_timeout_s;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL; /* on_request makes the request's conn */
+}
+
+/* A request is over (answered, or its connection is closing). */
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    sm_server *s = cls;
+    conn *c = *con_cls;
+    peer *p = peer_of(mc);
+    if (p && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) { /* kept alive: idle until the next request line */
+        pthread_mutex_lock(&s->mu);
+        p->in_request = 0;
+        p->deadline = now_s() + s->o->idle_timeout_s;
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (!c) return;
+    job_free(c->job); /* a plain completion whose client left */
+    sm_sbuf_free(&c->body);
+    free(c);
+    *con_cls = NULL;
+}
+
+/* A connection opened (idle until its request line) or closed (before its socket is). */
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    sm_server *s = cls;
+    peer *p = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        p = calloc(1, sizeof *p);
+        if (!p) return; /* served without deadlines */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        p->fd = ci ? ci->connect_fd : -1;
+        pthread_mutex_lock(&s->mu);
+        p->deadline = now_s() + s->o->idle_timeout_s;
+        p->over = s->npeers >= s->max_conns;
+        p->next = s->peers;
+        if (s->peers) s->peers->prev = p;
+        s->peers = p;
+        s->npeers++;
+        pthread_mutex_unlock(&s->mu);
+        *socket_context = p;
+    } else if (p) {
+        pthread_mutex_lock(&s->mu);
+        if (p->prev) p->prev->next = p->next;
+        else s->peers = p->next;
+        if (p->next) p->next->prev = p->prev;
+        s->npeers--;
+        pthread_mutex_unlock(&s->mu);
+        free(p);
+        *socket_context = NULL;
+    }
+}
+
+/* ---- the watch thread ------------------------------------------------------------------- */
+
+/* Close p at its deadline: a request not received whole is answered 408 first; an idle
+ * connection is just closed.  libmicrohttpd sees the shut-down socket and closes it.  Under s->mu. */
+static void cut_locked(sm_server *s, peer *p) {
+    if (p->in_request && p->fd >= 0) (void)!send(p->fd, s->r408, (size_t)s->r408_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (p->fd >= 0) shutdown(p->fd, SHUT_RDWR);
+    p->deadline = 0;
+    p->cut = 1;
+}
+
+static void *watch_main(void *arg) {
+    sm_server *s = arg;
+    struct pollfd *pf = NULL;
+    job **pj = NULL;
+    size_t cap = 0;
+    struct timespec tick = {0, SM_HTTP_POLL_MS * 1000000L};
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping) {
+        /* hang-ups of parked connections (libmicrohttpd does not watch a suspended socket) */
+        size_t n = 0;
+        for (job *j = s->parked; j; j = j->pnext) {
+            if (n == cap) {
+                size_t nc = cap ? 2 * cap : 64;
+                struct pollfd *npf = realloc(pf, nc * sizeof *pf);
+                if (npf) pf = npf;
+                job **npj = npf ? realloc(pj, nc * sizeof *pj) : NULL;
+                if (!npj) break; /* out of memory: watch the first cap this tick */
+                pj = npj;
+                cap = nc;
+            }
+            pf[n] = (struct pollfd){j->fd, POLLRDHUP, 0};
+            pj[n++] = j;
+        }
+        if (n && poll(pf, n, 0) > 0)
+            for (size_t i = 0; i < n; i++)
+                if (pf[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) {
+                    __atomic_store_n(&pj[i]->gone, 1, __ATOMIC_RELEASE);
+                    unpark_locked(s, pj[i]); /* its callback sees gone and closes */
+                }
+        /* deadlines: idle connections and requests that did not arrive in time */
+        double now = now_s();
+        int late = 0;
+        for (peer *p = s->peers; p; p = p->next)
+            if (p->deadline > 0 && now >= p->deadline) {
+                late += p->in_request;
+                cut_locked(s, p);
+            }
+        if (late && !s->o->quiet)
+            fprintf(stderr, "serve: %d request%s not received whole within %d s: answered 408, closed\n", late,
+                    late > 1 ? "s" : "", s->o->request_timeout_s);
+        pthread_mutex_unlock(&s->mu);
+        nanosleep(&tick, NULL);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(pf);
+    free(pj);
+    return NULL;
+}
+
+/* ---- start and stop --------------------------------------------------------------------- */
+
+/* libmicrohttpd's own messages: kept while starting (the caller's error line quotes the last
+ * one), printed afterwards at most one a second (a thousand clients that hang up at once are
+ * one line and a count, not a thousand lines).  Its own lock: libmicrohttpd may log holding
+ * its locks. */
+static char g_last_log[256];
+static int g_log_live;
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static double g_log_t;  /* when the last line was printed */
+static int g_log_held;  /* messages left out since */
+static void on_log(void *cls, const char *fmt, va_list ap) {
+    const sm_server *s = cls;
+    char line[256];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && (line[n - 1] == '\n' || line[n - 1] == '.')) line[--n] = 0;
+    if (!g_log_live) {
+        memcpy(g_last_log, line, sizeof line);
+        return;
+    }
+    if (s->o->quiet) return;
+    pthread_mutex_lock(&g_log_mu);
+    double t = now_s();
+    if (t - g_log_t < 1.0) {
+        g_log_held++;
+    } else {
+        if (g_log_held) fprintf(stderr, "serve: http: %s (and %d more messages in the last %.0f s)\n", line, g_log_held, t - g_log_t);
+        else fprintf(stderr, "serve: http: %s\n", line);
+        g_log_t = t;
+        g_log_held = 0;
+    }
+    pthread_mutex_unlock(&g_log_mu);
+}
+
+/* Raise the open-file limit to its hard limit and set s->max_conns to what it leaves room
+ * for (one line on stderr when that is less than --max-connections). */
+static int fit_open_files(sm_server *s, sm_err *e) {
+    s->max_conns = s->o->max_connections;
+    rlim_t need = (rlim_t)s->o->max_connections + SM_HTTP_SPARE_CONNECTIONS + SM_HTTP_FD_RESERVE;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return 0;
+    if (rl.rlim_cur < rl.rlim_max) { /* the hard limit, or as much as the kernel allows of it */
+        struct rlimit up = rl;
+        up.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
+        else if (need < rl.rlim_max && (up.rlim_cur = need, setrlimit(RLIMIT_NOFILE, &up) == 0)) rl = up;
+    }
+    if (rl.rlim_cur >= need) return 0;
+    long room = (long)rl.rlim_cur - SM_HTTP_SPARE_CONNECTIONS - SM_HTTP_FD_RESERVE;
+    if (room < 1)
+        return sm_errf(e, "serve: the open-file limit is %llu (ulimit -n), too low to serve; raise it above %d",
+                       (unsigned long long)rl.rlim_cur, SM_HTTP_SPARE_CONNECTIONS + SM_HTTP_FD_RESERVE);
+    s->max_conns = (int)room;
+    fprintf(stderr,
+            "serve: the open-file limit is %llu and cannot be raised (ulimit -Hn): at most %d connections, not "
+            "--max-connections %d\n",
+            (unsigned long long)rl.rlim_cur, s->max_conns, s->o->max_connections);
+    return 0;
+}
+
+int sm_http_start(sm_server *s, sm_err *e) {
+    pthread_mutex_init(&s->mu, NULL);
+    if (fit_open_files(s, e)) return -1;
+    /* the 408 the watch thread writes, whole */
+    char msg[160];
+    snprintf(msg, sizeof msg, "the request was not received whole within %d s (--request-timeout)", s->o->request_timeout_s);
+    char *body = sm_api_error(msg, "invalid_request_error", NULL, "request_timeout");
+    if (!body) return sm_errf(e, "serve: out of memory");
+    s->r408_len = snprintf(s->r408, sizeof s->r408,
+                           "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                           "Connection: close\r\n\r\n%s",
+                           strlen(body), body);
+    free(body);
+    if (s->r408_len < 0 || s->r408_len >= (int)sizeof s->r408) return sm_errf(e, "serve: the 408 answer is too long");
+
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->o->port);
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    int rc = getaddrinfo(s->o->host, port, &hints, &ai);
+    if (rc) return sm_errf(e, "serve: --host '%s': %s", s->o->host, gai_strerror(rc));
+    /* epoll (poll where there is none) in a pool of polling threads; parked connections */
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    unsigned limit = (unsigned)s->max_conns + SM_HTTP_SPARE_CONNECTIONS;
+    /* libmicrohttpd's inactivity timeout only cuts a stalled answer: the watch thread's deadlines come first */
+    int t = s->o->request_timeout_s > s->o->idle_timeout_s ? s->o->request_timeout_s : s->o->idle_timeout_s;
+    unsigned send_timeout = (unsigned)(t > SM_HTTP_SEND_TIMEOUT_S ? t : SM_HTTP_SEND_TIMEOUT_S) + 1;
+    g_last_log[0] = 0;
+    s->d = MHD_start_daemon(flags, (uint16_t)s->o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SM_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT, limit,
+                            MHD_OPTION_CONNECTION_TIMEOUT, send_timeout,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SM_HTTP_CONN_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d)
+        return sm_errf(e, "serve: cannot listen on %s port %d: %s", s->o->host, s->o->port,
+                       g_last_log[0] ? g_last_log : "libmicrohttpd refused to start");
+    g_log_live = 1;
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : s->o->port;
+    rc = pthread_create(&s->watch, NULL, watch_main, s);
+    if (rc) {
+        MHD_stop_daemon(s->d);
+        s->d = NULL;
+        return sm_errf(e, "serve: cannot start the watch thread: %s", strerror(rc));
+    }
+    s->watching = 1;
+    return 0;
+}
+
+void sm_http_quiesce(sm_server *s) {
+    if (!s->d) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->d);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+void sm_http_stop(sm_server *s) {
+    if (!s->d) return;
+    /* libmicrohttpd stops only with no connection suspended: resume every parked one, park no more */
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    while (s->parked) unpark_locked(s, s->parked);
+    pthread_mutex_unlock(&s->mu);
+    if (s->watching) pthread_join(s->watch, NULL);
+    s->watching = 0;
+    MHD_stop_daemon(s->d); /* closes every connection: their peers are freed */
+    s->d = NULL;
+    pthread_mutex_destroy(&s->mu);
+}

@@ -1,0 +1,104 @@
+/* serve_sched.h: the engine thread of `sparkmono serve`: one thread owns the engine and runs
+ * every live request in the same verify steps (continuous batching), a bounded FIFO queue in
+ * front of it, and the hand-off of generated ids to the connection threads.
+ *
+ * A connection thread builds an sm_sreq (prompt ids, budget, sampling) and submits it; the
+ * engine thread admits queued requests between verify steps while fewer than max_requests
+ * are live (add + prefill, which emits the first token), runs one verify step over all of
+ * them, appends each request's new ids to its sm_sreq and wakes the waiting connection.  A
+ * request is shared by the two threads and freed by whichever releases it last (refs).  The
+ * consumer cancels a request (client gone, a stop string matched) and the engine thread
+ * removes it from the engine before the next step.  All shared fields are under one mutex;
+ * each request has its own condition variable so a step wakes only the connections it fed.
+ * We rejected a lock-free ring per request: a step publishes at most max_requests small
+ * appends, far below the cost of the step itself, and a plain mutex is easy to get right.
+ */
+#ifndef SM_SERVE_SCHED_H
+#define SM_SERVE_SCHED_H
+#include <pthread.h>
+#include "base/err.h"
+#include "sparkmono.h"
+
+/* How a request ended (sm_sreq.done). */
+enum {
+    SM_SREQ_RUNNING = 0,
+    SM_SREQ_EOS = 1,       /* an eos id was emitted */
+    SM_SREQ_LENGTH = 2,    /* max_tokens reached */
+    SM_SREQ_FAILED = 3,    /* the engine failed (err holds the line) */
+    SM_SREQ_CANCELLED = 4  /* cancelled by the consumer or by shutdown */
+};
+
+typedef struct sm_sreq {
+    /* set by the submitter, read-only once submitted */
+    int *prompt;               /* [n] prompt ids in [0, V) (owned: freed with the request) */
+    int n;                     /* prompt length >= 1 */
+    int max_tokens;            /* >= 1 */
+    sparkmono_sampling samp;   /* temperature 0: greedy */
+    unsigned long long serial; /* request number, for the log */
+    /* shared, under the scheduler's mutex */
+    int *ids;                  /* [cap] generated ids, the first nids valid */
+    int nids, cap;
+    int done;                  /* SM_SREQ_* */
+    int cancel;                /* set by the consumer: stop and free the engine slot */
+    int refs;                  /* holders: the submitter and, once submitted, the engine thread */
+    int steps, accepted;       /* verify steps taken, drafts accepted (from the engine) */
+    char err[256];             /* the failure line when done == SM_SREQ_FAILED or CANCELLED */
+    void (*notify)(void *arg); /* called (under the mutex, by any thread) when ids or done change */
+    void *notify_arg;          /* set before submitting; cleared by sm_sreq_release */
+    struct sm_sreq *next;      /* queue link (engine thread and submitter, under the mutex) */
+    double t_submit, t_first;  /* monotonic seconds: submitted, first id out (0 before) */
+} sm_sreq;
+
+/* Submission results besides 0. */
+enum { SM_SCHED_FULL = 1, SM_SCHED_CLOSED = 2 };
+
+typedef struct sm_sched {
+    sparkmono_engine *g;       /* owned by the engine thread while it runs */
+    int max_req;               /* engine request slots */
+    int R;                     /* rows per request of a verify step */
+    int queue_cap;             /* most requests waiting beyond the live ones */
+    pthread_mutex_t mu;        /* guards everything below and every sm_sreq's shared fields */
+    pthread_cond_t work;       /* engine thread: a submission, a cancel or a stop */
+    pthread_cond_t idle;       /* signalled when nothing is live or queued */
+    sm_sreq *qhead, *qtail;    /* FIFO of waiting requests */
+    int nqueued;
+    sm_sreq **live;            /* [max_req] request of each engine slot, NULL when free */
+    int nlive;
+    int closed;                /* no new submissions (shutdown) */
+    int quit;                  /* engine thread: exit once nothing is live or queued */
+    int *ntok, *toks;          /* [max_req], [max_req * R] verify outputs (engine thread) */
+    long long tokens, steps;   /* ids emitted, verify steps run (stats) */
+    pthread_t th;
+    int started;
+} sm_sched;
+
+/* A new request (refs = 1, owned by the caller) taking ownership of prompt [n]. */
+sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_sampling *s);
+/* Drop one reference (the caller's; its notify callback is not called again); the last one
+ * frees the request. */
+void sm_sreq_release(sm_sched *s, sm_sreq *r);
+
+/* Start the engine thread over g (request_rows R, max_req slots) with a queue of queue_cap. */
+int sm_sched_start(sm_sched *s, sparkmono_engine *g, int max_req, int R, int queue_cap, sm_err *e);
+/* Queue r (the engine thread takes a second reference).  0, SM_SCHED_FULL (max_req requests
+ * live or about to be, and queue_cap more waiting) or SM_SCHED_CLOSED (shutting down). */
+int sm_sched_submit(sm_sched *s, sm_sreq *r);
+/* Copies r's ids [have, nids) to out [cap] (as many as fit) without waiting; returns how
+ * many, and *done the state (SM_SREQ_RUNNING until every id has been taken). */
+int sm_sched_poll(sm_sched *s, sm_sreq *r, int have, int *out, int cap, int *done);
+/* Ask the engine thread to drop r (client gone, stop string matched). */
+void sm_sched_cancel(sm_sched *s, sm_sreq *r);
+/* Refuse new submissions from now on. */
+void sm_sched_close(sm_sched *s);
+/* Wait at most timeout_ms for nothing to be live or queued; 1 when idle. */
+int sm_sched_wait_idle(sm_sched *s, int timeout_ms);
+/* Cancel every queued and live request with message why. */
+void sm_sched_cancel_all(sm_sched *s, const char *why);
+/* Stop the engine thread (after cancelling whatever is left) and free the scheduler. */
+void sm_sched_stop(sm_sched *s);
+/* Requests live in the engine and waiting in the queue now; ids emitted and verify steps run. */
+void sm_sched_counts(sm_sched *s, int *live, int *queued, long long *tokens, long long *steps);
+/* Monotonic seconds. */
+double sm_sched_now(void);
+
+#endif
