@@ -6,7 +6,7 @@
 # itself (it runs make); a fresh CPU build prints one short line a built file, says it is the
 # CPU engine only, and keeps its intermediate objects (so `make test` ends with the summary
 # line, not an `rm` of them); the model's specification is in the repository and nothing cites
-# a file outside it.
+# a file outside it; no host folder of src/ includes a folder above it (docs/architecture.md).
 NAME=setup
 . "$(dirname "$0")/lib_cli.sh"
 
@@ -61,5 +61,25 @@ if grep -rn 'SPEC\.md' src tools tests include docs bench README.md Makefile --e
     fail spec_cited_in_repo "$(head -n 3 "$T/cite")"
 else
     pass spec_cited_in_repo
+fi
+
+# ---- the folders' include rule (docs/architecture.md, "Who may include what"): a file of
+# src/A/ includes headers of A and of folders on a lower floor only.  Floors from the ground:
+# base 1, model 2, parallel / backend / testing 3, cpu / cuda 4, engine 5, serve 6.
+floor() { case $1 in base) echo 1;; model) echo 2;; parallel|backend|testing) echo 3;;
+    cpu|cuda) echo 4;; engine) echo 5;; serve) echo 6;; *) echo 0;; esac; }
+up=""
+for f in $(find src -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh'); do
+    a=$(echo "$f" | cut -d/ -f2); fa=$(floor "$a")
+    for b in $(sed -n 's|^ *# *include *"\([a-z]*\)/.*|\1|p' "$f" | sort -u); do
+        fb=$(floor "$b")
+        if [ "$fb" -gt 0 ] && [ "$b" != "$a" ] && [ "$fb" -ge "$fa" ]; then up="$up $f->$b/"; fi
+    done
+done
+nfold=$(ls -d src/*/ | wc -l)
+if [ -z "$up" ] && [ "$nfold" -eq 9 ] && [ -z "$(ls src/*.c src/*.h 2>/dev/null)" ]; then
+    pass include_folders_down; echo "  $nfold folders, no include runs up"
+else
+    fail include_folders_down "$nfold folders (9 expected), files at src/: $(ls src/*.[ch] 2>/dev/null | head -3); up:$up"
 fi
 done_
