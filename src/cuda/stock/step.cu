@@ -182,8 +182,10 @@ int cb_step_run(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
     if (s->nrows == 0) return 0;
     if (cb_enter(c, e) || cb_reserve_outputs(c, s->naux, s->logits != NULL, e)) return -1;
     const int gf = cb_graph_form(s), graphs = gf && !c->eager_only;
-    /* virtual ranks with the monokernel: the bucket's run without a graph */
-    const int bucketed = gf && c->eager_only && c->mono && c->mono_mode != SM_MONO_OFF;
+    /* virtual ranks: the bucket's run without a graph, the very launches a graph of distinct
+     * devices replays (the prefill form would split the matmuls and the attention keys of the
+     * same rows otherwise, so the monokernel world and the stock world would differ in bits) */
+    const int bucketed = gf && c->eager_only;
     if (!graphs && !bucketed && c->mono_mode != SM_MONO_OFF) cb_mono_note_eager(c);
     int rc = graphs || bucketed ? cb_step_graphs(c, s, bucketed, e) : cb_step_eager(c, s, e);
     if (rc) cudaStreamSynchronize(c->st); /* leave nothing of a failed step in flight */

@@ -264,8 +264,8 @@ int cb_capture(sm_cuda_dev *c, const cb_run *r, cudaGraphExec_t *out, sm_err *e)
 /* Enqueue a graph-form chunk already packed (bytes of metadata, nb padded rows): metadata
  * copy + graph replay, capturing on first use (*fresh = 1: it then ran eagerly once). */
 int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e);
-/* The graph form of a bucket run eagerly (virtual ranks with the monokernel: their joint
- * launches meet at host barriers, which a graph cannot hold): the same run as the capture. */
+/* The graph form of a bucket run eagerly (virtual ranks: their exchanges meet at host barriers,
+ * which a graph cannot hold): the same run as the capture. */
 int cb_launch_bucket_eager(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, sm_err *e);
 /* Destroy every graph (aux_only: only those that copy aux entries). */
 void cb_graphs_drop(sm_cuda_dev *c, int aux_only);
