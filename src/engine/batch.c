@@ -132,7 +132,7 @@ sm_status sparkmono_batch_submit(sparkmono_batch *b, const int *prompt, int n, i
         free(w->prompt);
         free(w);
         char m[160];
-        snprintf(m, sizeof m, "sparkmono_batch_submit: %d requests live and %d waiting: the queue is full", b->max_req,
+        snprintf(m, sizeof m, "sparkmono_batch_submit: every one of the %d request slots taken and %d waiting: the queue is full", b->max_req,
                  b->queue_cap);
         return sm_engine_fail(SM_E_CACHE, m);
     }
