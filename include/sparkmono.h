@@ -217,7 +217,8 @@ sm_status sparkmono_batch_step(sparkmono_batch *b, const sparkmono_batch_event *
 /* Requests live in the engine and waiting now (either pointer may be NULL). */
 void sparkmono_batch_counts(sparkmono_batch *b, int *live, int *queued);
 
-/* The version of the library ("0.2.0"): the one version string of the project. */
+/* The version of the library: the one version string of the project (`sparkmono --version`,
+ * the Python package's __version__ and its metadata read it). */
 #define SPARKMONO_VERSION "0.2.0"
 const char *sparkmono_version(void);
 

@@ -60,8 +60,6 @@ struct sparkmono_batch {
     size_t nid, idcap;
 };
 
-const char *sparkmono_version(void) { return SPARKMONO_VERSION; }
-
 sm_status sparkmono_batch_create(sparkmono_engine *g, int queue_cap, sparkmono_batch **out) {
     if (!g || !out) return sm_engine_fail(SM_E_INVALID, "sparkmono_batch_create: NULL argument");
     *out = NULL;

@@ -35,6 +35,8 @@ static _Thread_local sm_err g_err;
 
 const char *sparkmono_errmsg(void) { return g_err.msg; }
 
+const char *sparkmono_version(void) { return SPARKMONO_VERSION; }
+
 const char *sparkmono_status_str(sm_status s) {
     switch (s) {
     case SM_OK: return "ok";
