@@ -156,7 +156,6 @@ static void *engine_main(void *arg) {
 
 int sm_sched_start(sm_sched *s, sparkmono_engine *g, int queue_cap, sm_err *e) {
     memset(s, 0, sizeof *s);
-    s->g = g;
     if (sparkmono_batch_create(g, queue_cap, &s->b)) return sm_errf(e, "serve: %s", sparkmono_errmsg());
     pthread_mutex_init(&s->mu, NULL);
     int rc = cond_init(&s->work) || cond_init(&s->idle) ? -1 : pthread_create(&s->th, NULL, engine_main, s);

@@ -55,8 +55,7 @@ typedef struct sm_sreq {
 enum { SM_SCHED_FULL = 1, SM_SCHED_CLOSED = 2 };
 
 typedef struct sm_sched {
-    sparkmono_engine *g;       /* the engine (its batch's), stepped by the engine thread only */
-    sparkmono_batch *b;        /* the engine's batch: FIFO, slots, steps (src/engine/batch.c) */
+    sparkmono_batch *b;        /* the engine's batch (FIFO, slots, steps: src/engine/batch.c), stepped by the engine thread */
     pthread_mutex_t mu;        /* guards everything below and every sm_sreq's shared fields */
     pthread_cond_t work;       /* engine thread: a submission, a cancel or a stop */
     pthread_cond_t idle;       /* signalled when nothing is live or queued */
