@@ -70,8 +70,9 @@ TESTS    := $(TEST_SRC:tests/%.c=$(B)/tests/%)
 
 ifeq ($(CUDA),1)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# -fPIC: the same objects go into the CLI and into libsparkmono.so (`make CUDA=1 shared`)
 NVFLAGS  := -std=c++17 -O3 -g -lineinfo -gencode=arch=compute_90a,code=sm_90a \
-            -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -MMD -MP -Isrc -Iinclude
+            -Xcompiler -Wall,-Wextra,-Werror,-fPIC -Werror all-warnings -MMD -MP -Isrc -Iinclude
 CU_SRC   := $(sort $(shell find src/cuda -name '*.cu'))
 CU_OBJ   := $(CU_SRC:%.cu=$(B)/%.o)
 CU_LIB   := $(B)/libsparkmono_cuda.a
@@ -109,7 +110,7 @@ all: $(B)/libsparkmono.a $(B)/sparkmono
 FLAGS_C   := $(B)/.flags-c
 FLAGS_PIC := $(B)/.flags-pic
 FLAGS_CU  := $(B)/.flags-cu
-PIC_CFLAGS := $(BASE_CFLAGS) -fPIC
+PIC_CFLAGS := $(BASE_CFLAGS) -fPIC $(if $(filter 1,$(CUDA)),-DSM_HAVE_CUDA=1 -I$(CUDA_HOME)/include)
 TXT_C     = $(CC) $(CFLAGS)
 TXT_PIC   = $(CC) $(PIC_CFLAGS)
 TXT_CU    = $(NVCC) $(NVFLAGS)
@@ -162,20 +163,22 @@ $(B)/sparkmono: $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB) $(FLAGS_C)
 	$(if $(filter 1,$(CUDA)),$(call say,LD,$@),$(if $(findstring s,$(FLAGS1)),,@printf '  %-5s %s\n' LD '$@ (the CPU engine only: $(or $(CUDA_WHY),CUDA=0); make CUDA=1 adds the CUDA backend)'))
 	$(Q)$(CC) $(CFLAGS) $(CLI_OBJ) $(LINK_LIBS) $(SERVE_LIBS) -o $@
 
-# The Python binding's shared library (python/, CPU backend only): the library's sources again,
-# compiled with -fPIC into $(B)/pic/ without the CUDA backend, linked against the system's
-# shared jansson and pcre2 (their static archives are not position-independent).  The server
-# (src/serve/) stays out: it needs libmicrohttpd, and Python has its own HTTP servers.
+# The Python binding's shared library (python/): the library's sources again, compiled with
+# -fPIC into $(B)/pic/, linked against the system's shared jansson and pcre2 (their static
+# archives are not position-independent).  With CUDA=1 it holds the CUDA backend too (the
+# same -fPIC objects as the CLI's: `make B=build-cuda CUDA=1 shared`, then SPARKMONO_LIB=
+# build-cuda/libsparkmono.so); without, the CPU backend only.  The server (src/serve/) stays
+# out: it needs libmicrohttpd, and Python has its own HTTP servers.
 PIC_SRC  := $(filter-out src/serve/%,$(LIB_SRC))
 PIC_OBJ  := $(PIC_SRC:%.c=$(B)/pic/%.o)
-SO_LIBS  := -ljansson -lpcre2-8 -lm -lpthread
+SO_LIBS  := -ljansson -lpcre2-8 -lm -lpthread $(if $(filter 1,$(CUDA)),$(CUDA_LIBS))
 $(B)/pic/%.o: %.c $(FLAGS_PIC) | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(call say,CC,$@)
 	$(Q)$(CC) $(PIC_CFLAGS) -c $< -o $@
-$(B)/libsparkmono.so: $(PIC_OBJ)
+$(B)/libsparkmono.so: $(PIC_OBJ) $(CU_OBJ)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(PIC_CFLAGS) -shared -Wl,--no-undefined $^ $(SO_LIBS) -o $@
+	$(Q)$(CC) $(PIC_CFLAGS) -shared -Wl,--no-undefined $(PIC_OBJ) $(CU_OBJ) $(SO_LIBS) -o $@
 shared: $(B)/libsparkmono.so
 
 # Each CPU test is its own program; tests may use tools/cli.c for shared parsing.

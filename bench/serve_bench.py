@@ -130,7 +130,7 @@ def run_binding(model, reqs, rows, threads):
     import sparkmono
 
     with sparkmono.Model(model) as m, sparkmono.Engine(m, request_rows=rows, max_requests=len(reqs),
-                                                       max_len=max(len(p) + n for p, n in reqs), threads=threads) as e:
+                                                       max_len=max(len(p) + n for p, n in reqs), threads=threads or None) as e:
         e.generate([5, 6, 7], max_tokens=4)
         t0 = time.monotonic()
         outs = [None] * len(reqs)

@@ -163,6 +163,65 @@ sm_status sparkmono_output(const sparkmono_engine *g, int req, const int **ids, 
  * Error when the engine has no aux layers or req was not in the last step. */
 sm_status sparkmono_aux(const sparkmono_engine *g, int req, float *out, int *nrows);
 
+/* ---- continuous batching (src/engine/batch.c) -------------------------------------------- */
+
+/* A batch owns the request slots of one engine and a FIFO of requests waiting for them: each
+ * call of sparkmono_batch_step admits waiting requests while slots are free (add + prefill,
+ * which emits each one's first token), runs one verify step over every live request, and
+ * reports every request that got ids or ended; ended ones leave the engine at once.  Batch
+ * invariance: a request's ids do not depend on what it is batched with.  submit, cancel and
+ * counts may be called from any thread; admit, verify, step and destroy from one thread at a
+ * time.  While a batch exists, the engine's requests are its own (no sparkmono_add beside it).
+ * We rejected a callback a request: Python (ctypes) and the server's lock discipline both
+ * prefer an array of results read after the call. */
+typedef struct sparkmono_batch sparkmono_batch;
+
+/* How a batched request ended (sparkmono_batch_event.done). */
+enum { SM_BATCH_RUNNING = 0, SM_BATCH_EOS = 1, SM_BATCH_LENGTH = 2, SM_BATCH_FAILED = 3, SM_BATCH_CANCELLED = 4 };
+
+typedef struct sparkmono_batch_event {
+    long long id;            /* the request, as sparkmono_batch_submit numbered it */
+    void *user;              /* as given to sparkmono_batch_submit */
+    const int *ids;          /* [n] ids generated since its last event (owned by the batch, valid
+                                until its next admit / verify / step / destroy) */
+    int n;                   /* new ids (0 for an end without new ids) */
+    int ngen;                /* ids generated so far, these included */
+    int done;                /* SM_BATCH_*: RUNNING, or how it ended (its last event) */
+    int prompt_len;          /* tokens of its prompt */
+    int steps, accepted;     /* verify steps it took part in, drafts accepted over them */
+    const char *err;         /* done FAILED or CANCELLED: one line (else ""); owned like ids */
+} sparkmono_batch_event;
+
+/* A batch over g's request slots (g must outlive it) with at most queue_cap requests waiting
+ * beyond the free slots (-1: no limit). */
+sm_status sparkmono_batch_create(sparkmono_engine *g, int queue_cap, sparkmono_batch **out);
+/* Destroy a batch: waiting requests are dropped, live ones removed from the engine (no events). */
+void sparkmono_batch_destroy(sparkmono_batch *b);
+/* Queue a request (prompt [n] copied; max_tokens >= 1; s NULL: greedy) after checking it as
+ * sparkmono_add would; *id numbers it (1, 2, ... over the batch's life).  SM_E_CACHE when
+ * every slot is taken and queue_cap requests wait already. */
+sm_status sparkmono_batch_submit(sparkmono_batch *b, const int *prompt, int n, int max_tokens, const sparkmono_sampling *s,
+                                 void *user, long long *id);
+/* Cancel request id.  *queued (may be NULL) = 1: it was waiting and is gone now, no event will
+ * follow; 0: it is live and leaves before the next verify step, its last event CANCELLED.
+ * SM_E_INVALID when id is neither waiting nor live (never submitted, or its last event made). */
+sm_status sparkmono_batch_cancel(sparkmono_batch *b, long long id, int *queued);
+/* The two halves of a step, each reporting into *ev [*nev]: admit (cancelled requests leave,
+ * waiting ones join while slots are free) and verify (one verify step over the live requests;
+ * a failed step ends every request in it FAILED and returns its status).  A request's first
+ * event may come from admit (its first token) so a server can send it before the verify. */
+sm_status sparkmono_batch_admit(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev);
+sm_status sparkmono_batch_verify(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev);
+/* admit then verify, their events together (a request's ids of both in one event). */
+sm_status sparkmono_batch_step(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev);
+/* Requests live in the engine and waiting now (either pointer may be NULL). */
+void sparkmono_batch_counts(sparkmono_batch *b, int *live, int *queued);
+
+/* The version of the library: the one version string of the project (`sparkmono --version`,
+ * the Python package's __version__ and its metadata read it). */
+#define SPARKMONO_VERSION "0.2.0"
+const char *sparkmono_version(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,8 +2,12 @@
 (`pip install ./python`): $SPARKMONO_LIB, else ../build/libsparkmono.so from `make shared`.
 Without one the package still installs and looks for the library at import time
 (sparkmono/_lib.py says where).  We rejected compiling the C sources here: the project's
-Makefile is the one build, and the wheel would need a compiler."""
+Makefile is the one build, and the wheel would need a compiler.  The package's version is
+the library's (sparkmono_version()), else the one include/sparkmono.h beside this folder
+defines: the project has one version string."""
+import ctypes
 import os
+import re
 import shutil
 
 from setuptools import setup
@@ -12,10 +16,27 @@ from setuptools.command.build_py import build_py
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def lib_path():
+    return os.environ.get("SPARKMONO_LIB") or os.path.join(HERE, "..", "build", "libsparkmono.so")
+
+
+def version():
+    src = lib_path()
+    if os.path.isfile(src):
+        f = ctypes.CDLL(os.path.abspath(src)).sparkmono_version
+        f.restype = ctypes.c_char_p
+        return f().decode()
+    hdr = os.path.join(HERE, "..", "include", "sparkmono.h")
+    m = re.search(r'#define SPARKMONO_VERSION "([^"]+)"', open(hdr).read()) if os.path.isfile(hdr) else None
+    if not m:
+        raise SystemExit("sparkmono: neither %s nor %s: cannot tell the version" % (src, hdr))
+    return m.group(1)
+
+
 class BuildPyWithLib(build_py):
     def run(self):
         super().run()
-        src = os.environ.get("SPARKMONO_LIB") or os.path.join(HERE, "..", "build", "libsparkmono.so")
+        src = lib_path()
         if os.path.isfile(src):
             dst = os.path.join(self.build_lib, "sparkmono", "libsparkmono.so")
             os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -24,4 +45,4 @@ class BuildPyWithLib(build_py):
             print("sparkmono: %s not found (run `make shared`); set SPARKMONO_LIB at run time" % src)
 
 
-setup(cmdclass={"build_py": BuildPyWithLib})
+setup(version=version(), cmdclass={"build_py": BuildPyWithLib})

@@ -2,7 +2,10 @@
 # cli_python.sh BUILD_DIR: the Python binding (python/sparkmono over BUILD_DIR/libsparkmono.so)
 # through pytest (tests/python, with the passfail plugin of tests/serve: one PASS/FAIL line a
 # test).  Under the sanitizers the library needs their runtime loaded first (LD_PRELOAD), and
-# the interpreter's own allocations are not leak-checked.  Prints PASS/FAIL lines and a DONE line.
+# the interpreter's own allocations are not leak-checked.  The CUDA tests (test_cuda.py) run on
+# the library SPARKMONO_CUDA_LIB names, else on BUILD_DIR's when it holds the CUDA backend
+# (`make B=build-cuda CUDA=1 test` on a GPU machine); else they are SKIP lines.  Prints
+# PASS/FAIL/SKIP lines and a DONE line.
 NAME=cli_python
 . "$(dirname "$0")/lib_cli.sh"
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -10,6 +13,9 @@ SO=$(cd "$B" && pwd)/libsparkmono.so
 SM_ABS=$(cd "$(dirname "$SM")" && pwd)/$(basename "$SM")
 
 if [ ! -f "$SO" ]; then fail python_library "$SO missing (make shared)"; done_; fi
+if [ -z "${SPARKMONO_CUDA_LIB:-}" ] && nm -D --defined-only "$SO" 2>/dev/null | grep -q ' sm_cuda_backend_create$'; then
+    export SPARKMONO_CUDA_LIB="$SO"
+fi
 pre=
 if ldd "$SO" | grep -q libasan; then
     pre=$(${CC:-gcc} -print-file-name=libasan.so)

@@ -4,7 +4,8 @@
 # of --help in the README), then the HTTP API through the official `openai` Python client
 # (tests/serve, pytest with the passfail plugin: one PASS/FAIL line a test): completions,
 # streaming, concurrent clients equal to each alone, bad bodies, the 503 queue, client
-# disconnects, SIGTERM (tests/cli_serve_load.sh: slow, idle and many clients).  Prints PASS/FAIL
+# disconnects (test_cancel.py: dead queued and running clients free their places), SIGTERM
+# (tests/cli_serve_load.sh: slow, idle and many clients).  Prints PASS/FAIL
 # lines and a DONE line.
 NAME=cli_serve
 . "$(dirname "$0")/lib_cli.sh"
@@ -71,7 +72,7 @@ kill -TERM $pid 2>/dev/null; wait $pid
 # ---- the HTTP API (pytest)
 if python3 -c 'import openai, pytest, requests, tokenizers' 2>"$T/imp"; then
     PYTHONDONTWRITEBYTECODE=1 SM_BIN="$SM_ABS" PYTHONPATH="$HERE/serve" \
-        python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve/test_serve.py" >"$T/py.out" 2>&1
+        python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve/test_serve.py" "$HERE/serve/test_cancel.py" >"$T/py.out" 2>&1
     rc=$?
     cat "$T/py.out"
     p=$(grep -c '^PASS ' "$T/py.out"); f=$(grep -c '^FAIL ' "$T/py.out")

@@ -3,7 +3,8 @@
 # script (tests/cli_*.sh, given the build dir), as many at once as there are cores.  Each
 # prints PASS/FAIL lines and a DONE line into its log, BUILD_DIR/test-logs/NAME.log; this
 # prints one line a test file as it ends (with its FAIL lines under it) and, last,
-# "N passed, N failed".  A program that exits non-zero without reporting a FAIL, that never
+# "N passed, N failed" (after "N skipped" when tests printed SKIP lines: they need a GPU or a
+# CUDA build this machine lacks).  A program that exits non-zero without reporting a FAIL, that never
 # prints its DONE line (crash, sanitizer abort) or that runs past SM_TEST_TIMEOUT seconds
 # (default 600) counts as one failure.  We rejected printing every log: 26 files and 700 lines
 # hide the one that failed.
@@ -27,17 +28,18 @@ if [ "${1:-}" = --one ]; then
         "$@" >"$log" 2>&1 </dev/null; rc=$?
     fi
     secs=$(awk -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
-    p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log")
+    p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); sk=$(grep -c '^SKIP ' "$log")
     why=
     if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then why="timed out after ${SM_TEST_TIMEOUT:-600} s"
     elif ! grep -q '^DONE ' "$log"; then why="exit $rc, no DONE line"
     elif [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then why="exit $rc without a FAIL line"
     fi
     [ -n "$why" ] && f=$((f + 1))
-    echo "$p $f" >"$L/$n.res"
+    echo "$p $f $sk" >"$L/$n.res"
     out="$L/$n.out"
+    skipped=; [ "$sk" -gt 0 ] && skipped=" ($sk skipped)"
     if [ "$f" -eq 0 ]; then
-        printf 'ok   %-34s %4d passed  %6s s\n' "$t" "$p" "$secs" >"$out"
+        printf 'ok   %-34s %4d passed  %6s s%s\n' "$t" "$p" "$secs" "$skipped" >"$out"
     else
         printf 'FAIL %-34s %4d passed, %d failed  %s s\n' "$t" "$p" "$f" "$secs" >"$out"
         grep '^FAIL ' "$log" | sed 's/^/     /' >>"$out"
@@ -75,15 +77,17 @@ for t in tests/cli_serve_load.sh "$B"/tests/test_sample tests/cli_setup.sh tests
 done
 printf '%s\n' $list | xargs -P "$jobs" -I{} sh "$0" --one "$B" "$L" {}
 
-pass=0; fail=0
+pass=0; fail=0; skip=0
 for t in $list; do
     n=$(basename "$t" .sh)
     if [ -f "$L/$n.res" ]; then
-        read -r p f <"$L/$n.res"
+        read -r p f sk <"$L/$n.res"
     else
-        echo "FAIL $t (did not run)"; p=0; f=1
+        echo "FAIL $t (did not run)"; p=0; f=1; sk=0
     fi
-    pass=$((pass + p)); fail=$((fail + f))
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + sk))
 done
+# skipped: tests that need what this machine lacks (SKIP lines: a GPU, a CUDA build)
+[ "$skip" -gt 0 ] && echo "$skip skipped (their SKIP lines in $L say what they need)"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

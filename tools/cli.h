@@ -13,8 +13,6 @@
 #include "base/err.h"
 #include "parallel/shard.h"
 
-#define SM_VERSION "0.2.0" /* `sparkmono --version` */
-
 typedef struct cli_opt {
     const char *name;        /* without the leading "--" */
     const char *arg;         /* value placeholder in help ("DIR", "N"); NULL: a switch */

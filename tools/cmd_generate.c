@@ -14,7 +14,8 @@
  * encoded with the model directory's tokenizer.json (src/model/tokenizer.h; no bos added), and a
  * result's text is its ids decoded without the special tokens.  Then up to
  * --max-requests requests are live at once: between two verify steps the finished ones leave
- * (their slots and cache pages freed) and waiting ones join (add + prefill), in file order.
+ * (their slots and cache pages freed) and waiting ones join (add + prefill), in file order:
+ * the engine's batch (sparkmono_batch_*, src/engine/batch.c) does it, as for `serve`.
  * Results are JSONL in input order (a finished request waits for those before it), on stdout
  * or through src/base/outfile.c into --out; a progress line goes to stderr.  Since a request's
  * tokens depend only on its prompt and sampling (sample.h: batch-invariant draws), each
@@ -98,6 +99,9 @@ typedef struct breq {
     int max_tokens;
     sparkmono_sampling s;
     char *result;            /* its JSON result line once finished (malloc'd), else NULL */
+    int *out;                /* [max_tokens] its generated ids (malloc'd once submitted) */
+    int nout;                /* of which the first nout are out */
+    int steps;               /* verify steps it took part in so far */
 } breq;
 
 static void breqs_free(breq *q, int n) {
@@ -105,6 +109,7 @@ static void breqs_free(breq *q, int n) {
         free(q[i].ids);
         free(q[i].text);
         free(q[i].result);
+        free(q[i].out);
     }
     free(q);
 }
@@ -269,10 +274,11 @@ typedef struct batch_cfg {
 static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const sparkmono_engine_opts *eo0, const batch_cfg *bc,
                      const breq *dflt) {
     breq *q = NULL;
-    int nq = 0, rc = 2, *slot_of = NULL;
+    int nq = 0, rc = 2;
     sm_err e = {{0}};
     sparkmono_model *m = NULL;
     sparkmono_engine *g = NULL;
+    sparkmono_batch *b = NULL;
     sm_outfile of;
     memset(&of, 0, sizeof of);
     sm_tokenizer *tk = NULL;
@@ -323,47 +329,47 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const s
     eo.max_requests = bc->max_requests < nq ? bc->max_requests : nq;
     eo.max_len = (int)max_len;
     if (sparkmono_engine_create(m, &eo, &g)) goto fail;
-    if (!(slot_of = malloc((size_t)eo.max_requests * sizeof(int)))) { sm_errf(&e, "%s: out of memory", cmd); goto bad; }
-    for (int i = 0; i < eo.max_requests; i++) slot_of[i] = -1;
+    /* every request into the batch's queue (checked above, so none is refused), in file order */
+    if (sparkmono_batch_create(g, -1, &b)) goto fail;
+    for (int i = 0; i < nq; i++) {
+        long long id;
+        if (!(q[i].out = malloc((size_t)q[i].max_tokens * sizeof(int)))) { sm_errf(&e, "%s: out of memory", cmd); goto bad; }
+        if (sparkmono_batch_submit(b, q[i].ids, q[i].n, q[i].max_tokens, &q[i].s, &q[i], &id)) goto fail;
+    }
 
-    /* continuous batching: join, one verify step, leave; results flushed in input order */
+    /* continuous batching (src/engine/batch.c): join, one verify step, leave; results flushed in input order */
     FILE *out = bc->out ? of.f : stdout;
-    int next = 0, finished = 0, live = 0, flushed = 0;
+    int finished = 0, flushed = 0, live = 0;
     long toks = 0, steps = 0, acc_sum = 0, step_sum = 0;
     double t0 = now_s();
     while (finished < nq) {
-        while (live < eo.max_requests && next < nq) {
-            int id;
-            if (sparkmono_add_sampled(g, q[next].ids, q[next].n, q[next].max_tokens, &q[next].s, &id)) goto fail;
-            slot_of[id] = next++;
-            live++;
-            if (sparkmono_prefill(g, id, NULL)) goto fail;
-        }
-        int nreq;
-        if (sparkmono_verify(g, NULL, NULL, &nreq)) goto fail;
-        steps += nreq > 0;
-        for (int id = 0; id < eo.max_requests; id++) {
-            sparkmono_request_info in;
-            if (slot_of[id] < 0) continue;
-            if (sparkmono_request_get_info(g, id, &in)) goto fail;
-            if (!in.done) continue;
-            const int *ids;
-            int n;
+        const sparkmono_batch_event *ev;
+        int nev, verified = 0;
+        if (sparkmono_batch_step(b, &ev, &nev)) goto fail;
+        for (int k = 0; k < nev; k++) {
+            breq *r = ev[k].user;
+            memcpy(r->out + r->nout, ev[k].ids, (size_t)ev[k].n * sizeof(int));
+            r->nout += ev[k].n;
+            verified |= ev[k].steps > r->steps; /* a verify step ran: its requests' step counts grew */
+            r->steps = ev[k].steps;
+            if (ev[k].done == SM_BATCH_RUNNING) continue;
+            if (ev[k].done != SM_BATCH_EOS && ev[k].done != SM_BATCH_LENGTH) {
+                sm_errf(&e, "%s: %s:%ld: %s", cmd, bc->path, r->line, ev[k].err);
+                goto bad;
+            }
+            sparkmono_request_info in = {.prompt_len = ev[k].prompt_len, .done = ev[k].done, .steps = ev[k].steps,
+                                         .accepted = ev[k].accepted};
             char *text = NULL;
-            breq *r = &q[slot_of[id]];
-            if (sparkmono_output(g, id, &ids, &n)) goto fail;
-            if (tk && decode_text(tk, ids, n, &text, &e)) { sm_errprefix(&e, "%s: %s:%ld", cmd, bc->path, r->line); goto bad; }
-            int bad_json = result_line(slot_of[id], r, ids, n, &in, text, &e);
+            if (tk && decode_text(tk, r->out, r->nout, &text, &e)) { sm_errprefix(&e, "%s: %s:%ld", cmd, bc->path, r->line); goto bad; }
+            int bad_json = result_line((int)(r - q), r, r->out, r->nout, &in, text, &e);
             free(text);
             if (bad_json) goto bad;
-            toks += n;
+            toks += r->nout;
             acc_sum += in.accepted;
             step_sum += in.steps;
-            if (sparkmono_remove(g, id)) goto fail;
-            slot_of[id] = -1;
-            live--;
             finished++;
         }
+        steps += verified;
         /* results in input order: every finished one whose predecessors are written */
         for (; flushed < nq && q[flushed].result; flushed++) {
             fprintf(out, "%s\n", q[flushed].result);
@@ -371,6 +377,7 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const s
             q[flushed].result = NULL;
         }
         if (!bc->out) fflush(stdout);
+        sparkmono_batch_counts(b, &live, NULL);
         progress(finished, nq, live, toks, t0, finished == nq);
     }
     double dt = now_s() - t0;
@@ -389,8 +396,8 @@ bad:
 out:
     sm_outfile_abort(&of);
     sm_tokenizer_free(tk);
-    free(slot_of);
     breqs_free(q, nq);
+    sparkmono_batch_destroy(b);
     sparkmono_engine_destroy(g);
     sparkmono_model_close(m);
     return rc;

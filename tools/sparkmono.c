@@ -2,6 +2,7 @@
  * `sparkmono --version`.  Each command lives in tools/cmd_<name>.c with its own help text
  * (cli_help_<name>); this file only maps names to them and lists their summaries. */
 #include "cli.h"
+#include "sparkmono.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -28,7 +29,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("sparkmono %s\n", SM_VERSION);
+        printf("sparkmono %s\n", sparkmono_version()); /* include/sparkmono.h: the one version string */
         return 0;
     }
     for (int i = 0; i < n; i++)

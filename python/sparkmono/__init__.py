@@ -7,51 +7,116 @@
     out.ids, out.text, out.finish_reason                  # text is None without a tokenizer
     outs = engine.generate_many([[5, 6], [7, 8, 9]], max_tokens=8)   # batched, continuous
     logits = engine.prefill_logits([5, 6, 7])             # numpy float32 [3, vocab_size]
+    sparkmono.Engine(model, backend="cuda", world=2, devices=[0, 1])  # a CUDA build of the library
 
-Every failure of the engine raises SparkmonoError carrying the engine's one-line message
-(sparkmono_errmsg) and its status.  Generation is greedy unless temperature > 0; sampled draws
-depend on (seed, position) only, so a request's output does not depend on what it is batched
-with.  An Engine is used by one thread at a time (as the C API).  We rejected a C extension
-module: ctypes needs no compiler at install, and the C API is small and stable.
+Arguments are checked before any call into the engine: a value of the wrong type is a
+TypeError (a float id such as 5.5 is not truncated, True is not 1), a value out of its range a
+ValueError (0 never means "the default"), and every failure of the engine a SparkmonoError
+carrying the engine's one-line message (sparkmono_errmsg) and its status; the engine's refusal
+of an argument (a bound it owns, such as the most request_rows) is a SparkmonoValueError, a
+ValueError too.  Generation is greedy unless temperature > 0;
+sampled draws depend on (seed, position) only, so a request's output does not depend on what
+it is batched with.  generate_many runs on the engine's own continuous batching
+(sparkmono_batch_*, src/engine/batch.c), as `generate --batch` and `serve` do.  An Engine is
+used by one thread at a time (as the C API).  __version__ is the library's
+(sparkmono_version(): include/sparkmono.h holds the one version string).  We rejected a C
+extension module: ctypes needs no compiler at install, and the C API is small and stable.
 """
-import ctypes
-import os
-from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+import ctypes as _ctypes
+import math as _math
+import numbers as _numbers
+import os as _os
+import typing as _t
+from collections import abc as _abc
+from dataclasses import dataclass as _dataclass
 
-import numpy as np
+import numpy as _np
 
 from . import _lib
 
-__all__ = ["Model", "Engine", "Completion", "SparkmonoError", "library_path"]
+__all__ = ["Model", "Engine", "Completion", "SparkmonoError", "SparkmonoValueError", "library_path", "__version__"]
 
-library_path = _lib.path  # the libsparkmono.so in use
+library_path: str = _lib.path  # the libsparkmono.so in use
+__version__: str = _lib.version().decode()
+
+_SM_E_INVALID, _SM_E_MODEL, _SM_E_BACKEND, _SM_E_STATE = 1, 2, 4, 6
+_BATCH_EOS, _BATCH_LENGTH = 1, 2  # sparkmono_batch_event.done (include/sparkmono.h)
+_MAX_INT = 2 ** 31 - 1  # a C int
+
+_Prompt = _t.Union[str, _t.Sequence[int], "_np.ndarray"]
 
 
 class SparkmonoError(Exception):
     """An engine call failed: .status is the sm_status code, .status_name its name, and the
     message is the engine's one line."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str) -> None:
         self.status = status
         self.status_name = _lib.status_str(status).decode()
         self.message = message
         super().__init__(message or self.status_name)
 
 
+class SparkmonoValueError(SparkmonoError, ValueError):
+    """The engine refused an argument (status "invalid argument"): a value out of the range the
+    engine allows (request_rows above what the backend takes, a prompt longer than max_len, ...).
+    Also a ValueError, like the values the binding refuses itself."""
+
+
 def _check(status: int) -> None:
     if status != 0:
-        raise SparkmonoError(status, _lib.errmsg().decode("utf-8", "replace"))
+        cls = SparkmonoValueError if status == _SM_E_INVALID else SparkmonoError
+        raise cls(status, _lib.errmsg().decode("utf-8", "replace"))
 
 
-_SM_E_INVALID, _SM_E_MODEL = 1, 2
+# ---- argument checks: TypeError for a wrong type, ValueError for a value out of range ----------
+
+def _int(name: str, v: object, lo: int, hi: _t.Optional[int] = None) -> int:
+    """v as an int >= lo (and <= hi when given); a bool or a float is a TypeError (never
+    truncated).  Upper bounds the engine owns (request_rows, max_len, ...) are its to check:
+    its refusal is a SparkmonoValueError."""
+    if isinstance(v, bool) or not isinstance(v, _numbers.Integral):
+        raise TypeError("%s must be an int, not %s" % (name, type(v).__name__))
+    x = int(v)
+    if x < lo or (hi is not None and x > hi):
+        raise ValueError("%s = %d is not in [%d, %s]" % (name, x, lo, "%d" % hi if hi is not None else "..."))
+    return x
 
 
-@dataclass
+def _real(name: str, v: object, lo: float, hi: float) -> float:
+    """v as a finite float in [lo, hi]; a bool is a TypeError."""
+    if isinstance(v, bool) or not isinstance(v, _numbers.Real):
+        raise TypeError("%s must be a number, not %s" % (name, type(v).__name__))
+    x = float(v)
+    if not (_math.isfinite(x) and lo <= x <= hi):
+        raise ValueError("%s = %r is not a number in [%g, %g]" % (name, x, lo, hi))
+    return x
+
+
+def _choice(name: str, v: object, choices: _t.Tuple[str, ...]) -> str:
+    if not isinstance(v, str):
+        raise TypeError("%s must be a str, not %s" % (name, type(v).__name__))
+    if v not in choices:
+        raise ValueError("%s %r is not one of %s" % (name, v, ", ".join(choices)))
+    return v
+
+
+def _int_list(name: str, v: object, lo: int, hi: int) -> _t.List[int]:
+    """A list, tuple or 1-D integer numpy array of ints in [lo, hi]."""
+    if isinstance(v, _np.ndarray):
+        if v.ndim != 1 or v.dtype.kind not in "iu":
+            raise TypeError("%s must be a 1-D array of integers, not %d-D %s" % (name, v.ndim, v.dtype))
+        v = v.tolist()
+    if isinstance(v, (str, bytes, bytearray)) or not isinstance(v, _abc.Sequence):
+        raise TypeError("%s must be a list of ints, not %s" % (name, type(v).__name__))
+    return [_int("%s[%d]" % (name, i), x, lo, hi) for i, x in enumerate(v)]
+
+
+@_dataclass
 class Completion:
     """One generated continuation."""
-    ids: List[int]                 # generated token ids (an eos id, when one ended it, included)
-    text: Optional[str]            # their text; None when the model has no tokenizer.json
+    ids: _t.List[int]              # generated token ids (an eos id, when one ended it, included)
+    text: _t.Optional[str]         # their text; None when the model has no tokenizer.json
     finish_reason: str             # "stop" (an eos id) or "length" (max_tokens)
     prompt_tokens: int             # tokens of the prompt
     steps: int                     # verify steps it took part in
@@ -62,26 +127,30 @@ class Model:
     """A checkpoint directory opened read-only (config.json + safetensors, and tokenizer.json
     when present)."""
 
-    def __init__(self, path: str, online_mxfp4: bool = False):
-        self._h = None
-        self._tok = None
+    def __init__(self, path: _t.Union[str, "_os.PathLike[str]"], online_mxfp4: bool = False) -> None:
+        self._h: _t.Optional[_ctypes.c_void_p] = None
+        self._tok: _t.Optional[_ctypes.c_void_p] = None
         self._engines = 0
-        self.path = os.fspath(path)
-        h = ctypes.c_void_p()
-        _check(_lib.model_open(self.path.encode(), ctypes.byref(_lib.ModelOpts(int(online_mxfp4))), ctypes.byref(h)))
+        if not isinstance(path, (str, _os.PathLike)):
+            raise TypeError("path must be a str or os.PathLike, not %s" % type(path).__name__)
+        if not isinstance(online_mxfp4, bool):
+            raise TypeError("online_mxfp4 must be a bool, not %s" % type(online_mxfp4).__name__)
+        self.path: str = _os.fspath(path)
+        h = _ctypes.c_void_p()
+        _check(_lib.model_open(self.path.encode(), _ctypes.byref(_lib.ModelOpts(int(online_mxfp4))), _ctypes.byref(h)))
         self._h = h
         info = _lib.ModelInfo()
-        _check(_lib.model_get_info(h, ctypes.byref(info)))
-        self.num_layers = info.num_layers
-        self.hidden_size = info.hidden_size
-        self.vocab_size = info.vocab_size
-        self.vocab_used = info.vocab_used
-        self.bos = info.bos if info.bos >= 0 else None
-        self.eos = tuple(info.eos[i] for i in range(info.n_eos))
-        tj = os.path.join(self.path, "tokenizer.json")
-        if os.path.isfile(tj):
-            t, err = ctypes.c_void_p(), _lib.Err()
-            if _lib.tok_load(tj.encode(), ctypes.byref(t), ctypes.byref(err)):
+        _check(_lib.model_get_info(h, _ctypes.byref(info)))
+        self.num_layers: int = info.num_layers
+        self.hidden_size: int = info.hidden_size
+        self.vocab_size: int = info.vocab_size
+        self.vocab_used: int = info.vocab_used
+        self.bos: _t.Optional[int] = info.bos if info.bos >= 0 else None
+        self.eos: _t.Tuple[int, ...] = tuple(info.eos[i] for i in range(info.n_eos))
+        tj = _os.path.join(self.path, "tokenizer.json")
+        if _os.path.isfile(tj):
+            t, err = _ctypes.c_void_p(), _lib.Err()
+            if _lib.tok_load(tj.encode(), _ctypes.byref(t), _ctypes.byref(err)):
                 self.close()
                 raise SparkmonoError(_SM_E_MODEL, err.msg.decode("utf-8", "replace"))
             self._tok = t
@@ -90,44 +159,49 @@ class Model:
     def has_tokenizer(self) -> bool:
         return self._tok is not None
 
-    def _need_tok(self):
+    def _need_tok(self) -> None:
         if self._tok is None:
             raise SparkmonoError(_SM_E_INVALID, "%s has no tokenizer.json: use token ids" % self.path)
         if self._h is None:
             raise SparkmonoError(_SM_E_INVALID, "the model is closed")
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> _t.List[int]:
         """Token ids of text (special tokens in it are recognized)."""
+        if not isinstance(text, str):
+            raise TypeError("text must be a str, not %s" % type(text).__name__)
         self._need_tok()
         b = text.encode("utf-8")
-        ids, n, err = _lib.c_int_p(), ctypes.c_int(), _lib.Err()
-        if _lib.tok_encode(self._tok, b, len(b), ctypes.byref(ids), ctypes.byref(n), ctypes.byref(err)):
+        ids, n, err = _lib.c_int_p(), _ctypes.c_int(), _lib.Err()
+        if _lib.tok_encode(self._tok, b, len(b), _ctypes.byref(ids), _ctypes.byref(n), _ctypes.byref(err)):
             raise SparkmonoError(_SM_E_INVALID, err.msg.decode("utf-8", "replace"))
         try:
             return ids[:n.value]
         finally:
             _lib.libc_free(ids)
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: _t.Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ids; bytes that are not valid UTF-8 (a character cut at the end) become U+FFFD.
         Special tokens (bos, eos, ...) are left out unless skip_special_tokens is False (the
         `tokenizers` library's rule)."""
+        ids = _int_list("ids", ids, 0, self.vocab_size - 1)
+        if not isinstance(skip_special_tokens, bool):
+            raise TypeError("skip_special_tokens must be a bool, not %s" % type(skip_special_tokens).__name__)
         self._need_tok()
         if skip_special_tokens:
-            ids = [i for i in ids if not _lib.tok_is_special(self._tok, int(i))]
-        arr = (ctypes.c_int * max(len(ids), 1))(*ids)
-        txt, n, err = ctypes.POINTER(ctypes.c_char)(), ctypes.c_size_t(), _lib.Err()
-        if _lib.tok_decode(self._tok, arr, len(ids), ctypes.byref(txt), ctypes.byref(n), ctypes.byref(err)):
+            ids = [i for i in ids if not _lib.tok_is_special(self._tok, i)]
+        arr = (_ctypes.c_int * max(len(ids), 1))(*ids)
+        txt, n, err = _ctypes.POINTER(_ctypes.c_char)(), _ctypes.c_size_t(), _lib.Err()
+        if _lib.tok_decode(self._tok, arr, len(ids), _ctypes.byref(txt), _ctypes.byref(n), _ctypes.byref(err)):
             raise SparkmonoError(_SM_E_INVALID, err.msg.decode("utf-8", "replace"))
         try:
-            return ctypes.string_at(txt, n.value).decode("utf-8", "replace")
+            return _ctypes.string_at(txt, n.value).decode("utf-8", "replace")
         finally:
             _lib.libc_free(txt)
 
     def close(self) -> None:
         """Close the model; its engines must be closed first."""
         if self._engines:
-            raise SparkmonoError(6, "the model still has %d open engine(s): close them first" % self._engines)
+            raise SparkmonoError(_SM_E_STATE, "the model still has %d open engine(s): close them first" % self._engines)
         if self._tok is not None:
             _lib.tok_free(self._tok)
             self._tok = None
@@ -135,120 +209,146 @@ class Model:
             _lib.model_close(self._h)
             self._h = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Model":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "_engines", 0) == 0:
             self.close()
 
 
-Prompt = Union[str, Sequence[int]]
-
-
 class Engine:
-    """An engine over a model: request slots, a KV cache and a backend ("cpu" in this build).
-    request_rows R: rows a request feeds a verify step (its last token + R-1 n-gram drafts;
-    1 = no speculation).  max_requests: requests batched in one step (generate_many)."""
+    """An engine over a model: request slots, a KV cache and a backend.
+
+    backend: "cpu", or "cuda" (a library built with `make CUDA=1 shared`).  request_rows R:
+    rows a request feeds a verify step (its last token + R-1 n-gram drafts; 1 = no
+    speculation).  max_requests: requests batched in one step (generate_many).  max_len: prompt
+    + generated tokens of a request.  threads: CPU worker threads (None: the online cores).
+    prefill_chunk: most prompt rows a step (None: 512).  world: ranks of tensor + expert
+    parallelism; with world > 1, moe ("ep": experts split across ranks, "tp": each expert split
+    along its width), devices (cuda: the device of each rank, a device listed twice holds
+    several ranks) and comm (cuda: "peer" or "nccl").  mono (cuda): "off", "auto" or "on", the
+    monokernel for layers 1..L-2 of verify steps.  The CLI's flags of the same names
+    (`sparkmono generate --help`) say the same."""
 
     def __init__(self, model: Model, backend: str = "cpu", request_rows: int = 8, max_requests: int = 1,
-                 max_len: int = 4096, threads: int = 0, prefill_chunk: int = 0):
+                 max_len: int = 4096, threads: _t.Optional[int] = None, prefill_chunk: _t.Optional[int] = None,
+                 world: int = 1, moe: str = "ep", devices: _t.Optional[_t.Sequence[int]] = None,
+                 comm: _t.Optional[str] = None, mono: str = "off") -> None:
+        self._h: _t.Optional[_ctypes.c_void_p] = None
+        if not isinstance(model, Model):
+            raise TypeError("model must be a sparkmono.Model, not %s" % type(model).__name__)
         if model._h is None:
             raise SparkmonoError(_SM_E_INVALID, "the model is closed")
-        self._h = None
         self.model = model
-        self.request_rows = request_rows or 8
-        self.max_requests = max_requests or 1
-        self.max_len = max_len
-        o = _lib.EngineOpts(backend=backend.encode(), request_rows=request_rows, max_requests=max_requests,
-                            max_len=max_len, threads=threads, prefill_chunk=prefill_chunk)
-        h = ctypes.c_void_p()
-        _check(_lib.engine_create(model._h, ctypes.byref(o), ctypes.byref(h)))
+        self.backend = _choice("backend", backend, ("cpu", "cuda"))
+        # 0 would mean "the default" to the engine: here every value is meant, so >= 1
+        self.request_rows = _int("request_rows", request_rows, 1, _MAX_INT)
+        self.max_requests = _int("max_requests", max_requests, 1, _MAX_INT)
+        self.max_len = _int("max_len", max_len, 1, _MAX_INT)
+        nthreads = 0 if threads is None else _int("threads", threads, 1, _MAX_INT)
+        chunk = 0 if prefill_chunk is None else _int("prefill_chunk", prefill_chunk, 1, _MAX_INT)
+        self.world = _int("world", world, 1, _MAX_INT)
+        moe_tp = _choice("moe", moe, ("ep", "tp")) == "tp"
+        mono = _choice("mono", mono, ("off", "auto", "on"))
+        dev = None
+        if devices is not None:
+            dev = ",".join(map(str, _int_list("devices", devices, 0, _MAX_INT)))
+            if len(devices) != self.world:
+                raise ValueError("devices lists %d devices: give one a rank (world = %d)" % (len(devices), self.world))
+        if comm is not None:
+            comm = _choice("comm", comm, ("peer", "nccl"))
+        if self.world == 1 and (moe_tp or devices is not None or comm is not None):
+            raise ValueError("moe, devices and comm go with world > 1")
+        if mono == "on" and self.backend != "cuda":
+            raise ValueError("mono 'on' needs backend 'cuda'")
+        o = _lib.EngineOpts(backend=self.backend.encode(), request_rows=self.request_rows,
+                            max_requests=self.max_requests, max_len=self.max_len, threads=nthreads,
+                            prefill_chunk=chunk, world=self.world, moe_tp=int(moe_tp), mono=mono.encode(),
+                            devices=dev.encode() if dev else None, comm=comm.encode() if comm else None)
+        h = _ctypes.c_void_p()
+        _check(_lib.engine_create(model._h, _ctypes.byref(o), _ctypes.byref(h)))
         self._h = h
         model._engines += 1
 
-    def _ids(self, prompt: Prompt) -> List[int]:
+    def _ids(self, prompt: _Prompt) -> _t.List[int]:
         if isinstance(prompt, str):
             return self.model.encode(prompt)
-        ids = [int(x) for x in prompt]
+        ids = _int_list("prompt", prompt, 0, self.model.vocab_size - 1)
         if not ids:
-            raise SparkmonoError(_SM_E_INVALID, "the prompt is empty")
+            raise ValueError("the prompt is empty")
         return ids
 
-    def _add(self, ids: List[int], max_tokens: int, sampling: "_lib.Sampling") -> int:
+    def _live(self) -> _ctypes.c_void_p:
         if self._h is None:
             raise SparkmonoError(_SM_E_INVALID, "the engine is closed")
-        req = ctypes.c_int(-1)
-        arr = (ctypes.c_int * len(ids))(*ids)
-        _check(_lib.add_sampled(self._h, arr, len(ids), max_tokens, ctypes.byref(sampling), ctypes.byref(req)))
-        return req.value
+        return self._h
 
-    def _finish(self, req: int) -> Completion:
-        """The completion of a finished request; the request is removed."""
-        info = _lib.RequestInfo()
-        _check(_lib.request_get_info(self._h, req, ctypes.byref(info)))
-        p, n = _lib.c_int_p(), ctypes.c_int()
-        _check(_lib.output(self._h, req, ctypes.byref(p), ctypes.byref(n)))
-        ids = p[:n.value]
-        _check(_lib.remove(self._h, req))
-        text = self.model.decode(ids) if self.model.has_tokenizer else None
-        return Completion(ids, text, "stop" if info.done == 1 else "length", info.prompt_len, info.steps, info.accepted)
-
-    def _done(self, req: int) -> bool:
-        info = _lib.RequestInfo()
-        _check(_lib.request_get_info(self._h, req, ctypes.byref(info)))
-        return info.done != 0
-
-    def generate(self, prompt: Prompt, max_tokens: int = 16, temperature: float = 0.0, top_p: float = 1.0,
+    def generate(self, prompt: _Prompt, max_tokens: int = 16, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int = 0) -> Completion:
         """Generate from one prompt (text or ids) until max_tokens or an eos id."""
         return self.generate_many([prompt], max_tokens, temperature, top_p, top_k, seed)[0]
 
-    def generate_many(self, prompts: Sequence[Prompt], max_tokens: int = 16, temperature: float = 0.0,
-                      top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> List[Completion]:
+    def generate_many(self, prompts: _t.Sequence[_Prompt], max_tokens: int = 16, temperature: float = 0.0,
+                      top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> _t.List[Completion]:
         """Generate from every prompt, up to max_requests at once in the same verify steps; a
         prompt joins as soon as another one finishes (continuous batching).  Results are in
         the order of prompts and equal to generating each alone."""
-        if max_tokens < 1:
-            raise SparkmonoError(_SM_E_INVALID, "max_tokens %d is less than 1" % max_tokens)
-        s = _lib.Sampling(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed & (2 ** 64 - 1))
+        h = self._live()
+        if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, _abc.Sequence):
+            raise TypeError("prompts must be a list of prompts, not %s" % type(prompts).__name__)
+        max_tokens = _int("max_tokens", max_tokens, 1, _MAX_INT)
+        s = _lib.Sampling(temperature=_real("temperature", temperature, 0.0, 1e6),
+                          top_k=_int("top_k", top_k, 0, _MAX_INT), top_p=_real("top_p", top_p, 0.0, 1.0),
+                          seed=_int("seed", seed, 0, 2 ** 64 - 1))
         todo = [self._ids(p) for p in prompts]
-        out: List[Optional[Completion]] = [None] * len(todo)
-        live = {}  # request id -> index into prompts
-        nxt = 0
-        ntok = (ctypes.c_int * self.max_requests)()
-        toks = (ctypes.c_int * (self.max_requests * self.request_rows))()
-        nreq = ctypes.c_int()
+        out: _t.List[_t.Optional[Completion]] = [None] * len(todo)
+        ids: _t.List[_t.List[int]] = [[] for _ in todo]
+        b = _ctypes.c_void_p()
+        _check(_lib.batch_create(h, -1, _ctypes.byref(b)))
         try:
-            while nxt < len(todo) or live:
-                while nxt < len(todo) and len(live) < self.max_requests:
-                    req = self._add(todo[nxt], max_tokens, s)
-                    live[req] = nxt
-                    nxt += 1
-                    _check(_lib.prefill(self._h, req, None))  # emits the first token
-                if live:
-                    _check(_lib.verify(self._h, ntok, toks, ctypes.byref(nreq)))
-                for req in [r for r in live if self._done(r)]:
-                    out[live.pop(req)] = self._finish(req)
+            index = {}  # batch request id -> index into prompts
+            for i, p in enumerate(todo):
+                rid, arr = _ctypes.c_longlong(), (_ctypes.c_int * len(p))(*p)
+                _check(_lib.batch_submit(b, arr, len(p), max_tokens, _ctypes.byref(s), None, _ctypes.byref(rid)))
+                index[rid.value] = i
+            ev, nev, live, queued = _ctypes.POINTER(_lib.BatchEvent)(), _ctypes.c_int(), _ctypes.c_int(), _ctypes.c_int()
+            while True:
+                _lib.batch_counts(b, _ctypes.byref(live), _ctypes.byref(queued))
+                if live.value == 0 and queued.value == 0:
+                    break
+                _check(_lib.batch_step(b, _ctypes.byref(ev), _ctypes.byref(nev)))
+                for k in range(nev.value):
+                    e = ev[k]
+                    i = index[e.id]
+                    ids[i] += e.ids[:e.n]
+                    if e.done in (_BATCH_EOS, _BATCH_LENGTH):
+                        text = self.model.decode(ids[i]) if self.model.has_tokenizer else None
+                        out[i] = Completion(ids[i], text, "stop" if e.done == _BATCH_EOS else "length", e.prompt_len,
+                                            e.steps, e.accepted)
+                    elif e.done:  # failed in the engine
+                        raise SparkmonoError(_SM_E_BACKEND, e.err.decode("utf-8", "replace"))
         finally:
-            for req in live:  # an error: leave the engine empty
-                _lib.remove(self._h, req)
-        return out
+            _lib.batch_destroy(b)  # an error: the engine is left empty
+        return _t.cast(_t.List[Completion], out)
 
-    def prefill_logits(self, prompt: Prompt) -> np.ndarray:
+    def prefill_logits(self, prompt: _Prompt) -> "_np.ndarray":
         """The f32 logits [n, vocab_size] of a prefill of the prompt (softcapped; ids >=
         vocab_used are -inf), as a numpy array."""
+        h = self._live()
         ids = self._ids(prompt)
-        req = self._add(ids, 0, _lib.Sampling())
+        req = _ctypes.c_int(-1)
+        arr = (_ctypes.c_int * len(ids))(*ids)
+        _check(_lib.add_sampled(h, arr, len(ids), 0, _ctypes.byref(_lib.Sampling()), _ctypes.byref(req)))
         try:
-            out = np.empty((len(ids), self.model.vocab_size), dtype=np.float32)
-            _check(_lib.prefill(self._h, req, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))))
+            out = _np.empty((len(ids), self.model.vocab_size), dtype=_np.float32)
+            _check(_lib.prefill(h, req.value, out.ctypes.data_as(_ctypes.POINTER(_ctypes.c_float))))
             return out
         finally:
-            _lib.remove(self._h, req)
+            _lib.remove(h, req.value)
 
     def close(self) -> None:
         if self._h is not None:
@@ -256,12 +356,12 @@ class Engine:
             self._h = None
             self.model._engines -= 1
 
-    def __enter__(self):
+    def __enter__(self) -> "Engine":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "_h", None) is not None:
             self.close()

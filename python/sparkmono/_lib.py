@@ -60,6 +60,13 @@ class RequestInfo(ctypes.Structure):
                 ("steps", ctypes.c_int), ("accepted", ctypes.c_int)]
 
 
+class BatchEvent(ctypes.Structure):
+    """sparkmono_batch_event of include/sparkmono.h."""
+    _fields_ = [("id", ctypes.c_longlong), ("user", ctypes.c_void_p), ("ids", c_int_p), ("n", ctypes.c_int),
+                ("ngen", ctypes.c_int), ("done", ctypes.c_int), ("prompt_len", ctypes.c_int), ("steps", ctypes.c_int),
+                ("accepted", ctypes.c_int), ("err", ctypes.c_char_p)]
+
+
 class Err(ctypes.Structure):
     """sm_err of src/base/err.h: one line."""
     _fields_ = [("msg", ctypes.c_char * 1024)]
@@ -87,6 +94,13 @@ prefill = _fn("sparkmono_prefill", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTE
 verify = _fn("sparkmono_verify", ctypes.c_int, vp, c_int_p, c_int_p, c_int_p)
 request_get_info = _fn("sparkmono_request_get_info", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(RequestInfo))
 output = _fn("sparkmono_output", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(c_int_p), c_int_p)
+version = _fn("sparkmono_version", ctypes.c_char_p)
+batch_create = _fn("sparkmono_batch_create", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(vp))
+batch_destroy = _fn("sparkmono_batch_destroy", None, vp)
+batch_submit = _fn("sparkmono_batch_submit", ctypes.c_int, vp, c_int_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(Sampling),
+                   vp, ctypes.POINTER(ctypes.c_longlong))
+batch_step = _fn("sparkmono_batch_step", ctypes.c_int, vp, ctypes.POINTER(ctypes.POINTER(BatchEvent)), c_int_p)
+batch_counts = _fn("sparkmono_batch_counts", None, vp, c_int_p, c_int_p)
 tok_load = _fn("sm_tokenizer_load", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(vp), ctypes.POINTER(Err))
 tok_free = _fn("sm_tokenizer_free", None, vp)
 tok_encode = _fn("sm_tokenizer_encode", ctypes.c_int, vp, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(c_int_p),

@@ -35,6 +35,8 @@ static _Thread_local sm_err g_err;
 
 const char *sparkmono_errmsg(void) { return g_err.msg; }
 
+const char *sparkmono_version(void) { return SPARKMONO_VERSION; }
+
 const char *sparkmono_status_str(sm_status s) {
     switch (s) {
     case SM_OK: return "ok";
@@ -313,17 +315,10 @@ sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_t
     return sparkmono_add_sampled(g, prompt, n, max_tokens, NULL, req);
 }
 
-sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, int max_tokens, const sparkmono_sampling *smp,
-                                int *req) {
-    if (!g || !req) return fail(SM_E_INVALID, "sparkmono_add: NULL argument");
-    *req = -1;
+sm_status sm_engine_check_request(const sparkmono_engine *g, const int *prompt, int n, int max_tokens,
+                                  const sparkmono_sampling *smp) {
     sm_err e = {{0}};
     if (smp && sm_sample_check(smp, &e)) return fail(SM_E_INVALID, "sparkmono_add_sampled: %s", e.msg);
-    const int sampled = smp && smp->temperature > 0;
-    if (sampled && !g->have_sws) { /* the sampler's row buffers, once per engine */
-        if (sm_sample_ws_init(&g->sws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
-        g->have_sws = 1;
-    }
     if (n <= 0 || !prompt) return fail(SM_E_INVALID, "sparkmono_add: prompt is empty");
     if (max_tokens < 0) return fail(SM_E_INVALID, "sparkmono_add: max tokens %d is negative", max_tokens);
     for (int i = 0; i < n; i++)
@@ -332,6 +327,23 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
     if ((int64_t)n + max_tokens > g->max_len)
         return fail(SM_E_INVALID, "sparkmono_add: prompt length %d + max tokens %d exceeds the max model length %d",
                     n, max_tokens, g->max_len);
+    return ok();
+}
+
+sm_status sm_engine_fail(sm_status s, const char *msg) { return fail(s, "%s", msg); }
+
+sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, int max_tokens, const sparkmono_sampling *smp,
+                                int *req) {
+    if (!g || !req) return fail(SM_E_INVALID, "sparkmono_add: NULL argument");
+    *req = -1;
+    sm_err e = {{0}};
+    sm_status cs = sm_engine_check_request(g, prompt, n, max_tokens, smp);
+    if (cs != SM_OK) return cs;
+    const int sampled = smp && smp->temperature > 0;
+    if (sampled && !g->have_sws) { /* the sampler's row buffers, once per engine */
+        if (sm_sample_ws_init(&g->sws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
+        g->have_sws = 1;
+    }
     int *hist = malloc(((size_t)n + (size_t)max_tokens) * sizeof(int));
     if (!hist) return fail(SM_E_NOMEM, "sparkmono_add: out of memory for %d tokens", n + max_tokens);
     int slot;

@@ -77,4 +77,12 @@ struct sparkmono_engine {
  * to out [r]; returns k + 1.  (Sampled requests: engine.c accept_sampled, sample.h.) */
 int sm_accept_greedy(const int *t, const int *a, int r, int *out);
 
+/* The checks sparkmono_add_sampled makes of a request (sampling, prompt ids, lengths), without
+ * adding it: the batch (batch.h) refuses a bad request when it is submitted, not when it would
+ * join.  SM_OK, or the status with sparkmono_errmsg() set. */
+sm_status sm_engine_check_request(const sparkmono_engine *g, const int *prompt, int n, int max_tokens,
+                                  const sparkmono_sampling *smp);
+/* Record msg as this thread's sparkmono_errmsg() line; returns s. */
+sm_status sm_engine_fail(sm_status s, const char *msg);
+
 #endif

@@ -114,7 +114,7 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     s.api.max_len = o->max_len;
     s.created = (long)time(NULL);
     s.chat_template = has_chat_template(o->model_dir);
-    if (sm_sched_start(&s.sched, g, o->max_requests, o->request_rows, o->queue, e)) goto out;
+    if (sm_sched_start(&s.sched, g, o->queue, e)) goto out;
     if (sm_http_start(&s, e)) goto stop_sched;
     const char *v6 = strchr(o->host, ':') ? "[" : "";
     printf("serve: listening on http://%s%s%s:%d/v1 (model '%s', %s, tokenizer %s; %d requests a step of %d rows each, "

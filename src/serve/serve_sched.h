@@ -1,17 +1,18 @@
-/* serve_sched.h: the engine thread of `sparkmono serve`: one thread owns the engine and runs
- * every live request in the same verify steps (continuous batching), a bounded FIFO queue in
- * front of it, and the hand-off of generated ids to the connection threads.
+/* serve_sched.h: the engine thread of `sparkmono serve`: one thread owns the engine and steps
+ * the engine's batch (sparkmono_batch_*, src/engine/batch.c: the FIFO, admission, one verify
+ * step over every live request, cancellation), and hands generated ids to the connections.
  *
- * A connection thread builds an sm_sreq (prompt ids, budget, sampling) and submits it; the
- * engine thread admits queued requests between verify steps while fewer than max_requests
- * are live (add + prefill, which emits the first token), runs one verify step over all of
- * them, appends each request's new ids to its sm_sreq and wakes the waiting connection.  A
- * request is shared by the two threads and freed by whichever releases it last (refs).  The
- * consumer cancels a request (client gone, a stop string matched) and the engine thread
- * removes it from the engine before the next step.  All shared fields are under one mutex;
- * each request has its own condition variable so a step wakes only the connections it fed.
- * We rejected a lock-free ring per request: a step publishes at most max_requests small
- * appends, far below the cost of the step itself, and a plain mutex is easy to get right.
+ * A connection thread builds an sm_sreq (prompt ids, budget, sampling) and submits it into the
+ * batch; the engine thread admits waiting requests (sparkmono_batch_admit: add + prefill, the
+ * first token published before the verify step), runs one verify step (sparkmono_batch_verify),
+ * appends each event's ids to its sm_sreq and wakes the waiting connection.  A request is shared
+ * by the two threads and freed by whichever releases it last (refs).  The consumer cancels a
+ * request (client gone, a stop string matched): a waiting one leaves the queue at once (its
+ * place is free for the next client), a live one before the next verify step.  All shared
+ * fields are under one mutex (taken before the batch's own); each request has its own notify
+ * callback so a step wakes only the connections it fed.  We rejected a lock-free ring per
+ * request: a step publishes at most max_requests small appends, far below the cost of the step
+ * itself, and a plain mutex is easy to get right.
  */
 #ifndef SM_SERVE_SCHED_H
 #define SM_SERVE_SCHED_H
@@ -41,11 +42,12 @@ typedef struct sm_sreq {
     int done;                  /* SM_SREQ_* */
     int cancel;                /* set by the consumer: stop and free the engine slot */
     int refs;                  /* holders: the submitter and, once submitted, the engine thread */
+    long long bid;             /* its id in the engine's batch (0 before it is submitted) */
     int steps, accepted;       /* verify steps taken, drafts accepted (from the engine) */
     char err[256];             /* the failure line when done == SM_SREQ_FAILED or CANCELLED */
     void (*notify)(void *arg); /* called (under the mutex, by any thread) when ids or done change */
     void *notify_arg;          /* set before submitting; cleared by sm_sreq_release */
-    struct sm_sreq *next;      /* queue link (engine thread and submitter, under the mutex) */
+    struct sm_sreq *prev, *next; /* the scheduler's list of submitted requests not yet ended */
     double t_submit, t_first;  /* monotonic seconds: submitted, first id out (0 before) */
 } sm_sreq;
 
@@ -53,20 +55,13 @@ typedef struct sm_sreq {
 enum { SM_SCHED_FULL = 1, SM_SCHED_CLOSED = 2 };
 
 typedef struct sm_sched {
-    sparkmono_engine *g;       /* owned by the engine thread while it runs */
-    int max_req;               /* engine request slots */
-    int R;                     /* rows per request of a verify step */
-    int queue_cap;             /* most requests waiting beyond the live ones */
+    sparkmono_batch *b;        /* the engine's batch (FIFO, slots, steps: src/engine/batch.c), stepped by the engine thread */
     pthread_mutex_t mu;        /* guards everything below and every sm_sreq's shared fields */
     pthread_cond_t work;       /* engine thread: a submission, a cancel or a stop */
     pthread_cond_t idle;       /* signalled when nothing is live or queued */
-    sm_sreq *qhead, *qtail;    /* FIFO of waiting requests */
-    int nqueued;
-    sm_sreq **live;            /* [max_req] request of each engine slot, NULL when free */
-    int nlive;
+    sm_sreq *inflight;         /* submitted requests the engine thread still holds (a list) */
     int closed;                /* no new submissions (shutdown) */
     int quit;                  /* engine thread: exit once nothing is live or queued */
-    int *ntok, *toks;          /* [max_req], [max_req * R] verify outputs (engine thread) */
     long long tokens, steps;   /* ids emitted, verify steps run (stats) */
     pthread_t th;
     int started;
@@ -78,8 +73,8 @@ sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_samplin
  * frees the request. */
 void sm_sreq_release(sm_sched *s, sm_sreq *r);
 
-/* Start the engine thread over g (request_rows R, max_req slots) with a queue of queue_cap. */
-int sm_sched_start(sm_sched *s, sparkmono_engine *g, int max_req, int R, int queue_cap, sm_err *e);
+/* Start the engine thread over g with a queue of queue_cap requests beyond its slots. */
+int sm_sched_start(sm_sched *s, sparkmono_engine *g, int queue_cap, sm_err *e);
 /* Queue r (the engine thread takes a second reference).  0, SM_SCHED_FULL (max_req requests
  * live or about to be, and queue_cap more waiting) or SM_SCHED_CLOSED (shutting down). */
 int sm_sched_submit(sm_sched *s, sm_sreq *r);

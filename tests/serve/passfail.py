@@ -1,7 +1,7 @@
 """passfail.py: a pytest plugin that prints the project's test lines (`PASS name` /
 `FAIL name (why)`, see tests/run.sh), one per test, so pytest suites count in `make test` like
 the C and shell tests.  Loaded with `-p passfail` (this folder on PYTHONPATH).  A test that
-pytest skips prints `SKIP name (why)`, which run.sh does not count; a failure in a fixture's
+pytest skips prints `SKIP name (why)`, which run.sh counts apart ("N skipped"); a failure in a fixture's
 setup or teardown is the test's FAIL.  We rejected parsing pytest's own summary: its format
 is not a contract."""
 

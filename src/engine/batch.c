@@ -1,0 +1,403 @@
+/* batch.c: continuous batching over one engine (include/sparkmono.h, sparkmono_batch_*), the one
+ * loop that `generate --batch`, the server's engine thread and the Python binding call.
+ *
+ * State: a FIFO of waiting requests (each with its own copy of the prompt) and a table with one
+ * entry per engine request slot (the request in it, ids already reported, a cancel flag).  A
+ * mutex guards the FIFO, the table's ids and cancel flags and the counts, so any thread may
+ * submit or cancel while the stepping thread works; the engine itself is touched only by the
+ * stepping thread, outside the mutex.  A call's events and their ids live in buffers of the
+ * batch until its next call; an event's ids are copied out of the engine, so an ended request
+ * leaves the engine at once and its slot is free for the next admission.  A request cancelled
+ * while waiting leaves the FIFO at once (a dead client must not hold a place in it); one
+ * cancelled while live leaves before the next verify step.  We rejected leaving the FIFO to
+ * each caller (the CLI, the server and the binding each had one): a fix to admission or
+ * cancellation must land in all three.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "engine/engine.h"
+
+/* A waiting request. */
+typedef struct bwait {
+    long long id;              /* its number (submit order, from 1) */
+    void *user;                /* the submitter's pointer, handed back in events */
+    int *prompt;               /* [n] prompt ids (owned) */
+    int n;                     /* prompt length >= 1 */
+    int max_tokens;            /* >= 1 */
+    int sampled;               /* 1: s applies; 0: greedy */
+    sparkmono_sampling s;      /* its sampling when sampled */
+    struct bwait *next;        /* the FIFO's link */
+} bwait;
+
+/* The request in one engine slot. */
+typedef struct bslot {
+    long long id;              /* 0: the slot is free */
+    void *user;                /* as submitted */
+    int reported;              /* ids handed out in events so far */
+    int cancel;                /* set by sparkmono_batch_cancel: leave before the next verify */
+} bslot;
+
+/* The batch: an event's ids are an offset into idbuf until the call returns (idbuf may move). */
+struct sparkmono_batch {
+    sparkmono_engine *g;       /* the engine (not owned) */
+    int max_req;               /* its request slots */
+    int queue_cap;             /* most waiting beyond the free slots; -1: no limit */
+    pthread_mutex_t mu;        /* guards head/tail/nqueued, slot[].id/cancel, nlive, next_id, admitting */
+    bwait *head, *tail;        /* the FIFO */
+    int nqueued;               /* requests in it */
+    bslot *slot;               /* [max_req] by engine slot */
+    int nlive;                 /* slots in use, and the request being admitted */
+    long long next_id;         /* the next submission's id */
+    long long admitting;       /* id of the request between the FIFO and a slot (0: none) */
+    int admitting_cancel;      /* it was cancelled on the way */
+    sparkmono_batch_event *ev; /* [evcap] this call's events */
+    int nev, evcap;
+    size_t *evoff;             /* [evcap] offset of each event's ids in idbuf */
+    char (*everr)[256];        /* [evcap] each event's err line */
+    int *idbuf;                /* [idcap] this call's ids */
+    size_t nid, idcap;
+};
+
+sm_status sparkmono_batch_create(sparkmono_engine *g, int queue_cap, sparkmono_batch **out) {
+    if (!g || !out) return sm_engine_fail(SM_E_INVALID, "sparkmono_batch_create: NULL argument");
+    *out = NULL;
+    if (queue_cap < -1) {
+        char m[128];
+        snprintf(m, sizeof m, "sparkmono_batch_create: queue_cap %d is less than -1 (no limit)", queue_cap);
+        return sm_engine_fail(SM_E_INVALID, m);
+    }
+    sparkmono_batch *b = calloc(1, sizeof *b);
+    if (!b || !(b->slot = calloc((size_t)g->max_req, sizeof *b->slot))) {
+        free(b);
+        return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch_create: out of memory");
+    }
+    b->g = g;
+    b->max_req = g->max_req;
+    b->queue_cap = queue_cap;
+    b->next_id = 1;
+    pthread_mutex_init(&b->mu, NULL);
+    *out = b;
+    return sm_engine_fail(SM_OK, "");
+}
+
+void sparkmono_batch_destroy(sparkmono_batch *b) {
+    if (!b) return;
+    while (b->head) {
+        bwait *w = b->head;
+        b->head = w->next;
+        free(w->prompt);
+        free(w);
+    }
+    for (int q = 0; q < b->max_req; q++)
+        if (b->slot[q].id) sparkmono_remove(b->g, q);
+    pthread_mutex_destroy(&b->mu);
+    free(b->slot);
+    free(b->ev);
+    free(b->evoff);
+    free(b->everr);
+    free(b->idbuf);
+    free(b);
+}
+
+sm_status sparkmono_batch_submit(sparkmono_batch *b, const int *prompt, int n, int max_tokens, const sparkmono_sampling *s,
+                                 void *user, long long *id) {
+    if (!b || !id) return sm_engine_fail(SM_E_INVALID, "sparkmono_batch_submit: NULL argument");
+    *id = 0;
+    if (max_tokens < 1) {
+        char m[128];
+        snprintf(m, sizeof m, "sparkmono_batch_submit: max tokens %d is less than 1", max_tokens);
+        return sm_engine_fail(SM_E_INVALID, m);
+    }
+    sm_status st = sm_engine_check_request(b->g, prompt, n, max_tokens, s);
+    if (st != SM_OK) return st;
+    bwait *w = calloc(1, sizeof *w);
+    if (!w || !(w->prompt = malloc((size_t)n * sizeof(int)))) {
+        free(w);
+        return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch_submit: out of memory for the prompt");
+    }
+    memcpy(w->prompt, prompt, (size_t)n * sizeof(int));
+    w->n = n;
+    w->max_tokens = max_tokens;
+    w->user = user;
+    w->sampled = s && s->temperature > 0;
+    if (w->sampled) w->s = *s;
+    pthread_mutex_lock(&b->mu);
+    /* every slot taken and queue_cap more waiting: refused */
+    if (b->queue_cap >= 0 && b->nlive + b->nqueued >= b->max_req + b->queue_cap) {
+        pthread_mutex_unlock(&b->mu);
+        free(w->prompt);
+        free(w);
+        char m[160];
+        snprintf(m, sizeof m, "sparkmono_batch_submit: every one of the %d request slots taken and %d waiting: the queue is full", b->max_req,
+                 b->queue_cap);
+        return sm_engine_fail(SM_E_CACHE, m);
+    }
+    w->id = b->next_id++;
+    if (b->tail) b->tail->next = w;
+    else b->head = w;
+    b->tail = w;
+    b->nqueued++;
+    *id = w->id;
+    pthread_mutex_unlock(&b->mu);
+    return sm_engine_fail(SM_OK, "");
+}
+
+sm_status sparkmono_batch_cancel(sparkmono_batch *b, long long id, int *queued) {
+    if (!b) return sm_engine_fail(SM_E_INVALID, "sparkmono_batch_cancel: NULL batch");
+    int found = 0, was_queued = 0;
+    bwait *gone = NULL;
+    pthread_mutex_lock(&b->mu);
+    /* waiting: unlink it now, so its place in the queue is free at once */
+    for (bwait **p = &b->head, *prev = NULL; *p; prev = *p, p = &(*p)->next)
+        if ((*p)->id == id) {
+            gone = *p;
+            *p = gone->next;
+            if (b->tail == gone) b->tail = prev;
+            b->nqueued--;
+            found = was_queued = 1;
+            break;
+        }
+    if (!found && id && b->admitting == id) b->admitting_cancel = found = 1;
+    for (int q = 0; q < b->max_req && !found; q++)
+        if (b->slot[q].id == id && id) b->slot[q].cancel = found = 1;
+    pthread_mutex_unlock(&b->mu);
+    if (gone) {
+        free(gone->prompt);
+        free(gone);
+    }
+    if (queued) *queued = was_queued;
+    if (!found) {
+        char m[128];
+        snprintf(m, sizeof m, "sparkmono_batch_cancel: request %lld is neither waiting nor live", id);
+        return sm_engine_fail(SM_E_INVALID, m);
+    }
+    return sm_engine_fail(SM_OK, "");
+}
+
+void sparkmono_batch_counts(sparkmono_batch *b, int *live, int *queued) {
+    pthread_mutex_lock(&b->mu);
+    if (live) *live = b->nlive;
+    if (queued) *queued = b->nqueued;
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+/* A new event of this call for request (id, user) with ids [n] copied; NULL when out of memory. */
+static sparkmono_batch_event *ev_add(sparkmono_batch *b, long long id, void *user, const int *ids, int n) {
+    if (b->nev == b->evcap) {
+        int nc = b->evcap ? 2 * b->evcap : 16;
+        sparkmono_batch_event *ne = realloc(b->ev, (size_t)nc * sizeof *ne);
+        if (ne) b->ev = ne;
+        size_t *no = ne ? realloc(b->evoff, (size_t)nc * sizeof *no) : NULL;
+        if (no) b->evoff = no;
+        char(*nr)[256] = no ? realloc(b->everr, (size_t)nc * sizeof *nr) : NULL;
+        if (!nr) return NULL;
+        b->everr = nr;
+        b->evcap = nc;
+    }
+    if (b->nid + (size_t)n > b->idcap) {
+        size_t nc = b->idcap ? 2 * b->idcap : 256;
+        while (nc < b->nid + (size_t)n) nc *= 2;
+        int *ni = realloc(b->idbuf, nc * sizeof *ni);
+        if (!ni) return NULL;
+        b->idbuf = ni;
+        b->idcap = nc;
+    }
+    int k = b->nev++;
+    sparkmono_batch_event *e = &b->ev[k];
+    memset(e, 0, sizeof *e);
+    e->id = id;
+    e->user = user;
+    e->n = n;
+    b->evoff[k] = b->nid;
+    if (n) memcpy(b->idbuf + b->nid, ids, (size_t)n * sizeof(int));
+    b->nid += (size_t)n;
+    b->everr[k][0] = 0;
+    return e;
+}
+
+/* The end of an event's err line. */
+static void ev_err(sparkmono_batch *b, sparkmono_batch_event *e, const char *why) {
+    snprintf(b->everr[e - b->ev], sizeof b->everr[0], "%s", why);
+}
+
+/* Free slot q (its request has ended): out of the engine and the table. */
+static void slot_free(sparkmono_batch *b, int q) {
+    sparkmono_remove(b->g, q);
+    pthread_mutex_lock(&b->mu);
+    b->slot[q].id = 0;
+    b->slot[q].cancel = 0;
+    b->nlive--;
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* End slot q with state done and line why, in an event without new ids.  0, or -1 when out of
+ * memory for the event. */
+static int end_slot(sparkmono_batch *b, int q, int done, const char *why) {
+    sparkmono_request_info in;
+    memset(&in, 0, sizeof in);
+    sparkmono_request_get_info(b->g, q, &in);
+    sparkmono_batch_event *e = ev_add(b, b->slot[q].id, b->slot[q].user, NULL, 0);
+    int reported = b->slot[q].reported;
+    slot_free(b, q);
+    if (!e) return -1;
+    e->ngen = reported;
+    e->done = done;
+    e->prompt_len = in.prompt_len;
+    e->steps = in.steps;
+    e->accepted = in.accepted;
+    ev_err(b, e, why);
+    return 0;
+}
+
+/* An event for every live request with ids not yet reported or a new end; ended ones leave. */
+static sm_status report(sparkmono_batch *b) {
+    for (int q = 0; q < b->max_req; q++) {
+        bslot *sl = &b->slot[q];
+        if (!sl->id) continue;
+        sparkmono_request_info in;
+        const int *ids;
+        int n;
+        if (sparkmono_request_get_info(b->g, q, &in) || sparkmono_output(b->g, q, &ids, &n)) return SM_E_STATE;
+        if (n == sl->reported && !in.done) continue;
+        sparkmono_batch_event *e = ev_add(b, sl->id, sl->user, ids + sl->reported, n - sl->reported);
+        if (!e) return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
+        sl->reported = n;
+        e->ngen = n;
+        e->done = in.done; /* 1 eos, 2 max_tokens: SM_BATCH_EOS, SM_BATCH_LENGTH */
+        e->prompt_len = in.prompt_len;
+        e->steps = in.steps;
+        e->accepted = in.accepted;
+        if (in.done) slot_free(b, q);
+    }
+    return SM_OK;
+}
+
+/* Requests cancelled while live leave the engine, each with its CANCELLED event. */
+static sm_status drop_cancelled(sparkmono_batch *b) {
+    for (int q = 0; q < b->max_req; q++) {
+        pthread_mutex_lock(&b->mu);
+        int c = b->slot[q].id && b->slot[q].cancel;
+        pthread_mutex_unlock(&b->mu);
+        if (c && end_slot(b, q, SM_BATCH_CANCELLED, "cancelled"))
+            return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
+    }
+    return SM_OK;
+}
+
+/* Waiting requests join while slots are free: add + prefill (the first token).  A request the
+ * engine refuses ends FAILED with the engine's line; the others go on. */
+static sm_status admit_waiting(sparkmono_batch *b) {
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        bwait *w = b->nlive < b->max_req ? b->head : NULL;
+        if (w) {
+            b->head = w->next;
+            if (!b->head) b->tail = NULL;
+            b->nqueued--;
+            b->nlive++; /* its slot, from now on */
+            b->admitting = w->id;
+            b->admitting_cancel = 0;
+        }
+        pthread_mutex_unlock(&b->mu);
+        if (!w) return SM_OK;
+        int q = -1;
+        sm_status st = sparkmono_add_sampled(b->g, w->prompt, w->n, w->max_tokens, w->sampled ? &w->s : NULL, &q);
+        if (st == SM_OK) st = sparkmono_prefill(b->g, q, NULL);
+        char why[256] = "";
+        if (st != SM_OK) snprintf(why, sizeof why, "%s: %s", sparkmono_status_str(st), sparkmono_errmsg());
+        pthread_mutex_lock(&b->mu);
+        b->admitting = 0;
+        if (st == SM_OK) {
+            b->slot[q].id = w->id;
+            b->slot[q].user = w->user;
+            b->slot[q].reported = 0;
+            b->slot[q].cancel = b->admitting_cancel; /* cancelled on the way: leaves before the verify */
+        } else {
+            b->nlive--;
+        }
+        pthread_mutex_unlock(&b->mu);
+        sm_status es = SM_OK;
+        if (st != SM_OK) {
+            if (q >= 0) sparkmono_remove(b->g, q);
+            sparkmono_batch_event *e = ev_add(b, w->id, w->user, NULL, 0);
+            if (e) {
+                e->done = SM_BATCH_FAILED;
+                e->prompt_len = w->n;
+                ev_err(b, e, why);
+            } else {
+                es = sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
+            }
+        }
+        free(w->prompt);
+        free(w);
+        if (es != SM_OK) return es;
+    }
+}
+
+/* One verify step over the live requests; a failure ends every one of them FAILED. */
+static sm_status verify_live(sparkmono_batch *b) {
+    sm_status st = drop_cancelled(b);
+    if (st != SM_OK) return st;
+    if (b->nlive == 0) return SM_OK;
+    st = sparkmono_verify(b->g, NULL, NULL, NULL);
+    if (st == SM_OK) return SM_OK;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", sparkmono_errmsg());
+    for (int q = 0; q < b->max_req; q++)
+        if (b->slot[q].id) end_slot(b, q, SM_BATCH_FAILED, why);
+    return sm_engine_fail(st, why);
+}
+
+/* The call's events out: offsets become pointers. */
+static sm_status hand_out(sparkmono_batch *b, sm_status st, const sparkmono_batch_event **ev, int *nev) {
+    for (int k = 0; k < b->nev; k++) {
+        b->ev[k].ids = b->ev[k].n ? b->idbuf + b->evoff[k] : NULL;
+        b->ev[k].err = b->everr[k];
+    }
+    *ev = b->ev;
+    *nev = b->nev;
+    return st == SM_OK ? sm_engine_fail(SM_OK, "") : st;
+}
+
+/* Start a call: no events yet. */
+static int begin(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev, const char *fn) {
+    if (!b || !ev || !nev) {
+        char m[128];
+        snprintf(m, sizeof m, "%s: NULL argument", fn);
+        sm_engine_fail(SM_E_INVALID, m);
+        return -1;
+    }
+    *ev = NULL;
+    *nev = 0;
+    b->nev = 0;
+    b->nid = 0;
+    return 0;
+}
+
+sm_status sparkmono_batch_admit(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev) {
+    if (begin(b, ev, nev, "sparkmono_batch_admit")) return SM_E_INVALID;
+    sm_status st = drop_cancelled(b);
+    if (st == SM_OK) st = admit_waiting(b);
+    if (st == SM_OK) st = report(b);
+    return hand_out(b, st, ev, nev);
+}
+
+sm_status sparkmono_batch_verify(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev) {
+    if (begin(b, ev, nev, "sparkmono_batch_verify")) return SM_E_INVALID;
+    sm_status st = verify_live(b);
+    if (st == SM_OK) st = report(b);
+    return hand_out(b, st, ev, nev);
+}
+
+sm_status sparkmono_batch_step(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev) {
+    if (begin(b, ev, nev, "sparkmono_batch_step")) return SM_E_INVALID;
+    sm_status st = drop_cancelled(b);
+    if (st == SM_OK) st = admit_waiting(b);
+    if (st == SM_OK) st = verify_live(b);
+    if (st == SM_OK) st = report(b);
+    return hand_out(b, st, ev, nev);
+}
