@@ -147,7 +147,7 @@ echo
 echo "===================== summary ====================="
 if [ "$trc" != skipped ]; then
     grep -E '^FAIL ' "$OUT/gpu_test.log" | head -n 30
-    sed -n '/^group /,$p' "$OUT/gpu_test.log" | tail -n 6
+    sed -n '/^group /,$p' "$OUT/gpu_test.log" | tail -n 7
     grep -q '^group ' "$OUT/gpu_test.log" || { echo "gpu_test did not finish (exit $trc); last lines:"; tail -n 15 "$OUT/gpu_test.log"; }
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

@@ -2,8 +2,9 @@
  *
  * Runs the groups of gpu_tests.h in order.  Each group's stdout goes through a pipe that a
  * reader thread copies to the real stdout as it comes (a crash still shows what was printed)
- * while counting its "PASS " / "FAIL " lines.  Ends with a short table per group and the line
- * "N passed, N failed"; exit status 0 only when nothing failed.  We rejected counting through
+ * while counting its "PASS " / "FAIL " / "SKIP " lines (tests/gpu/harness.h prints them).  Ends
+ * with a short table per group, the line "N skipped" and the line "N passed, N failed"; exit
+ * status 0 only when nothing failed.  We rejected counting through
  * a shared global: the groups live in separate files and their contract is just the
  * returned failure count and the printed lines.
  */
@@ -19,6 +20,7 @@ typedef struct tee {
     FILE *out;   /* the real stdout */
     int pass;    /* "PASS " lines seen */
     int fail;    /* "FAIL " lines seen */
+    int skip;    /* "SKIP " lines seen */
 } tee;
 
 static void *tee_run(void *arg) {
@@ -32,6 +34,7 @@ static void *tee_run(void *arg) {
         fflush(t->out);
         if (at_start && !strncmp(line, "PASS ", 5)) t->pass++;
         if (at_start && !strncmp(line, "FAIL ", 5)) t->fail++;
+        if (at_start && !strncmp(line, "SKIP ", 5)) t->skip++;
         at_start = strchr(line, '\n') != NULL;
     }
     fclose(in);
@@ -41,7 +44,7 @@ static void *tee_run(void *arg) {
 typedef struct group {
     const char *name;   /* group name in the table */
     int (*fn)(void);    /* returns its failure count */
-    int pass, fail, rc; /* results */
+    int pass, fail, skip, rc; /* result lines, the returned failure count */
     double secs;        /* wall time */
 } group;
 
@@ -59,7 +62,7 @@ static void run_group(group *g) {
     int p[2], saved = dup(1);
     FILE *out = saved >= 0 ? fdopen(saved, "w") : NULL;
     pthread_t th;
-    tee t = {-1, out, 0, 0};
+    tee t = {-1, out, 0, 0, 0};
     if (!out || pipe(p) != 0) {
         if (out) fclose(out);
         g->rc = g->fn();
@@ -86,6 +89,7 @@ static void run_group(group *g) {
     fclose(out);
     g->pass = t.pass;
     g->fail = t.fail;
+    g->skip = t.skip;
     if (g->rc > g->fail) g->fail = g->rc; /* failures the group counted but did not print */
     g->secs = now_s() - t0;
 }
@@ -99,10 +103,10 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "--bench-moe")) return gpu_bench("moe");
     if (argc == 2 && !strcmp(argv[1], "--bench-dense")) return gpu_bench("matmul,logits");
     group gs[] = {
-        {"kernels", gpu_test_kernels, 0, 0, 0, 0.0},
-        {"moe", gpu_test_moe, 0, 0, 0, 0.0},
-        {"model", gpu_test_model, 0, 0, 0, 0.0},
-        {"comm", gpu_test_comm, 0, 0, 0, 0.0},
+        {"kernels", gpu_test_kernels, 0, 0, 0, 0, 0.0},
+        {"moe", gpu_test_moe, 0, 0, 0, 0, 0.0},
+        {"model", gpu_test_model, 0, 0, 0, 0, 0.0},
+        {"comm", gpu_test_comm, 0, 0, 0, 0, 0.0},
     };
     const int ng = (int)(sizeof gs / sizeof gs[0]);
     int only = -1;
@@ -114,15 +118,17 @@ int main(int argc, char **argv) {
                         " (got '%s'%s)\n", argv[1], argc > 2 ? " and more" : "");
         return 2;
     }
-    int pass = 0, fail = 0;
+    int pass = 0, fail = 0, skip = 0;
     for (int i = 0; i < ng; i++) {
         if (only >= 0 && i != only) continue;
         run_group(&gs[i]);
         pass += gs[i].pass;
         fail += gs[i].fail;
+        skip += gs[i].skip;
     }
-    printf("\n%-10s %7s %7s %9s\n", "group", "passed", "failed", "seconds");
-    for (int i = 0; i < ng; i++) printf("%-10s %7d %7d %9.1f\n", gs[i].name, gs[i].pass, gs[i].fail, gs[i].secs);
-    printf("%d passed, %d failed\n", pass, fail);
+    printf("\n%-10s %7s %7s %7s %9s\n", "group", "passed", "failed", "skipped", "seconds");
+    for (int i = 0; i < ng; i++)
+        printf("%-10s %7d %7d %7d %9.1f\n", gs[i].name, gs[i].pass, gs[i].fail, gs[i].skip, gs[i].secs);
+    printf("%d skipped\n%d passed, %d failed\n", skip, pass, fail);
     return fail ? 1 : 0;
 }

@@ -28,16 +28,15 @@
 #include "model/codec.h"
 #include "cuda/gcomm.h"
 #include "gpu_tests.h"
+#include "harness.h"
 
-static int g_pass, g_fail;
-static uint64_t g_rng;
 
 #define GUARD 256        /* poisoned bytes after every device output */
 #define GUARD_BYTE 0xA5
 #define MAXW 8
 #define MAXOPS 16
 
-static uint64_t rnd64(void) { return sm_rng_next(&g_rng); }
+static uint64_t rnd64(void) { return sm_rng_next(&gh_rng); }
 static float rndu(void) { return (float)((double)(rnd64() >> 40) * (1.0 / 8388608.0) - 1.0); } /* [-1, 1) */
 static int rndi(int n) { return (int)((rnd64() >> 33) % (uint64_t)n); }
 
@@ -47,18 +46,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void result(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void result(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "PASS" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    if (ok) g_pass++;
-    else g_fail++;
-}
 
 /* ------------------------------------------------------------------ the plan */
 
@@ -353,12 +340,12 @@ static void case_plan(int kind, int W, const int *devices, const char *label) {
     sm_gcomm_opts o = {W, devices, kind, maxb, 0.0};
     sm_err e = {""};
     if (sm_gcomm_create(&o, &R.w, &e)) {
-        result(0, "comm %s W=%d create: %s", label, W, e.msg);
+        gh_result(0, "comm %s W=%d create: %s", label, W, e.msg);
         run_free(&R);
         return;
     }
     if (run_ranks(&R)) {
-        result(0, "comm %s W=%d: CUDA error", label, W);
+        gh_result(0, "comm %s W=%d: CUDA error", label, W);
     } else {
         int rank_fail = 0;
         for (int r = 0; r < W; r++)
@@ -366,7 +353,7 @@ static void case_plan(int kind, int W, const int *devices, const char *label) {
                 printf("  rank %d: %s\n", r, R.err[r]);
                 rank_fail = 1;
             }
-        result(!rank_fail, "comm %s W=%d: every rank ran the plan, health clean (%.3f s)", label, W, R.secs);
+        gh_result(!rank_fail, "comm %s W=%d: every rank ran the plan, health clean (%.3f s)", label, W, R.secs);
         for (int k = 0; k < NPLAN && !rank_fail; k++) {
             const op_spec *s = &PLAN[k];
             int bad = 0;
@@ -387,7 +374,7 @@ static void case_plan(int kind, int W, const int *devices, const char *label) {
                     bad = 1;
                 }
             }
-            result(!bad, "comm %s W=%d op %d %s (%s layer %d, %d x %d, chunk %d%s) bit-exact on every rank", label,
+            gh_result(!bad, "comm %s W=%d op %d %s (%s layer %d, %d x %d, chunk %d%s) bit-exact on every rank", label,
                    W, k, KIND_NAME[s->kind], sm_gcomm_op_name(s->op), s->layer, s->a, s->b, s->chunk,
                    s->only0 ? ", out on rank 0 only" : "");
         }
@@ -421,14 +408,14 @@ static void case_fault(int W) {
     unsetenv("SPARKMONO_COMM_FAULT");
     unsetenv("SPARKMONO_COMM_BOUND_MS");
     if (rc) {
-        result(0, "comm fault W=%d create: %s", W, e.msg);
+        gh_result(0, "comm fault W=%d create: %s", W, e.msg);
         run_free(&R);
         return;
     }
-    result(sm_gcomm_bound_ms(R.w) == 200.0, "comm fault W=%d: SPARKMONO_COMM_BOUND_MS sets the bound (%.0f ms)", W,
+    gh_result(sm_gcomm_bound_ms(R.w) == 200.0, "comm fault W=%d: SPARKMONO_COMM_BOUND_MS sets the bound (%.0f ms)", W,
            sm_gcomm_bound_ms(R.w));
     if (run_ranks(&R)) {
-        result(0, "comm fault W=%d: CUDA error", W);
+        gh_result(0, "comm fault W=%d: CUDA error", W);
     } else {
         int named = 1;
         for (int r = 0; r < W; r++) {
@@ -442,15 +429,15 @@ static void case_fault(int W) {
             printf("  rank %d: %s\n", r, R.err[r][0] ? R.err[r] : "(no failure reported)");
             named &= ok;
         }
-        result(named, "comm fault W=%d: every other rank's health names rank 1, layer 2, attn_sum, ~200 ms", W);
-        result(R.secs < 2.5, "comm fault W=%d: the faulty world finished in %.3f s (bound 200 ms)", W, R.secs);
+        gh_result(named, "comm fault W=%d: every other rank's health names rank 1, layer 2, attn_sum, ~200 ms", W);
+        gh_result(R.secs < 2.5, "comm fault W=%d: the faulty world finished in %.3f s (bound 200 ms)", W, R.secs);
         /* the operation before the fault went through */
         int first_ok = 1;
         for (int r = 0; r < W; r++) {
             size_t esz;
             first_ok &= first_diff(&R, r, 0, &esz) < 0;
         }
-        result(first_ok, "comm fault W=%d: the operation before the fault is exact on every rank", W);
+        gh_result(first_ok, "comm fault W=%d: the operation before the fault is exact on every rank", W);
     }
     sm_gcomm_destroy(R.w);
     run_free(&R);
@@ -485,17 +472,17 @@ static void case_host_barrier(int mode) {
     memset(&a, 0, sizeof a);
     const char *name = mode ? "timeout" : "abort";
     if (sm_gcomm_create(&o, &a.w, &e)) {
-        result(0, "comm %s: create: %s", name, e.msg);
+        gh_result(0, "comm %s: create: %s", name, e.msg);
         return;
     }
     if (!cu_ok(cudaMalloc((void **)&a.part, 64), "cudaMalloc") || !cu_ok(cudaMalloc((void **)&a.out, 64), "cudaMalloc") ||
         !cu_ok(cudaStreamCreateWithFlags(&a.st, cudaStreamNonBlocking), "cudaStreamCreate")) {
-        result(0, "comm %s: CUDA error", name);
+        gh_result(0, "comm %s: CUDA error", name);
     } else {
         pthread_t th;
         double t0 = now_s();
         if (pthread_create(&th, NULL, abort_rank0, &a)) {
-            result(0, "comm %s: pthread_create", name);
+            gh_result(0, "comm %s: pthread_create", name);
         } else {
             if (!mode) sm_gcomm_abort(a.w, "rank 1 failed on purpose");
             pthread_join(th, NULL);
@@ -503,10 +490,10 @@ static void case_host_barrier(int mode) {
             cudaStreamSynchronize(a.st);
             printf("  rank 0: %s\n", a.msg);
             if (!mode)
-                result(a.rc != 0 && strstr(a.msg, "rank 1 failed on purpose") != NULL,
+                gh_result(a.rc != 0 && strstr(a.msg, "rank 1 failed on purpose") != NULL,
                        "comm abort: a waiting or later rank fails with the abort's reason");
             else
-                result(a.rc != 0 && strstr(a.msg, "ranks not arrived: 1") != NULL && secs < 1.5,
+                gh_result(a.rc != 0 && strstr(a.msg, "ranks not arrived: 1") != NULL && secs < 1.5,
                        "comm timeout: the host barrier gives up after the bound, naming rank 1 (%.3f s)", secs);
         }
     }
@@ -523,7 +510,7 @@ static void case_refusal(const char *label, int W, const int *devices, int kind,
     sm_err e = {""};
     int rc = sm_gcomm_create(&o, &w, &e);
     printf("  %s: %s\n", label, rc ? e.msg : "(created)");
-    result(rc != 0 && w == NULL && strstr(e.msg, want) != NULL && !strchr(e.msg, '\n'),
+    gh_result(rc != 0 && w == NULL && strstr(e.msg, want) != NULL && !strchr(e.msg, '\n'),
            "comm refusal: %s, one line naming it", label);
     if (!rc) sm_gcomm_destroy(w);
 }
@@ -531,10 +518,10 @@ static void case_refusal(const char *label, int W, const int *devices, int kind,
 /* ------------------------------------------------------------------ entry */
 
 int gpu_test_comm(void) {
-    g_pass = g_fail = 0;
+    gh_reset();
     uint64_t seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)clock();
     if (!seed) seed = 1;
-    g_rng = seed;
+    gh_rng = seed;
     printf("gpu_test_comm: seed %llu\n", (unsigned long long)seed);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
@@ -562,12 +549,12 @@ int gpu_test_comm(void) {
     sm_err e = {""};
     if (sm_gcomm_create(&o, &w, &e)) {
         printf("  nccl: %s\n", e.msg);
-        if (strstr(e.msg, "libnccl.so.2 not found")) printf("SKIP comm nccl W=1: libnccl.so.2 is not loadable\n");
-        else result(0, "comm nccl W=1 create: %s", e.msg);
+        if (strstr(e.msg, "libnccl.so.2 not found")) gh_skip_line("comm nccl W=1: libnccl.so.2 is not loadable");
+        else gh_result(0, "comm nccl W=1 create: %s", e.msg);
     } else {
         sm_gcomm_destroy(w);
         case_plan(SM_GCOMM_NCCL, 1, zeros, "nccl");
     }
-    printf("DONE comm: %d passed, %d failed\n", g_pass, g_fail);
-    return g_fail;
+    printf("DONE comm: %d passed, %d failed, %d skipped\n", gh_pass, gh_fail, gh_skip);
+    return gh_fail;
 }
