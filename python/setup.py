@@ -3,8 +3,8 @@
 Without one the package still installs and looks for the library at import time
 (sparkmono/_lib.py says where).  We rejected compiling the C sources here: the project's
 Makefile is the one build, and the wheel would need a compiler.  The package's version is
-the library's (sparkmono_version()), else the one include/sparkmono.h beside this folder
-defines: the project has one version string."""
+the one include/sparkmono.h beside this folder defines, else the library's
+(sparkmono_version()): the project has one version string."""
 import ctypes
 import os
 import re
@@ -21,16 +21,19 @@ def lib_path():
 
 
 def version():
-    src = lib_path()
-    if os.path.isfile(src):
-        f = ctypes.CDLL(os.path.abspath(src)).sparkmono_version
-        f.restype = ctypes.c_char_p
-        return f().decode()
+    """include/sparkmono.h's SPARKMONO_VERSION when the source tree is beside this folder (read,
+    not loaded: a sanitizer build's library cannot be loaded without its runtime), else the
+    library's sparkmono_version()."""
     hdr = os.path.join(HERE, "..", "include", "sparkmono.h")
     m = re.search(r'#define SPARKMONO_VERSION "([^"]+)"', open(hdr).read()) if os.path.isfile(hdr) else None
-    if not m:
-        raise SystemExit("sparkmono: neither %s nor %s: cannot tell the version" % (src, hdr))
-    return m.group(1)
+    if m:
+        return m.group(1)
+    src = lib_path()
+    if not os.path.isfile(src):
+        raise SystemExit("sparkmono: neither %s nor %s: cannot tell the version" % (hdr, src))
+    f = ctypes.CDLL(os.path.abspath(src)).sparkmono_version
+    f.restype = ctypes.c_char_p
+    return f().decode()
 
 
 class BuildPyWithLib(build_py):
