@@ -376,8 +376,9 @@ def test_soak(tmp, model_dir):
                                        timeout=TIMEOUT) as r:
                             assert r.status_code == 200, r.text
                             ev = sse_events(r)
-                            for _ in range(1 + n % 3):
-                                next(ev)
+                            for _ in range(1 + n % 3):  # a loaded server may send the ids in fewer chunks
+                                if next(ev, None) is None:
+                                    break
                         kind = "hung_up"
                     elif c % 2:
                         got = stream(s, body)
