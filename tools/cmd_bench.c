@@ -28,7 +28,7 @@
 #include <string.h>
 #include <time.h>
 #ifdef SM_HAVE_CUDA
-#include "cuda/synth.h"
+#include "cuda/stock/synth.h"
 #include "cuda/stock/bench.h"
 #endif
 

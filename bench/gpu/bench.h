@@ -19,7 +19,7 @@
 #define SM_BENCH_GPU_BENCH_H
 #include <stdint.h>
 #include <cuda_runtime.h>
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "model/rng.h"
 
 #define BH_ITERS 50          /* timed calls of a case (their median is reported) */

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 #include <nccl.h>              /* types only: the library is loaded with dlopen (nccl.cu) */
-#include "cuda/gcomm.h"
+#include "cuda/comm/gcomm.h"
 #include "parallel/hbar.h"
 #include "cuda/common.cuh"
 

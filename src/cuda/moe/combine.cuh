@@ -18,7 +18,7 @@
 #ifndef SM_CUDA_MOE_COMBINE_CUH
 #define SM_CUDA_MOE_COMBINE_CUH
 #include "cuda/common.cuh"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 
 #define MOE_COMBINE_THREADS 256 /* threads of the stock combine blocks */
 

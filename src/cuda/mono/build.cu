@@ -14,7 +14,7 @@
 #include "cuda/mono/mono.cuh"
 #include "cuda/stock/stock.h"
 #include "cuda/stock/bench.h"
-#include "cuda/mono.h"
+#include "cuda/mono/mono.h"
 extern "C" {
 #include "parallel/hbar.h"
 #include "base/outfile.h"

@@ -68,10 +68,10 @@
 #ifndef SM_CUDA_MONO_CUH
 #define SM_CUDA_MONO_CUH
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/matmul.cuh"
 #include "cuda/ops/rope_kv.cuh"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 #include "cuda/moe/queue.cuh"
 #include "cuda/moe/group.cuh"
 #include "cuda/moe/combine.cuh"
@@ -114,7 +114,7 @@ typedef struct mono_xc {
     uint8_t *buf[MONO_WMAX];    /* rank q's exchange area: parity 0 at +0, parity 1 at +bytes */
     size_t bytes;               /* bytes of one parity */
     unsigned long long *flag[MONO_WMAX]; /* rank q's flags [W]: flag p = the epoch rank p published to q */
-    const unsigned long long *step; /* this rank's step counter (the world's, cuda/gcomm.h) */
+    const unsigned long long *step; /* this rank's step counter (the world's, cuda/comm/gcomm.h) */
     int np, nu;                 /* columns of a rank's pooler / unpooler block */
     float *ysum;                /* TP: [n K, Hm] f32 rank-order sum of y */
 } mono_xc;

@@ -10,7 +10,7 @@
  * (from its own length): a row's bits would then depend on its position in the batch's plan.
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/attention.cuh"
 
 /* ---- stock kernels ---- */

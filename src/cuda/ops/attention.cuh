@@ -343,7 +343,7 @@ __device__ __forceinline__ void sm_att_combine_item(const float *__restrict__ ws
 }
 
 /* Prefill item (tile of 128/G rows, KV head h) by all SM_ATT_PF_THREADS threads of the
- * block.  Arguments as sm_k_attention_prefill (kernels.h). */
+ * block.  Arguments as sm_k_attention_prefill (cuda/ops/ops.h). */
 template <int G>
 __device__ __forceinline__ void sm_att_prefill_item(const uint16_t *__restrict__ q, int ldq, const uint16_t *__restrict__ gate,
                                                     int ldg, const uint16_t *__restrict__ kv, const int *__restrict__ table,

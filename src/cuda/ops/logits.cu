@@ -13,7 +13,7 @@
  * per chunk): the reduce kernel is a few microseconds and keeps both paths alike.
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/logits.cuh"
 
 /* One sm_lg_sync_tile per block: blockIdx.x = tile of SM_MM_ROWS ids. */

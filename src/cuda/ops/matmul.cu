@@ -29,7 +29,7 @@
  * multicast of x over a cluster (the stream-K blocks do not share k ranges).
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/matmul.cuh"
 #include "cuda/ops/logits.cuh"
 #include <cudaTypedefs.h>

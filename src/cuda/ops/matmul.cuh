@@ -24,7 +24,7 @@
 #ifndef SM_CUDA_OPS_MATMUL_CUH
 #define SM_CUDA_OPS_MATMUL_CUH
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include <cuda.h>
 
 /* ---- the weight-streaming matmul core ("swap AB") ----

@@ -6,7 +6,7 @@
  * as an output too.
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/router.cuh"
 
 #define TOPK_WARPS 4

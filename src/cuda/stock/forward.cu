@@ -1,5 +1,5 @@
 /* forward.cu: the math of a step on the context's stream (docs/model.md sections 3-6): embedding,
- * the decoder layers (stock kernels of kernels.h + the MoE stage of moe.h) and the logits,
+ * the decoder layers (stock kernels of ops/ops.h + the MoE stage of moe.h) and the logits,
  * for the rows whose metadata sits in the context's metadata buffer.
  *
  * The same enqueue serves the eager path and graph capture: nothing here synchronizes,

@@ -27,9 +27,9 @@ extern "C" { /* C headers without their own extern "C" guards: include them firs
 #include "model/tensors.h"
 }
 #include "backend/step.h"
-#include "cuda/kernels.h"
-#include "cuda/moe.h"
-#include "cuda/gcomm.h"
+#include "cuda/ops/ops.h"
+#include "cuda/moe/moe.h"
+#include "cuda/comm/gcomm.h"
 #include "cuda/common.cuh"
 
 #define CB_NBUCKETS 8          /* graph row buckets: 8 16 24 32 48 64 96 128 */
@@ -131,7 +131,7 @@ typedef struct sm_cuda_dev {
     int last_graph;            /* that chunk ran through a graph */
     /* tensor + expert parallelism (world > 1, world.cu; docs/parallelism.md): the rank's
      * exchange handle and the buffers of its local parts.  NULL / unused with world 1. */
-    struct sm_gcomm *gc;       /* this rank's handle of the world's exchanges (cuda/gcomm.h) */
+    struct sm_gcomm *gc;       /* this rank's handle of the world's exchanges (cuda/comm/gcomm.h) */
     int eager_only;            /* 1: no graphs (virtual ranks: their exchanges meet at host barriers) */
     void *wbuf;                /* the allocation holding the buffers below */
     float *apart;              /* [cap, H] f32 o_proj partial over the rank's heads */
@@ -296,7 +296,7 @@ int cb_mono_health_check(sm_cuda_dev *c, sm_err *e);
 void cb_mono_note_eager(sm_cuda_dev *c);
 
 /* ---- synth.cu ---- */
-/* Every weight of rank c made on its device (cuda/synth.h's values; a rank of a world: its
+/* Every weight of rank c made on its device (cuda/stock/synth.h's values; a rank of a world: its
  * slices); drains c->st. */
 int cb_synth_weights(sm_cuda_dev *c, int expert_fmt, uint64_t seed, sm_err *e);
 

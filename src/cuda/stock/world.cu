@@ -1,6 +1,6 @@
 /* world.cu: the CUDA backend of W > 1 ranks (tensor + expert parallelism, docs/parallelism.md
  * "The GPU path"): one device context per rank (stock.h: sm_cuda_dev, on the rank's device),
- * one host thread per rank (ranks.h), the cross-rank exchanges of cuda/gcomm.h on each rank's
+ * one host thread per rank (ranks.h), the cross-rank exchanges of cuda/comm/gcomm.h on each rank's
  * stream.  Each rank uploads only its shard (sm_shard_make) and runs the same layer loop as one
  * rank (forward.cu: the collectives sit where the CPU world has them); rank 0 writes the step's
  * outputs.  Ranks on distinct devices replay per-bucket CUDA graphs with the exchanges inside;

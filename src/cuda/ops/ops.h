@@ -1,5 +1,5 @@
-/* kernels.h: the extern "C" launchers of the CUDA stock-path kernels (docs/model.md sections 3-6),
- * everything of a step except the MoE expert stage (moe.h).  They are defined in
+/* ops.h: the extern "C" launchers of the CUDA stock-path kernels (docs/model.md sections 3-6),
+ * everything of a step except the MoE expert stage (cuda/moe/moe.h).  They are defined in
  * src/cuda/ops/<family>.cu; the __device__ bodies the kernels run (callable from a persistent
  * kernel on any row / tile range) are in src/cuda/ops/<family>.cuh.
  *
@@ -17,8 +17,8 @@
  * (row-count templates, split counts): the launcher picks the variant from the shape, callers
  * state only the math.
  */
-#ifndef SM_CUDA_KERNELS_H
-#define SM_CUDA_KERNELS_H
+#ifndef SM_CUDA_OPS_H
+#define SM_CUDA_OPS_H
 #include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
