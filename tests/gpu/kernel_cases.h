@@ -7,7 +7,7 @@
 extern "C" {
 #include "cpu/pool.h"
 }
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 
 extern sm_pool *g_pool;     /* the CPU reference ops' thread pool */
 extern sm_cuda_ctx g_ctx;   /* the kernels' context on device 0 */

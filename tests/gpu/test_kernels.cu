@@ -1,5 +1,5 @@
 /* test_kernels.cu: the kernel group of the GPU tests.  Every stock-path kernel of
- * src/cuda/kernels.h against its CPU op (src/cpu/ops.h) on fresh random inputs (seeded per run
+ * src/cuda/ops/ops.h against its CPU op (src/cpu/ops.h) on fresh random inputs (seeded per run
  * from the clock; the seed is printed): here the dense ones (few-row and wgmma matmuls, f32
  * matmuls and their batch invariance, the router matmul, logits + argmax and its non-finite
  * guard), the launchers' preconditions and graph capture, and the entry that runs every case;
@@ -28,7 +28,7 @@ extern "C" {
 #include "cpu/pool.h"
 }
 #include "model/codec.h"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "gpu_tests.h"
 #include "harness.h"
 #include "kernel_cases.h"
@@ -280,7 +280,7 @@ static void case_logits(int paths, int n, int H, int V, int vu, int want_logits)
     gh_case_end();
 }
 
-/* The non-finite guard of the argmax (kernels.h, sm_k_logits): a row whose logits among ids <
+/* The non-finite guard of the argmax (cuda/ops/ops.h, sm_k_logits): a row whose logits among ids <
  * vocab_used hold NaN or +-Inf gets argmax -1, every other row keeps the argmax of the clean
  * run with the same path (bit for bit: a row's logits do not depend on the other rows).  Per
  * path: A) one NaN in h row ra (softcap on): ra -> -1; B) NaN in row ra and +Inf in row rb,
