@@ -318,15 +318,10 @@ static void t_shard_refusals(void) {
     CHECK(sm_moe_layout_parse("tp", &l, &e) == 0 && l == SM_MOE_TP, "tp");
     CHECK(sm_moe_layout_parse("ep", &l, &e) == 0 && l == SM_MOE_EP, "ep");
     CHECK(sm_moe_layout_parse("dp", &l, &e) != 0 && strstr(e.msg, "'dp'"), "message: %s", e.msg);
-    /* the world backend refuses W = 3 on the model, naming the dimension */
+    /* the model-level validator names the dimension (the engine calls it: t_engine_world) */
     if (!g_bf16.ok) return;
-    sm_kv kv;
-    if (sm_kv_init(&kv, 8, 1, 64, 0, &e)) { CHECK(0, "%s", e.msg); return; }
-    sm_backend b;
-    sm_backend_opts bo = {.nthreads = 1, .world = 3, .max_rows = 4};
-    CHECK(sm_world_backend_create(&g_bf16.m, &kv, &bo, &b, &e) != 0 && strstr(e.msg, "num_attention_heads nH = 16"),
+    CHECK(sm_shard_check(&g_bf16.m, 3, SM_MOE_EP, &e) != 0 && strstr(e.msg, "num_attention_heads nH = 16"),
           "message: %s", e.msg);
-    sm_kv_free(&kv);
 }
 
 /* Shard views tile each tensor exactly, and sliced expert rows equal the full rows' slices. */
@@ -388,11 +383,10 @@ static void t_shard_views(void) {
     check_views(&g_fp8.m, 8, SM_MOE_TP);
     /* MXFP4 in TP: I/W = 128/8 = 16 would cut a 32-value scale block */
     sm_err e = {""};
-    sm_shard s;
-    CHECK(sm_shard_make(&g_mx.m, 8, 0, SM_MOE_TP, &s, &e) != 0 && strstr(e.msg, "multiple of 32") &&
-              strstr(e.msg, "MXFP4"), "message: %s", e.msg);
+    CHECK(sm_shard_check(&g_mx.m, 8, SM_MOE_TP, &e) != 0 && strstr(e.msg, "multiple of 32") && strstr(e.msg, "MXFP4"),
+          "message: %s", e.msg);
     printf("  MXFP4 TP W=8, I=128: %s\n", e.msg);
-    CHECK(sm_shard_make(&g_mx.m, 8, 8, SM_MOE_EP, &s, &e) != 0 && strstr(e.msg, "rank 8"), "message: %s", e.msg);
+    CHECK(sm_shard_check(&g_mx.m, 8, SM_MOE_EP, &e) == 0, "MXFP4 EP W=8: %s", e.msg);
 }
 
 /* ---------------------------------------------------------------- tests: world backend */
@@ -636,6 +630,15 @@ static void t_engine_world(void) {
     CHECK(sparkmono_engine_create(mo, &bad, &g) != SM_OK && strstr(sparkmono_errmsg(), "world 3"), "message: %s",
           sparkmono_errmsg());
     sparkmono_engine_destroy(g);
+    /* out of range, either side: the validator's one line, prefixed with the option's layer */
+    for (int w = -1; w <= SM_MAX_WORLD + 1; w += SM_MAX_WORLD + 2) {
+        char want[64];
+        snprintf(want, sizeof want, "engine option: world %d: the number of ranks must be in [1, %d]", w, SM_MAX_WORLD);
+        bad.world = w;
+        CHECK(sparkmono_engine_create(mo, &bad, &g) == SM_E_INVALID && !strcmp(sparkmono_errmsg(), want), "world %d: '%s'", w,
+              sparkmono_errmsg());
+        sparkmono_engine_destroy(g);
+    }
     bad.world = 2, bad.moe_tp = 2;
     CHECK(sparkmono_engine_create(mo, &bad, &g) != SM_OK && strstr(sparkmono_errmsg(), "moe_tp"), "message: %s",
           sparkmono_errmsg());

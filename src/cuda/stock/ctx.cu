@@ -220,8 +220,7 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
     c->rank = rank;
     c->world = world;
     c->mono_mode = o ? o->mono : SM_MONO_AUTO;
-    if (sm_shard_plan(cfg, world, c->rank, sm_moe_layout_of(o ? o->moe_tp : 0), &c->plan, e))
-        return sm_errprefix(e, "cuda backend");
+    sm_shard_plan(cfg, world, c->rank, sm_moe_layout_of(o ? o->moe_tp : 0), &c->plan);
     c->kvs = sm_kv_shape_of(kv);
     /* rows per eager chunk: at least a full graph chunk; at most what the MoE stage takes
      * (max_rows * K <= 4096, moe.h); longer steps run in chunks */

@@ -204,7 +204,7 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
                     sm_backend *b, sm_err *e) {
     const int W = o->world;
     const sm_moe_layout moe = sm_moe_layout_of(o->moe_tp);
-    if (m ? sm_shard_check(m, W, moe, e) : sm_shard_check_config(cf, W, moe, e)) return sm_errprefix(e, "cuda world");
+    /* (W, moe) passed sm_shard_check where world entered; each rank's sm_shard_plan asserts it */
     if (o->comm != SM_COMM_PEER && o->comm != SM_COMM_NCCL) return sm_errf(e, "cuda world: unknown comm kind %d", o->comm);
     cw_world *w = (cw_world *)calloc(1, sizeof *w);
     int *dev = (int *)malloc(sizeof(int) * (size_t)W);
@@ -256,7 +256,7 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
         size_t k = 0;
         for (int r = 0; r < W && k < sizeof dl - 8; r++) k += (size_t)snprintf(dl + k, sizeof dl - k, r ? ",%d" : "%d", dev[r]);
         fprintf(stderr, "sparkmono: cuda world of %d ranks (%s experts) on devices %s, exchanges through %s%s\n", W,
-                moe == SM_MOE_TP ? "tp" : "ep", dl, o->comm == SM_COMM_NCCL ? "nccl" : "peer memory",
+                sm_moe_layout_name(moe), dl, o->comm == SM_COMM_NCCL ? "nccl" : "peer memory",
                 sm_gcomm_is_virtual(w->gw) ? "; virtual ranks (a device holds several): eager steps, host barriers" : "");
     }
     free(dev);
