@@ -44,33 +44,33 @@ static const int g_ctok[CN] = {0, 18, 8, 20, 13}; /* owners 0, 2, 1, 2, 1 */
 
 static void *comm_rank(void *arg) {
     comm_case *k = arg;
-    sm_comm *c = sm_comm_cpu_rank(k->w, k->rank);
+    sm_comm *cm = sm_comm_cpu_rank(k->w, k->rank);
     sm_err e = {""};
     int r = k->rank;
     if (k->mode == 3 && r == 1) return NULL;
-    if (k->mode == 2 && r == 2) { c->ops->abort(c, "rank 2 ran out of luck"); return NULL; }
+    if (k->mode == 2 && r == 2) { cm->ops->abort(cm, "rank 2 ran out of luck"); return NULL; }
     /* attention partial sum */
     for (int i = 0; i < CN * CB; i++) k->attn[i] = part_val(0, r, i);
-    if (k->mode == 1 && r == 1) k->rc[0] = c->ops->pooled_gather(c, 0, k->attn, CN, CB, k->pooled, &e);
-    else k->rc[0] = c->ops->attn_sum(c, 0, k->attn, CN, CB, &e);
+    if (k->mode == 1 && r == 1) k->rc[0] = cm->ops->pooled_gather(cm, 0, k->attn, CN, CB, k->pooled, &e);
+    else k->rc[0] = cm->ops->attn_sum(cm, 0, k->attn, CN, CB, &e);
     if (k->rc[0]) { snprintf(k->msg, sizeof k->msg, "%s", e.msg); return NULL; }
     /* pooled gather */
     float blk[CN * CB];
     for (int i = 0; i < CN * CB; i++) blk[i] = part_val(1, r, i);
-    k->rc[1] = c->ops->pooled_gather(c, 1, blk, CN, CB, k->pooled, &e);
+    k->rc[1] = cm->ops->pooled_gather(cm, 1, blk, CN, CB, k->pooled, &e);
     /* token-sharded finalize: scatter then gather */
     float part[CN * CB];
     for (int i = 0; i < CN * CB; i++) part[i] = part_val(2, r, i);
-    k->rc[2] = c->ops->expert_scatter(c, 1, part, CN, CB, k->mine, &e);
+    k->rc[2] = cm->ops->expert_scatter(cm, 1, part, CN, CB, k->mine, &e);
     int lo, hi;
     sm_shard_rows(CN, CW, r, &lo, &hi);
     float fin[CN * CB];
     for (int i = 0; i < (hi - lo) * CB; i++) fin[i] = k->mine[i] * 2.0f;
-    k->rc[2] |= c->ops->expert_gather(c, 1, fin, CN, CB, k->gath, &e);
+    k->rc[2] |= cm->ops->expert_gather(cm, 1, fin, CN, CB, k->gath, &e);
     /* vocabulary: embedding rows, logits gather (rank 0 only), argmax */
     for (int i = 0; i < CN; i++)
         for (int x = 0; x < CB; x++) k->emb[i * CB + x] = g_ctok[i] / 7 == r ? part_val(3, r, i * CB + x) : 0.0f;
-    k->rc[3] = c->ops->embed_gather(c, g_ctok, CN, CB, 7, k->emb, &e);
+    k->rc[3] = cm->ops->embed_gather(cm, g_ctok, CN, CB, 7, k->emb, &e);
     float lg[CN * CB], best[CN];
     int bid[CN];
     for (int i = 0; i < CN; i++) {
@@ -80,8 +80,8 @@ static void *comm_rank(void *arg) {
         if (r == 2 && i == 4) best[i] = 5.0f;
         if (r == 1 && i == 3) bid[i] = -1;  /* rank 1 has no valid id for row 3 */
     }
-    k->rc[3] |= c->ops->vocab_gather(c, lg, CN, CB, r == 0 ? k->vocab : NULL, &e);
-    k->rc[3] |= c->ops->vocab_argmax(c, best, bid, CN, k->am, &e);
+    k->rc[3] |= cm->ops->vocab_gather(cm, lg, CN, CB, r == 0 ? k->vocab : NULL, &e);
+    k->rc[3] |= cm->ops->vocab_argmax(cm, best, bid, CN, k->am, &e);
     if (k->rc[1] || k->rc[2] || k->rc[3]) snprintf(k->msg, sizeof k->msg, "%s", e.msg);
     return NULL;
 }
