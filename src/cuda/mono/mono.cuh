@@ -27,8 +27,8 @@
  *   QKVG       the next layer's q | k | v | gate projection
  *   ROPE       the next layer's QK norm, RoPE (sliding layers) and K/V insert (a warp per head)
  * The expert stage (MM1) is a kernel of its own (the stock expert blocks: 256
- * threads, 2 an SM, arguments in the constant bank; inside the 512-thread kernel they ran 40%
- * slower); every other phase is in the dense kernel, whose launch runs the end of layer l
+ * threads, 2 an SM, arguments in the constant bank; inside the 512-thread kernel they ran
+ * slower, bench/results.md); every other phase is in the dense kernel, whose launch runs the end of layer l
  * (COMBINE..ROPE) and the start of layer l+1 (ATT..PRE_NORM) together: two launches a layer.
  * We measured and dropped an L2 prefetch of the next matmul's first W boxes (at the barrier,
  * or during the phase before it): no matmul phase got shorter and the norm phases beside it

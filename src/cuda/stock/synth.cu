@@ -45,29 +45,29 @@ typedef struct sy_scratch {
     float *ta, *tb;            /* host [W] f32 derived values */
 } sy_scratch;
 
-static int sy_gen(sm_cuda_dev *c, void *out, int64_t n, uint64_t seed, const char *name, float mean, float std, int f32,
+static int sy_gen(sm_cuda_rank *cr, void *out, int64_t n, uint64_t seed, const char *name, float mean, float std, int f32,
                   sm_err *e) {
     int64_t np = (n + 1) / 2;
     int64_t blocks = (np + 255) / 256;
-    if (blocks > (int64_t)c->kc.num_sms * 16) blocks = (int64_t)c->kc.num_sms * 16;
+    if (blocks > (int64_t)cr->kc.num_sms * 16) blocks = (int64_t)cr->kc.num_sms * 16;
     if (blocks < 1) blocks = 1;
-    sy_gen_kernel<<<(unsigned)blocks, 256, 0, c->st>>>(out, n, sm_rng_key(seed, name), mean, std, f32);
+    sy_gen_kernel<<<(unsigned)blocks, 256, 0, cr->st>>>(out, n, sm_rng_key(seed, name), mean, std, f32);
     SM_LAUNCH_CHECK("sy_gen_kernel");
     return 0;
 }
 
 /* Generate the bf16 vector `name` [n] on the device and read it back into w->hv. */
-static int sy_vec_host(sm_cuda_dev *c, sy_scratch *w, int n, uint64_t seed, const char *name, float mean, float sd, sm_err *e) {
-    if (sy_gen(c, w->dtmp, n, seed, name, mean, sd, 0, e)) return -1;
-    SM_CUDA_CHECK(cudaMemcpyAsync(w->hv, w->dtmp, (size_t)n * 2, cudaMemcpyDeviceToHost, c->st));
-    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+static int sy_vec_host(sm_cuda_rank *cr, sy_scratch *w, int n, uint64_t seed, const char *name, float mean, float sd, sm_err *e) {
+    if (sy_gen(cr, w->dtmp, n, seed, name, mean, sd, 0, e)) return -1;
+    SM_CUDA_CHECK(cudaMemcpyAsync(w->hv, w->dtmp, (size_t)n * 2, cudaMemcpyDeviceToHost, cr->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
     return 0;
 }
 
 /* Upload host f32 [n] to dst and wait (the host buffer is reused right after). */
-static int sy_put(sm_cuda_dev *c, float *dst, const float *src, int n, sm_err *e) {
-    SM_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * 4, cudaMemcpyHostToDevice, c->st));
-    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+static int sy_put(sm_cuda_rank *cr, float *dst, const float *src, int n, sm_err *e) {
+    SM_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * 4, cudaMemcpyHostToDevice, cr->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
     return 0;
 }
 
@@ -76,88 +76,88 @@ static int sy_put(sm_cuda_dev *c, float *dst, const float *src, int n, sm_err *e
  * is generated in place; a norm or gate vector is generated, read back and derived on the host
  * as the loader derives it.  Roles the dense allocations do not hold are skipped (the MoE
  * module makes post_expert_norm and the experts). */
-static int sy_tensor(sm_cuda_dev *c, sy_scratch *w, int l, sm_tensor_role r, uint64_t seed, sm_err *e) {
-    void *dst = cb_tensor_dev(c, l, r, 0);
+static int sy_tensor(sm_cuda_rank *cr, sy_scratch *w, int l, sm_tensor_role r, uint64_t seed, sm_err *e) {
+    void *dst = cb_tensor_dev(cr, l, r, 0);
     if (!dst) return 0;
     const sm_tensor_def *d = &sm_tensors[r];
     char nm[160];
     sm_tensor_name(nm, sizeof nm, r, l);
     float mean, sd;
-    sm_tensor_init(&c->cfg, r, &mean, &sd);
-    int64_t n = sm_tensor_numel(&c->cfg, r);
-    if (c->world > 1 && (d->split == SM_SPLIT_ROWS || d->split == SM_SPLIT_COLS)) {
+    sm_tensor_init(&cr->cfg, r, &mean, &sd);
+    int64_t n = sm_tensor_numel(&cr->cfg, r);
+    if (cr->world > 1 && (d->split == SM_SPLIT_ROWS || d->split == SM_SPLIT_COLS)) {
         /* a rank's slice: 1/W of the tensor, from a stream of its own (a benchmark's model,
          * not a checkpoint's: the slices of W ranks are not one make-model tensor) */
-        n /= c->world;
+        n /= cr->world;
         size_t k = strlen(nm);
-        snprintf(nm + k, sizeof nm - k, "@rank%d", c->rank);
+        snprintf(nm + k, sizeof nm - k, "@rank%d", cr->rank);
     }
-    if (d->kind == SM_TK_VIEW) return sy_gen(c, dst, n, seed, nm, mean, sd, d->dtype == ST_F32, e);
-    if (sy_vec_host(c, w, (int)n, seed, nm, mean, sd, e)) return -1;
+    if (d->kind == SM_TK_VIEW) return sy_gen(cr, dst, n, seed, nm, mean, sd, d->dtype == ST_F32, e);
+    if (sy_vec_host(cr, w, (int)n, seed, nm, mean, sd, e)) return -1;
     switch (d->kind) {
     case SM_TK_NORM1: /* eff(g) = r16(1 + g) */
     case SM_TK_NORM0: /* the final norm: used as is */
         sm_norm_gain(w->hv, n, d->kind, w->ta);
-        return sy_put(c, (float *)dst, w->ta, (int)n, e);
+        return sy_put(cr, (float *)dst, w->ta, (int)n, e);
     case SM_TK_GATE: /* residual gate coefficients alpha, beta */
-        sm_residual_gate(w->hv, (int)n, c->cfg.gate_temp, w->ta, w->tb);
-        return sy_put(c, (float *)dst, w->ta, (int)n, e) || sy_put(c, (float *)cb_tensor_dev(c, l, r, 1), w->tb, (int)n, e) ? -1 : 0;
+        sm_residual_gate(w->hv, (int)n, cr->cfg.gate_temp, w->ta, w->tb);
+        return sy_put(cr, (float *)dst, w->ta, (int)n, e) || sy_put(cr, (float *)cb_tensor_dev(cr, l, r, 1), w->tb, (int)n, e) ? -1 : 0;
     default:
         return 0;
     }
 }
 
 /* One layer's dense tensors. */
-static int sy_layer(sm_cuda_dev *c, int l, uint64_t seed, sy_scratch *w, sm_err *e) {
+static int sy_layer(sm_cuda_rank *cr, int l, uint64_t seed, sy_scratch *w, sm_err *e) {
     for (int r = 0; r < SM_T_NLAYER; r++)
-        if (sy_tensor(c, w, l, (sm_tensor_role)r, seed, e)) return sm_errprefix(e, "synthetic model: layer %d", l);
+        if (sy_tensor(cr, w, l, (sm_tensor_role)r, seed, e)) return sm_errprefix(e, "synthetic model: layer %d", l);
     return 0;
 }
 
 /* Embedding, lm_head and the final norm. */
-static int sy_glob(sm_cuda_dev *c, uint64_t seed, sy_scratch *w, sm_err *e) {
-    if (cb_glob_alloc(c, e)) return sm_errprefix(e, "synthetic model");
+static int sy_glob(sm_cuda_rank *cr, uint64_t seed, sy_scratch *w, sm_err *e) {
+    if (cb_glob_alloc(cr, e)) return sm_errprefix(e, "synthetic model");
     for (int r = SM_T_NLAYER; r < SM_T_N; r++)
-        if (sy_tensor(c, w, -1, (sm_tensor_role)r, seed, e)) return sm_errprefix(e, "synthetic model");
+        if (sy_tensor(cr, w, -1, (sm_tensor_role)r, seed, e)) return sm_errprefix(e, "synthetic model");
     return 0;
 }
 
 /* Layer l: dense allocation and tensors, then its experts (BF16 where sm_layer_keeps_bf16,
  * make-model's rule). */
-static int sy_layer_all(sm_cuda_dev *c, int l, int expert_fmt, uint64_t seed, sy_scratch *w, sm_err *e) {
-    const sm_config *cf = &c->cfg;
-    cb_layer *L = &c->layers[l];
-    if (cb_layer_alloc(c, L, e)) return sm_errprefix(e, "synthetic model: layer %d", l);
-    if (sy_layer(c, l, seed, w, e)) return -1;
+static int sy_layer_all(sm_cuda_rank *cr, int l, int expert_fmt, uint64_t seed, sy_scratch *w, sm_err *e) {
+    const sm_config *cf = &cr->cfg;
+    cb_layer *L = &cr->layers[l];
+    if (cb_layer_alloc(cr, L, e)) return sm_errprefix(e, "synthetic model: layer %d", l);
+    if (sy_layer(cr, l, seed, w, e)) return -1;
     int fmt = sm_layer_keeps_bf16(cf, l) ? SM_EXP_BF16 : expert_fmt;
     sm_config xc = *cf; /* the rank's experts: EP E/W of them, TP every expert's I/W slice */
-    if (c->world > 1) {
-        if (c->plan.moe == SM_MOE_TP) xc.I = cf->I / c->world;
-        else xc.E = cf->E / c->world;
+    if (cr->world > 1) {
+        if (cr->plan.moe == SM_MOE_TP) xc.I = cf->I / cr->world;
+        else xc.E = cf->E / cr->world;
     }
-    if (sm_cuda_moe_synth(&xc, l, fmt, seed + (uint64_t)c->rank, &L->moe, c->st, e))
+    if (sm_cuda_moe_synth(&xc, l, fmt, seed + (uint64_t)cr->rank, &L->moe, cr->st, e))
         return sm_errprefix(e, "synthetic model: layer %d experts", l);
     L->have_moe = 1;
-    c->weight_bytes += (double)L->moe.blob_bytes;
-    if (c->rank == 0 && cf->L * (double)L->moe.blob_bytes > 4e9) /* one rank of a world speaks */
+    cr->weight_bytes += (double)L->moe.blob_bytes;
+    if (cr->rank == 0 && cf->L * (double)L->moe.blob_bytes > 4e9) /* one rank of a world speaks */
         fprintf(stderr, "\rsynthetic model: layer %d / %d generated   %s", l + 1, cf->L, l + 1 == cf->L ? "\n" : "");
     return 0;
 }
 
-int cb_synth_weights(sm_cuda_dev *c, int expert_fmt, uint64_t seed, sm_err *e) {
-    const sm_config *cf = &c->cfg;
-    if (cb_enter(c, e)) return -1;
+int cb_synth_weights(sm_cuda_rank *cr, int expert_fmt, uint64_t seed, sm_err *e) {
+    const sm_config *cf = &cr->cfg;
+    if (cb_enter(cr, e)) return -1;
     int W = cf->H > cf->Hm ? cf->H : cf->Hm;
     sy_scratch w = {NULL, (uint16_t *)malloc((size_t)W * 2), (float *)malloc((size_t)W * 4), (float *)malloc((size_t)W * 4)};
     int rc = 0;
     if (!w.hv || !w.ta || !w.tb) rc = sm_errf(e, "synthetic model: out of host memory");
     if (!rc && cudaMalloc(&w.dtmp, (size_t)W * 2) != cudaSuccess)
-        rc = sm_errf(e, "synthetic model: cudaMalloc of %d bytes failed on device %d", W * 2, c->device);
-    if (!rc) rc = sy_glob(c, seed, &w, e);
-    for (int l = 0; l < cf->L && !rc; l++) rc = sy_layer_all(c, l, expert_fmt, seed, &w, e);
-    cudaError_t r = cudaStreamSynchronize(c->st);
+        rc = sm_errf(e, "synthetic model: cudaMalloc of %d bytes failed on device %d", W * 2, cr->device);
+    if (!rc) rc = sy_glob(cr, seed, &w, e);
+    for (int l = 0; l < cf->L && !rc; l++) rc = sy_layer_all(cr, l, expert_fmt, seed, &w, e);
+    cudaError_t r = cudaStreamSynchronize(cr->st);
     if (!rc && r != cudaSuccess)
-        rc = sm_errf(e, "synthetic model: generation failed on device %d: %s", c->device, cudaGetErrorString(r));
+        rc = sm_errf(e, "synthetic model: generation failed on device %d: %s", cr->device, cudaGetErrorString(r));
     if (w.dtmp) SM_CUDA_CHECK_PRINT(cudaFree(w.dtmp));
     free(w.hv);
     free(w.ta);
@@ -171,14 +171,14 @@ extern "C" int sm_cuda_backend_create_synth(const sm_config *cf, int expert_fmt,
     if (expert_fmt != SM_EXP_BF16 && expert_fmt != SM_EXP_FP8 && expert_fmt != SM_EXP_MXFP4)
         return sm_errf(e, "synthetic model: unknown expert format %d", expert_fmt);
     if (o && o->world > 1) return cb_world_create(NULL, cf, expert_fmt, seed, kv, o, b, e);
-    sm_cuda_dev *c;
-    if (cb_dev_create(cf, kv, o, 0, o ? o->device : 0, &c, e)) return -1;
-    int rc = cb_synth_weights(c, expert_fmt, seed, e);
-    if (!rc) rc = cb_mono_init(c, e);
+    sm_cuda_rank *cr;
+    if (cb_dev_create(cf, kv, o, 0, o ? o->device : 0, &cr, e)) return -1;
+    int rc = cb_synth_weights(cr, expert_fmt, seed, e);
+    if (!rc) rc = cb_mono_init(cr, e);
     if (rc) {
-        cb_dev_destroy(c);
+        cb_dev_destroy(cr);
         return -1;
     }
-    cb_backend_fill(c, b);
+    cb_backend_fill(cr, b);
     return 0;
 }
