@@ -36,7 +36,7 @@ extern "C" {
 /* ------------------------------------------------------------------ state (kernel_cases.h) */
 
 sm_pool *g_pool;
-sm_cuda_ctx g_ctx;
+sm_kernel_ctx g_ctx;
 cudaStream_t g_st;
 
 /* ------------------------------------------------------------------ matmul */
@@ -558,7 +558,7 @@ int gpu_test_kernels(void) {
     gh_seed("gpu_test_kernels");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) { printf("FAIL kernels: no CUDA device\n"); return 1; }
-    if (sm_cuda_ctx_init(&g_ctx, 0, 0, &e)) { printf("FAIL kernels: %s\n", e.msg); return 1; }
+    if (sm_kernel_ctx_init(&g_ctx, 0, 0, &e)) { printf("FAIL kernels: %s\n", e.msg); return 1; }
     if (cudaStreamCreate(&g_st) != cudaSuccess) { printf("FAIL kernels: stream\n"); return 1; }
     if (sm_pool_create(0, &g_pool, &e)) { printf("FAIL kernels: %s\n", e.msg); return 1; }
     fflush(stdout);
@@ -700,7 +700,7 @@ int gpu_test_kernels(void) {
 
     sm_pool_destroy(g_pool);
     cudaStreamDestroy(g_st);
-    sm_cuda_ctx_free(&g_ctx);
+    sm_kernel_ctx_free(&g_ctx);
     printf("gpu_test_kernels: %d passed, %d failed, %d skipped\n", gh_pass, gh_fail, gh_skip);
     fflush(stdout);
     return gh_fail;
