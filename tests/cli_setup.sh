@@ -82,4 +82,21 @@ if [ -z "$up" ] && [ "$nfold" -eq 9 ] && [ -z "$(ls src/*.c src/*.h 2>/dev/null)
 else
     fail include_folders_down "$nfold folders (9 expected), files at src/: $(ls src/*.[ch] 2>/dev/null | head -3); up:$up"
 fi
+# ---- inside src/cuda/ the same rule one level down: common.cuh alone at the top (each seam
+# header lives beside its code); ops/, moe/ and comm/ include only their own folder and
+# common.cuh; stock/ and mono/ may include those three and each other.
+side=""
+for f in $(find src/cuda -mindepth 2 -name '*.h' -o -mindepth 2 -name '*.cuh' -o -mindepth 2 -name '*.cu'); do
+    a=$(echo "$f" | cut -d/ -f3)
+    case $a in ops|moe|comm) ;; *) continue;; esac
+    for b in $(sed -n 's|^ *# *include *"cuda/\([a-z_]*\)/.*|\1|p' "$f" | sort -u); do
+        [ "$b" = "$a" ] || side="$side $f->cuda/$b/"
+    done
+done
+top=$(ls src/cuda | grep -v '^common\.cuh$' | grep -v -x -e ops -e moe -e comm -e stock -e mono)
+if [ -z "$side" ] && [ -z "$top" ]; then
+    pass include_cuda_folders; echo "  src/cuda/: common.cuh and 5 folders; ops, moe, comm include only themselves"
+else
+    fail include_cuda_folders "at src/cuda/: $top; across:$side"
+fi
 done_

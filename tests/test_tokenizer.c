@@ -18,6 +18,7 @@
 #include "check.h"
 #include "tmodel.h"
 #include "model/tokenizer.h"
+#include "testing/tok_train.h"
 
 static char g_dir[512];
 

@@ -144,7 +144,7 @@ int cli_world(const char *cmd, cli_opt *opts, int no, cli_world_sel *out, sm_err
     const cli_opt *world = cli_find(opts, no, "world"), *moe = cli_find(opts, no, "moe"),
                   *dev = cli_find(opts, no, "devices"), *comm = cli_find(opts, no, "comm");
     long w;
-    if (cli_int(cmd, world, 1, 64, &w, e)) return -1;
+    if (cli_int(cmd, world, 1, SM_MAX_WORLD, &w, e)) return -1;
     const cli_opt *need[3] = {moe, dev, comm};
     for (int i = 0; i < 3; i++)
         if (need[i]->present && !world->present)

@@ -21,6 +21,7 @@
 #include "model/weights.h"
 #include "backend/backend.h"
 #include "model/rng.h"
+#include "parallel/shard.h"
 #include "backend/stats.h"
 #include <inttypes.h>
 #include <stdio.h>
@@ -28,7 +29,7 @@
 #include <string.h>
 #include <time.h>
 #ifdef SM_HAVE_CUDA
-#include "cuda/synth.h"
+#include "cuda/stock/synth.h"
 #include "cuda/stock/bench.h"
 #endif
 
@@ -314,6 +315,10 @@ static int bench_backend(bench_run *b, sm_err *e) {
     bo.comm = a->ws.comm && !strcmp(a->ws.comm, "nccl") ? SM_COMM_NCCL : SM_COMM_PEER;
     bo.devices = a->ws.devices ? a->ws.dev : NULL;
     bo.max_rows = b->max_step_rows;
+    /* --world is validated here, where it enters (shard.h's validator; the backend asserts it) */
+    const sm_moe_layout moe = sm_moe_layout_of(bo.moe_tp);
+    if (a->preset ? sm_shard_check_config(c, bo.world, moe, e) : sm_shard_check(&b->m, bo.world, moe, e))
+        return sm_errprefix(e, "bench: --world %d --moe %s", bo.world, sm_moe_layout_name(moe));
     if (a->preset) {
         fprintf(stderr, "bench: generating %s (%d layers, %s experts) on the device\n", a->preset, c->L,
                 sm_expert_fmt_name((sm_expert_fmt)a->fmt));
@@ -484,7 +489,7 @@ static int bench_world(bench_run *b, bench_row *br, sm_err *e) {
     br->exch_us = xmax;
     printf("  world %d (%s, %s, devices %s): busiest rank %d reads %.3f GB, floor %.1f us (%.1f%% of the step's %.1f us); "
            "exchanges alone %.1f us (slowest rank's median) = %.1f%% of the step\n\n",
-           W, a->ws.moe_tp ? "tp" : "ep", a->ws.comm ? a->ws.comm : "peer", a->ws.devices ? a->ws.devices : "0..W-1", busiest, worst / 1e9,
+           W, sm_moe_layout_name(sm_moe_layout_of(a->ws.moe_tp)), a->ws.comm ? a->ws.comm : "peer", a->ws.devices ? a->ws.devices : "0..W-1", busiest, worst / 1e9,
            br->rank_floor_us, 100 * br->rank_floor_us / br->med_us, br->med_us, xmax, 100 * xmax / br->med_us);
     fflush(stdout);
     return 0;

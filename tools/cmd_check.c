@@ -4,7 +4,7 @@
  * will load it".  The directory is --model DIR like every other command; the bare DIR of
  * earlier versions is kept, and giving both is an error rather than a silent choice. */
 #ifdef SM_HAVE_CUDA
-#include "cuda/mono.h"
+#include "cuda/mono/mono.h"
 #endif
 #include "engine/check.h"
 #include "cli.h"

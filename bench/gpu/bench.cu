@@ -182,7 +182,7 @@ static int bh_setup(bh_run *r, sm_err *e) {
     r->sms = d.sms;
     r->l2 = d.l2_bytes;
     if (sm_cuda_read_bandwidth(0, 4.0, 5, &r->bw, e)) return -1;
-    if (sm_cuda_ctx_init(&r->kc, 0, sm_cuda_ws_bytes(&r->cfg, BH_MAX_ROWS), e)) return -1;
+    if (sm_kernel_ctx_init(&r->kc, 0, sm_cuda_ws_bytes(&r->cfg, BH_MAX_ROWS), e)) return -1;
     SM_CUDA_CHECK(cudaStreamCreateWithFlags(&r->st, cudaStreamNonBlocking));
     SM_CUDA_CHECK(cudaEventCreate(&r->ea));
     SM_CUDA_CHECK(cudaEventCreate(&r->eb));
@@ -207,7 +207,7 @@ static void bh_teardown(bh_run *r) {
     if (r->ea) SM_CUDA_CHECK_PRINT(cudaEventDestroy(r->ea));
     if (r->eb) SM_CUDA_CHECK_PRINT(cudaEventDestroy(r->eb));
     if (r->st) SM_CUDA_CHECK_PRINT(cudaStreamDestroy(r->st));
-    sm_cuda_ctx_free(&r->kc);
+    sm_kernel_ctx_free(&r->kc);
 }
 
 static void bh_summary(const bh_run *r) {

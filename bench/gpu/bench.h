@@ -19,7 +19,7 @@
 #define SM_BENCH_GPU_BENCH_H
 #include <stdint.h>
 #include <cuda_runtime.h>
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "model/rng.h"
 
 #define BH_ITERS 50          /* timed calls of a case (their median is reported) */
@@ -43,7 +43,7 @@ typedef struct bh_line {
 /* State of one `--bench` invocation on device 0. */
 typedef struct bh_run {
     sm_config cfg;           /* the spark1x preset: the widths of every case */
-    sm_cuda_ctx kc;          /* stock-kernel context, workspace for 128 rows (sm_cuda_ws_bytes) */
+    sm_kernel_ctx kc;        /* stock-kernel context, workspace for 128 rows (sm_cuda_ws_bytes) */
     cudaStream_t st;         /* the stream every call runs on */
     cudaEvent_t ea, eb;      /* events around a timed call */
     int sms;                 /* multiprocessors */

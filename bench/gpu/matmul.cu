@@ -1,7 +1,7 @@
 /* matmul.cu: microbenchmark of the dense projections of a layer (`gpu_test --bench matmul`):
  * y [n, m] = x [n, k] @ W [m, k]^T in bf16 at the real widths, for the fused q/k/v/gate
  * projection [(2 nH + 2 nKV) D, H], o_proj [H, nH D], pooler [Hm, H] and unpooler [H, Hm], at
- * n = 8 .. 128 rows, through sm_k_mm (what a step runs: "auto") and each path of kernels.h
+ * n = 8 .. 128 rows, through sm_k_mm (what a step runs: "auto") and each path of cuda/ops/ops.h
  * (mma.sync core, wgmma 128-row tiles, wgmma 256-row tiles).
  *
  * Each case rotates over copies of W, x and y that hold >= 3 L2 sizes together; floor bytes =

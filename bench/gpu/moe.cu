@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cuda/common.cuh"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 #include "bench.h"
 
 #define MB_SETS 8            /* routing sets */

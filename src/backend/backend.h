@@ -61,7 +61,7 @@ typedef struct sm_backend_opts {
 #define SM_MONO_AUTO 0   /* the monokernel where eligible, stock elsewhere (one log line a reason) */
 #define SM_MONO_ON 1     /* as auto, but a static refusal is an engine-creation error */
 #define SM_MONO_OFF 2    /* stock steps only */
-#define SM_COMM_PEER 0   /* cross-rank exchanges: one-shot kernels over peer memory (cuda/gcomm.h) */
+#define SM_COMM_PEER 0   /* cross-rank exchanges: one-shot kernels over peer memory (cuda/comm/gcomm.h) */
 #define SM_COMM_NCCL 1   /* cross-rank exchanges: NCCL all-gathers + rank-order finish kernels */
 
 /* The CPU reference backend (src/cpu/). kv gives the page count to allocate. */

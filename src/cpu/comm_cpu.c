@@ -74,8 +74,8 @@ static void jitter(const sm_comm_cpu *w, int rank, uint64_t nop) {
     nanosleep(&ts, NULL);
 }
 
-static void cpu_abort(sm_comm *c, const char *why) {
-    rank_state *rs = c->impl;
+static void cpu_abort(sm_comm *cm, const char *why) {
+    rank_state *rs = cm->impl;
     sm_hbar_abort(&rs->w->bar, rs->rank, why);
 }
 
@@ -111,8 +111,8 @@ static int slot_reserve(slot *s, size_t nf, size_t ni) {
 
 /* Start an operation: jitter, then this rank's slot of the current parity with its header
  * written and room for nf floats and ni ints.  The caller fills the payload, then meets. */
-static slot *begin(sm_comm *c, int op, int layer, int d0, int d1, int d2, size_t nf, size_t ni, sm_err *e) {
-    rank_state *rs = c->impl;
+static slot *begin(sm_comm *cm, int op, int layer, int d0, int d1, int d2, size_t nf, size_t ni, sm_err *e) {
+    rank_state *rs = cm->impl;
     sm_comm_cpu *w = rs->w;
     jitter(w, rs->rank, rs->nops);
     int p = (int)(rs->nops & 1);
@@ -122,7 +122,7 @@ static slot *begin(sm_comm *c, int op, int layer, int d0, int d1, int d2, size_t
         char why[256];
         snprintf(why, sizeof why, "comm %s at layer %d, rank %d: out of memory for a %zu-float slot", OP_NAME[op], layer,
                  rs->rank, nf);
-        cpu_abort(c, why);
+        cpu_abort(cm, why);
         sm_errf(e, "%s", why);
         return NULL;
     }
@@ -131,8 +131,8 @@ static slot *begin(sm_comm *c, int op, int layer, int d0, int d1, int d2, size_t
 }
 
 /* Barrier, then check every rank made the same call; returns the slots of this parity. */
-static slot *meet(sm_comm *c, const slot *mine, sm_err *e) {
-    rank_state *rs = c->impl;
+static slot *meet(sm_comm *cm, const slot *mine, sm_err *e) {
+    rank_state *rs = cm->impl;
     sm_comm_cpu *w = rs->w;
     if (barrier(rs, mine->op, mine->layer, e)) return NULL;
     slot *all = w->slots + (mine - w->slots) / w->world * w->world;
@@ -144,7 +144,7 @@ static slot *meet(sm_comm *c, const slot *mine, sm_err *e) {
                      "comm: ranks diverged: rank 0 called %s(layer %d, %d x %d x %d) but rank %d called %s(layer %d, "
                      "%d x %d x %d)", OP_NAME[a->op], a->layer, a->d0, a->d1, a->d2, q, OP_NAME[b->op], b->layer,
                      b->d0, b->d1, b->d2);
-            cpu_abort(c, why);
+            cpu_abort(cm, why);
             sm_errf(e, "%s", why);
             return NULL;
         }
@@ -171,104 +171,104 @@ static void gather_cols(const slot *all, int world, int n, int b, float *out) {
 
 /* ---------------------------------------------------------------- the operations */
 
-static int cpu_embed_gather(sm_comm *c, const int *tokens, int n, int H, int nv, float *rows, sm_err *e) {
+static int cpu_embed_gather(sm_comm *cm, const int *tokens, int n, int H, int nv, float *rows, sm_err *e) {
     size_t cnt = (size_t)n * (size_t)H;
-    slot *s = begin(c, OP_EMBED, -1, n, H, nv, cnt, 0, e), *all;
+    slot *s = begin(cm, OP_EMBED, -1, n, H, nv, cnt, 0, e), *all;
     if (!s) return -1;
     memcpy(s->f, rows, sizeof(float) * cnt);
-    if (!(all = meet(c, s, e))) return -1;
+    if (!(all = meet(cm, s, e))) return -1;
     /* row i comes from the rank whose vocabulary block holds its token */
     for (int i = 0; i < n; i++) {
         int q = nv > 0 ? tokens[i] / nv : -1;
-        if (q < 0 || q >= c->world)
+        if (q < 0 || q >= cm->world)
             return sm_errf(e, "comm embed_gather, rank %d: row %d: token %d is outside the %d x %d vocabulary blocks",
-                           c->rank, i, tokens[i], c->world, nv);
-        if (q != c->rank) memcpy(rows + (int64_t)i * H, all[q].f + (int64_t)i * H, sizeof(float) * (size_t)H);
+                           cm->rank, i, tokens[i], cm->world, nv);
+        if (q != cm->rank) memcpy(rows + (int64_t)i * H, all[q].f + (int64_t)i * H, sizeof(float) * (size_t)H);
     }
     return 0;
 }
 
-static int allreduce(sm_comm *c, int op, int layer, float *x, int rows, int width, sm_err *e) {
+static int allreduce(sm_comm *cm, int op, int layer, float *x, int rows, int width, sm_err *e) {
     size_t cnt = (size_t)rows * (size_t)width;
-    slot *s = begin(c, op, layer, rows, width, 0, cnt, 0, e), *all;
+    slot *s = begin(cm, op, layer, rows, width, 0, cnt, 0, e), *all;
     if (!s) return -1;
     memcpy(s->f, x, sizeof(float) * cnt);
-    if (!(all = meet(c, s, e))) return -1;
-    sum_slots(all, c->world, 0, cnt, x);
+    if (!(all = meet(cm, s, e))) return -1;
+    sum_slots(all, cm->world, 0, cnt, x);
     return 0;
 }
 
-static int cpu_attn_sum(sm_comm *c, int layer, float *a, int n, int H, sm_err *e) {
-    return allreduce(c, OP_ATTN, layer, a, n, H, e);
+static int cpu_attn_sum(sm_comm *cm, int layer, float *a, int n, int H, sm_err *e) {
+    return allreduce(cm, OP_ATTN, layer, a, n, H, e);
 }
 
-static int cpu_expert_sum(sm_comm *c, int layer, float *part, int rows, int width, sm_err *e) {
-    return allreduce(c, OP_EXPERT_SUM, layer, part, rows, width, e);
+static int cpu_expert_sum(sm_comm *cm, int layer, float *part, int rows, int width, sm_err *e) {
+    return allreduce(cm, OP_EXPERT_SUM, layer, part, rows, width, e);
 }
 
-static int allgather_cols(sm_comm *c, int op, int layer, const float *blk, int n, int b, float *out, sm_err *e) {
+static int allgather_cols(sm_comm *cm, int op, int layer, const float *blk, int n, int b, float *out, sm_err *e) {
     size_t cnt = (size_t)n * (size_t)b;
-    slot *s = begin(c, op, layer, n, b, 0, cnt, 0, e), *all;
+    slot *s = begin(cm, op, layer, n, b, 0, cnt, 0, e), *all;
     if (!s) return -1;
     memcpy(s->f, blk, sizeof(float) * cnt);
-    if (!(all = meet(c, s, e))) return -1;
-    if (out) gather_cols(all, c->world, n, b, out);
+    if (!(all = meet(cm, s, e))) return -1;
+    if (out) gather_cols(all, cm->world, n, b, out);
     return 0;
 }
 
-static int cpu_pooled_gather(sm_comm *c, int layer, const float *blk, int n, int np, float *out, sm_err *e) {
-    return allgather_cols(c, OP_POOLED, layer, blk, n, np, out, e);
+static int cpu_pooled_gather(sm_comm *cm, int layer, const float *blk, int n, int np, float *out, sm_err *e) {
+    return allgather_cols(cm, OP_POOLED, layer, blk, n, np, out, e);
 }
 
-static int cpu_unpooled_gather(sm_comm *c, int layer, const float *blk, int n, int nu, float *out, sm_err *e) {
-    return allgather_cols(c, OP_UNPOOLED, layer, blk, n, nu, out, e);
+static int cpu_unpooled_gather(sm_comm *cm, int layer, const float *blk, int n, int nu, float *out, sm_err *e) {
+    return allgather_cols(cm, OP_UNPOOLED, layer, blk, n, nu, out, e);
 }
 
-static int cpu_vocab_gather(sm_comm *c, const float *blk, int n, int nv, float *out, sm_err *e) {
-    return allgather_cols(c, OP_VOCAB, -1, blk, n, nv, out, e);
+static int cpu_vocab_gather(sm_comm *cm, const float *blk, int n, int nv, float *out, sm_err *e) {
+    return allgather_cols(cm, OP_VOCAB, -1, blk, n, nv, out, e);
 }
 
-static int cpu_expert_scatter(sm_comm *c, int layer, const float *part, int n, int width, float *mine, sm_err *e) {
+static int cpu_expert_scatter(sm_comm *cm, int layer, const float *part, int n, int width, float *mine, sm_err *e) {
     size_t cnt = (size_t)n * (size_t)width;
-    slot *s = begin(c, OP_EXPERT_SCATTER, layer, n, width, 0, cnt, 0, e), *all;
+    slot *s = begin(cm, OP_EXPERT_SCATTER, layer, n, width, 0, cnt, 0, e), *all;
     if (!s) return -1;
     memcpy(s->f, part, sizeof(float) * cnt);
-    if (!(all = meet(c, s, e))) return -1;
+    if (!(all = meet(cm, s, e))) return -1;
     /* this rank's token rows, summed over ranks in rank order */
     int lo, hi;
-    sm_shard_rows(n, c->world, c->rank, &lo, &hi);
-    sum_slots(all, c->world, (size_t)lo * (size_t)width, (size_t)(hi - lo) * (size_t)width, mine);
+    sm_shard_rows(n, cm->world, cm->rank, &lo, &hi);
+    sum_slots(all, cm->world, (size_t)lo * (size_t)width, (size_t)(hi - lo) * (size_t)width, mine);
     return 0;
 }
 
-static int cpu_expert_gather(sm_comm *c, int layer, const float *mine, int n, int width, float *out, sm_err *e) {
+static int cpu_expert_gather(sm_comm *cm, int layer, const float *mine, int n, int width, float *out, sm_err *e) {
     int lo, hi;
-    sm_shard_rows(n, c->world, c->rank, &lo, &hi);
+    sm_shard_rows(n, cm->world, cm->rank, &lo, &hi);
     size_t cnt = (size_t)(hi - lo) * (size_t)width;
-    slot *s = begin(c, OP_EXPERT_GATHER, layer, n, width, 0, cnt, 0, e), *all;
+    slot *s = begin(cm, OP_EXPERT_GATHER, layer, n, width, 0, cnt, 0, e), *all;
     if (!s) return -1;
     if (cnt) memcpy(s->f, mine, sizeof(float) * cnt);
-    if (!(all = meet(c, s, e))) return -1;
+    if (!(all = meet(cm, s, e))) return -1;
     /* rank q's finalized rows go to rows [lo_q, hi_q) */
-    for (int q = 0; q < c->world; q++) {
+    for (int q = 0; q < cm->world; q++) {
         int a, b;
-        sm_shard_rows(n, c->world, q, &a, &b);
+        sm_shard_rows(n, cm->world, q, &a, &b);
         if (b > a) memcpy(out + (int64_t)a * width, all[q].f, sizeof(float) * (size_t)(b - a) * (size_t)width);
     }
     return 0;
 }
 
-static int cpu_vocab_argmax(sm_comm *c, const float *best, const int *best_id, int n, int *out, sm_err *e) {
-    slot *s = begin(c, OP_ARGMAX, -1, n, 0, 0, (size_t)n, (size_t)n, e), *all;
+static int cpu_vocab_argmax(sm_comm *cm, const float *best, const int *best_id, int n, int *out, sm_err *e) {
+    slot *s = begin(cm, OP_ARGMAX, -1, n, 0, 0, (size_t)n, (size_t)n, e), *all;
     if (!s) return -1;
     memcpy(s->f, best, sizeof(float) * (size_t)n);
     memcpy(s->i, best_id, sizeof(int) * (size_t)n);
-    if (!(all = meet(c, s, e))) return -1;
+    if (!(all = meet(cm, s, e))) return -1;
     /* first maximum in rank order: ranks hold increasing id blocks, so ties go to the lowest id */
     for (int i = 0; i < n; i++) {
         int id = -1, nonfinite = 0;
         float v = 0.0f;
-        for (int q = 0; q < c->world; q++) {
+        for (int q = 0; q < cm->world; q++) {
             int qi = all[q].i[i];
             nonfinite |= qi == -2;
             if (qi < 0) continue;

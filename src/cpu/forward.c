@@ -26,30 +26,30 @@ typedef struct cpu_ctx {
 
 /* The rank's trace call, without the rank (always 0 here). */
 static void trace_one_rank(void *arg, int rank, int layer, const char *stage, const float *data, int n, int width) {
-    const cpu_ctx *c = arg;
+    const cpu_ctx *ctx = arg;
     (void)rank;
-    c->trace(c->trace_arg, layer, stage, data, n, width);
+    ctx->trace(ctx->trace_arg, layer, stage, data, n, width);
 }
 
 void sm_cpu_backend_trace(void *backend_ctx, sm_cpu_trace_fn fn, void *arg) {
-    cpu_ctx *c = backend_ctx;
-    c->trace = fn;
-    c->trace_arg = arg;
-    cpu_rank_trace(&c->r, fn ? trace_one_rank : NULL, c, CPU_TRACE_REP | CPU_TRACE_LOCAL);
+    cpu_ctx *ctx = backend_ctx;
+    ctx->trace = fn;
+    ctx->trace_arg = arg;
+    cpu_rank_trace(&ctx->r, fn ? trace_one_rank : NULL, ctx, CPU_TRACE_REP | CPU_TRACE_LOCAL);
 }
 
 static void cpu_destroy(void *vctx) {
-    cpu_ctx *c = vctx;
-    if (!c) return;
-    cpu_rank_free(&c->r);
-    free(c);
+    cpu_ctx *ctx = vctx;
+    if (!ctx) return;
+    cpu_rank_free(&ctx->r);
+    free(ctx);
 }
 
 static int cpu_step(void *vctx, const sm_step *s, sm_err *e) {
-    cpu_ctx *c = vctx;
-    if (sm_step_check(&c->r.m->cfg, &c->r.made, s, "cpu step", e)) return -1;
+    cpu_ctx *ctx = vctx;
+    if (sm_step_check(&ctx->r.m->cfg, &ctx->r.made, s, "cpu step", e)) return -1;
     if (s->nrows == 0) return 0;
-    return cpu_rank_step(&c->r, s, e);
+    return cpu_rank_step(&ctx->r, s, e);
 }
 
 int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e) {
@@ -60,15 +60,15 @@ int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_o
                           "the cpu world backend)", world);
     if (!kv || kv->nblocks <= 0 || kv->max_len <= 0) return sm_errf(e, "cpu backend: a kv cache with pages is required");
     if (m->cfg.D > 256) return sm_errf(e, "cpu backend: head_dim %d is more than 256", m->cfg.D);
-    cpu_ctx *c = calloc(1, sizeof *c);
-    if (!c) return sm_errf(e, "cpu backend: out of memory");
+    cpu_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return sm_errf(e, "cpu backend: out of memory");
     int rows = o && o->max_rows > 0 ? o->max_rows : 64;
-    if (cpu_rank_init(&c->r, "cpu backend", m, 1, 0, SM_MOE_EP, NULL, kv, o ? o->nthreads : 0, rows, e)) {
-        free(c);
+    if (cpu_rank_init(&ctx->r, "cpu backend", m, 1, 0, SM_MOE_EP, NULL, kv, o ? o->nthreads : 0, rows, e)) {
+        free(ctx);
         return -1;
     }
     b->name = "cpu";
-    b->ctx = c;
+    b->ctx = ctx;
     b->step = cpu_step;
     b->destroy = cpu_destroy;
     return 0;

@@ -50,28 +50,28 @@
 static void solo_move(const float *in, float *out, int64_t cnt) {
     if (out && out != in) memmove(out, in, sizeof(float) * (size_t)cnt);
 }
-static int solo_embed(sm_comm *c, const int *tokens, int n, int H, int nv, float *rows, sm_err *e) {
-    (void)c; (void)tokens; (void)n; (void)H; (void)nv; (void)rows; (void)e;
+static int solo_embed(sm_comm *cm, const int *tokens, int n, int H, int nv, float *rows, sm_err *e) {
+    (void)cm; (void)tokens; (void)n; (void)H; (void)nv; (void)rows; (void)e;
     return 0;
 }
-static int solo_sum(sm_comm *c, int layer, float *part, int rows, int width, sm_err *e) {
-    (void)c; (void)layer; (void)part; (void)rows; (void)width; (void)e;
+static int solo_sum(sm_comm *cm, int layer, float *part, int rows, int width, sm_err *e) {
+    (void)cm; (void)layer; (void)part; (void)rows; (void)width; (void)e;
     return 0;
 }
-static int solo_gather(sm_comm *c, int layer, const float *blk, int n, int width, float *out, sm_err *e) {
-    (void)c; (void)layer; (void)e;
+static int solo_gather(sm_comm *cm, int layer, const float *blk, int n, int width, float *out, sm_err *e) {
+    (void)cm; (void)layer; (void)e;
     solo_move(blk, out, (int64_t)n * width);
     return 0;
 }
-static int solo_vocab(sm_comm *c, const float *blk, int n, int nv, float *out, sm_err *e) {
-    return solo_gather(c, -1, blk, n, nv, out, e);
+static int solo_vocab(sm_comm *cm, const float *blk, int n, int nv, float *out, sm_err *e) {
+    return solo_gather(cm, -1, blk, n, nv, out, e);
 }
-static int solo_argmax(sm_comm *c, const float *best, const int *best_id, int n, int *out, sm_err *e) {
-    (void)c; (void)best; (void)e;
+static int solo_argmax(sm_comm *cm, const float *best, const int *best_id, int n, int *out, sm_err *e) {
+    (void)cm; (void)best; (void)e;
     for (int i = 0; i < n; i++) out[i] = best_id[i] == -2 ? -1 : best_id[i]; /* -2: non-finite row */
     return 0;
 }
-static void solo_abort(sm_comm *c, const char *why) { (void)c; (void)why; }
+static void solo_abort(sm_comm *cm, const char *why) { (void)cm; (void)why; }
 
 static const sm_comm_ops SOLO_OPS = {solo_embed, solo_sum, solo_gather, solo_sum, solo_gather, solo_gather,
                                      solo_gather, solo_vocab, solo_argmax, solo_abort};

@@ -17,7 +17,7 @@
  * gate), ops_moe.c (router, experts, route sum, the MoE branch), ops_logits.c (lm_head,
  * softcap, argmax).
  *
- * GPU kernel (src/cuda/kernels.h, moe.h)   CPU op
+ * GPU kernel (src/cuda/ops/ops.h, moe.h)   CPU op
  *   sm_k_embed                             ref_embed (= ref_embed_rows + ref_embed_norm)
  *   sm_k_post_attn                         ref_post_attn
  *   sm_k_post_ffn                          ref_post_ffn

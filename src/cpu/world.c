@@ -79,8 +79,7 @@ int sm_world_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend
     const sm_config *c = &m->cfg;
     int W = o ? o->world : 1;
     sm_moe_layout moe = sm_moe_layout_of(o ? o->moe_tp : 0);
-    if (W < 1) W = 1;
-    if (sm_shard_check(m, W, moe, e)) return sm_errprefix(e, "cpu world backend");
+    if (W < 1) W = 1; /* (W, moe) passed sm_shard_check where world entered; the shards assert it */
     if (!kv || kv->nblocks <= 0 || kv->max_len <= 0) return sm_errf(e, "cpu world backend: a kv cache with pages is required");
     if (c->D > 256) return sm_errf(e, "cpu world backend: head_dim %d is more than 256", c->D);
     world_ctx *w = calloc(1, sizeof *w);

@@ -146,12 +146,11 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     const char *bname = o->backend ? o->backend : "cpu";
     if (strcmp(bname, "cpu") != 0 && strcmp(bname, "cuda") != 0)
         return fail(SM_E_INVALID, "engine option backend '%s' is not 'cpu' or 'cuda'", bname);
-    if (o->world < 0 || o->world > SM_MAX_WORLD)
-        return fail(SM_E_INVALID, "engine option world = %d is not in [1, %d]", o->world, SM_MAX_WORLD);
     if (o->moe_tp != 0 && o->moe_tp != 1) return fail(SM_E_INVALID, "engine option moe_tp = %d is not 0 (ep) or 1 (tp)", o->moe_tp);
-    if (o->world > 1) { /* a world size the model's dimensions do not divide is a bad option */
+    { /* world (0: one rank) is validated here, once, by shard.h's validator; the layers below assert it */
         sm_err se = {{0}};
-        if (sm_shard_check(&m->m, o->world, sm_moe_layout_of(o->moe_tp), &se)) return fail_err(SM_E_INVALID, &se);
+        if (sm_shard_check(&m->m, o->world ? o->world : 1, sm_moe_layout_of(o->moe_tp), &se))
+            return fail_err(SM_E_INVALID, (sm_errprefix(&se, "engine option"), &se));
     }
     if (o->threads < 0) return fail(SM_E_INVALID, "engine option threads = %d is negative", o->threads);
     if (o->naux < 0 || o->naux > c->L + 1) return fail(SM_E_INVALID, "engine option naux = %d is not in [0, %d]", o->naux, c->L + 1);

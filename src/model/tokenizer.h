@@ -33,18 +33,4 @@ int sm_tokenizer_token_id(const sm_tokenizer *t, const char *token);
 /* 1 if id is a special added token (decoders that skip special tokens drop it), else 0. */
 int sm_tokenizer_is_special(const sm_tokenizer *t, int id);
 
-typedef struct sm_tok_special {
-    const char *content;     /* "<|eos|>" */
-    int id;                  /* its id, distinct from every other special's */
-} sm_tok_special;
-
-/* Write a byte-level BPE tokenizer.json at path (through a temporary file, outfile.h) for a
- * test model: the special tokens sp [nsp] at their ids (in model.vocab and added_tokens), the
- * 256 byte tokens at the smallest ids that are free, then merges learned from a small
- * built-in English text (most frequent pair first, ties to the smaller ids; deterministic),
- * each new token at the next free id, until ids reach limit or no pair occurs twice.  Every
- * id is below limit except the specials'.  Error when the 256 bytes do not fit below limit.
- * *nvocab (when not NULL): the ids written (specials, bytes, merged tokens). */
-int sm_tokenizer_write_trained(const char *path, const sm_tok_special *sp, int nsp, int limit, int *nvocab, sm_err *e);
-
 #endif

@@ -49,17 +49,17 @@
 typedef struct sm_comm sm_comm;
 
 typedef struct sm_comm_ops {
-    int (*embed_gather)(sm_comm *c, const int *tokens, int n, int H, int nv, float *rows, sm_err *e);
-    int (*attn_sum)(sm_comm *c, int layer, float *a, int n, int H, sm_err *e);
-    int (*pooled_gather)(sm_comm *c, int layer, const float *blk, int n, int np, float *out, sm_err *e);
-    int (*expert_sum)(sm_comm *c, int layer, float *part, int rows, int width, sm_err *e);
-    int (*expert_scatter)(sm_comm *c, int layer, const float *part, int n, int width, float *mine, sm_err *e);
-    int (*expert_gather)(sm_comm *c, int layer, const float *mine, int n, int width, float *out, sm_err *e);
-    int (*unpooled_gather)(sm_comm *c, int layer, const float *blk, int n, int nu, float *out, sm_err *e);
-    int (*vocab_gather)(sm_comm *c, const float *blk, int n, int nv, float *out, sm_err *e);
-    int (*vocab_argmax)(sm_comm *c, const float *best, const int *best_id, int n, int *out, sm_err *e);
+    int (*embed_gather)(sm_comm *cm, const int *tokens, int n, int H, int nv, float *rows, sm_err *e);
+    int (*attn_sum)(sm_comm *cm, int layer, float *a, int n, int H, sm_err *e);
+    int (*pooled_gather)(sm_comm *cm, int layer, const float *blk, int n, int np, float *out, sm_err *e);
+    int (*expert_sum)(sm_comm *cm, int layer, float *part, int rows, int width, sm_err *e);
+    int (*expert_scatter)(sm_comm *cm, int layer, const float *part, int n, int width, float *mine, sm_err *e);
+    int (*expert_gather)(sm_comm *cm, int layer, const float *mine, int n, int width, float *out, sm_err *e);
+    int (*unpooled_gather)(sm_comm *cm, int layer, const float *blk, int n, int nu, float *out, sm_err *e);
+    int (*vocab_gather)(sm_comm *cm, const float *blk, int n, int nv, float *out, sm_err *e);
+    int (*vocab_argmax)(sm_comm *cm, const float *best, const int *best_id, int n, int *out, sm_err *e);
     /* Fail every pending and later operation of every rank with `why` (a one-line reason). */
-    void (*abort)(sm_comm *c, const char *why);
+    void (*abort)(sm_comm *cm, const char *why);
 } sm_comm_ops;
 
 struct sm_comm {

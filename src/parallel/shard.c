@@ -10,6 +10,7 @@
  */
 #include "parallel/shard.h"
 #include "model/codec.h"
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,10 +96,16 @@ void sm_shard_free(sm_shard *s) {
     memset(s, 0, sizeof *s);
 }
 
-int sm_shard_plan(const sm_config *c, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e) {
+/* The invariant of sm_shard_plan / sm_shard_make: (world, moe) passed sm_shard_check where
+ * the option entered, and rank is one of the world's. */
+static int admitted(const sm_config *c, int world, int rank, sm_moe_layout moe) {
+    sm_err unused;
+    return rank >= 0 && rank < world && sm_shard_check_config(c, world, moe, &unused) == 0;
+}
+
+void sm_shard_plan(const sm_config *c, int world, int rank, sm_moe_layout moe, sm_shard *s) {
+    assert(admitted(c, world, rank, moe));
     memset(s, 0, sizeof *s);
-    if (sm_shard_check_config(c, world, moe, e)) return -1;
-    if (rank < 0 || rank >= world) return sm_errf(e, "world %d: rank %d is not in [0, %d)", world, rank, world);
     s->rank = rank;
     s->world = world;
     s->moe = moe;
@@ -107,13 +114,12 @@ int sm_shard_plan(const sm_config *c, int world, int rank, sm_moe_layout moe, sm
     s->np = c->Hm / world, s->p0 = rank * s->np;
     s->nu = c->H / world, s->u0 = rank * s->nu;
     s->nv = c->V / world, s->v0 = rank * s->nv;
-    return 0;
 }
 
 int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e) {
     memset(s, 0, sizeof *s);
     const sm_config *c = &m->cfg;
-    if (sm_shard_check(m, world, moe, e) || sm_shard_plan(c, world, rank, moe, s, e)) return -1;
+    sm_shard_plan(c, world, rank, moe, s);
     int Hm = c->Hm, I = c->I;
     s->m = m;
     /* vocabulary rows of the embedding and lm_head */

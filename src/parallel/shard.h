@@ -81,17 +81,21 @@ const char *sm_moe_layout_name(sm_moe_layout l); /* "ep", "tp" */
 /* The layout of an options' moe_tp flag (nonzero: TP, 0: EP): the one conversion. */
 sm_moe_layout sm_moe_layout_of(int moe_tp);
 
-/* Can a model of config c run on `world` ranks with this layout?  One line listing every
- * dimension that does not divide (e.g. "world 3: does not divide num_attention_heads nH = 16,
- * ...").  Format-independent checks only; sm_shard_check adds the MXFP4 rule. */
+/* THE validator of a world size and layout, called once where the option enters (the engine,
+ * `sparkmono bench`); every layer below asserts what it established.  Can a model of config c
+ * run on `world` ranks with this layout?  world in [1, SM_MAX_WORLD], then one line listing
+ * every dimension that does not divide (e.g. "world 3 does not divide num_attention_heads
+ * nH = 16, ...").  Format-independent checks only; sm_shard_check adds the MXFP4 rule. */
 int sm_shard_check_config(const sm_config *c, int world, sm_moe_layout moe, sm_err *e);
 /* sm_shard_check_config plus, in TP mode, I/W a multiple of 32 on every MXFP4 layer. */
 int sm_shard_check(const sm_model *m, int world, sm_moe_layout moe, sm_err *e);
 /* The ranges alone: fill rank, world, moe and the index ranges (h0/nHl .. v0/nv) of rank
  * `rank` of a model of config c; m, every view and layers stay NULL (a device backend sizes
- * its buffers from them before, or without, a loaded model).  Checks the config first. */
-int sm_shard_plan(const sm_config *c, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e);
-/* Fill *s with rank `rank`'s views of m (checks first).  On error *s is zeroed. */
+ * its buffers from them before, or without, a loaded model).  Asserts that (world, moe)
+ * passed sm_shard_check_config and rank is in [0, world). */
+void sm_shard_plan(const sm_config *c, int world, int rank, sm_moe_layout moe, sm_shard *s);
+/* Fill *s with rank `rank`'s views of m (asserts as sm_shard_plan; sm_shard_check passed).
+ * On error (out of memory) *s is zeroed. */
 int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_shard *s, sm_err *e);
 void sm_shard_free(sm_shard *s);
 

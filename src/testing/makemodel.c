@@ -18,7 +18,7 @@
 #include "model/codec.h"
 #include "model/safetensors.h"
 #include "base/outfile.h"
-#include "model/tokenizer.h"
+#include "testing/tok_train.h"
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>

@@ -7,11 +7,11 @@
 extern "C" {
 #include "cpu/pool.h"
 }
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 
-extern sm_pool *g_pool;     /* the CPU reference ops' thread pool */
-extern sm_cuda_ctx g_ctx;   /* the kernels' context on device 0 */
-extern cudaStream_t g_st;   /* every case's stream */
+extern sm_pool *g_pool;       /* the CPU reference ops' thread pool */
+extern sm_kernel_ctx g_ctx;   /* the kernels' context on device 0 */
+extern cudaStream_t g_st;     /* every case's stream */
 
 /* An attention case's requests: rows, positions, block tables and a random paged cache. */
 typedef struct att_setup {

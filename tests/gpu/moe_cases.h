@@ -10,7 +10,7 @@ extern "C" {
 #include "model/weights.h"
 #include "cpu/pool.h"
 }
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 
 #define MGUARD 64          /* bf16 guard elements on each side of gpu_io.mb */
 #define MGUARD_VAL 0xA5A5u /* their pattern */

@@ -1,4 +1,4 @@
-/* test_comm.cu: the GPU cross-rank operations (src/cuda/gcomm.h) on one GPU, against a serial
+/* test_comm.cu: the GPU cross-rank operations (src/cuda/comm/gcomm.h) on one GPU, against a serial
  * rank-order reference computed here on the host from the same random inputs (seeded per run
  * from the clock; the seed is printed).
  *
@@ -26,7 +26,7 @@
 #include <cuda_runtime.h>
 #include "model/rng.h"
 #include "model/codec.h"
-#include "cuda/gcomm.h"
+#include "cuda/comm/gcomm.h"
 #include "gpu_tests.h"
 #include "harness.h"
 

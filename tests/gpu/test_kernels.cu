@@ -1,5 +1,5 @@
 /* test_kernels.cu: the kernel group of the GPU tests.  Every stock-path kernel of
- * src/cuda/kernels.h against its CPU op (src/cpu/ops.h) on fresh random inputs (seeded per run
+ * src/cuda/ops/ops.h against its CPU op (src/cpu/ops.h) on fresh random inputs (seeded per run
  * from the clock; the seed is printed): here the dense ones (few-row and wgmma matmuls, f32
  * matmuls and their batch invariance, the router matmul, logits + argmax and its non-finite
  * guard), the launchers' preconditions and graph capture, and the entry that runs every case;
@@ -28,7 +28,7 @@ extern "C" {
 #include "cpu/pool.h"
 }
 #include "model/codec.h"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "gpu_tests.h"
 #include "harness.h"
 #include "kernel_cases.h"
@@ -36,7 +36,7 @@ extern "C" {
 /* ------------------------------------------------------------------ state (kernel_cases.h) */
 
 sm_pool *g_pool;
-sm_cuda_ctx g_ctx;
+sm_kernel_ctx g_ctx;
 cudaStream_t g_st;
 
 /* ------------------------------------------------------------------ matmul */
@@ -280,7 +280,7 @@ static void case_logits(int paths, int n, int H, int V, int vu, int want_logits)
     gh_case_end();
 }
 
-/* The non-finite guard of the argmax (kernels.h, sm_k_logits): a row whose logits among ids <
+/* The non-finite guard of the argmax (cuda/ops/ops.h, sm_k_logits): a row whose logits among ids <
  * vocab_used hold NaN or +-Inf gets argmax -1, every other row keeps the argmax of the clean
  * run with the same path (bit for bit: a row's logits do not depend on the other rows).  Per
  * path: A) one NaN in h row ra (softcap on): ra -> -1; B) NaN in row ra and +Inf in row rb,
@@ -558,7 +558,7 @@ int gpu_test_kernels(void) {
     gh_seed("gpu_test_kernels");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) { printf("FAIL kernels: no CUDA device\n"); return 1; }
-    if (sm_cuda_ctx_init(&g_ctx, 0, 0, &e)) { printf("FAIL kernels: %s\n", e.msg); return 1; }
+    if (sm_kernel_ctx_init(&g_ctx, 0, 0, &e)) { printf("FAIL kernels: %s\n", e.msg); return 1; }
     if (cudaStreamCreate(&g_st) != cudaSuccess) { printf("FAIL kernels: stream\n"); return 1; }
     if (sm_pool_create(0, &g_pool, &e)) { printf("FAIL kernels: %s\n", e.msg); return 1; }
     fflush(stdout);
@@ -700,7 +700,7 @@ int gpu_test_kernels(void) {
 
     sm_pool_destroy(g_pool);
     cudaStreamDestroy(g_st);
-    sm_cuda_ctx_free(&g_ctx);
+    sm_kernel_ctx_free(&g_ctx);
     printf("gpu_test_kernels: %d passed, %d failed, %d skipped\n", gh_pass, gh_fail, gh_skip);
     fflush(stdout);
     return gh_fail;

@@ -1,4 +1,4 @@
-/* test_layer_ops.cu: the per-layer kernels of src/cuda/kernels.h (embedding, the norms and
+/* test_layer_ops.cu: the per-layer kernels of src/cuda/ops/ops.h (embedding, the norms and
  * residual boundaries, the router + top-K, QK norm + RoPE + KV insert, decode / verify /
  * prefill attention and its row invariance) against their CPU ops (src/cpu/ops.h), through the
  * one harness (harness.h: guarded, poisoned outputs, relative L2 and per-element bounds).
@@ -19,7 +19,7 @@ extern "C" {
 #include "cpu/pool.h"
 }
 #include "model/codec.h"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "harness.h"
 #include "kernel_cases.h"
 

@@ -15,7 +15,7 @@
 #include "model/rng.h"
 #include "model/weights.h"
 #include "sparkmono.h"
-#include "cuda/synth.h"
+#include "cuda/stock/synth.h"
 #include "cuda/stock/bench.h"
 #include "../condition.h"
 #include <ftw.h>

@@ -1,4 +1,4 @@
-/* test_moe.cu: the MoE expert stage (src/cuda/moe.h) against the CPU reference (its
+/* test_moe.cu: the MoE expert stage (src/cuda/moe/moe.h) against the CPU reference (its
  * microbenchmark is bench/gpu/moe.cu).
  *
  * Cases: the device dequantizers against codec.h (every code x scale); tiny / mini models
@@ -47,7 +47,7 @@ extern "C" {
 #include "cpu/pool.h"
 }
 #include "model/codec.h"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 #include "gpu_tests.h"
 #include "harness.h"
 #include "moe_cases.h"

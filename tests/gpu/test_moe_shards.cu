@@ -24,7 +24,7 @@ extern "C" {
 #include "cpu/pool.h"
 }
 #include "model/codec.h"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 #include "harness.h"
 #include "moe_cases.h"
 

@@ -14,7 +14,7 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 #include <nccl.h>              /* types only: the library is loaded with dlopen (nccl.cu) */
-#include "cuda/gcomm.h"
+#include "cuda/comm/gcomm.h"
 #include "parallel/hbar.h"
 #include "cuda/common.cuh"
 
@@ -83,13 +83,13 @@ typedef struct gc_wait {
 } gc_wait;
 
 /* world.cu */
-int gc_host_barrier(sm_gcomm *c, int op, int layer, sm_err *e);
+int gc_host_barrier(sm_gcomm *gc, int op, int layer, sm_err *e);
 /* nccl.cu */
 int gc_nccl_load(gc_nccl_api *api, sm_err *e);
 void gc_nccl_unload(gc_nccl_api *api);
 int gc_nccl_init(sm_gcomm_world *w, const int *devices, sm_err *e);   /* every rank's comm */
 void gc_nccl_fini(sm_gcomm_world *w);
-int gc_nccl_gather(sm_gcomm *c, const void *part, size_t bytes, cudaStream_t st, sm_err *e);
+int gc_nccl_gather(sm_gcomm *gc, const void *part, size_t bytes, cudaStream_t st, sm_err *e);
 
 /* ---- device helpers (used by ops.cu and world.cu) ---- */
 /* Record a wait that ran out; only the first record of the rank stays. */

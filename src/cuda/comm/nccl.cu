@@ -63,21 +63,21 @@ int gc_nccl_init(sm_gcomm_world *w, const int *devices, sm_err *e) {
 
 void gc_nccl_fini(sm_gcomm_world *w) {
     for (int r = 0; r < w->W; r++) {
-        sm_gcomm *c = &w->ranks[r];
-        if (!c->nccl_comm || !w->nccl.destroy) continue;
-        ncclResult_t rc = w->nccl.destroy(c->nccl_comm);
+        sm_gcomm *gc = &w->ranks[r];
+        if (!gc->nccl_comm || !w->nccl.destroy) continue;
+        ncclResult_t rc = w->nccl.destroy(gc->nccl_comm);
         if (rc != ncclSuccess)
             fprintf(stderr, "ncclCommDestroy(rank %d) failed at %s:%d: %s\n", r, __FILE__, __LINE__,
                     w->nccl.errstr(rc));
-        c->nccl_comm = NULL;
+        gc->nccl_comm = NULL;
     }
 }
 
-int gc_nccl_gather(sm_gcomm *c, const void *part, size_t bytes, cudaStream_t st, sm_err *e) {
-    sm_gcomm_world *w = c->w;
-    ncclResult_t rc = w->nccl.all_gather(part, c->gbuf, bytes, ncclInt8, c->nccl_comm, st);
+int gc_nccl_gather(sm_gcomm *gc, const void *part, size_t bytes, cudaStream_t st, sm_err *e) {
+    sm_gcomm_world *w = gc->w;
+    ncclResult_t rc = w->nccl.all_gather(part, gc->gbuf, bytes, ncclInt8, gc->nccl_comm, st);
     if (rc != ncclSuccess)
         return sm_errf(e, "ncclAllGather(%zu bytes) failed at %s:%d (device %d): %s", bytes, __FILE__, __LINE__,
-                       c->dev, w->nccl.errstr(rc));
+                       gc->dev, w->nccl.errstr(rc));
     return 0;
 }

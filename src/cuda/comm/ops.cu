@@ -144,68 +144,68 @@ static int gc_grid(size_t units) {
 
 /* Move this rank's part (segments s0 [n0 bytes], s1 [n1 bytes]) to every rank and describe where
  * the finish kernel finds the W parts: *base, *stride, *wt.  Counts the operation. */
-static int gc_exchange(sm_gcomm *c, int op, int layer, const void *s0, size_t n0, const void *s1, size_t n1,
+static int gc_exchange(sm_gcomm *gc, int op, int layer, const void *s0, size_t n0, const void *s1, size_t n1,
                        cudaStream_t st, const uint8_t **base, size_t *stride, gc_wait *wt, sm_err *e) {
-    sm_gcomm_world *w = c->w;
+    sm_gcomm_world *w = gc->w;
     const size_t bytes = n0 + n1;
     const char *name = sm_gcomm_op_name(op);
-    if (!c->begun) /* the step counter is 0: the flags' initial zeros would pass for epochs */
+    if (!gc->begun) /* the step counter is 0: the flags' initial zeros would pass for epochs */
         return sm_errf(e, "comm %s at layer %d, rank %d: no sm_gcomm_begin before the first operation", name, layer,
-                       c->r);
-    if (c->i >= GC_EPOCH_OPS)
+                       gc->r);
+    if (gc->i >= GC_EPOCH_OPS)
         return sm_errf(e, "comm %s at layer %d, rank %d: more than %d operations since sm_gcomm_begin", name, layer,
-                       c->r, GC_EPOCH_OPS);
+                       gc->r, GC_EPOCH_OPS);
     if (bytes > w->max_bytes)
         return sm_errf(e, "comm %s at layer %d, rank %d: a part of %zu bytes exceeds the world's %zu", name, layer,
-                       c->r, bytes, w->max_bytes);
+                       gc->r, bytes, w->max_bytes);
     if (n0 % 4 || n1 % 4 || !sm_aligned(s0, 4) || !sm_aligned(s1, 4) || (n0 && !s0) || (n1 && !s1))
         return sm_errf(e, "comm %s at layer %d, rank %d: parts must be 4-byte aligned whole words (%zu + %zu bytes)",
-                       name, layer, c->r, n0, n1);
-    SM_CUDA_CHECK(cudaSetDevice(c->dev));
-    const unsigned i = c->i++;
+                       name, layer, gc->r, n0, n1);
+    SM_CUDA_CHECK(cudaSetDevice(gc->dev));
+    const unsigned i = gc->i++;
     const int p = (int)(i & 1u);
     memset(wt, 0, sizeof *wt);
     if (w->kind == SM_GCOMM_NCCL) {
         const void *part = s0;
         if (n1) { /* one contiguous send buffer */
-            if (n0) SM_CUDA_CHECK(cudaMemcpyAsync(c->stage, s0, n0, cudaMemcpyDeviceToDevice, st));
-            SM_CUDA_CHECK(cudaMemcpyAsync(c->stage + n0, s1, n1, cudaMemcpyDeviceToDevice, st));
-            part = c->stage;
+            if (n0) SM_CUDA_CHECK(cudaMemcpyAsync(gc->stage, s0, n0, cudaMemcpyDeviceToDevice, st));
+            SM_CUDA_CHECK(cudaMemcpyAsync(gc->stage + n0, s1, n1, cudaMemcpyDeviceToDevice, st));
+            part = gc->stage;
         }
-        if (gc_nccl_gather(c, part, bytes, st, e))
-            return sm_errprefix(e, "comm %s at layer %d, rank %d", name, layer, c->r);
-        *base = c->gbuf;
+        if (gc_nccl_gather(gc, part, bytes, st, e))
+            return sm_errprefix(e, "comm %s at layer %d, rank %d", name, layer, gc->r);
+        *base = gc->gbuf;
         *stride = bytes;
         return 0;
     }
-    if (w->fault_rank == c->r && w->fault_layer == layer && w->fault_op == op) c->faulted = 1;
-    const size_t off = ((size_t)p * w->W + c->r) * w->slot;
+    if (w->fault_rank == gc->r && w->fault_layer == layer && w->fault_op == op) gc->faulted = 1;
+    const size_t off = ((size_t)p * w->W + gc->r) * w->slot;
     const int vec16 = n0 % 16 == 0 && n1 % 16 == 0 && sm_aligned(s0, 16) && sm_aligned(s1, 16);
     const uint8_t *a = (const uint8_t *)s0, *b = (const uint8_t *)s1;
     if (vec16) {
-        gc_put_kernel<uint4><<<gc_grid(bytes / 16), GC_THREADS, 0, st>>>(a, n0, b, n1, c->peer_recv, c->peer_flags,
-                                                                         off, w->W, c->r, i, c->step, c->arrive,
-                                                                         !c->faulted);
+        gc_put_kernel<uint4><<<gc_grid(bytes / 16), GC_THREADS, 0, st>>>(a, n0, b, n1, gc->peer_recv, gc->peer_flags,
+                                                                         off, w->W, gc->r, i, gc->step, gc->arrive,
+                                                                         !gc->faulted);
     } else {
-        gc_put_kernel<uint32_t><<<gc_grid(bytes / 4), GC_THREADS, 0, st>>>(a, n0, b, n1, c->peer_recv,
-                                                                           c->peer_flags, off, w->W, c->r, i,
-                                                                           c->step, c->arrive, !c->faulted);
+        gc_put_kernel<uint32_t><<<gc_grid(bytes / 4), GC_THREADS, 0, st>>>(a, n0, b, n1, gc->peer_recv,
+                                                                           gc->peer_flags, off, w->W, gc->r, i,
+                                                                           gc->step, gc->arrive, !gc->faulted);
     }
     SM_LAUNCH_CHECK("gc_put_kernel");
     if (w->virt) { /* no take before every rank's put is enqueued: put, event, barrier, waits */
-        SM_CUDA_CHECK(cudaEventRecord(c->ev[p], st));
-        if (gc_host_barrier(c, op, layer, e)) return -1;
+        SM_CUDA_CHECK(cudaEventRecord(gc->ev[p], st));
+        if (gc_host_barrier(gc, op, layer, e)) return -1;
         for (int q = 0; q < w->W; q++)
-            if (q != c->r) SM_CUDA_CHECK(cudaStreamWaitEvent(st, w->ranks[q].ev[p], 0));
+            if (q != gc->r) SM_CUDA_CHECK(cudaStreamWaitEvent(st, w->ranks[q].ev[p], 0));
     }
-    *base = c->recv + (size_t)p * w->W * w->slot;
+    *base = gc->recv + (size_t)p * w->W * w->slot;
     *stride = w->slot;
-    wt->flags = c->flags;
-    wt->step = c->step;
-    wt->health = c->health;
+    wt->flags = gc->flags;
+    wt->step = gc->step;
+    wt->health = gc->health;
     wt->bound_ns = (unsigned long long)(w->bound_ms * 1e6);
     wt->i = i;
-    wt->r = c->r;
+    wt->r = gc->r;
     wt->W = w->W;
     wt->layer = layer;
     wt->op = op;
@@ -215,30 +215,30 @@ static int gc_exchange(sm_gcomm *c, int op, int layer, const void *s0, size_t n0
 
 /* ---------------------------------------------------------------- the operations */
 
-static int gc_sum(sm_gcomm *c, int op, int layer, const float *part, size_t count, void *out, int bf,
+static int gc_sum(sm_gcomm *gc, int op, int layer, const float *part, size_t count, void *out, int bf,
                   cudaStream_t st, sm_err *e) {
     const uint8_t *base;
     size_t stride;
     gc_wait wt;
     if (op < 0 || op >= SM_GC_NOPS) return sm_errf(e, "comm: op %d is not an operation tag", op);
-    if (gc_exchange(c, op, layer, part, count * 4, NULL, 0, st, &base, &stride, &wt, e)) return -1;
-    if (bf) gc_sum_kernel<1><<<gc_grid(count), GC_THREADS, 0, st>>>(wt, base, stride, c->w->W, count, out);
-    else gc_sum_kernel<0><<<gc_grid(count), GC_THREADS, 0, st>>>(wt, base, stride, c->w->W, count, out);
+    if (gc_exchange(gc, op, layer, part, count * 4, NULL, 0, st, &base, &stride, &wt, e)) return -1;
+    if (bf) gc_sum_kernel<1><<<gc_grid(count), GC_THREADS, 0, st>>>(wt, base, stride, gc->w->W, count, out);
+    else gc_sum_kernel<0><<<gc_grid(count), GC_THREADS, 0, st>>>(wt, base, stride, gc->w->W, count, out);
     SM_LAUNCH_CHECK("gc_sum_kernel");
     return 0;
 }
 
-int sm_gcomm_sum_bf16(sm_gcomm *c, int op, int layer, const float *part, size_t count, uint16_t *out, cudaStream_t st,
+int sm_gcomm_sum_bf16(sm_gcomm *gc, int op, int layer, const float *part, size_t count, uint16_t *out, cudaStream_t st,
                       sm_err *e) {
-    return gc_sum(c, op, layer, part, count, out, 1, st, e);
+    return gc_sum(gc, op, layer, part, count, out, 1, st, e);
 }
 
-int sm_gcomm_sum_f32(sm_gcomm *c, int op, int layer, const float *part, size_t count, float *out, cudaStream_t st,
+int sm_gcomm_sum_f32(sm_gcomm *gc, int op, int layer, const float *part, size_t count, float *out, cudaStream_t st,
                      sm_err *e) {
-    return gc_sum(c, op, layer, part, count, out, 0, st, e);
+    return gc_sum(gc, op, layer, part, count, out, 0, st, e);
 }
 
-int sm_gcomm_gather_cols(sm_gcomm *c, int op, int layer, const void *blk, int n, size_t row_bytes, void *out,
+int sm_gcomm_gather_cols(sm_gcomm *gc, int op, int layer, const void *blk, int n, size_t row_bytes, void *out,
                          cudaStream_t st, sm_err *e) {
     const uint8_t *base;
     size_t stride;
@@ -246,37 +246,37 @@ int sm_gcomm_gather_cols(sm_gcomm *c, int op, int layer, const void *blk, int n,
     if (op < 0 || op >= SM_GC_NOPS) return sm_errf(e, "comm: op %d is not an operation tag", op);
     if (n < 0 || row_bytes % 4)
         return sm_errf(e, "comm %s at layer %d, rank %d: %d rows of %zu bytes (rows must be whole 4-byte words)",
-                       sm_gcomm_op_name(op), layer, c->r, n, row_bytes);
-    if (gc_exchange(c, op, layer, blk, (size_t)n * row_bytes, NULL, 0, st, &base, &stride, &wt, e)) return -1;
+                       sm_gcomm_op_name(op), layer, gc->r, n, row_bytes);
+    if (gc_exchange(gc, op, layer, blk, (size_t)n * row_bytes, NULL, 0, st, &base, &stride, &wt, e)) return -1;
     const size_t rw = row_bytes / 4;
-    gc_cols_kernel<<<out ? gc_grid((size_t)n * c->w->W * rw) : 1, GC_THREADS, 0, st>>>(wt, base, stride, c->w->W, n, rw,
+    gc_cols_kernel<<<out ? gc_grid((size_t)n * gc->w->W * rw) : 1, GC_THREADS, 0, st>>>(wt, base, stride, gc->w->W, n, rw,
                                                                               (uint32_t *)out);
     SM_LAUNCH_CHECK("gc_cols_kernel");
     return 0;
 }
 
-int sm_gcomm_gather_owner(sm_gcomm *c, const uint16_t *rows, const int *tokens, int n, int H, int nv, uint16_t *out,
+int sm_gcomm_gather_owner(sm_gcomm *gc, const uint16_t *rows, const int *tokens, int n, int H, int nv, uint16_t *out,
                           cudaStream_t st, sm_err *e) {
     const uint8_t *base;
     size_t stride;
     gc_wait wt;
     if (n < 0 || H < 0 || nv < 1)
-        return sm_errf(e, "comm embed_gather at layer -1, rank %d: n %d, H %d, nv %d", c->r, n, H, nv);
-    if (gc_exchange(c, SM_GC_EMBED, -1, rows, (size_t)n * H * 2, NULL, 0, st, &base, &stride, &wt, e)) return -1;
-    gc_owner_kernel<<<gc_grid((size_t)n * H), GC_THREADS, 0, st>>>(wt, base, stride, c->w->W, tokens, n, H, nv, out);
+        return sm_errf(e, "comm embed_gather at layer -1, rank %d: n %d, H %d, nv %d", gc->r, n, H, nv);
+    if (gc_exchange(gc, SM_GC_EMBED, -1, rows, (size_t)n * H * 2, NULL, 0, st, &base, &stride, &wt, e)) return -1;
+    gc_owner_kernel<<<gc_grid((size_t)n * H), GC_THREADS, 0, st>>>(wt, base, stride, gc->w->W, tokens, n, H, nv, out);
     SM_LAUNCH_CHECK("gc_owner_kernel");
     return 0;
 }
 
-int sm_gcomm_argmax(sm_gcomm *c, const float *best, const int *id, int n, int nv, int *out, cudaStream_t st,
+int sm_gcomm_argmax(sm_gcomm *gc, const float *best, const int *id, int n, int nv, int *out, cudaStream_t st,
                     sm_err *e) {
     const uint8_t *base;
     size_t stride;
     gc_wait wt;
-    if (n < 0 || nv < 1) return sm_errf(e, "comm vocab_argmax at layer -1, rank %d: n %d, nv %d", c->r, n, nv);
-    if (gc_exchange(c, SM_GC_ARGMAX, -1, best, (size_t)n * 4, id, (size_t)n * 4, st, &base, &stride, &wt, e))
+    if (n < 0 || nv < 1) return sm_errf(e, "comm vocab_argmax at layer -1, rank %d: n %d, nv %d", gc->r, n, nv);
+    if (gc_exchange(gc, SM_GC_ARGMAX, -1, best, (size_t)n * 4, id, (size_t)n * 4, st, &base, &stride, &wt, e))
         return -1;
-    gc_argmax_kernel<<<gc_grid((size_t)n), GC_THREADS, 0, st>>>(wt, base, stride, c->w->W, n, nv, out);
+    gc_argmax_kernel<<<gc_grid((size_t)n), GC_THREADS, 0, st>>>(wt, base, stride, gc->w->W, n, nv, out);
     SM_LAUNCH_CHECK("gc_argmax_kernel");
     return 0;
 }

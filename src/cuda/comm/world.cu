@@ -82,33 +82,33 @@ static int parse_bound(sm_gcomm_world *w, double opt, char *why, size_t cap) {
 /* ---------------------------------------------------------------- creation */
 
 /* Device state of rank r (its device is current). */
-static int rank_alloc(sm_gcomm_world *w, sm_gcomm *c, sm_err *e) {
+static int rank_alloc(sm_gcomm_world *w, sm_gcomm *gc, sm_err *e) {
     const int W = w->W;
     /* ctl: flags [2W] | bflags [W] | step | arrive | health [GC_H_N] | peer_recv [W] | peer_flags [W] |
      * peer_bflags [W], every field 8 bytes */
     size_t words = 2 * (size_t)W + (size_t)W + 1 + 1 + GC_H_N + 3 * (size_t)W;
     uint64_t *ctl;
     SM_CUDA_CHECK(cudaMalloc((void **)&ctl, words * 8));
-    c->flags = ctl;
+    gc->flags = ctl;
     SM_CUDA_CHECK(cudaMemset(ctl, 0, words * 8));
-    c->bflags = ctl + 2 * W;
-    c->step = c->bflags + W;
-    c->arrive = (unsigned int *)(c->step + 1);
-    c->health = c->step + 2;
-    c->peer_recv = (uint8_t **)(c->health + GC_H_N);
-    c->peer_flags = (uint64_t **)(c->peer_recv + W);
-    c->peer_bflags = (uint64_t **)(c->peer_flags + W);
-    SM_CUDA_CHECK(cudaMallocHost((void **)&c->health_host, GC_H_N * 8));
-    memset(c->health_host, 0, GC_H_N * 8);
+    gc->bflags = ctl + 2 * W;
+    gc->step = gc->bflags + W;
+    gc->arrive = (unsigned int *)(gc->step + 1);
+    gc->health = gc->step + 2;
+    gc->peer_recv = (uint8_t **)(gc->health + GC_H_N);
+    gc->peer_flags = (uint64_t **)(gc->peer_recv + W);
+    gc->peer_bflags = (uint64_t **)(gc->peer_flags + W);
+    SM_CUDA_CHECK(cudaMallocHost((void **)&gc->health_host, GC_H_N * 8));
+    memset(gc->health_host, 0, GC_H_N * 8);
     if (w->kind == SM_GCOMM_PEER) {
-        SM_CUDA_CHECK(cudaMalloc((void **)&c->recv, 2 * (size_t)W * w->slot));
+        SM_CUDA_CHECK(cudaMalloc((void **)&gc->recv, 2 * (size_t)W * w->slot));
     } else {
-        SM_CUDA_CHECK(cudaMalloc((void **)&c->gbuf, (size_t)W * w->slot));
-        SM_CUDA_CHECK(cudaMalloc((void **)&c->stage, w->slot));
+        SM_CUDA_CHECK(cudaMalloc((void **)&gc->gbuf, (size_t)W * w->slot));
+        SM_CUDA_CHECK(cudaMalloc((void **)&gc->stage, w->slot));
     }
     if (w->virt) {
-        for (int p = 0; p < 2; p++) SM_CUDA_CHECK(cudaEventCreateWithFlags(&c->ev[p], cudaEventDisableTiming));
-        SM_CUDA_CHECK(cudaEventCreateWithFlags(&c->evb, cudaEventDisableTiming));
+        for (int p = 0; p < 2; p++) SM_CUDA_CHECK(cudaEventCreateWithFlags(&gc->ev[p], cudaEventDisableTiming));
+        SM_CUDA_CHECK(cudaEventCreateWithFlags(&gc->evb, cudaEventDisableTiming));
     }
     return 0;
 }
@@ -130,9 +130,9 @@ static int enable_peer(int a, int b, sm_err *e) {
 static int create_devices(sm_gcomm_world *w, const int *devices, sm_err *e) {
     const int W = w->W;
     for (int r = 0; r < W; r++) {
-        sm_gcomm *c = &w->ranks[r];
-        SM_CUDA_CHECK(cudaSetDevice(c->dev));
-        if (rank_alloc(w, c, e)) return sm_errprefix(e, "comm: rank %d on device %d", r, c->dev);
+        sm_gcomm *gc = &w->ranks[r];
+        SM_CUDA_CHECK(cudaSetDevice(gc->dev));
+        if (rank_alloc(w, gc, e)) return sm_errprefix(e, "comm: rank %d on device %d", r, gc->dev);
     }
     if (w->kind == SM_GCOMM_PEER) {
         /* P2P access between every ordered pair of distinct devices (the first rank of each) */
@@ -273,17 +273,17 @@ void sm_gcomm_destroy(sm_gcomm_world *w) {
     (void)cudaGetDevice(&saved);
     if (w->kind == SM_GCOMM_NCCL) gc_nccl_fini(w);
     for (int r = 0; r < w->W; r++) {
-        sm_gcomm *c = &w->ranks[r];
-        if (!c->flags && !c->health_host && !c->recv && !c->gbuf && !c->ev[0]) continue;
-        SM_CUDA_CHECK_PRINT(cudaSetDevice(c->dev));
-        if (c->flags) SM_CUDA_CHECK_PRINT(cudaFree(c->flags));
-        if (c->health_host) SM_CUDA_CHECK_PRINT(cudaFreeHost(c->health_host));
-        if (c->recv) SM_CUDA_CHECK_PRINT(cudaFree(c->recv));
-        if (c->gbuf) SM_CUDA_CHECK_PRINT(cudaFree(c->gbuf));
-        if (c->stage) SM_CUDA_CHECK_PRINT(cudaFree(c->stage));
+        sm_gcomm *gc = &w->ranks[r];
+        if (!gc->flags && !gc->health_host && !gc->recv && !gc->gbuf && !gc->ev[0]) continue;
+        SM_CUDA_CHECK_PRINT(cudaSetDevice(gc->dev));
+        if (gc->flags) SM_CUDA_CHECK_PRINT(cudaFree(gc->flags));
+        if (gc->health_host) SM_CUDA_CHECK_PRINT(cudaFreeHost(gc->health_host));
+        if (gc->recv) SM_CUDA_CHECK_PRINT(cudaFree(gc->recv));
+        if (gc->gbuf) SM_CUDA_CHECK_PRINT(cudaFree(gc->gbuf));
+        if (gc->stage) SM_CUDA_CHECK_PRINT(cudaFree(gc->stage));
         for (int p = 0; p < 2; p++)
-            if (c->ev[p]) SM_CUDA_CHECK_PRINT(cudaEventDestroy(c->ev[p]));
-        if (c->evb) SM_CUDA_CHECK_PRINT(cudaEventDestroy(c->evb));
+            if (gc->ev[p]) SM_CUDA_CHECK_PRINT(cudaEventDestroy(gc->ev[p]));
+        if (gc->evb) SM_CUDA_CHECK_PRINT(cudaEventDestroy(gc->evb));
     }
     gc_nccl_unload(&w->nccl);
     (void)cudaSetDevice(saved);
@@ -294,7 +294,7 @@ void sm_gcomm_destroy(sm_gcomm_world *w) {
 
 sm_gcomm *sm_gcomm_rank(sm_gcomm_world *w, int r) { return w && r >= 0 && r < w->W ? &w->ranks[r] : NULL; }
 int sm_gcomm_is_virtual(const sm_gcomm_world *w) { return w->virt; }
-const unsigned long long *sm_gcomm_step(const sm_gcomm *c) { return (const unsigned long long *)c->step; }
+const unsigned long long *sm_gcomm_step(const sm_gcomm *gc) { return (const unsigned long long *)gc->step; }
 
 double sm_gcomm_bound_ms(const sm_gcomm_world *w) { return w->bound_ms; }
 
@@ -306,13 +306,13 @@ void sm_gcomm_reset(sm_gcomm_world *w) { sm_hbar_reset(&w->bar, NULL, NULL, 0); 
 
 /* Wait until every rank thread has arrived (0), or fail on abort / after bound_ms (-1, and the
  * world is aborted so every other waiter fails too, naming the ranks missing). */
-int gc_host_barrier(sm_gcomm *c, int op, int layer, sm_err *e) {
-    sm_gcomm_world *w = c->w;
+int gc_host_barrier(sm_gcomm *gc, int op, int layer, sm_err *e) {
+    sm_gcomm_world *w = gc->w;
     char what[96], msg[512];
     int who = -1;
     snprintf(what, sizeof what, "comm %s at layer %d (host barrier)", sm_gcomm_op_name(op), layer);
-    if (sm_hbar_wait(&w->bar, c->r, w->bound_ms / 1000.0, what, &who, msg, sizeof msg) == 0) return 0;
-    return sm_errf(e, "comm %s at layer %d, rank %d: aborted: %s", sm_gcomm_op_name(op), layer, c->r, msg);
+    if (sm_hbar_wait(&w->bar, gc->r, w->bound_ms / 1000.0, what, &who, msg, sizeof msg) == 0) return 0;
+    return sm_errf(e, "comm %s at layer %d, rank %d: aborted: %s", sm_gcomm_op_name(op), layer, gc->r, msg);
 }
 
 /* ---------------------------------------------------------------- begin */
@@ -337,34 +337,34 @@ __global__ void gc_begin_kernel(uint64_t *step, uint64_t *const *peer_bflags, co
         gc_spin(bflags + q, s, 1, health, bound_ns, r, -1, GC_OP_BEGIN, q);
 }
 
-int sm_gcomm_begin(sm_gcomm *c, cudaStream_t st, sm_err *e) {
-    sm_gcomm_world *w = c->w;
-    SM_CUDA_CHECK(cudaSetDevice(c->dev));
+int sm_gcomm_begin(sm_gcomm *gc, cudaStream_t st, sm_err *e) {
+    sm_gcomm_world *w = gc->w;
+    SM_CUDA_CHECK(cudaSetDevice(gc->dev));
     if (w->virt) { /* every rank's previous chunk is done before this rank's next put */
-        SM_CUDA_CHECK(cudaEventRecord(c->evb, st));
-        if (gc_host_barrier(c, GC_OP_BEGIN, -1, e)) return -1;
+        SM_CUDA_CHECK(cudaEventRecord(gc->evb, st));
+        if (gc_host_barrier(gc, GC_OP_BEGIN, -1, e)) return -1;
         for (int q = 0; q < w->W; q++)
-            if (q != c->r) SM_CUDA_CHECK(cudaStreamWaitEvent(st, w->ranks[q].evb, 0));
+            if (q != gc->r) SM_CUDA_CHECK(cudaStreamWaitEvent(st, w->ranks[q].evb, 0));
     }
     int barrier = w->kind == SM_GCOMM_PEER && !w->virt && w->W > 1;
-    gc_begin_kernel<<<1, 64, 0, st>>>(c->step, (uint64_t *const *)c->peer_bflags, c->bflags, c->health, c->r, w->W,
+    gc_begin_kernel<<<1, 64, 0, st>>>(gc->step, (uint64_t *const *)gc->peer_bflags, gc->bflags, gc->health, gc->r, w->W,
                                       barrier, (unsigned long long)(w->bound_ms * 1e6));
     SM_LAUNCH_CHECK("gc_begin_kernel");
-    c->i = 0;
-    c->begun = 1;
+    gc->i = 0;
+    gc->begun = 1;
     return 0;
 }
 
 /* ---------------------------------------------------------------- health */
 
-int sm_gcomm_health_fetch(sm_gcomm *c, cudaStream_t st, sm_err *e) {
-    SM_CUDA_CHECK(cudaSetDevice(c->dev));
-    SM_CUDA_CHECK(cudaMemcpyAsync(c->health_host, c->health, GC_H_N * 8, cudaMemcpyDeviceToHost, st));
+int sm_gcomm_health_fetch(sm_gcomm *gc, cudaStream_t st, sm_err *e) {
+    SM_CUDA_CHECK(cudaSetDevice(gc->dev));
+    SM_CUDA_CHECK(cudaMemcpyAsync(gc->health_host, gc->health, GC_H_N * 8, cudaMemcpyDeviceToHost, st));
     return 0;
 }
 
-int sm_gcomm_health_check(sm_gcomm *c, sm_err *e) {
-    const volatile uint64_t *h = c->health_host;
+int sm_gcomm_health_check(sm_gcomm *gc, sm_err *e) {
+    const volatile uint64_t *h = gc->health_host;
     if (!h[GC_H_FAILED]) return 0;
     return sm_errf(e, "rank %d: layer %d %s: waited %.0f ms for rank %d (epoch %llu)", (int)h[GC_H_RANK],
                    (int)(int64_t)h[GC_H_LAYER], sm_gcomm_op_name((int)h[GC_H_OP]), (double)h[GC_H_WAITED_NS] / 1e6,

@@ -7,7 +7,7 @@
  */
 #ifndef SM_CUDA_MOE_BUILD_H
 #define SM_CUDA_MOE_BUILD_H
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 
 /* Validate the widths of config c for expert format fmt (moe.h limits); 0 or -1 with e.
  * shard: c describes a rank's shard (E = its experts, I = its slice), which may hold fewer

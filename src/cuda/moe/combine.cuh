@@ -11,14 +11,14 @@
  * MOE_COMBINE_THREADS (the sum of squares' order), then every 8 elements' route-ordered sum by
  * one thread.  Every (row, route) and element runs in parallel: the bits depend on nothing
  * but the team size.  We rejected one block per row (the first version): a row's routes one
- * after the other, ~26 us of dependent loads and barriers at 8 rows against ~11 us now.
+ * after the other, a chain of dependent loads and barriers as long as the routes (K).
  * We rejected fusing the norm into the down matmul's epilogue: a route's sum of squares spans
  * every block's tiles.
  */
 #ifndef SM_CUDA_MOE_COMBINE_CUH
 #define SM_CUDA_MOE_COMBINE_CUH
 #include "cuda/common.cuh"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 
 #define MOE_COMBINE_THREADS 256 /* threads of the stock combine blocks */
 

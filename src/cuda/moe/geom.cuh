@@ -14,7 +14,7 @@
 #define SM_CUDA_MOE_GEOM_CUH
 #include <stddef.h>
 #include <stdint.h>
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 #include "model/codec.h"
 
 #define MOE_WARPS 8

@@ -14,7 +14,7 @@
 #include "cuda/mono/mono.cuh"
 #include "cuda/stock/stock.h"
 #include "cuda/stock/bench.h"
-#include "cuda/mono.h"
+#include "cuda/mono/mono.h"
 extern "C" {
 #include "parallel/hbar.h"
 #include "base/outfile.h"
@@ -120,10 +120,10 @@ static void mono_reasons(const sm_config *cf, const int *fmt, int device, int wo
 }
 
 /* Every static refusal of the context, into buf ("" = eligible). */
-static void mono_static_reasons(const sm_cuda_dev *c, char *buf, size_t cap) {
+static void mono_static_reasons(const sm_cuda_rank *cr, char *buf, size_t cap) {
     int fmt[SM_MAX_LAYERS];
-    for (int l = 0; l < c->cfg.L; l++) fmt[l] = c->layers[l].have_moe ? c->layers[l].moe.fmt : -1;
-    mono_reasons(&c->cfg, fmt, c->device, c->world, buf, cap);
+    for (int l = 0; l < cr->cfg.L; l++) fmt[l] = cr->layers[l].have_moe ? cr->layers[l].moe.fmt : -1;
+    mono_reasons(&cr->cfg, fmt, cr->device, cr->world, buf, cap);
 }
 
 extern "C" int sm_cuda_mono_check(const sm_config *cf, const int *fmt, int device, char *buf, size_t cap, sm_err *e) {
@@ -136,30 +136,30 @@ extern "C" int sm_cuda_mono_check(const sm_config *cf, const int *fmt, int devic
 /* Descriptor of layer l for bucket rows nb (host copy): the rank's slices and, with W > 1, its
  * exchanges (the producing phases write into the rank's exchange area, forward.cu's collectives
  * at the same points). */
-static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *e) {
-    cb_mono *M = c->mono;
-    const sm_config *cf = &c->cfg;
-    const cb_layer *L = &c->layers[l], *Ln = &c->layers[l + 1];
-    const int W = c->world, nh = c->plan.nHl, nkv = c->plan.nKVl, tp = W > 1 && c->plan.moe == SM_MOE_TP;
+static int mono_plan_layer(sm_cuda_rank *cr, int nb, int l, mono_desc *d, sm_err *e) {
+    cb_mono *M = cr->mono;
+    const sm_config *cf = &cr->cfg;
+    const cb_layer *L = &cr->layers[l], *Ln = &cr->layers[l + 1];
+    const int W = cr->world, nh = cr->plan.nHl, nkv = cr->plan.nKVl, tp = W > 1 && cr->plan.moe == SM_MOE_TP;
     const int H = cf->H, Hm = cf->Hm, QD = nh * cf->D, KD = nkv * cf->D, NQ = 2 * QD + 2 * KD, N = mono_box(nb);
-    uint16_t *q = (l & 1) ? c->qkv2 : c->qkvg, *nq = ((l + 1) & 1) ? c->qkv2 : c->qkvg;
+    uint16_t *q = (l & 1) ? cr->qkv2 : cr->qkvg, *nq = ((l + 1) & 1) ? cr->qkv2 : cr->qkvg;
     memset(d, 0, sizeof *d);
     char *ws = (char *)M->ws;
     void *part = ws;
     uint8_t *x0 = M->xbuf, *x1 = M->xbuf + M->xbytes; /* parities 0, 1 of this rank's exchange area */
-    const int np = W > 1 ? c->plan.np : Hm, nu = W > 1 ? c->plan.nu : H;
+    const int np = W > 1 ? cr->plan.np : Hm, nu = W > 1 ? cr->plan.nu : H;
     /* the matmuls' stream-K split over the rank's blocks (virtual ranks: its share of the SMs) */
-    sm_cuda_ctx kg = c->kc;
+    sm_kernel_ctx kg = cr->kc;
     kg.num_sms = M->grid;
-    int rc = W > 1 ? sm_wg_plan_mm_f32(&kg, N, c->att, nb, QD, L->wo, H, (float *)x0, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw,
+    int rc = W > 1 ? sm_wg_plan_mm_f32(&kg, N, cr->att, nb, QD, L->wo, H, (float *)x0, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw,
                                        &d->mm[0].tx, e)
-                   : sm_wg_plan_mm(&kg, N, c->att, nb, QD, L->wo, H, c->a, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw, &d->mm[0].tx, e);
+                   : sm_wg_plan_mm(&kg, N, cr->att, nb, QD, L->wo, H, cr->a, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw, &d->mm[0].tx, e);
     if (rc ||
-        sm_wg_plan_mm(&kg, N, c->xf, nb, H, L->pooler, np, W > 1 ? (uint16_t *)x1 : c->h1, part, M->part_bytes, &d->mm[1].a,
+        sm_wg_plan_mm(&kg, N, cr->xf, nb, H, L->pooler, np, W > 1 ? (uint16_t *)x1 : cr->h1, part, M->part_bytes, &d->mm[1].a,
                       &d->mm[1].tw, &d->mm[1].tx, e) ||
-        sm_wg_plan_mm(&kg, N, c->mo, nb, Hm, L->unpooler, nu, W > 1 ? (uint16_t *)x1 : c->f, part, M->part_bytes, &d->mm[2].a,
+        sm_wg_plan_mm(&kg, N, cr->mo, nb, Hm, L->unpooler, nu, W > 1 ? (uint16_t *)x1 : cr->f, part, M->part_bytes, &d->mm[2].a,
                       &d->mm[2].tw, &d->mm[2].tx, e) ||
-        sm_wg_plan_mm(&kg, N, c->x, nb, H, Ln->wqkvg, NQ, nq, part, M->part_bytes, &d->mm[3].a, &d->mm[3].tw, &d->mm[3].tx, e))
+        sm_wg_plan_mm(&kg, N, cr->x, nb, H, Ln->wqkvg, NQ, nq, part, M->part_bytes, &d->mm[3].a, &d->mm[3].tw, &d->mm[3].tx, e))
         return sm_errprefix(e, "layer %d", l);
     d->ctl = M->ctl;
     d->xc = M->xc;
@@ -171,9 +171,9 @@ static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *
     d->eps = cf->rms_eps; d->post_eps = cf->post_eps;
     /* attention of layer l (the rank's heads): as cb_attention's graph-form call */
     d->q = q; d->gate = q + QD + 2 * KD; d->ldq = NQ;
-    d->kv = L->kv; d->tables = c->d_tab; d->max_bpr = c->kvs.max_bpr; d->rreq = c->d_rreq; d->pos = c->d_pos;
+    d->kv = L->kv; d->tables = cr->d_tab; d->max_bpr = cr->kvs.max_bpr; d->rreq = cr->d_rreq; d->pos = cr->d_pos;
     d->window = L->full ? 0 : cf->window;
-    d->nsplit = sm_att_plan(&c->kc, nb, nh, nkv, d->window, c->kvs.max_len, &d->chunk);
+    d->nsplit = sm_att_plan(&cr->kc, nb, nh, nkv, d->window, cr->kvs.max_len, &d->chunk);
     d->scale = cf->qk_scale_factor / sqrtf((float)cf->D);
     const size_t per = (size_t)nb * nh;
     if ((size_t)d->nsplit * per * 66 * 4 > M->att_bytes) return sm_errf(e, "layer %d: attention partials exceed the workspace", l);
@@ -184,55 +184,55 @@ static int mono_plan_layer(sm_cuda_dev *c, int nb, int l, mono_desc *d, sm_err *
     d->wsO = (float *)(ws + M->part_bytes + M->rpart_bytes);
     d->wsM = d->wsO + (size_t)d->nsplit * per * 64;
     d->wsL = d->wsM + (size_t)d->nsplit * per;
-    d->att = c->att;
+    d->att = cr->att;
     /* post-attention boundary (W > 1: a = r16(attn_sum) of the parts first) */
-    d->s = c->s; d->a = c->a; d->att_alpha = L->att_alpha; d->att_beta = L->att_beta; d->pre_ffn = L->pre_ffn_norm; d->xf = c->xf;
+    d->s = cr->s; d->a = cr->a; d->att_alpha = L->att_alpha; d->att_beta = L->att_beta; d->pre_ffn = L->pre_ffn_norm; d->xf = cr->xf;
     /* router (replicated): the GEMV body's split (sm_k_mm_f32w's main path) */
     d->router = L->router; d->rbias = L->router_bias;
     d->rS = sm_cdiv(H, SM_RG_KL);
     d->rnt = nb <= 8 ? 8 : 16;
     const size_t need = d->rS > 1 ? (size_t)d->rS * nb * cf->E * 4 : 0;
-    if (need > c->kc.ws_bytes || sm_cdiv(nb, d->rnt) > 65535)
+    if (need > cr->kc.ws_bytes || sm_cdiv(nb, d->rnt) > 65535)
         return sm_errf(e, "layer %d: the stock router takes its fallback body at %d rows", l, nb);
     if ((size_t)d->rS * nb * cf->E * 4 > M->rpart_bytes) return sm_errf(e, "layer %d: router partials exceed the workspace", l);
     d->rpart = (float *)(ws + M->part_bytes);
-    d->rlog = c->rlog;
-    d->idx = c->idx + (size_t)l * c->cap * cf->K;
-    d->w = c->rw + (size_t)l * c->cap * cf->K;
+    d->rlog = cr->rlog;
+    d->idx = cr->idx + (size_t)l * cr->cap * cf->K;
+    d->w = cr->rw + (size_t)l * cr->cap * cf->K;
     d->m_o = cf->out_mult; d->route_scale = cf->route_scale;
     /* pooler norm (W > 1: h1 gathered first), experts: the rank's (EP: routes to its experts;
      * TP: every route over its I slice) */
-    d->h1 = c->h1; d->pre_expert = L->pre_expert_norm;
+    d->h1 = cr->h1; d->pre_expert = L->pre_expert_norm;
     d->fmt = L->moe.fmt;
-    d->ga = moe_group_make(&L->moe, d->idx, nb, &c->mws);
-    if (W > 1 && !tp) d->ga.e0 = cf->E / W * c->rank;
-    d->mq = moe_q_make(&L->moe, c->h1, &c->mws, NULL);
-    d->ca = moe_combine_make(&L->moe, d->w, nb, c->mo, &c->mws);
+    d->ga = moe_group_make(&L->moe, d->idx, nb, &cr->mws);
+    if (W > 1 && !tp) d->ga.e0 = cf->E / W * cr->rank;
+    d->mq = moe_q_make(&L->moe, cr->h1, &cr->mws, NULL);
+    d->ca = moe_combine_make(&L->moe, d->w, nb, cr->mo, &cr->mws);
     if (W > 1 && !tp) d->ca.m_f32 = (float *)x0; /* the rank's partial m, summed by XSUM_M into mo */
     if (tp) {
         d->mq.a2.y32 = (float *)x0;               /* the rank's partial y per route, summed by XSUM_Y */
-        d->xc.ysum = c->xpart;
+        d->xc.ysum = cr->xpart;
         d->ca.y = NULL;
         d->ca.route_slot = NULL;
-        d->ca.y32 = c->xpart;
+        d->ca.y32 = cr->xpart;
         d->ca.idx = d->idx;
         d->ca.E = L->moe.E;
     }
     /* post-FFN boundary + the next layer's input norm (W > 1: f gathered first) */
-    d->f = c->f; d->post_ffn = L->post_ffn_norm; d->ffn_alpha = L->ffn_alpha; d->ffn_beta = L->ffn_beta;
-    d->next_norm = Ln->in_norm; d->x = c->x;
+    d->f = cr->f; d->post_ffn = L->post_ffn_norm; d->ffn_alpha = L->ffn_alpha; d->ffn_beta = L->ffn_beta;
+    d->next_norm = Ln->in_norm; d->x = cr->x;
     /* the next layer's qk norm / rope / kv insert */
-    d->nq = nq; d->nkvc = Ln->kv; d->slot = c->d_slot; d->nslots = (int64_t)c->kvs.nblocks * SM_KV_BLOCK;
+    d->nq = nq; d->nkvc = Ln->kv; d->slot = cr->d_slot; d->nslots = (int64_t)cr->kvs.nblocks * SM_KV_BLOCK;
     d->rope = !Ln->full;
     d->tab = sm_rope_make_tab(Ln->full ? 0.0 : cf->rope_theta);
     return 0;
 }
 
-int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
-    if (c->mono_mode == SM_MONO_OFF) return 0;
+int cb_mono_init(sm_cuda_rank *cr, sm_err *e) {
+    if (cr->mono_mode == SM_MONO_OFF) return 0;
     char why[1024];
-    mono_static_reasons(c, why, sizeof why);
-    const sm_config *cf = &c->cfg;
+    mono_static_reasons(cr, why, sizeof why);
+    const sm_config *cf = &cr->cfg;
     const int G = cf->nKV > 0 ? cf->nH / cf->nKV : 0;
     int mocc = 0;
     size_t smem = 0;
@@ -245,24 +245,24 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
         sm_err e2;
         mono_moe mm;
         memset(&mm, 0, sizeof mm);
-        mm.q[0] = moe_q_make(&c->layers[1].moe, c->h1, &c->mws, NULL);
+        mm.q[0] = moe_q_make(&cr->layers[1].moe, cr->h1, &cr->mws, NULL);
         if (mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
         else if (mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
     }
     if (why[0]) {
-        if (c->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: the monokernel cannot run this model here: %s", why);
+        if (cr->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: the monokernel cannot run this model here: %s", why);
         fprintf(stderr, "sparkmono: monokernel not eligible (%s): every step runs stock\n", why);
-        c->mono_mode = SM_MONO_OFF;
+        cr->mono_mode = SM_MONO_OFF;
         return 0;
     }
     cb_mono *M = (cb_mono *)calloc(1, sizeof *M);
     if (!M) return sm_errf(e, "monokernel: out of host memory");
-    c->mono = M;
+    cr->mono = M;
     /* a launch's blocks: the rank's SMs (virtual ranks: its share, kc.num_sms set by the world) */
-    M->grid = c->kc.num_sms;
-    M->moe_grid = c->kc.num_sms * (mocc < 2 ? mocc : 2);
+    M->grid = cr->kc.num_sms;
+    M->moe_grid = cr->kc.num_sms * (mocc < 2 ? mocc : 2);
     M->smem = smem;
-    const size_t R = (size_t)(c->cap < CB_GRAPH_ROWS ? c->cap : CB_GRAPH_ROWS);
+    const size_t R = (size_t)(cr->cap < CB_GRAPH_ROWS ? cr->cap : CB_GRAPH_ROWS);
     const int Nmax = mono_box((int)R);
     M->part_bytes = (size_t)2 * M->grid * SM_WG_BM(1) * Nmax * 4;
     M->rpart_bytes = (size_t)sm_cdiv(cf->H, SM_RG_KL) * R * cf->E * 4;
@@ -270,7 +270,7 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     for (int i = 0; i < CB_NBUCKETS; i++) {
         if ((size_t)mono_buckets[i] > R) break;
         for (int w = 0; w < 2; w++) {
-            const int ns = sm_att_plan(&c->kc, mono_buckets[i], cf->nH, cf->nKV, w ? cf->window : 0, c->kvs.max_len, NULL);
+            const int ns = sm_att_plan(&cr->kc, mono_buckets[i], cf->nH, cf->nKV, w ? cf->window : 0, cr->kvs.max_len, NULL);
             const size_t b = (size_t)ns * mono_buckets[i] * cf->nH * 66 * 4;
             if (b > M->att_bytes) M->att_bytes = b;
         }
@@ -278,7 +278,7 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     M->part_bytes = (M->part_bytes + 255) & ~(size_t)255;
     M->rpart_bytes = (M->rpart_bytes + 255) & ~(size_t)255;
     SM_CUDA_CHECK(cudaMalloc(&M->ws, M->part_bytes + M->rpart_bytes + M->att_bytes + 256));
-    SM_CUDA_CHECK(cudaMalloc((void **)&c->qkv2, (size_t)c->cap * (2 * cf->nH + 2 * cf->nKV) * cf->D * 2));
+    SM_CUDA_CHECK(cudaMalloc((void **)&cr->qkv2, (size_t)cr->cap * (2 * cf->nH + 2 * cf->nKV) * cf->D * 2));
     SM_CUDA_CHECK(cudaMalloc((void **)&M->ctl, sizeof(mono_ctl)));
     SM_CUDA_CHECK(cudaMallocHost((void **)&M->ctl_h, sizeof(mono_ctl)));
     memset(M->ctl_h, 0, sizeof(mono_ctl));
@@ -286,31 +286,31 @@ int cb_mono_init(sm_cuda_dev *c, sm_err *e) {
     M->ctl_h->bound_ns = (unsigned long long)((b && atof(b) > 0 ? atof(b) : 2000.0) * 1e6);
     M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1;
     const char *fa = getenv("SPARKMONO_MONO_FUSED_ATT"); /* measurement / test hook: "1" (one rank) */
-    M->att_fuse = fa && !strcmp(fa, "1") && c->world == 1;
+    M->att_fuse = fa && !strcmp(fa, "1") && cr->world == 1;
     const char *f = getenv("SPARKMONO_MONO_FAULT"); /* test hook: "layer:phase" or "layer:phase:rank" */
     if (f) {
         int fr = -1, k = sscanf(f, "%d:%d:%d", &M->ctl_h->fault_layer, &M->ctl_h->fault_phase, &fr);
         if (k < 2) return sm_errf(e, "SPARKMONO_MONO_FAULT='%s': expected layer:phase[:rank]", f);
-        if (k == 3 && fr != c->rank) M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1; /* another rank's fault */
+        if (k == 3 && fr != cr->rank) M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1; /* another rank's fault */
     }
     /* W > 1: this rank's exchange area (2 parities of the largest part) and flags */
     M->xc.W = 1;
-    if (c->world > 1) {
-        const size_t tpk = c->plan.moe == SM_MOE_TP ? (size_t)cf->K : 1;
+    if (cr->world > 1) {
+        const size_t tpk = cr->plan.moe == SM_MOE_TP ? (size_t)cf->K : 1;
         size_t xb = R * cf->H * 4;
         if (R * cf->Hm * 4 * tpk > xb) xb = R * cf->Hm * 4 * tpk;
         M->xbytes = (xb + 255) & ~(size_t)255;
         SM_CUDA_CHECK(cudaMalloc((void **)&M->xbuf, 2 * M->xbytes));
-        SM_CUDA_CHECK(cudaMalloc((void **)&M->xflag, sizeof(unsigned long long) * (size_t)c->world));
-        SM_CUDA_CHECK(cudaMemsetAsync(M->xflag, 0, sizeof(unsigned long long) * (size_t)c->world, c->st));
+        SM_CUDA_CHECK(cudaMalloc((void **)&M->xflag, sizeof(unsigned long long) * (size_t)cr->world));
+        SM_CUDA_CHECK(cudaMemsetAsync(M->xflag, 0, sizeof(unsigned long long) * (size_t)cr->world, cr->st));
     }
-    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st));
-    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, cr->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
     return 0;
 }
 
-void cb_mono_free(sm_cuda_dev *c) {
-    cb_mono *M = c->mono;
+void cb_mono_free(sm_cuda_rank *cr) {
+    cb_mono *M = cr->mono;
     if (!M) return;
     for (int i = 0; i < CB_NBUCKETS; i++)
         free(M->desc[i]);
@@ -320,16 +320,16 @@ void cb_mono_free(sm_cuda_dev *c) {
     if (M->trace) SM_CUDA_CHECK_PRINT(cudaFree(M->trace));
     if (M->xbuf) SM_CUDA_CHECK_PRINT(cudaFree(M->xbuf));
     if (M->xflag) SM_CUDA_CHECK_PRINT(cudaFree(M->xflag));
-    if (M->mw && c->rank == 0) { /* rank 0 owns the joint-launch state */
+    if (M->mw && cr->rank == 0) { /* rank 0 owns the joint-launch state */
         for (int q = 0; q < M->mw->W; q++) SM_CUDA_CHECK_PRINT(cudaEventDestroy(M->mw->ev[q]));
         SM_CUDA_CHECK_PRINT(cudaEventDestroy(M->mw->done));
         sm_hbar_destroy(&M->mw->bar);
         free(M->mw);
     }
-    if (c->qkv2) SM_CUDA_CHECK_PRINT(cudaFree(c->qkv2));
-    c->qkv2 = NULL;
+    if (cr->qkv2) SM_CUDA_CHECK_PRINT(cudaFree(cr->qkv2));
+    cr->qkv2 = NULL;
     free(M);
-    c->mono = NULL;
+    cr->mono = NULL;
 }
 
 static int mono_bucket_index(int nb) {
@@ -338,22 +338,22 @@ static int mono_bucket_index(int nb) {
     return -1;
 }
 
-int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e) {
-    cb_mono *M = c->mono;
+int cb_mono_bucket(sm_cuda_rank *cr, int nb, sm_err *e) {
+    cb_mono *M = cr->mono;
     const int bi = mono_bucket_index(nb);
-    if (!M || c->mono_mode == SM_MONO_OFF || bi < 0 || nb > c->cap || M->refused[bi]) return 0;
+    if (!M || cr->mono_mode == SM_MONO_OFF || bi < 0 || nb > cr->cap || M->refused[bi]) return 0;
     if (M->desc[bi]) return 1;
-    const int L = c->cfg.L;
+    const int L = cr->cfg.L;
     mono_desc *h = (mono_desc *)calloc((size_t)L, sizeof(mono_desc));
     if (!h) return sm_errf(e, "monokernel: out of host memory");
     sm_err pe;
     pe.msg[0] = 0;
     for (int l = 1; l < L - 1; l++)
-        if (mono_plan_layer(c, nb, l, &h[l], &pe)) break;
+        if (mono_plan_layer(cr, nb, l, &h[l], &pe)) break;
     if (pe.msg[0]) {
         free(h);
         M->refused[bi] = 1;
-        if (c->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: %d-row steps: %s", nb, pe.msg);
+        if (cr->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: %d-row steps: %s", nb, pe.msg);
         fprintf(stderr, "sparkmono: stock step (%d rows: %s)\n", nb, pe.msg);
         return 0;
     }
@@ -376,10 +376,10 @@ static void mono_seg(mono_prog *P, const mono_desc &d, int p0, int p1) {
 
 /* The start of layer l (attention .. pre-expert norm) as segment of P; the stock attention
  * kernel first (enqueued now) when the layer's attention is unfused. */
-static int mono_start(sm_cuda_dev *c, const mono_desc &d, int nb, mono_prog *P, sm_err *e) {
+static int mono_start(sm_cuda_rank *cr, const mono_desc &d, int nb, mono_prog *P, sm_err *e) {
     if (!d.att_fused &&
-        sm_k_attention(&c->kc, d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, nb, d.nh, d.nkv, d.window, d.scale,
-                       d.eps, c->kvs.max_len, c->att, c->st, e))
+        sm_k_attention(&cr->kc, d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, nb, d.nh, d.nkv, d.window, d.scale,
+                       d.eps, cr->kvs.max_len, cr->att, cr->st, e))
         return sm_errprefix(e, "monokernel layer %d: attention", d.layer);
     mono_seg(P, d, d.att_fused ? MP_ATT : MP_OPROJ, MP_MM1);
     return 0;
@@ -389,7 +389,7 @@ static int mono_start(sm_cuda_dev *c, const mono_desc &d, int nb, mono_prog *P, 
 
 /* The monokernel off on every rank of a world, with one line saying why (--mono on on any
  * rank: an error instead, nothing freed). */
-static int mono_world_off(sm_cuda_dev **rk, int W, const char *why, sm_err *e) {
+static int mono_world_off(sm_cuda_rank **rk, int W, const char *why, sm_err *e) {
     for (int r = 0; r < W; r++)
         if (rk[r]->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: %s", why);
     for (int r = 0; r < W; r++) {
@@ -400,7 +400,7 @@ static int mono_world_off(sm_cuda_dev **rk, int W, const char *why, sm_err *e) {
     return 0;
 }
 
-int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, int peer, const unsigned long long *const *steps, sm_err *e) {
+int cb_mono_world_link(sm_cuda_rank **rk, int W, int virt, int peer, const unsigned long long *const *steps, sm_err *e) {
     int on = 0;
     for (int r = 0; r < W; r++) on += rk[r]->mono != NULL;
     if (!on) return 0;
@@ -445,16 +445,16 @@ int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, int peer, const unsign
 }
 
 /* The rendezvous of the virtual ranks before / after a joint launch. */
-static int mono_meet(sm_cuda_dev *c, const char *what, sm_err *e) {
-    mono_world *mw = c->mono->mw;
+static int mono_meet(sm_cuda_rank *cr, const char *what, sm_err *e) {
+    mono_world *mw = cr->mono->mw;
     int who = -1;
     char msg[512];
-    if (sm_hbar_wait(&mw->bar, c->rank, mw->bound_s, what, &who, msg, sizeof msg)) return sm_errf(e, "monokernel: %s", msg);
+    if (sm_hbar_wait(&mw->bar, cr->rank, mw->bound_s, what, &who, msg, sizeof msg)) return sm_errf(e, "monokernel: %s", msg);
     return 0;
 }
 
 /* Rank 0's part of a joint launch: the launch of every rank's program (mw->prog or mw->moe). */
-static int mono_joint_dense(sm_cuda_dev *c, mono_world *mw, sm_err *e) {
+static int mono_joint_dense(sm_cuda_rank *cr, mono_world *mw, sm_err *e) {
     mono_prog *J = &mw->jp;
     const mono_prog *P = mw->prog[0];
     J->nseg = 1;
@@ -462,10 +462,10 @@ static int mono_joint_dense(sm_cuda_dev *c, mono_world *mw, sm_err *e) {
     J->p0[0] = P->p0[0];
     J->p1[0] = P->p1[0];
     for (int q = 0; q < mw->W; q++) J->d[q] = mw->prog[q]->d[0];
-    return mono_launch(mw->N, *J, c->mono->grid * mw->W, c->mono->smem, c->st, e);
+    return mono_launch(mw->N, *J, cr->mono->grid * mw->W, cr->mono->smem, cr->st, e);
 }
 
-static int mono_joint_moe(sm_cuda_dev *c, mono_world *mw, sm_err *e) {
+static int mono_joint_moe(sm_cuda_rank *cr, mono_world *mw, sm_err *e) {
     mono_moe *J = &mw->jm;
     memset(J, 0, sizeof *J);
     J->layer = mw->moe[0]->layer;
@@ -475,56 +475,56 @@ static int mono_joint_moe(sm_cuda_dev *c, mono_world *mw, sm_err *e) {
         J->ctl[q] = mw->moe[q]->ctl[0];
         J->xc[q] = mw->moe[q]->xc[0];
     }
-    return mono_moe_launch(mw->fmt, *J, c->mono->moe_grid * mw->W, c->st, e);
+    return mono_moe_launch(mw->fmt, *J, cr->mono->moe_grid * mw->W, cr->st, e);
 }
 
 /* A joint launch of the virtual ranks: every rank records its work so far and meets the others;
  * rank 0 waits for all of it on its stream and runs `go`; every rank then orders its stream
  * after the launch.  A failure on rank 0 aborts the rendezvous, so no rank waits for it. */
-static int mono_joint(sm_cuda_dev *c, const char *what, int (*go)(sm_cuda_dev *, mono_world *, sm_err *), sm_err *e) {
-    mono_world *mw = c->mono->mw;
-    SM_CUDA_CHECK(cudaEventRecord(mw->ev[c->rank], c->st));
-    if (mono_meet(c, what, e)) return -1;
+static int mono_joint(sm_cuda_rank *cr, const char *what, int (*go)(sm_cuda_rank *, mono_world *, sm_err *), sm_err *e) {
+    mono_world *mw = cr->mono->mw;
+    SM_CUDA_CHECK(cudaEventRecord(mw->ev[cr->rank], cr->st));
+    if (mono_meet(cr, what, e)) return -1;
     int rc = 0;
-    if (c->rank == 0) {
+    if (cr->rank == 0) {
         for (int q = 0; q < mw->W && !rc; q++)
-            if (cudaStreamWaitEvent(c->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
-        if (!rc) rc = go(c, mw, e);
-        if (!rc && cudaEventRecord(mw->done, c->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
+            if (cudaStreamWaitEvent(cr->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
+        if (!rc) rc = go(cr, mw, e);
+        if (!rc && cudaEventRecord(mw->done, cr->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
         if (rc) sm_hbar_abort(&mw->bar, 0, e->msg);
     }
-    if (mono_meet(c, what, e)) return -1;
+    if (mono_meet(cr, what, e)) return -1;
     if (rc) return -1;
-    if (c->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(c->st, mw->done, 0));
+    if (cr->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(cr->st, mw->done, 0));
     return 0;
 }
 
 /* A dense launch of program P (this rank's), or with virtual ranks the joint launch of every
  * rank's program. */
-static int mono_go_dense(sm_cuda_dev *c, int N, mono_prog *P, sm_err *e) {
-    cb_mono *M = c->mono;
+static int mono_go_dense(sm_cuda_rank *cr, int N, mono_prog *P, sm_err *e) {
+    cb_mono *M = cr->mono;
     P->nrank = 1;
-    if (!M->mw) return mono_launch(N, *P, M->grid, M->smem, c->st, e);
+    if (!M->mw) return mono_launch(N, *P, M->grid, M->smem, cr->st, e);
     if (P->nseg != 1) return sm_errf(e, "monokernel: a joint launch of virtual ranks takes one segment");
-    M->mw->prog[c->rank] = P;
-    if (c->rank == 0) M->mw->N = N;
-    return mono_joint(c, "monokernel launch", mono_joint_dense, e);
+    M->mw->prog[cr->rank] = P;
+    if (cr->rank == 0) M->mw->N = N;
+    return mono_joint(cr, "monokernel launch", mono_joint_dense, e);
 }
 
 /* The expert launch, as mono_go_dense. */
-static int mono_go_moe(sm_cuda_dev *c, int fmt, mono_moe *P, sm_err *e) {
-    cb_mono *M = c->mono;
+static int mono_go_moe(sm_cuda_rank *cr, int fmt, mono_moe *P, sm_err *e) {
+    cb_mono *M = cr->mono;
     P->nrank = 1;
-    if (!M->mw) return mono_moe_launch(fmt, *P, M->moe_grid, c->st, e);
-    M->mw->moe[c->rank] = P;
-    if (c->rank == 0) M->mw->fmt = fmt;
-    return mono_joint(c, "monokernel expert launch", mono_joint_moe, e);
+    if (!M->mw) return mono_moe_launch(fmt, *P, M->moe_grid, cr->st, e);
+    M->mw->moe[cr->rank] = P;
+    if (cr->rank == 0) M->mw->fmt = fmt;
+    return mono_joint(cr, "monokernel expert launch", mono_joint_moe, e);
 }
 
-int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, sm_err *e) {
-    cb_mono *M = c->mono;
+int cb_mono_layer(sm_cuda_rank *cr, int nb, int l, int prev_mono, int next_mono, sm_err *e) {
+    cb_mono *M = cr->mono;
     const int bi = mono_bucket_index(nb);
-    if (!M || bi < 0 || !M->desc[bi] || l < 1 || l > c->cfg.L - 2) return sm_errf(e, "monokernel: layer %d of a %d-row step not planned", l, nb);
+    if (!M || bi < 0 || !M->desc[bi] || l < 1 || l > cr->cfg.L - 2) return sm_errf(e, "monokernel: layer %d of a %d-row step not planned", l, nb);
     const mono_desc *D = M->desc[bi];
     const mono_desc &d = D[l];
     const int N = mono_box(nb);
@@ -532,55 +532,55 @@ int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, s
     /* the start of layer l, unless the previous layer's launch ran it */
     if (!(prev_mono && d.att_fused)) {
         P->nseg = 0;
-        if (mono_start(c, d, nb, P, e) || mono_go_dense(c, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
+        if (mono_start(cr, d, nb, P, e) || mono_go_dense(cr, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
     }
     /* the experts */
     mono_moe *mm = &M->moe;
     memset(mm, 0, sizeof *mm);
     mm->q[0] = d.mq; mm->ctl[0] = d.ctl; mm->xc[0] = d.xc; mm->layer = l;
-    if (mono_go_moe(c, d.fmt, mm, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
+    if (mono_go_moe(cr, d.fmt, mm, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
     /* the end of layer l (+ the start of layer l+1 when it runs mono with fused attention) */
     P->nseg = 0;
     mono_seg(P, d, d.xc.W > 1 && d.xc.moe_tp ? MP_XSUM_Y : MP_COMBINE, MP_NPHASE);
     if (next_mono && D[l + 1].att_fused) mono_seg(P, D[l + 1], D[l + 1].att_fused ? MP_ATT : MP_OPROJ, MP_MM1);
-    if (mono_go_dense(c, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
+    if (mono_go_dense(cr, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
     M->layers_run++;
     return 0;
 }
 
-int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e) {
-    if (!c->mono) return 0;
-    SM_CUDA_CHECK(cudaMemcpyAsync(c->mono->ctl_h->health, c->mono->ctl->health, sizeof c->mono->ctl_h->health, cudaMemcpyDeviceToHost,
-                                  c->st));
+int cb_mono_health_fetch(sm_cuda_rank *cr, sm_err *e) {
+    if (!cr->mono) return 0;
+    SM_CUDA_CHECK(cudaMemcpyAsync(cr->mono->ctl_h->health, cr->mono->ctl->health, sizeof cr->mono->ctl_h->health, cudaMemcpyDeviceToHost,
+                                  cr->st));
     return 0;
 }
 
-int cb_mono_health_check(sm_cuda_dev *c, sm_err *e) {
-    cb_mono *M = c->mono;
+int cb_mono_health_check(sm_cuda_rank *cr, sm_err *e) {
+    cb_mono *M = cr->mono;
     if (!M || !M->ctl_h->health[0]) return 0;
     const unsigned l = M->ctl_h->health[1], p = M->ctl_h->health[2], b = M->ctl_h->health[3], peer = M->ctl_h->health[4];
     if (peer)
         sm_errf(e, "monokernel: rank %d (device %d), layer %u, %s: block %u waited past the %.0f ms bound for rank %u; the step's "
                    "results are void",
-                c->rank, c->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6, peer - 1);
+                cr->rank, cr->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6, peer - 1);
     else
         sm_errf(e, "monokernel: rank %d (device %d), layer %u, phase %s: block %u waited past the %.0f ms bound at the grid barrier (a "
                    "block stopped arriving); the step's results are void",
-                c->rank, c->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6);
+                cr->rank, cr->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6);
     /* reset the control words so later steps run again */
     memset(M->ctl_h->health, 0, sizeof M->ctl_h->health);
     mono_ctl z = *M->ctl_h;
     z.count = 0; z.gen = 0; z.abort = 0;
     *M->ctl_h = z;
-    if (cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st) != cudaSuccess ||
-        cudaStreamSynchronize(c->st) != cudaSuccess)
+    if (cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, cr->st) != cudaSuccess ||
+        cudaStreamSynchronize(cr->st) != cudaSuccess)
         cudaGetLastError();
     return -1;
 }
 
-void cb_mono_note_eager(sm_cuda_dev *c) {
-    if (c->mono && !c->mono->logged_eager) {
-        c->mono->logged_eager = 1;
+void cb_mono_note_eager(sm_cuda_rank *cr) {
+    if (cr->mono && !cr->mono->logged_eager) {
+        cr->mono->logged_eager = 1;
         fprintf(stderr, "sparkmono: stock step (a prefill row in the step)\n");
     }
 }
@@ -588,15 +588,15 @@ void cb_mono_note_eager(sm_cuda_dev *c) {
 /* ---- bench hooks ---- */
 
 extern "C" long sm_cuda_mono_layers_run(const sm_backend *b) {
-    sm_cuda_dev **rk = NULL;
+    sm_cuda_rank **rk = NULL;
     if (cb_world_ranks(b, &rk) > 0) return rk[0]->mono ? rk[0]->mono->layers_run : 0;
     sm_err e;
-    sm_cuda_dev *c = cb_from_backend(b, "mono layers", &e);
-    return c && c->mono ? c->mono->layers_run : 0;
+    sm_cuda_rank *cr = cb_from_backend(b, "mono layers", &e);
+    return cr && cr->mono ? cr->mono->layers_run : 0;
 }
 
 /* The ranks of backend b (a world's, or the one rank's in *one); 0 with e when b is not CUDA. */
-static int mono_ranks(const sm_backend *b, sm_cuda_dev **one, sm_cuda_dev ***rk, sm_err *e) {
+static int mono_ranks(const sm_backend *b, sm_cuda_rank **one, sm_cuda_rank ***rk, sm_err *e) {
     const int W = cb_world_ranks(b, rk);
     if (W > 0) return W;
     *one = cb_from_backend(b, "cuda bench", e);
@@ -606,17 +606,17 @@ static int mono_ranks(const sm_backend *b, sm_cuda_dev **one, sm_cuda_dev ***rk,
 }
 
 extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
-    sm_cuda_dev *one, **rk;
+    sm_cuda_rank *one, **rk;
     const int W = mono_ranks(b, &one, &rk, e);
     if (!W) return -1;
     for (int r = 0; r < W; r++)
         if (on && !rk[r]->mono) return sm_errf(e, "cuda bench: the monokernel is not available on this engine (see the log line)");
     for (int r = 0; r < W; r++) { /* every rank together: they must take the same path */
-        sm_cuda_dev *c = rk[r];
-        if (cb_enter(c, e)) return -1;
-        SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
-        cb_graphs_drop(c, 0);
-        c->mono_mode = on ? SM_MONO_AUTO : SM_MONO_OFF;
+        sm_cuda_rank *cr = rk[r];
+        if (cb_enter(cr, e)) return -1;
+        SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
+        cb_graphs_drop(cr, 0);
+        cr->mono_mode = on ? SM_MONO_AUTO : SM_MONO_OFF;
     }
     return 0;
 }
@@ -626,8 +626,8 @@ extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
  * the previous layer's last phase to this layer's first: the stock attention kernel, its split
  * merge and the launch boundaries) and the gaps (the layer's cycle minus the spans); the median
  * over the layers, printed with the weight phases' floors (bytes / bw). */
-static void mono_trace_summary(const sm_cuda_dev *c, const unsigned long long *h, int tb, int nrows, double bw) {
-    const sm_config *cf = &c->cfg;
+static void mono_trace_summary(const sm_cuda_rank *cr, const unsigned long long *h, int tb, int nrows, double bw) {
+    const sm_config *cf = &cr->cfg;
     const int L = cf->L;
     float span[MP_N][MONO_TRACE_MAX], att[MONO_TRACE_MAX], gap[MONO_TRACE_MAX], cyc[MONO_TRACE_MAX];
     int nl = 0;
@@ -662,9 +662,9 @@ static void mono_trace_summary(const sm_cuda_dev *c, const unsigned long long *h
     if (!nl) return;
     /* a phase's floor: the rank's bytes x the ranks that share its GPU (virtual ranks run their
      * phases side by side on one GPU's bandwidth) / bw */
-    const int W = c->world, share = c->mono && c->mono->mw ? W : 1;
-    const int H = cf->H, Hm = cf->Hm, nh = c->plan.nHl, nkv = c->plan.nKVl, NQ = (2 * nh + 2 * nkv) * cf->D;
-    const int np = W > 1 ? c->plan.np : Hm, nu = W > 1 ? c->plan.nu : H;
+    const int W = cr->world, share = cr->mono && cr->mono->mw ? W : 1;
+    const int H = cf->H, Hm = cf->Hm, nh = cr->plan.nHl, nkv = cr->plan.nKVl, NQ = (2 * nh + 2 * nkv) * cf->D;
+    const int np = W > 1 ? cr->plan.np : Hm, nu = W > 1 ? cr->plan.nu : H;
     double fb[MP_N] = {0};
     fb[MP_OPROJ] = (double)H * nh * cf->D * 2 * share;
     fb[MP_ROUTER] = (double)cf->E * H * 4 * share;
@@ -688,7 +688,7 @@ static void mono_trace_summary(const sm_cuda_dev *c, const unsigned long long *h
 }
 
 extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, double bw, sm_err *e) {
-    sm_cuda_dev *one, **rk;
+    sm_cuda_rank *one, **rk;
     const int W = mono_ranks(b, &one, &rk, e);
     if (!W) return -1;
     int tb = 0;
@@ -700,15 +700,15 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
     const size_t nb = (size_t)MONO_TRACE_MAX * tb * MP_N * 2;
     /* every rank's trace buffer on (its blocks' timestamps; the exchange waits in their slots) */
     for (int r = 0; r < W; r++) {
-        sm_cuda_dev *c = rk[r];
-        cb_mono *M = c->mono;
-        if (cb_enter(c, e)) return -1;
+        sm_cuda_rank *cr = rk[r];
+        cb_mono *M = cr->mono;
+        if (cb_enter(cr, e)) return -1;
         if (!M->trace) SM_CUDA_CHECK(cudaMalloc((void **)&M->trace, nb * 8));
-        SM_CUDA_CHECK(cudaMemsetAsync(M->trace, 0, nb * 8, c->st));
+        SM_CUDA_CHECK(cudaMemsetAsync(M->trace, 0, nb * 8, cr->st));
         M->ctl_h->trace = M->trace;
         M->ctl_h->trace_blocks = tb;
-        SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, c->st));
-        SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+        SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, cr->st));
+        SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
     }
     int rc = b->step(b->ctx, s, e);
     unsigned long long *h = NULL;
@@ -717,16 +717,16 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
         if (!h) rc = sm_errf(e, "cuda bench --trace: out of host memory");
     }
     for (int r = 0; r < W; r++) {
-        sm_cuda_dev *c = rk[r];
-        cb_mono *M = c->mono;
-        if (cb_enter(c, e)) return -1;
-        if (!rc && (cudaMemcpyAsync(h + nb * r, M->trace, nb * 8, cudaMemcpyDeviceToHost, c->st) != cudaSuccess ||
-                    cudaStreamSynchronize(c->st) != cudaSuccess))
-            rc = sm_errf(e, "cuda bench --trace: copy failed on device %d", c->device);
+        sm_cuda_rank *cr = rk[r];
+        cb_mono *M = cr->mono;
+        if (cb_enter(cr, e)) return -1;
+        if (!rc && (cudaMemcpyAsync(h + nb * r, M->trace, nb * 8, cudaMemcpyDeviceToHost, cr->st) != cudaSuccess ||
+                    cudaStreamSynchronize(cr->st) != cudaSuccess))
+            rc = sm_errf(e, "cuda bench --trace: copy failed on device %d", cr->device);
         M->ctl_h->trace = NULL;
-        if (cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, c->st) != cudaSuccess ||
-            cudaStreamSynchronize(c->st) != cudaSuccess)
-            if (!rc) rc = sm_errf(e, "cuda bench --trace: cannot switch the trace off on device %d", c->device);
+        if (cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, cr->st) != cudaSuccess ||
+            cudaStreamSynchronize(cr->st) != cudaSuccess)
+            if (!rc) rc = sm_errf(e, "cuda bench --trace: cannot switch the trace off on device %d", cr->device);
     }
     if (rc) {
         free(h);

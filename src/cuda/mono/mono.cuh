@@ -27,8 +27,8 @@
  *   QKVG       the next layer's q | k | v | gate projection
  *   ROPE       the next layer's QK norm, RoPE (sliding layers) and K/V insert (a warp per head)
  * The expert stage (MM1) is a kernel of its own (the stock expert blocks: 256
- * threads, 2 an SM, arguments in the constant bank; inside the 512-thread kernel they ran 40%
- * slower); every other phase is in the dense kernel, whose launch runs the end of layer l
+ * threads, 2 an SM, arguments in the constant bank; inside the 512-thread kernel they ran
+ * slower, bench/results.md); every other phase is in the dense kernel, whose launch runs the end of layer l
  * (COMBINE..ROPE) and the start of layer l+1 (ATT..PRE_NORM) together: two launches a layer.
  * We measured and dropped an L2 prefetch of the next matmul's first W boxes (at the barrier,
  * or during the phase before it): no matmul phase got shorter and the norm phases beside it
@@ -68,10 +68,10 @@
 #ifndef SM_CUDA_MONO_CUH
 #define SM_CUDA_MONO_CUH
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/matmul.cuh"
 #include "cuda/ops/rope_kv.cuh"
-#include "cuda/moe.h"
+#include "cuda/moe/moe.h"
 #include "cuda/moe/queue.cuh"
 #include "cuda/moe/group.cuh"
 #include "cuda/moe/combine.cuh"
@@ -114,7 +114,7 @@ typedef struct mono_xc {
     uint8_t *buf[MONO_WMAX];    /* rank q's exchange area: parity 0 at +0, parity 1 at +bytes */
     size_t bytes;               /* bytes of one parity */
     unsigned long long *flag[MONO_WMAX]; /* rank q's flags [W]: flag p = the epoch rank p published to q */
-    const unsigned long long *step; /* this rank's step counter (the world's, cuda/gcomm.h) */
+    const unsigned long long *step; /* this rank's step counter (the world's, cuda/comm/gcomm.h) */
     int np, nu;                 /* columns of a rank's pooler / unpooler block */
     float *ysum;                /* TP: [n K, Hm] f32 rank-order sum of y */
 } mono_xc;

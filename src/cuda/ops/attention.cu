@@ -10,7 +10,7 @@
  * (from its own length): a row's bits would then depend on its position in the batch's plan.
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/attention.cuh"
 
 /* ---- stock kernels ---- */
@@ -40,12 +40,12 @@ att_combine_kernel(const float *__restrict__ wsO, const float *__restrict__ wsM,
 
 /* ---- launchers and checked entries ---- */
 
-int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx, int *chunk) {
+int sm_att_plan(const sm_kernel_ctx *kc, int n, int nh, int nkv, int window, int max_ctx, int *chunk) {
     const int tiles = sm_cdiv(n, 64 / (nh / nkv)), items0 = tiles * nkv;
     const int ctx = max_ctx > 0 ? max_ctx : (1 << 16);
     const int sliding = window > 0 && window < ctx;
     const int span = sliding ? window + SM_ATT_TK : ctx; /* keys a run of nearby rows can see */
-    const int wave = (c->att_items_per_sm > 0 ? c->att_items_per_sm : SM_ATT_ITEMS_PER_SM) * c->num_sms;
+    const int wave = (kc->att_items_per_sm > 0 ? kc->att_items_per_sm : SM_ATT_ITEMS_PER_SM) * kc->num_sms;
     int nsplit = 1;
     if (items0 < wave) {
         /* as many splits as one wave of resident items holds (a second, partial wave costs
@@ -56,7 +56,7 @@ int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int ma
         const int cap = sm_cdiv(span, 128);
         if (nsplit > cap) nsplit = cap;
         const size_t per = (size_t)n * nh * 66 * sizeof(float);
-        if ((size_t)nsplit * per > c->ws_bytes) nsplit = (int)(c->ws_bytes / per);
+        if ((size_t)nsplit * per > kc->ws_bytes) nsplit = (int)(kc->ws_bytes / per);
         if (nsplit > 65535) nsplit = 65535;
         if (nsplit < 1) nsplit = 1;
     }
@@ -69,13 +69,13 @@ int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int ma
 }
 
 template <int G>
-static int att_decode_launch(sm_cuda_ctx *c, const uint16_t *q, int ldq, const uint16_t *gate, int ldg,
+static int att_decode_launch(sm_kernel_ctx *kc, const uint16_t *q, int ldq, const uint16_t *gate, int ldg,
                              const uint16_t *kv, const int *tables, int max_bpr, const int *row_req, const int *pos,
                              int n, int nh, int nkv, int window, float scale, float eps, int max_ctx, uint16_t *out,
                              cudaStream_t st, sm_err *e) {
     int chunk;
-    const int blocks0 = sm_cdiv(n, 64 / G) * nkv, nsplit = sm_att_plan(c, n, nh, nkv, window, max_ctx, &chunk);
-    float *wsO = (float *)c->ws;
+    const int blocks0 = sm_cdiv(n, 64 / G) * nkv, nsplit = sm_att_plan(kc, n, nh, nkv, window, max_ctx, &chunk);
+    float *wsO = (float *)kc->ws;
     float *wsM = wsO + (size_t)nsplit * n * nh * 64;
     float *wsL = wsM + (size_t)nsplit * n * nh;
     dim3 grid(blocks0, nsplit);
@@ -105,7 +105,7 @@ static int att_check(const char *who, int n, int nh, int nkv, const uint16_t *q,
     return 0;
 }
 
-int sm_k_attention(sm_cuda_ctx *c, const uint16_t *q, int ldq, const uint16_t *gate, int ldg, const uint16_t *kv,
+int sm_k_attention(sm_kernel_ctx *kc, const uint16_t *q, int ldq, const uint16_t *gate, int ldg, const uint16_t *kv,
                    const int *tables, int max_bpr, const int *row_req, const int *pos, int n, int nh, int nkv,
                    int window, float scale, float eps, int max_ctx, uint16_t *out, cudaStream_t st, sm_err *e) {
     if (att_check("sm_k_attention", n, nh, nkv, q, ldq, gate, ldg, kv, tables, out, e)) return -1;
@@ -113,11 +113,11 @@ int sm_k_attention(sm_cuda_ctx *c, const uint16_t *q, int ldq, const uint16_t *g
     if ((int64_t)n * nkv > 2147483647) return sm_errf(e, "sm_k_attention: n=%d rows too many", n);
     if (n == 0) return 0;
     switch (nh / nkv) {
-    case 1: return att_decode_launch<1>(c, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
-    case 2: return att_decode_launch<2>(c, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
-    case 4: return att_decode_launch<4>(c, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
-    case 8: return att_decode_launch<8>(c, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
-    default: return att_decode_launch<16>(c, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
+    case 1: return att_decode_launch<1>(kc, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
+    case 2: return att_decode_launch<2>(kc, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
+    case 4: return att_decode_launch<4>(kc, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
+    case 8: return att_decode_launch<8>(kc, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
+    default: return att_decode_launch<16>(kc, q, ldq, gate, ldg, kv, tables, max_bpr, row_req, pos, n, nh, nkv, window, scale, eps, max_ctx, out, st, e);
     }
 }
 

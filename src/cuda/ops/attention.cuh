@@ -17,8 +17,8 @@
  * registers, K/V tiles of 16 keys staged in shared memory as f32 and read as broadcasts.
  * Items that use block barriers need every thread of a team of exactly that size; the scratch
  * comes from the caller (a struct below, any shared-memory address aligned to 16).
- * We rejected one (row, KV head) item on CUDA cores (each row re-read its request's keys: 3-5%
- * of the floor, bench/results.md), P rounded to bf16 for P.V (a rounding point the model does
+ * We rejected one (row, KV head) item on CUDA cores (each row re-reads its request's keys, R
+ * times the bytes of the tile item; bench/results.md has the measurements), P rounded to bf16 for P.V (a rounding point the model does
  * not have) and one body for decode and prefill (prefill is not graph-captured and its rows are
  * one request's consecutive positions).
  */
@@ -343,7 +343,7 @@ __device__ __forceinline__ void sm_att_combine_item(const float *__restrict__ ws
 }
 
 /* Prefill item (tile of 128/G rows, KV head h) by all SM_ATT_PF_THREADS threads of the
- * block.  Arguments as sm_k_attention_prefill (kernels.h). */
+ * block.  Arguments as sm_k_attention_prefill (cuda/ops/ops.h). */
 template <int G>
 __device__ __forceinline__ void sm_att_prefill_item(const uint16_t *__restrict__ q, int ldq, const uint16_t *__restrict__ gate,
                                                     int ldg, const uint16_t *__restrict__ kv, const int *__restrict__ table,

@@ -4,16 +4,16 @@
  * lm_head [V, H] is the largest matrix of a step (3.3 GB in the real model); it is streamed
  * once per chunk of up to 128 rows.  Two paths compute raw = h . lm_head[v]:
  *  - the wgmma stream-K kernel of ops/matmul.cu (sm_k_logits_wg) with the logits epilogue,
- *    tiles of 128 * LG_WG_MT ids: 94% of the read floor at 8 rows, 79% at 128 (measured);
+ *    tiles of 128 * LG_WG_MT ids, each row of lm_head read once per chunk;
  *  - without the wgmma path (not a Hopper device, old driver), or when forced for tests: the
- *    mma.sync swap-AB core, one block per 64 ids (82% at 8 rows, but 30% at 128: bound by
- *    mma.sync issue, and it re-reads all of h from L2 for every 64 ids).
+ *    mma.sync swap-AB core, one block per 64 ids (at many rows bound by mma.sync issue, and it
+ *    re-reads all of h from L2 for every 64 ids).  bench/results.md has what each path measured.
  * Both leave one (value, id) partial per tile and row; argmax_reduce_kernel reduces them per
  * row.  We rejected a last-block-reduces scheme inside the matmul kernels (an arrival counter
  * per chunk): the reduce kernel is a few microseconds and keeps both paths alike.
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/logits.cuh"
 
 /* One sm_lg_sync_tile per block: blockIdx.x = tile of SM_MM_ROWS ids. */
@@ -47,10 +47,10 @@ static int logits_launch(int nb, const uint16_t *h, int n, int H, const uint16_t
 
 #define LG_WG_MIN_ROWS 1  /* the wgmma kernel from this many rows of a chunk (keep 1: the path,
                             * hence a row's bits, must not depend on the batch size) */
-#define LG_WG_MT 1         /* its tiles: 128 * LG_WG_MT ids (measured: 256-id tiles 72% of the
-                            * floor at 128 rows, 128-id tiles 79%; equal at 8 rows) */
+#define LG_WG_MT 1         /* its tiles: 128 * LG_WG_MT ids (256-id tiles measured slower at 128
+                            * rows and equal at 8: bench/results.md) */
 
-int sm_k_logits_path(sm_cuda_ctx *c, int path, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
+int sm_k_logits_path(sm_kernel_ctx *kc, int path, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
                      int vocab_used, float m_o, float softcap, float *logits, int *argmax, cudaStream_t st, sm_err *e) {
     if (n < 0 || H <= 0 || V <= 0) return sm_errf(e, "sm_k_logits: bad shape n=%d H=%d V=%d", n, H, V);
     if (H % 32) return sm_errf(e, "sm_k_logits: H=%d is not a multiple of 32", H);
@@ -64,17 +64,17 @@ int sm_k_logits_path(sm_cuda_ctx *c, int path, const uint16_t *h, int n, int H, 
         const uint16_t *hr = h + (size_t)r0 * H;
         float *lr = logits ? logits + (size_t)r0 * V : NULL;
         int p = path;
-        if (p == SM_PATH_AUTO) p = c->tma_encode && rn >= LG_WG_MIN_ROWS ? (LG_WG_MT == 2 ? SM_PATH_WG2 : SM_PATH_WG1) : SM_PATH_SYNC;
+        if (p == SM_PATH_AUTO) p = kc->tma_encode && rn >= LG_WG_MIN_ROWS ? (LG_WG_MT == 2 ? SM_PATH_WG2 : SM_PATH_WG1) : SM_PATH_SYNC;
         float *pv;
         int *pi, nb;
         if (p == SM_PATH_SYNC) {
             /* raw, softcap, mask, per-64-id best (value, id) */
             nb = sm_cdiv(V, SM_MM_ROWS);
             const size_t need = (size_t)nb * rn * (sizeof(float) + sizeof(int));
-            if (need > c->ws_bytes)
+            if (need > kc->ws_bytes)
                 return sm_errf(e, "sm_k_logits: workspace of %zu bytes below the %zu bytes of argmax partials (V=%d, %d rows)",
-                               c->ws_bytes, need, V, rn);
-            pv = (float *)c->ws;
+                               kc->ws_bytes, need, V, rn);
+            pv = (float *)kc->ws;
             pi = (int *)(pv + (size_t)nb * rn);
             int rc;
             if (rn <= 8) rc = logits_launch<1>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
@@ -83,7 +83,7 @@ int sm_k_logits_path(sm_cuda_ctx *c, int path, const uint16_t *h, int n, int H, 
             else if (rn <= 64) rc = logits_launch<8>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
             else rc = logits_launch<16>(nb, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, pv, pi, st, e);
             if (rc) return -1;
-        } else if (sm_k_logits_wg(c, p == SM_PATH_WG2 ? 2 : 1, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, &pv, &pi, &nb,
+        } else if (sm_k_logits_wg(kc, p == SM_PATH_WG2 ? 2 : 1, hr, rn, H, lm_head, V, vocab_used, m_o, softcap, lr, &pv, &pi, &nb,
                                   st, e)) {
             return -1;
         }
@@ -94,7 +94,7 @@ int sm_k_logits_path(sm_cuda_ctx *c, int path, const uint16_t *h, int n, int H, 
     return 0;
 }
 
-int sm_k_logits(sm_cuda_ctx *c, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V, int vocab_used,
+int sm_k_logits(sm_kernel_ctx *kc, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V, int vocab_used,
                 float m_o, float softcap, float *logits, int *argmax, cudaStream_t st, sm_err *e) {
-    return sm_k_logits_path(c, SM_PATH_AUTO, h, n, H, lm_head, V, vocab_used, m_o, softcap, logits, argmax, st, e);
+    return sm_k_logits_path(kc, SM_PATH_AUTO, h, n, H, lm_head, V, vocab_used, m_o, softcap, logits, argmax, st, e);
 }

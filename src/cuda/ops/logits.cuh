@@ -20,7 +20,7 @@
 #include "cuda/ops/matmul.cuh"
 
 /* Argmax partial id meaning "a non-finite logit (NaN, +-Inf) was seen among the ids < vocab_used":
- * it absorbs every other candidate, and the row's argmax becomes -1 (kernels.h). */
+ * it absorbs every other candidate, and the row's argmax becomes -1 (cuda/ops/ops.h). */
 #define SM_LG_BAD (-2)
 
 /* Fold candidate (v, i) into the running argmax (bv, bi): i == SM_LG_BAD makes the result

@@ -7,9 +7,9 @@
  *    split over blocks with an ordered reduce kernel): only where the wgmma path is missing,
  *    or forced (tests).  At 64-128 rows it is bound by mma.sync issue, by each warp re-reading
  *    all of x from shared memory, and by every 64-row block re-reading all of x from L2 (2x
- *    the bytes of W at 128 rows): 18-21% of the read floor at 128 rows (bench/results.md).
- *  - the wgmma stream-K kernel, the default at every n (62-68% at 128 rows for the 8192-wide
- *    matrices, 94% for lm_head at 8 rows): one persistent block per SM (2 consumer warpgroups
+ *    the bytes of W at 128 rows; bench/results.md has what it measured).
+ *  - the wgmma stream-K kernel, the default at every n (each byte of W read once; its measured
+ *    fraction of the read floor: bench/results.md): one persistent block per SM (2 consumer warpgroups
  *    + 1 producer warp), tiles of 128 * MT rows of W x N tokens (N = n rounded up to 8..128),
  *    k in stages of 64 (one 128-byte swizzled row) fed by TMA into an mbarrier ring, wgmma
  *    m64nNk16 with both operands in shared memory ("swap AB": W rows are the M side).  The
@@ -29,7 +29,7 @@
  * multicast of x over a cluster (the stream-K blocks do not share k ranges).
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/matmul.cuh"
 #include "cuda/ops/logits.cuh"
 #include <cudaTypedefs.h>
@@ -67,37 +67,37 @@ static int ctx_zero(void *p, size_t bytes, sm_err *e) {
 }
 
 /* The cuBLAS handle and the device buffers of c (sizes set); the first failure returns -1
- * with the check macro's line, leaving what was created for sm_cuda_ctx_free. */
-static int ctx_create(sm_cuda_ctx *c, sm_err *e) {
-    cublasHandle_t h = NULL; /* c->blas stays NULL when creation fails */
+ * with the check macro's line, leaving what was created for sm_kernel_ctx_free. */
+static int ctx_create(sm_kernel_ctx *kc, sm_err *e) {
+    cublasHandle_t h = NULL; /* kc->blas stays NULL when creation fails */
     SM_CUBLAS_CHECK(cublasCreate(&h));
-    c->blas = h;
-    SM_CUDA_CHECK(cudaMalloc(&c->blas_ws, c->blas_ws_bytes));
-    SM_CUDA_CHECK(cudaMalloc(&c->ws, c->ws_bytes));
-    SM_CUDA_CHECK(cudaMalloc((void **)&c->tile_cnt, (size_t)c->tile_cnt_len * sizeof(unsigned)));
-    return ctx_zero(c->tile_cnt, (size_t)c->tile_cnt_len * sizeof(unsigned), e);
+    kc->blas = h;
+    SM_CUDA_CHECK(cudaMalloc(&kc->blas_ws, kc->blas_ws_bytes));
+    SM_CUDA_CHECK(cudaMalloc(&kc->ws, kc->ws_bytes));
+    SM_CUDA_CHECK(cudaMalloc((void **)&kc->tile_cnt, (size_t)kc->tile_cnt_len * sizeof(unsigned)));
+    return ctx_zero(kc->tile_cnt, (size_t)kc->tile_cnt_len * sizeof(unsigned), e);
 }
 
-int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e) {
-    memset(c, 0, sizeof *c);
-    c->device = device;
+int sm_kernel_ctx_init(sm_kernel_ctx *kc, int device, size_t ws_bytes, sm_err *e) {
+    memset(kc, 0, sizeof *kc);
+    kc->device = device;
     SM_CUDA_CHECK(cudaSetDevice(device));
-    SM_CUDA_CHECK(cudaDeviceGetAttribute(&c->num_sms, cudaDevAttrMultiProcessorCount, device));
+    SM_CUDA_CHECK(cudaDeviceGetAttribute(&kc->num_sms, cudaDevAttrMultiProcessorCount, device));
     int major = 0;
     SM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    c->blas_ws_bytes = (size_t)32 << 20;
-    c->ws_bytes = ws_bytes ? ws_bytes : ((size_t)64 << 20);
-    c->tile_cnt_len = WG_TILE_CNT_LEN;
+    kc->blas_ws_bytes = (size_t)32 << 20;
+    kc->ws_bytes = ws_bytes ? ws_bytes : ((size_t)64 << 20);
+    kc->tile_cnt_len = WG_TILE_CNT_LEN;
     const char *ai = getenv("SPARKMONO_ATT_ITEMS_PER_SM");
-    c->att_items_per_sm = ai && atoi(ai) > 0 && atoi(ai) <= 64 ? atoi(ai) : SM_ATT_ITEMS_PER_SM;
-    if (ctx_create(c, e)) {
-        const size_t want = c->blas_ws_bytes + c->ws_bytes + (size_t)c->tile_cnt_len * sizeof(unsigned);
-        sm_cuda_ctx_free(c);
+    kc->att_items_per_sm = ai && atoi(ai) > 0 && atoi(ai) <= 64 ? atoi(ai) : SM_ATT_ITEMS_PER_SM;
+    if (ctx_create(kc, e)) {
+        const size_t want = kc->blas_ws_bytes + kc->ws_bytes + (size_t)kc->tile_cnt_len * sizeof(unsigned);
+        sm_kernel_ctx_free(kc);
         return sm_errprefix(e, "stock-path context (%zu bytes of workspace) on device %d", want, device);
     }
     /* the wgmma path needs a Hopper device and the driver's tensor-map encoder; this is a
      * probe (a failure means "no wgmma path", not an error), so its error state is cleared */
-    if (major == 9) c->tma_encode = sm_cuda_tma_encoder();
+    if (major == 9) kc->tma_encode = sm_cuda_tma_encoder();
     return 0;
 }
 
@@ -111,17 +111,17 @@ void *sm_cuda_tma_encoder(void) {
     return fn;
 }
 
-void sm_cuda_ctx_free(sm_cuda_ctx *c) {
-    if (c->blas) SM_CUBLAS_CHECK_PRINT(cublasDestroy(c->blas));
-    if (c->blas_ws) SM_CUDA_CHECK_PRINT(cudaFree(c->blas_ws));
-    if (c->ws) SM_CUDA_CHECK_PRINT(cudaFree(c->ws));
-    if (c->tile_cnt) SM_CUDA_CHECK_PRINT(cudaFree(c->tile_cnt));
-    c->blas = NULL;
-    c->blas_ws = c->ws = NULL;
-    c->tile_cnt = NULL;
-    c->tma_encode = NULL;
-    c->blas_ws_bytes = c->ws_bytes = 0;
-    c->tile_cnt_len = 0;
+void sm_kernel_ctx_free(sm_kernel_ctx *kc) {
+    if (kc->blas) SM_CUBLAS_CHECK_PRINT(cublasDestroy(kc->blas));
+    if (kc->blas_ws) SM_CUDA_CHECK_PRINT(cudaFree(kc->blas_ws));
+    if (kc->ws) SM_CUDA_CHECK_PRINT(cudaFree(kc->ws));
+    if (kc->tile_cnt) SM_CUDA_CHECK_PRINT(cudaFree(kc->tile_cnt));
+    kc->blas = NULL;
+    kc->blas_ws = kc->ws = NULL;
+    kc->tile_cnt = NULL;
+    kc->tma_encode = NULL;
+    kc->blas_ws_bytes = kc->ws_bytes = 0;
+    kc->tile_cnt_len = 0;
 }
 
 /* ---- few-row bf16 matmul ---- */
@@ -146,19 +146,19 @@ __global__ void mm_reduce_f32_kernel(const float *__restrict__ part, int S, size
 /* y = r16(x W^T) into y, or (y32 != NULL) the unrounded f32 sums into y32: the same split and
  * the same split-ordered sums, only the final store differs. */
 template <int NT>
-static int mm_small_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+static int mm_small_launch(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                            uint16_t *y, float *y32, cudaStream_t st, sm_err *e) {
-    const int bm = sm_cdiv(m, SM_MM_ROWS), kc = k / 32;
+    const int bm = sm_cdiv(m, SM_MM_ROWS), kslabs = k / 32;
     /* split k until the grid holds about `target` blocks, each split >= 2 slabs */
-    const int target = c->num_sms * (NT >= 8 ? 2 : 4);
+    const int target = kc->num_sms * (NT >= 8 ? 2 : 4);
     int S = sm_cdiv(target, bm);
-    int smax = sm_cdiv(kc, 2 * SM_MM_CPS);
+    int smax = sm_cdiv(kslabs, 2 * SM_MM_CPS);
     if (S > smax) S = smax;
     size_t per = (size_t)n * m * sizeof(float);
-    if (S > 1 && (size_t)S * per > c->ws_bytes) S = (int)(c->ws_bytes / per);
+    if (S > 1 && (size_t)S * per > kc->ws_bytes) S = (int)(kc->ws_bytes / per);
     if (S < 1) S = 1;
-    int cps = sm_cdiv(sm_cdiv(kc, S), SM_MM_CPS) * SM_MM_CPS;
-    S = sm_cdiv(kc, cps); /* every split non-empty */
+    int cps = sm_cdiv(sm_cdiv(kslabs, S), SM_MM_CPS) * SM_MM_CPS;
+    S = sm_cdiv(kslabs, cps); /* every split non-empty */
     const size_t smem = SM_MM_SMEM(NT);
     dim3 grid(bm, S);
     if (S == 1 && y32) {
@@ -174,13 +174,13 @@ static int mm_small_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, cons
         SM_LAUNCH_CHECK("mm_small_kernel");
         return 0;
     }
-    float *part = (float *)c->ws;
+    float *part = (float *)kc->ws;
     SM_CUDA_CHECK(cudaFuncSetAttribute(mm_small_kernel<NT, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     mm_small_kernel<NT, 1><<<grid, SM_MM_WARPS * 32, smem, st>>>(x, n, k, W, m, cps, NULL, part);
     SM_LAUNCH_CHECK("mm_small_kernel");
     size_t count = (size_t)n * m;
     int rb = (int)((count + 255) / 256);
-    if (rb > c->num_sms * 8) rb = c->num_sms * 8;
+    if (rb > kc->num_sms * 8) rb = kc->num_sms * 8;
     if (y32) {
         mm_reduce_f32_kernel<<<rb, 256, 0, st>>>(part, S, count, y32);
         SM_LAUNCH_CHECK("mm_reduce_f32_kernel");
@@ -192,13 +192,13 @@ static int mm_small_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, cons
 }
 
 /* The token tile NT of the mma.sync core for n <= 128 rows. */
-static int mm_small_rows(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, float *y32,
+static int mm_small_rows(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, float *y32,
                          cudaStream_t st, sm_err *e) {
-    if (n <= 8) return mm_small_launch<1>(c, x, n, k, W, m, y, y32, st, e);
-    if (n <= 16) return mm_small_launch<2>(c, x, n, k, W, m, y, y32, st, e);
-    if (n <= 32) return mm_small_launch<4>(c, x, n, k, W, m, y, y32, st, e);
-    if (n <= 64) return mm_small_launch<8>(c, x, n, k, W, m, y, y32, st, e);
-    return mm_small_launch<16>(c, x, n, k, W, m, y, y32, st, e);
+    if (n <= 8) return mm_small_launch<1>(kc, x, n, k, W, m, y, y32, st, e);
+    if (n <= 16) return mm_small_launch<2>(kc, x, n, k, W, m, y, y32, st, e);
+    if (n <= 32) return mm_small_launch<4>(kc, x, n, k, W, m, y, y32, st, e);
+    if (n <= 64) return mm_small_launch<8>(kc, x, n, k, W, m, y, y32, st, e);
+    return mm_small_launch<16>(kc, x, n, k, W, m, y, y32, st, e);
 }
 
 static int mm_check(const char *who, const uint16_t *x, int n, int k, const void *W, int m, const void *y, sm_err *e) {
@@ -252,9 +252,9 @@ wg_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtens
 
 /* Tensor map of a row-major bf16 matrix [rows, k]: boxes of 64 k x box_rows rows, 128-byte
  * swizzle, zero fill outside. */
-static int wg_map(const sm_cuda_ctx *c, CUtensorMap *map, const uint16_t *p, int rows, int k, int box_rows,
+static int wg_map(const sm_kernel_ctx *kc, CUtensorMap *map, const uint16_t *p, int rows, int k, int box_rows,
                   const char *what, sm_err *e) {
-    PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)c->tma_encode;
+    PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)kc->tma_encode;
     cuuint64_t dims[2] = {(cuuint64_t)k, (cuuint64_t)rows};
     cuuint64_t strides[1] = {(cuuint64_t)k * 2};
     cuuint32_t box[2] = {SM_WG_BK, (cuuint32_t)box_rows};
@@ -263,7 +263,7 @@ static int wg_map(const sm_cuda_ctx *c, CUtensorMap *map, const uint16_t *p, int
                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return sm_errf(e, "cuTensorMapEncodeTiled failed (error %d) for %s [%d, %d], box %d x %d (device %d)", (int)r, what, rows, k,
-                       box_rows, SM_WG_BK, c->device);
+                       box_rows, SM_WG_BK, kc->device);
     return 0;
 }
 
@@ -271,16 +271,16 @@ static int wg_map(const sm_cuda_ctx *c, CUtensorMap *map, const uint16_t *p, int
  * block per SM: fills a's shape fields, a.part = part (2 G partial tiles of BM x N floats,
  * part_bytes available), a.cnt, and the two tensor maps.  The work split depends on (m, k)
  * and the SM count only, never on n.  Shared by the stock launch and the persistent kernel. */
-static int wg_plan(const sm_cuda_ctx *c, int N, int MT, const uint16_t *x, int n, int k, const uint16_t *W, int m, void *part,
+static int wg_plan(const sm_kernel_ctx *kc, int N, int MT, const uint16_t *x, int n, int k, const uint16_t *W, int m, void *part,
                    size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, int *grid, sm_err *e) {
     const int BM = SM_WG_BM(MT);
     a->n = n; a->m = m; a->k = k;
     a->ki = sm_cdiv(k, SM_WG_BK);
     a->tiles = sm_cdiv(m, BM);
     const long long units = (long long)a->tiles * a->ki;
-    if (a->tiles > c->tile_cnt_len)
-        return sm_errf(e, "wgmma matmul: %d row tiles of %d > %d counters (m=%d)", a->tiles, BM, c->tile_cnt_len, m);
-    int G = c->num_sms;
+    if (a->tiles > kc->tile_cnt_len)
+        return sm_errf(e, "wgmma matmul: %d row tiles of %d > %d counters (m=%d)", a->tiles, BM, kc->tile_cnt_len, m);
+    int G = kc->num_sms;
     if ((long long)G > units) G = (int)units;
     if (units * (G + 1) >= ((long long)1 << 31))
         return sm_errf(e, "wgmma matmul: %lld tile stages (m=%d, k=%d) overflow the 32-bit work split", units, m, k);
@@ -292,43 +292,43 @@ static int wg_plan(const sm_cuda_ctx *c, int N, int MT, const uint16_t *x, int n
         return sm_errf(e, "wgmma matmul: workspace of %zu bytes below the %zu bytes of partial tiles (n=%d, m=%d, %d blocks)",
                        part_bytes, (size_t)2 * G * slot, n, m, G);
     a->part = (float *)part;
-    a->cnt = c->tile_cnt;
-    if (wg_map(c, tw, W, m, k, BM, "W", e) || wg_map(c, tx, x, n, k, N, "x", e)) return -1;
+    a->cnt = kc->tile_cnt;
+    if (wg_map(kc, tw, W, m, k, BM, "W", e) || wg_map(kc, tx, x, n, k, N, "x", e)) return -1;
     *grid = G;
     return 0;
 }
 
 /* The plan of a persistent caller's matmul with output y (bf16) or y32 (f32, the other NULL). */
-static int wg_plan_persistent(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y,
+static int wg_plan_persistent(const sm_kernel_ctx *kc, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y,
                               float *y32, void *part, size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
-    if (!c->tma_encode) return sm_errf(e, "wgmma plan: needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    if (!kc->tma_encode) return sm_errf(e, "wgmma plan: needs a Hopper device and cuTensorMapEncodeTiled (device %d)", kc->device);
     if (mm_check("wgmma plan", x, n, k, W, m, y ? (const void *)y : (const void *)y32, e)) return -1;
     memset(a, 0, sizeof *a);
     a->y = y;
     a->y32 = y32;
     int G = 0;
-    return wg_plan(c, N, 1, x, n, k, W, m, part, part_bytes, a, tw, tx, &G, e);
+    return wg_plan(kc, N, 1, x, n, k, W, m, part, part_bytes, a, tw, tx, &G, e);
 }
 
-int sm_wg_plan_mm(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
+int sm_wg_plan_mm(const sm_kernel_ctx *kc, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
                   size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
-    return wg_plan_persistent(c, N, x, n, k, W, m, y, NULL, part, part_bytes, a, tw, tx, e);
+    return wg_plan_persistent(kc, N, x, n, k, W, m, y, NULL, part, part_bytes, a, tw, tx, e);
 }
 
-int sm_wg_plan_mm_f32(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, float *y32, void *part,
+int sm_wg_plan_mm_f32(const sm_kernel_ctx *kc, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, float *y32, void *part,
                       size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e) {
-    return wg_plan_persistent(c, N, x, n, k, W, m, NULL, y32, part, part_bytes, a, tw, tx, e);
+    return wg_plan_persistent(kc, N, x, n, k, W, m, NULL, y32, part, part_bytes, a, tw, tx, e);
 }
 
-/* Launch over at most one block per SM; the partial tiles live at c->ws + ws_off. */
+/* Launch over at most one block per SM; the partial tiles live at kc->ws + ws_off. */
 template <int N, int MT, int EPI>
-static int wg_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, sm_wg_args a,
+static int wg_launch(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, sm_wg_args a,
                      cudaStream_t st, sm_err *e) {
     ws_off = (ws_off + 255) & ~(size_t)255;
-    const size_t avail = c->ws_bytes > ws_off ? c->ws_bytes - ws_off : 0;
+    const size_t avail = kc->ws_bytes > ws_off ? kc->ws_bytes - ws_off : 0;
     CUtensorMap tw, tx;
     int G = 0;
-    if (wg_plan(c, N, MT, x, n, k, W, m, (char *)c->ws + ws_off, avail, &a, &tw, &tx, &G, e)) return -1;
+    if (wg_plan(kc, N, MT, x, n, k, W, m, (char *)kc->ws + ws_off, avail, &a, &tw, &tx, &G, e)) return -1;
     const size_t smem = SM_WG_SMEM(N, MT);
     SM_CUDA_CHECK(cudaFuncSetAttribute(wg_kernel<N, MT, EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     wg_kernel<N, MT, EPI><<<G, SM_WG_THREADS, smem, st>>>(tw, tx, a);
@@ -338,65 +338,65 @@ static int wg_launch(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint
 
 /* Token tile N = n rounded up to 8, 16, 32, 64 or 128. */
 template <int MT, int EPI>
-static int wg_rows(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, const sm_wg_args *a,
+static int wg_rows(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m, size_t ws_off, const sm_wg_args *a,
                    cudaStream_t st, sm_err *e) {
-    if (n <= 8) return wg_launch<8, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
-    if (n <= 16) return wg_launch<16, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
-    if (n <= 32) return wg_launch<32, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
-    if (n <= 64) return wg_launch<64, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
-    return wg_launch<128, MT, EPI>(c, x, n, k, W, m, ws_off, *a, st, e);
+    if (n <= 8) return wg_launch<8, MT, EPI>(kc, x, n, k, W, m, ws_off, *a, st, e);
+    if (n <= 16) return wg_launch<16, MT, EPI>(kc, x, n, k, W, m, ws_off, *a, st, e);
+    if (n <= 32) return wg_launch<32, MT, EPI>(kc, x, n, k, W, m, ws_off, *a, st, e);
+    if (n <= 64) return wg_launch<64, MT, EPI>(kc, x, n, k, W, m, ws_off, *a, st, e);
+    return wg_launch<128, MT, EPI>(kc, x, n, k, W, m, ws_off, *a, st, e);
 }
 
-int sm_k_logits_wg(sm_cuda_ctx *c, int mt, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V, int vocab_used,
+int sm_k_logits_wg(sm_kernel_ctx *kc, int mt, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V, int vocab_used,
                    float m_o, float softcap, float *logits, float **pv, int **pi, int *ntiles, cudaStream_t st, sm_err *e) {
-    if (!c->tma_encode) return sm_errf(e, "sm_k_logits: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    if (!kc->tma_encode) return sm_errf(e, "sm_k_logits: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", kc->device);
     if (n < 1 || n > SM_MM_SMALL_MAX || (mt != 1 && mt != 2)) return sm_errf(e, "sm_k_logits_wg: n=%d (1..%d), mt=%d (1, 2)", n, SM_MM_SMALL_MAX, mt);
     const int tiles = sm_cdiv(V, SM_WG_BM(mt));
     const size_t pb = (size_t)tiles * n * (sizeof(float) + sizeof(int));
-    if (pb > c->ws_bytes) return sm_errf(e, "sm_k_logits: workspace of %zu bytes below the %zu bytes of argmax partials", c->ws_bytes, pb);
+    if (pb > kc->ws_bytes) return sm_errf(e, "sm_k_logits: workspace of %zu bytes below the %zu bytes of argmax partials", kc->ws_bytes, pb);
     sm_wg_args a;
     memset(&a, 0, sizeof a);
     a.vocab_used = vocab_used;
     a.m_o = m_o;
     a.cap = softcap;
     a.logits = logits;
-    a.pv = (float *)c->ws;
+    a.pv = (float *)kc->ws;
     a.pi = (int *)(a.pv + (size_t)tiles * n);
     *pv = a.pv;
     *pi = a.pi;
     *ntiles = tiles;
-    return mt == 2 ? wg_rows<2, SM_WG_EPI_LOGITS>(c, h, n, H, lm_head, V, pb, &a, st, e)
-                   : wg_rows<1, SM_WG_EPI_LOGITS>(c, h, n, H, lm_head, V, pb, &a, st, e);
+    return mt == 2 ? wg_rows<2, SM_WG_EPI_LOGITS>(kc, h, n, H, lm_head, V, pb, &a, st, e)
+                   : wg_rows<1, SM_WG_EPI_LOGITS>(kc, h, n, H, lm_head, V, pb, &a, st, e);
 }
 
 
-int sm_k_mm_small(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_small(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                   uint16_t *y, cudaStream_t st, sm_err *e) {
     if (mm_check("sm_k_mm_small", x, n, k, W, m, y, e)) return -1;
     if (n > SM_MM_SMALL_MAX) return sm_errf(e, "sm_k_mm_small: n=%d rows > %d", n, SM_MM_SMALL_MAX);
     if (n == 0) return 0;
-    return mm_small_rows(c, x, n, k, W, m, y, NULL, st, e);
+    return mm_small_rows(kc, x, n, k, W, m, y, NULL, st, e);
 }
 
 /* cuBLAS y = x W^T with f32 compute, output type yt (bf16: r16 of the f32 sums; f32: the
  * sums); shapes checked by the caller. */
-static int mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m, void *y, cudaDataType yt,
+static int mm_blas(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m, void *y, cudaDataType yt,
                    cudaStream_t st, sm_err *e) {
     const float one = 1.0f, zero = 0.0f;
     /* column-major view: Y^T [m, n] = W [m, k] (row-major = (k x m)^T) x X^T [k, n] */
-    SM_CUBLAS_CHECK(cublasSetStream(c->blas, st));
-    SM_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, c->blas_ws_bytes));
-    SM_CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, W, CUDA_R_16BF, k,
+    SM_CUBLAS_CHECK(cublasSetStream(kc->blas, st));
+    SM_CUBLAS_CHECK(cublasSetWorkspace(kc->blas, kc->blas_ws, kc->blas_ws_bytes));
+    SM_CUBLAS_CHECK(cublasGemmEx(kc->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, W, CUDA_R_16BF, k,
                                  x, CUDA_R_16BF, k, &zero, y, yt, m, CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
-int sm_k_mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_blas(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                  uint16_t *y, cudaStream_t st, sm_err *e) {
     if (mm_check("sm_k_mm_blas", x, n, k, W, m, y, e)) return -1;
     if (n == 0) return 0;
-    return mm_blas(c, x, n, k, W, m, y, CUDA_R_16BF, st, e);
+    return mm_blas(kc, x, n, k, W, m, y, CUDA_R_16BF, st, e);
 }
 
 /* The few-row path sm_k_mm takes (bench/results.md, 2026-12-02, `gpu_test --bench-dense`):
@@ -404,57 +404,57 @@ int sm_k_mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t
  * The choice must NOT depend on n: a row's bits must not depend on the batch it is in
  * (speculative verify == greedy decoding), and the wgmma kernel's work split depends only on
  * (m, k).  Measured and dropped for that reason: the mma.sync core for 8 rows of the 4096 x
- * 8192 / 8192 x 4096 matrices (~1 us faster there, but other bits than the 16-row steps). */
-static int mm_auto_path(const sm_cuda_ctx *c) {
-    return c->tma_encode ? SM_PATH_WG1 : SM_PATH_SYNC;
+ * 8192 / 8192 x 4096 matrices (faster there, but other bits than the 16-row steps). */
+static int mm_auto_path(const sm_kernel_ctx *kc) {
+    return kc->tma_encode ? SM_PATH_WG1 : SM_PATH_SYNC;
 }
 
-int sm_k_mm_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_path(sm_kernel_ctx *kc, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                  uint16_t *y, cudaStream_t st, sm_err *e) {
     if (mm_check("sm_k_mm", x, n, k, W, m, y, e)) return -1;
     if (n > SM_MM_SMALL_MAX) return sm_errf(e, "sm_k_mm_path: n=%d rows > %d", n, SM_MM_SMALL_MAX);
     if (n == 0) return 0;
-    if (path == SM_PATH_AUTO) path = mm_auto_path(c);
-    if (path == SM_PATH_SYNC) return sm_k_mm_small(c, x, n, k, W, m, y, st, e);
+    if (path == SM_PATH_AUTO) path = mm_auto_path(kc);
+    if (path == SM_PATH_SYNC) return sm_k_mm_small(kc, x, n, k, W, m, y, st, e);
     if (path != SM_PATH_WG1 && path != SM_PATH_WG2) return sm_errf(e, "sm_k_mm_path: unknown path %d", path);
-    if (!c->tma_encode)
-        return sm_errf(e, "sm_k_mm: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    if (!kc->tma_encode)
+        return sm_errf(e, "sm_k_mm: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", kc->device);
     sm_wg_args a;
     memset(&a, 0, sizeof a);
     a.y = y;
-    return path == SM_PATH_WG2 ? wg_rows<2, SM_WG_EPI_MM>(c, x, n, k, W, m, 0, &a, st, e)
-                               : wg_rows<1, SM_WG_EPI_MM>(c, x, n, k, W, m, 0, &a, st, e);
+    return path == SM_PATH_WG2 ? wg_rows<2, SM_WG_EPI_MM>(kc, x, n, k, W, m, 0, &a, st, e)
+                               : wg_rows<1, SM_WG_EPI_MM>(kc, x, n, k, W, m, 0, &a, st, e);
 }
 
-int sm_k_mm(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
             uint16_t *y, cudaStream_t st, sm_err *e) {
-    if (n <= SM_MM_SMALL_MAX) return sm_k_mm_path(c, SM_PATH_AUTO, x, n, k, W, m, y, st, e);
-    return sm_k_mm_blas(c, x, n, k, W, m, y, st, e);
+    if (n <= SM_MM_SMALL_MAX) return sm_k_mm_path(kc, SM_PATH_AUTO, x, n, k, W, m, y, st, e);
+    return sm_k_mm_blas(kc, x, n, k, W, m, y, st, e);
 }
 
 /* ---- f32-output matmul (a rank's partial sum): sm_k_mm's work split, f32 stores ---- */
 
-int sm_k_mm_f32_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_f32_path(sm_kernel_ctx *kc, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                      float *y, cudaStream_t st, sm_err *e) {
     if (mm_check("sm_k_mm_f32", x, n, k, W, m, y, e)) return -1;
     if (n > SM_MM_SMALL_MAX) return sm_errf(e, "sm_k_mm_f32_path: n=%d rows > %d", n, SM_MM_SMALL_MAX);
     if (n == 0) return 0;
-    if (path == SM_PATH_AUTO) path = mm_auto_path(c);
-    if (path == SM_PATH_SYNC) return mm_small_rows(c, x, n, k, W, m, NULL, y, st, e);
+    if (path == SM_PATH_AUTO) path = mm_auto_path(kc);
+    if (path == SM_PATH_SYNC) return mm_small_rows(kc, x, n, k, W, m, NULL, y, st, e);
     if (path != SM_PATH_WG1) return sm_errf(e, "sm_k_mm_f32_path: path %d not available (sync or wg128 only)", path);
-    if (!c->tma_encode)
-        return sm_errf(e, "sm_k_mm_f32: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", c->device);
+    if (!kc->tma_encode)
+        return sm_errf(e, "sm_k_mm_f32: the wgmma path needs a Hopper device and cuTensorMapEncodeTiled (device %d)", kc->device);
     sm_wg_args a;
     memset(&a, 0, sizeof a);
     a.y32 = y;
-    return wg_rows<1, SM_WG_EPI_MM32>(c, x, n, k, W, m, 0, &a, st, e);
+    return wg_rows<1, SM_WG_EPI_MM32>(kc, x, n, k, W, m, 0, &a, st, e);
 }
 
-int sm_k_mm_f32(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_f32(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                 float *y, cudaStream_t st, sm_err *e) {
-    if (n <= SM_MM_SMALL_MAX) return sm_k_mm_f32_path(c, SM_PATH_AUTO, x, n, k, W, m, y, st, e);
+    if (n <= SM_MM_SMALL_MAX) return sm_k_mm_f32_path(kc, SM_PATH_AUTO, x, n, k, W, m, y, st, e);
     if (mm_check("sm_k_mm_f32", x, n, k, W, m, y, e)) return -1;
-    return mm_blas(c, x, n, k, W, m, y, CUDA_R_32F, st, e);
+    return mm_blas(kc, x, n, k, W, m, y, CUDA_R_32F, st, e);
 }
 
 /* ---- f32-weight matmul (router): bodies in ops/matmul.cuh ---- */
@@ -476,7 +476,7 @@ mm_f32w_kernel(const uint16_t *__restrict__ x, int n, int k, const float *__rest
     sm_mm_f32w_block(x, n, k, W, m, kps, out, blockIdx.x, blockIdx.y, blockIdx.z, ws_, xs_);
 }
 
-int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W, int m,
+int sm_k_mm_f32w(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const float *W, int m,
                  float *y, cudaStream_t st, sm_err *e) {
     if (n < 0 || k <= 0 || m <= 0) return sm_errf(e, "sm_k_mm_f32w: bad shape n=%d k=%d m=%d", n, k, m);
     if (k % 4) return sm_errf(e, "sm_k_mm_f32w: k=%d is not a multiple of 4", k);
@@ -487,17 +487,17 @@ int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W
         /* main kernel: splits of 512 k, then the ordered split sum */
         const int S = sm_cdiv(k, SM_RG_KL), nt = n <= 8 ? 8 : 16;
         const size_t need = S > 1 ? (size_t)S * n * m * sizeof(float) : 0;
-        if (need <= c->ws_bytes && S <= 65535 && sm_cdiv(n, nt) <= 65535) {
+        if (need <= kc->ws_bytes && S <= 65535 && sm_cdiv(n, nt) <= 65535) {
             dim3 grid(sm_cdiv(m, SM_RG_ROWS), sm_cdiv(n, nt), S);
-            float *out = S == 1 ? y : (float *)c->ws;
+            float *out = S == 1 ? y : (float *)kc->ws;
             if (nt == 8) mm_f32w_gemv_kernel<8><<<grid, 256, 0, st>>>(x, n, k, W, m, out);
             else mm_f32w_gemv_kernel<16><<<grid, 256, 0, st>>>(x, n, k, W, m, out);
             SM_LAUNCH_CHECK("mm_f32w_gemv_kernel");
             if (S > 1) {
                 const size_t count = (size_t)n * m;
                 int rb = (int)((count + 127) / 128);
-                if (rb > c->num_sms * 16) rb = c->num_sms * 16;
-                mm_reduce_f32_kernel<<<rb, 128, 0, st>>>((const float *)c->ws, S, count, y);
+                if (rb > kc->num_sms * 16) rb = kc->num_sms * 16;
+                mm_reduce_f32_kernel<<<rb, 128, 0, st>>>((const float *)kc->ws, S, count, y);
                 SM_LAUNCH_CHECK("mm_reduce_f32_kernel");
             }
             return 0;
@@ -505,24 +505,24 @@ int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W
     }
     const int bm = sm_cdiv(m, SM_F32_TM), bn = sm_cdiv(n, SM_F32_TN);
     /* split k so the grid holds about 2 blocks per SM, each split >= 4 slabs */
-    int S = sm_cdiv(2 * c->num_sms, bm * bn);
+    int S = sm_cdiv(2 * kc->num_sms, bm * bn);
     int smax = sm_cdiv(k, 4 * SM_F32_KS);
     if (S > smax) S = smax;
     size_t per = (size_t)n * m * sizeof(float);
-    if (S > 1 && (size_t)S * per > c->ws_bytes) S = (int)(c->ws_bytes / per);
+    if (S > 1 && (size_t)S * per > kc->ws_bytes) S = (int)(kc->ws_bytes / per);
     if (S > 65535) S = 65535;
     if (S < 1) S = 1;
     int kps = sm_cdiv(sm_cdiv(k, S), SM_F32_KS) * SM_F32_KS;
     S = sm_cdiv(k, kps);
     dim3 grid(bm, bn, S);
-    float *out = S == 1 ? y : (float *)c->ws;
+    float *out = S == 1 ? y : (float *)kc->ws;
     mm_f32w_kernel<<<grid, 256, 0, st>>>(x, n, k, W, m, kps, out);
     SM_LAUNCH_CHECK("mm_f32w_kernel");
     if (S > 1) {
         size_t count = (size_t)n * m;
         int rb = (int)((count + 255) / 256);
-        if (rb > c->num_sms * 8) rb = c->num_sms * 8;
-        mm_reduce_f32_kernel<<<rb, 256, 0, st>>>((const float *)c->ws, S, count, y);
+        if (rb > kc->num_sms * 8) rb = kc->num_sms * 8;
+        mm_reduce_f32_kernel<<<rb, 256, 0, st>>>((const float *)kc->ws, S, count, y);
         SM_LAUNCH_CHECK("mm_reduce_f32_kernel");
     }
     return 0;

@@ -24,7 +24,7 @@
 #ifndef SM_CUDA_OPS_MATMUL_CUH
 #define SM_CUDA_OPS_MATMUL_CUH
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include <cuda.h>
 
 /* ---- the weight-streaming matmul core ("swap AB") ----
@@ -169,7 +169,7 @@ __device__ __forceinline__ void sm_mm_reduce_f32_range(const float *__restrict__
  * order.  f32 x f32 FMAs throughout (no tensor cores: the router's f32 products must stay
  * exact).  Fallback (workspace too small for the splits): the older register-tiled body
  * below.  We rejected that body as the main one: its 4 slabs of 32 k a block each waited
- * for a full memory round trip (21 us at 8 rows for 8 MB of weights), and at 128 rows its
+ * for a full memory round trip (a latency, not a bandwidth, bound at few rows), and at 128 rows its
  * 6 shared loads per 8 FMAs made it shared-memory bound. */
 #define SM_RG_KL 512    /* k a block (one split) */
 #define SM_RG_ROWS 32   /* rows of W a block: 8 warps x 4 */
@@ -657,10 +657,10 @@ __device__ __forceinline__ void sm_wg_consume_mm(const sm_wg_args &a, int b, int
  * stock path's choice at every n, so the bits equal sm_k_mm's), partial tiles at part
  * (part_bytes available), the two tensor maps (for the caller to keep in memory the kernel
  * reads).  The caller runs it over G = min(SMs, a->units) virtual blocks. */
-int sm_wg_plan_mm(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
+int sm_wg_plan_mm(const sm_kernel_ctx *kc, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, uint16_t *y, void *part,
                   size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e);
 /* The same plan with the f32 epilogue: y32 = x W^T, not rounded (a rank's partial sum). */
-int sm_wg_plan_mm_f32(const sm_cuda_ctx *c, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, float *y32, void *part,
+int sm_wg_plan_mm_f32(const sm_kernel_ctx *kc, int N, const uint16_t *x, int n, int k, const uint16_t *W, int m, float *y32, void *part,
                       size_t part_bytes, sm_wg_args *a, CUtensorMap *tw, CUtensorMap *tx, sm_err *e);
 
 #endif

@@ -7,7 +7,7 @@
  * lists differ and each entry is a few lines.
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/norm.cuh"
 
 /* ---- stock kernels: one block of sm_norm_threads(H) threads per row ---- */

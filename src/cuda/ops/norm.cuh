@@ -5,8 +5,8 @@
  * stock kernels' whole block, or a slice of a persistent block; t.nt a multiple of 32, at
  * most 1024; it contains team barriers, so no thread of the team may skip it).  A thread owns
  * the same elements of the row in every pass (SM_NORM_CHUNKS: 8-element chunks read with 16-byte
- * loads, all of a pass in flight at once; the scalar loads before kept ~16 dependent round
- * trips a pass: 20 us for 8 rows of 8192), so a pass may read back what the same
+ * loads, all of a pass in flight at once; scalar loads keep ~16 dependent round trips a
+ * pass), so a pass may read back what the same
  * thread wrote in the previous pass and the only cross-thread step is the team reduction
  * (fixed order: deterministic).  The bits depend on t.nt through that reduction: a caller
  * reproduces the stock kernels (ops/norm.cu) exactly with t.nt == sm_norm_threads(H).  `red`

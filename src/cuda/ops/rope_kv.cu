@@ -6,7 +6,7 @@
  * rejected a table in device memory: it would be one more buffer to own for 128 bytes.
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/rope_kv.cuh"
 
 #define ROPE_WARPS 4

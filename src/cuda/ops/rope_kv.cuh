@@ -30,7 +30,7 @@ static inline sm_rope_tab sm_rope_make_tab(double theta) {
  *   key head:    cache[slot[row]][h] K half = rope(r16(rms(k[row, h], -, eps)))
  *   value head:  cache[slot[row]][h] V half = v[row, h]
  * rope only when `rope` != 0, at pos[row]; slots outside [0, nslots) write nothing.  Layouts as
- * sm_k_qk_rope_kv (kernels.h). */
+ * sm_k_qk_rope_kv (cuda/ops/ops.h). */
 __device__ __forceinline__ void sm_rope_kv_head(const uint16_t *q, int ldq, const uint16_t *k, const uint16_t *v, int ldkv,
                                                 int nh, int nkv, const int *__restrict__ pos,
                                                 const int64_t *__restrict__ slot, int rope, sm_rope_tab tab, float eps,

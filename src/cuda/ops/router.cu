@@ -6,7 +6,7 @@
  * as an output too.
  */
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
+#include "cuda/ops/ops.h"
 #include "cuda/ops/router.cuh"
 
 #define TOPK_WARPS 4
@@ -22,14 +22,14 @@ topk_kernel(const float *__restrict__ logits, const float *__restrict__ bias, in
     sm_route_topk_row(logits, bias, E, K, m_o, route_scale, idx, w, row, sh + (size_t)warp * 2 * E);
 }
 
-int sm_k_route(sm_cuda_ctx *c, const uint16_t *xf, int n, int H, const float *router, const float *bias, int E, int K,
+int sm_k_route(sm_kernel_ctx *kc, const uint16_t *xf, int n, int H, const float *router, const float *bias, int E, int K,
                float m_o, float route_scale, float *logits, int *idx, float *w, cudaStream_t st, sm_err *e) {
     if (n < 0 || H <= 0 || E <= 0 || K <= 0) return sm_errf(e, "sm_k_route: bad shape n=%d H=%d E=%d K=%d", n, H, E, K);
     if (E > 1024 || K > 32 || K > E) return sm_errf(e, "sm_k_route: E=%d, K=%d unsupported (E <= 1024, K <= min(E, 32))", E, K);
     if (!xf || !router || !bias || !logits || !idx || !w) return sm_errf(e, "sm_k_route: NULL pointer argument");
     if (n == 0) return 0;
     /* logits = xf @ router^T, f32 */
-    if (sm_k_mm_f32w(c, xf, n, H, router, E, logits, st, e)) return sm_errprefix(e, "sm_k_route");
+    if (sm_k_mm_f32w(kc, xf, n, H, router, E, logits, st, e)) return sm_errprefix(e, "sm_k_route");
     /* scores, top-K, weights */
     const size_t smem = (size_t)TOPK_WARPS * 2 * E * sizeof(float);
     topk_kernel<<<sm_cdiv(n, TOPK_WARPS), TOPK_WARPS * 32, smem, st>>>(logits, bias, n, E, K, m_o, route_scale, idx, w);

@@ -93,34 +93,34 @@ __global__ void cb_fill_kernel(uint16_t *p, size_t n, uint64_t key) {
     }
 }
 
-/* Fill rank c's KV pages (the zero page nblocks stays zero). */
-static int cb_fill_kv(sm_cuda_dev *c, uint64_t seed, sm_err *e) {
-    if (cb_enter(c, e)) return -1;
-    size_t n = (size_t)c->kvs.nblocks * c->plan.nKVl * SM_KV_BLOCK * 2 * c->cfg.D;
-    for (int l = 0; l < c->cfg.L; l++) {
-        cb_fill_kernel<<<c->kc.num_sms * 8, 256, 0, c->st>>>(c->layers[l].kv, n,
-                                                             sm_mix64(seed * 1000003ull + (uint64_t)(c->rank * 4096 + l) + 1));
+/* Fill rank cr's KV pages (the zero page nblocks stays zero). */
+static int cb_fill_kv(sm_cuda_rank *cr, uint64_t seed, sm_err *e) {
+    if (cb_enter(cr, e)) return -1;
+    size_t n = (size_t)cr->kvs.nblocks * cr->plan.nKVl * SM_KV_BLOCK * 2 * cr->cfg.D;
+    for (int l = 0; l < cr->cfg.L; l++) {
+        cb_fill_kernel<<<cr->kc.num_sms * 8, 256, 0, cr->st>>>(cr->layers[l].kv, n,
+                                                             sm_mix64(seed * 1000003ull + (uint64_t)(cr->rank * 4096 + l) + 1));
         SM_LAUNCH_CHECK("cb_fill_kernel");
     }
-    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
     return 0;
 }
 
 extern "C" int sm_cuda_bench_fill_kv(const sm_backend *b, uint64_t seed, sm_err *e) {
-    sm_cuda_dev **rk;
+    sm_cuda_rank **rk;
     const int W = cb_world_ranks(b, &rk);
     for (int r = 0; r < W; r++)
         if (cb_fill_kv(rk[r], seed, e)) return -1;
     if (W) return 0;
-    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
-    return c ? cb_fill_kv(c, seed, e) : -1;
+    sm_cuda_rank *cr = cb_from_backend(b, "cuda bench", e);
+    return cr ? cb_fill_kv(cr, seed, e) : -1;
 }
 
 extern "C" int sm_cuda_bench_layer_info(const sm_backend *b, int *fmt, double *expert_bytes, sm_err *e) {
-    sm_cuda_dev *c = cb_rank0(b, "cuda bench", e);
-    if (!c) return -1;
-    for (int l = 0; l < c->cfg.L; l++) {
-        const sm_cuda_moe_layer *M = &c->layers[l].moe;
+    sm_cuda_rank *cr = cb_rank0(b, "cuda bench", e);
+    if (!cr) return -1;
+    for (int l = 0; l < cr->cfg.L; l++) {
+        const sm_cuda_moe_layer *M = &cr->layers[l].moe;
         fmt[l] = M->fmt;
         expert_bytes[l] = M->touched_bytes ? (double)M->touched_bytes
                         : M->expert_bytes ? (double)M->expert_bytes
@@ -130,14 +130,14 @@ extern "C" int sm_cuda_bench_layer_info(const sm_backend *b, int *fmt, double *e
 }
 
 extern "C" int sm_cuda_bench_routing(const sm_backend *b, int n, int *idx, sm_err *e) {
-    sm_cuda_dev *c = cb_rank0(b, "cuda bench", e);
-    if (!c) return -1;
-    if (n < 1 || n > c->cap) return sm_errf(e, "cuda bench: routing of %d rows (capacity %d)", n, c->cap);
-    size_t K = (size_t)c->cfg.K;
-    for (int l = 0; l < c->cfg.L; l++)
-        SM_CUDA_CHECK(cudaMemcpyAsync(idx + (size_t)l * n * K, c->idx + (size_t)l * c->cap * K, (size_t)n * K * 4,
-                                      cudaMemcpyDeviceToHost, c->st));
-    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+    sm_cuda_rank *cr = cb_rank0(b, "cuda bench", e);
+    if (!cr) return -1;
+    if (n < 1 || n > cr->cap) return sm_errf(e, "cuda bench: routing of %d rows (capacity %d)", n, cr->cap);
+    size_t K = (size_t)cr->cfg.K;
+    for (int l = 0; l < cr->cfg.L; l++)
+        SM_CUDA_CHECK(cudaMemcpyAsync(idx + (size_t)l * n * K, cr->idx + (size_t)l * cr->cap * K, (size_t)n * K * 4,
+                                      cudaMemcpyDeviceToHost, cr->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
     return 0;
 }
 
@@ -154,41 +154,41 @@ static int cb_timed_form(const sm_step *s, sm_err *e) {
 }
 
 /* warmup + iters timed steps rotating over sets (already captured); ms [iters]. */
-static int cb_time_steps(sm_cuda_dev *c, const sm_step *sets, int nsets, int warmup, int iters, float *ms, sm_err *e) {
+static int cb_time_steps(sm_cuda_rank *cr, const sm_step *sets, int nsets, int warmup, int iters, float *ms, sm_err *e) {
     cudaEvent_t e0, e1;
     SM_CUDA_CHECK(cudaEventCreate(&e0));
     if (cudaEventCreate(&e1) != cudaSuccess) {
         cudaEventDestroy(e0);
-        return sm_errf(e, "cuda bench: cudaEventCreate failed (device %d)", c->device);
+        return sm_errf(e, "cuda bench: cudaEventCreate failed (device %d)", cr->device);
     }
     int n = sets[0].nrows, nb = cb_bucket_rows(n), rc = 0;
     for (int it = 0; it < warmup + iters && !rc; it++) {
         const sm_step *s = &sets[it % nsets];
-        size_t bytes = cb_pack(c, s, 0, n, nb);
+        size_t bytes = cb_pack(cr, s, 0, n, nb);
         int fresh = 0;
         /* timed: metadata copy + graph replay */
-        if (cudaEventRecord(e0, c->st) != cudaSuccess) { rc = sm_errf(e, "cuda bench: cudaEventRecord failed"); break; }
-        if (cb_launch_graph(c, s, bytes, nb, &fresh, e)) { rc = -1; break; }
-        if (cudaEventRecord(e1, c->st) != cudaSuccess) { rc = sm_errf(e, "cuda bench: cudaEventRecord failed"); break; }
+        if (cudaEventRecord(e0, cr->st) != cudaSuccess) { rc = sm_errf(e, "cuda bench: cudaEventRecord failed"); break; }
+        if (cb_launch_graph(cr, s, bytes, nb, &fresh, e)) { rc = -1; break; }
+        if (cudaEventRecord(e1, cr->st) != cudaSuccess) { rc = sm_errf(e, "cuda bench: cudaEventRecord failed"); break; }
         cudaError_t r = cudaEventSynchronize(e1);
-        if (r != cudaSuccess) { rc = sm_errf(e, "cuda bench: step failed on device %d: %s", c->device, cudaGetErrorString(r)); break; }
+        if (r != cudaSuccess) { rc = sm_errf(e, "cuda bench: step failed on device %d: %s", cr->device, cudaGetErrorString(r)); break; }
         float t = 0;
         cudaEventElapsedTime(&t, e0, e1);
         if (it >= warmup) ms[it - warmup] = t;
     }
-    cudaStreamSynchronize(c->st);
+    cudaStreamSynchronize(cr->st);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    c->last_nb = nb;
-    c->last_graph = 1;
+    cr->last_nb = nb;
+    cr->last_graph = 1;
     return rc;
 }
 
 extern "C" int sm_cuda_bench_steps(const sm_backend *b, const sm_step *sets, int nsets, int warmup, int iters, float *ms,
                                    int *graphed, sm_err *e) {
-    sm_cuda_dev **rk;
-    sm_cuda_dev *c = cb_rank0(b, "cuda bench", e);
-    if (!c) return -1;
+    sm_cuda_rank **rk;
+    sm_cuda_rank *cr = cb_rank0(b, "cuda bench", e);
+    if (!cr) return -1;
     if (nsets < 1 || iters < 1) return sm_errf(e, "cuda bench: need at least one input set and one iteration");
     for (int i = 0; i < nsets; i++) {
         if (cb_timed_form(&sets[i], e)) return -1;
@@ -208,23 +208,23 @@ extern "C" int sm_cuda_bench_steps(const sm_backend *b, const sm_step *sets, int
         return 0;
     }
     if (graphed) *graphed = 1;
-    return cb_time_steps(c, sets, nsets, warmup, iters, ms, e);
+    return cb_time_steps(cr, sets, nsets, warmup, iters, ms, e);
 }
 
 /* Median microseconds of `iters` replays of exec (after two warm-up replays). */
-static int cb_time_graph(sm_cuda_dev *c, cudaGraphExec_t exec, int iters, float *us, sm_err *e) {
+static int cb_time_graph(sm_cuda_rank *cr, cudaGraphExec_t exec, int iters, float *us, sm_err *e) {
     float *v = (float *)malloc(sizeof(float) * (size_t)iters);
     if (!v) return sm_errf(e, "cuda bench: out of host memory");
     cudaEvent_t e0 = NULL, e1 = NULL;
     int rc = 0;
     if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-        rc = sm_errf(e, "cuda bench: cudaEventCreate failed (device %d)", c->device);
+        rc = sm_errf(e, "cuda bench: cudaEventCreate failed (device %d)", cr->device);
     for (int it = -2; it < iters && !rc; it++) {
-        cudaEventRecord(e0, c->st);
-        cudaError_t r = cudaGraphLaunch(exec, c->st);
-        cudaEventRecord(e1, c->st);
+        cudaEventRecord(e0, cr->st);
+        cudaError_t r = cudaGraphLaunch(exec, cr->st);
+        cudaEventRecord(e1, cr->st);
         if (r == cudaSuccess) r = cudaEventSynchronize(e1);
-        if (r != cudaSuccess) { rc = sm_errf(e, "cuda bench: graph replay failed on device %d: %s", c->device, cudaGetErrorString(r)); break; }
+        if (r != cudaSuccess) { rc = sm_errf(e, "cuda bench: graph replay failed on device %d: %s", cr->device, cudaGetErrorString(r)); break; }
         float t = 0;
         cudaEventElapsedTime(&t, e0, e1);
         if (it >= 0) v[it] = t * 1000.0f;
@@ -238,26 +238,26 @@ static int cb_time_graph(sm_cuda_dev *c, cudaGraphExec_t exec, int iters, float 
 
 extern "C" int sm_cuda_bench_layers(const sm_backend *b, const sm_step *s, int iters, float *layer_us, float *moe_us,
                                     float *head_us, sm_err *e) {
-    sm_cuda_dev *c = cb_from_backend(b, "cuda bench", e);
-    if (!c) return -1;
+    sm_cuda_rank *cr = cb_from_backend(b, "cuda bench", e);
+    if (!cr) return -1;
     if (cb_timed_form(s, e)) return -1;
     if (iters < 1) return sm_errf(e, "cuda bench: iters %d", iters);
     /* one real step leaves its metadata and activations on the device */
     if (b->step(b->ctx, s, e)) return -1;
-    int nb = c->last_nb;
-    for (int l = -1; l < c->cfg.L; l++) {
+    int nb = cr->last_nb;
+    for (int l = -1; l < cr->cfg.L; l++) {
         for (int part = 0; part < 2; part++) {
             if (l < 0 && part) continue;
             cb_run r;
             memset(&r, 0, sizeof r);
             r.n = nb;
-            if (l < 0) { r.embed = 1; r.head = 1; r.l0 = r.l1 = c->cfg.L; } /* embedding + logits alone */
+            if (l < 0) { r.embed = 1; r.head = 1; r.l0 = r.l1 = cr->cfg.L; } /* embedding + logits alone */
             else { r.l0 = l; r.l1 = l + 1; r.moe_only = part; }
-            r.mono = !part && cb_mono_bucket(c, nb, e) == 1; /* a mono layer: its launches alone */
+            r.mono = !part && cb_mono_bucket(cr, nb, e) == 1; /* a mono layer: its launches alone */
             cudaGraphExec_t ex;
-            if (cb_capture(c, &r, &ex, e)) return -1;
+            if (cb_capture(cr, &r, &ex, e)) return -1;
             float us = 0;
-            int rc = cb_time_graph(c, ex, iters, &us, e);
+            int rc = cb_time_graph(cr, ex, iters, &us, e);
             cudaGraphExecDestroy(ex);
             if (rc) return -1;
             if (l < 0) *head_us = us;

@@ -13,16 +13,16 @@
 #include <string.h>
 
 /* Download t's device tensor; 0 when it equals the host view byte for byte. */
-static int cb_cmp(sm_cuda_dev *c, const cb_xfer *t, int l, sm_err *e) {
+static int cb_cmp(sm_cuda_rank *cr, const cb_xfer *t, int l, sm_err *e) {
     if (!t->host) return sm_errf(e, "dense check: layer %d: %s%s missing in the model", l, t->what, t->k ? " (beta)" : "");
     size_t bytes = t->rows * t->row_bytes;
     unsigned char *h = (unsigned char *)malloc(bytes);
     if (!h) return sm_errf(e, "dense check: out of host memory");
-    cudaError_t r = cudaMemcpyAsync(h, t->dev, bytes, cudaMemcpyDeviceToHost, c->st);
-    if (r == cudaSuccess) r = cudaStreamSynchronize(c->st);
+    cudaError_t r = cudaMemcpyAsync(h, t->dev, bytes, cudaMemcpyDeviceToHost, cr->st);
+    if (r == cudaSuccess) r = cudaStreamSynchronize(cr->st);
     if (r != cudaSuccess) {
         free(h);
-        return sm_errf(e, "dense check: download of %s%s failed on device %d: %s", t->what, t->k ? " (beta)" : "", c->device,
+        return sm_errf(e, "dense check: download of %s%s failed on device %d: %s", t->what, t->k ? " (beta)" : "", cr->device,
                        cudaGetErrorString(r));
     }
     size_t at = bytes;
@@ -39,18 +39,18 @@ static int cb_cmp(sm_cuda_dev *c, const cb_xfer *t, int l, sm_err *e) {
 }
 
 extern "C" int sm_cuda_backend_check_dense(const sm_backend *b, const sm_model *m, sm_err *e) {
-    sm_cuda_dev *c = cb_from_backend(b, "dense check", e);
-    if (!c) return -1;
-    const sm_config *cf = &c->cfg;
+    sm_cuda_rank *cr = cb_from_backend(b, "dense check", e);
+    if (!cr) return -1;
+    const sm_config *cf = &cr->cfg;
     if (cf->L != m->cfg.L || cf->H != m->cfg.H || cf->V != m->cfg.V || cf->Hm != m->cfg.Hm || cf->E != m->cfg.E)
         return sm_errf(e, "dense check: the backend and the model have different configurations");
     sm_shard sh;
-    if (sm_shard_make(m, c->world, c->rank, c->plan.moe, &sh, e)) return sm_errprefix(e, "dense check");
+    if (sm_shard_make(m, cr->world, cr->rank, cr->plan.moe, &sh, e)) return sm_errprefix(e, "dense check");
     int rc = 0;
     for (int l = -1; l < cf->L && !rc; l++) {
         cb_xfer t[CB_MAX_XFER];
-        int n = cb_dense_xfers(c, &sh, l, t);
-        for (int i = 0; i < n && !rc; i++) rc = cb_cmp(c, &t[i], l, e);
+        int n = cb_dense_xfers(cr, &sh, l, t);
+        for (int i = 0; i < n && !rc; i++) rc = cb_cmp(cr, &t[i], l, e);
     }
     sm_shard_free(&sh);
     return rc;

@@ -1,4 +1,4 @@
-/* ctx.cu: the device context of one rank (stock.h: sm_cuda_dev): device checks, creation of
+/* ctx.cu: the device context of one rank (stock.h: sm_cuda_rank): device checks, creation of
  * everything but the weights, the carving of weight allocations, destruction.
  *
  * Few large allocations, carved: one per layer for its dense weights, one for embed /
@@ -41,31 +41,31 @@ typedef struct cb_dense_layout {
     size_t wqkvg, wo, vec, router, bias, pooler, pen, unpooler, total; /* byte offsets; total */
 } cb_dense_layout;
 
-static cb_dense_layout cb_layout(const sm_cuda_dev *c) {
-    const sm_config *cf = &c->cfg;
+static cb_dense_layout cb_layout(const sm_cuda_rank *cr) {
+    const sm_config *cf = &cr->cfg;
     cb_dense_layout d;
-    size_t H = (size_t)cf->H, QD = (size_t)c->plan.nHl * cf->D, KD = (size_t)c->plan.nKVl * cf->D;
+    size_t H = (size_t)cf->H, QD = (size_t)cr->plan.nHl * cf->D, KD = (size_t)cr->plan.nKVl * cf->D;
     size_t o = 0;
     d.wqkvg = o; o += cb_al((2 * QD + 2 * KD) * H * 2);
     d.wo = o; o += cb_al(H * QD * 2);
     d.vec = o; o += 7 * cb_al(H * 4);
     d.router = o; o += cb_al((size_t)cf->E * H * 4);
     d.bias = o; o += cb_al((size_t)cf->E * 4);
-    d.pooler = o; o += cb_al((size_t)c->plan.np * H * 2);
+    d.pooler = o; o += cb_al((size_t)cr->plan.np * H * 2);
     d.pen = o; o += cb_al((size_t)cf->Hm * 4);
-    d.unpooler = o; o += cb_al((size_t)c->plan.nu * cf->Hm * 2);
+    d.unpooler = o; o += cb_al((size_t)cr->plan.nu * cf->Hm * 2);
     d.total = o;
     return d;
 }
 
-size_t cb_layer_bytes(const sm_cuda_dev *c) { return cb_layout(c).total; }
+size_t cb_layer_bytes(const sm_cuda_rank *cr) { return cb_layout(cr).total; }
 
-int cb_layer_alloc(sm_cuda_dev *c, cb_layer *L, sm_err *e) {
-    cb_dense_layout d = cb_layout(c);
+int cb_layer_alloc(sm_cuda_rank *cr, cb_layer *L, sm_err *e) {
+    cb_dense_layout d = cb_layout(cr);
     SM_CUDA_CHECK(cudaMalloc(&L->dense, d.total));
     L->dense_bytes = d.total;
     char *b = (char *)L->dense;
-    size_t hv = cb_al((size_t)c->cfg.H * 4);
+    size_t hv = cb_al((size_t)cr->cfg.H * 4);
     L->wqkvg = (uint16_t *)(b + d.wqkvg);
     L->wo = (uint16_t *)(b + d.wo);
     L->in_norm = (float *)(b + d.vec + 0 * hv);
@@ -80,21 +80,21 @@ int cb_layer_alloc(sm_cuda_dev *c, cb_layer *L, sm_err *e) {
     L->pooler = (uint16_t *)(b + d.pooler);
     L->pre_expert_norm = (float *)(b + d.pen);
     L->unpooler = (uint16_t *)(b + d.unpooler);
-    c->weight_bytes += (double)d.total;
+    cr->weight_bytes += (double)d.total;
     return 0;
 }
 
-void *cb_tensor_dev(const sm_cuda_dev *c, int l, sm_tensor_role r, int k) {
+void *cb_tensor_dev(const sm_cuda_rank *cr, int l, sm_tensor_role r, int k) {
     if (l < 0) {
         switch (r) {
-        case SM_T_EMBED: return c->embed;
-        case SM_T_LM_HEAD: return c->lm_head;
-        case SM_T_FINAL_NORM: return c->final_norm;
+        case SM_T_EMBED: return cr->embed;
+        case SM_T_LM_HEAD: return cr->lm_head;
+        case SM_T_FINAL_NORM: return cr->final_norm;
         default: return NULL;
         }
     }
-    const cb_layer *L = &c->layers[l];
-    const size_t H = (size_t)c->cfg.H, QD = (size_t)c->plan.nHl * c->cfg.D, KD = (size_t)c->plan.nKVl * c->cfg.D;
+    const cb_layer *L = &cr->layers[l];
+    const size_t H = (size_t)cr->cfg.H, QD = (size_t)cr->plan.nHl * cr->cfg.D, KD = (size_t)cr->plan.nKVl * cr->cfg.D;
     switch (r) {
     /* q, k, v and the attention gate: row blocks of one matrix [(2 QD + 2 KD), H] */
     case SM_T_WQ: return L->wqkvg;
@@ -116,15 +116,15 @@ void *cb_tensor_dev(const sm_cuda_dev *c, int l, sm_tensor_role r, int k) {
     }
 }
 
-int cb_glob_alloc(sm_cuda_dev *c, sm_err *e) {
-    const sm_config *cf = &c->cfg;
-    size_t vh = cb_al((size_t)c->plan.nv * cf->H * 2);
+int cb_glob_alloc(sm_cuda_rank *cr, sm_err *e) {
+    const sm_config *cf = &cr->cfg;
+    size_t vh = cb_al((size_t)cr->plan.nv * cf->H * 2);
     size_t tot = 2 * vh + cb_al((size_t)cf->H * 4);
-    SM_CUDA_CHECK(cudaMalloc(&c->glob, tot));
-    c->embed = (uint16_t *)c->glob;
-    c->lm_head = (uint16_t *)((char *)c->glob + vh);
-    c->final_norm = (float *)((char *)c->glob + 2 * vh);
-    c->weight_bytes += (double)tot;
+    SM_CUDA_CHECK(cudaMalloc(&cr->glob, tot));
+    cr->embed = (uint16_t *)cr->glob;
+    cr->lm_head = (uint16_t *)((char *)cr->glob + vh);
+    cr->final_norm = (float *)((char *)cr->glob + 2 * vh);
+    cr->weight_bytes += (double)tot;
     return 0;
 }
 
@@ -132,9 +132,9 @@ int cb_glob_alloc(sm_cuda_dev *c, sm_err *e) {
 
 /* Activations for cap rows, one allocation; the routes start valid (expert 0, weight 0) so a
  * bench read before any step is harmless. */
-static int cb_act_alloc(sm_cuda_dev *c, sm_err *e) {
-    const sm_config *cf = &c->cfg;
-    size_t R = (size_t)c->cap, H = (size_t)cf->H, QD = (size_t)cf->nH * cf->D, KD = (size_t)cf->nKV * cf->D;
+static int cb_act_alloc(sm_cuda_rank *cr, sm_err *e) {
+    const sm_config *cf = &cr->cfg;
+    size_t R = (size_t)cr->cap, H = (size_t)cf->H, QD = (size_t)cf->nH * cf->D, KD = (size_t)cf->nKV * cf->D;
     size_t NQ = 2 * QD + 2 * KD, L = (size_t)cf->L, K = (size_t)cf->K;
     size_t off[13], o = 0;
     off[0] = o; o += cb_al(R * H * 4);               /* s */
@@ -150,58 +150,58 @@ static int cb_act_alloc(sm_cuda_dev *c, sm_err *e) {
     off[10] = o; o += cb_al(R * (size_t)cf->Hm * 2); /* mo */
     off[11] = o; o += cb_al(R * H * 2);              /* f */
     off[12] = o; o += cb_al(R * 4);                  /* am */
-    SM_CUDA_CHECK(cudaMalloc(&c->act, o));
-    char *ab = (char *)c->act;
-    c->s = (float *)(ab + off[0]);
-    c->x = (uint16_t *)(ab + off[1]);
-    c->qkvg = (uint16_t *)(ab + off[2]);
-    c->att = (uint16_t *)(ab + off[3]);
-    c->a = (uint16_t *)(ab + off[4]);
-    c->xf = (uint16_t *)(ab + off[5]);
-    c->rlog = (float *)(ab + off[6]);
-    c->idx = (int *)(ab + off[7]);
-    c->rw = (float *)(ab + off[8]);
-    c->h1 = (uint16_t *)(ab + off[9]);
-    c->mo = (uint16_t *)(ab + off[10]);
-    c->f = (uint16_t *)(ab + off[11]);
-    c->am = (int *)(ab + off[12]);
-    SM_CUDA_CHECK(cudaMemsetAsync(c->idx, 0, L * R * K * 4, c->st));
-    SM_CUDA_CHECK(cudaMemsetAsync(c->rw, 0, L * R * K * 4, c->st));
+    SM_CUDA_CHECK(cudaMalloc(&cr->act, o));
+    char *ab = (char *)cr->act;
+    cr->s = (float *)(ab + off[0]);
+    cr->x = (uint16_t *)(ab + off[1]);
+    cr->qkvg = (uint16_t *)(ab + off[2]);
+    cr->att = (uint16_t *)(ab + off[3]);
+    cr->a = (uint16_t *)(ab + off[4]);
+    cr->xf = (uint16_t *)(ab + off[5]);
+    cr->rlog = (float *)(ab + off[6]);
+    cr->idx = (int *)(ab + off[7]);
+    cr->rw = (float *)(ab + off[8]);
+    cr->h1 = (uint16_t *)(ab + off[9]);
+    cr->mo = (uint16_t *)(ab + off[10]);
+    cr->f = (uint16_t *)(ab + off[11]);
+    cr->am = (int *)(ab + off[12]);
+    SM_CUDA_CHECK(cudaMemsetAsync(cr->idx, 0, L * R * K * 4, cr->st));
+    SM_CUDA_CHECK(cudaMemsetAsync(cr->rw, 0, L * R * K * 4, cr->st));
     return 0;
 }
 
 /* Packed metadata: slot int64 [cap] | tok [cap] | pos [cap] | rreq [cap] | tables, on the
  * device and in pinned host staging; pinned argmax staging. */
-static int cb_meta_alloc(sm_cuda_dev *c, sm_err *e) {
-    size_t R = (size_t)c->cap;
+static int cb_meta_alloc(sm_cuda_rank *cr, sm_err *e) {
+    size_t R = (size_t)cr->cap;
     size_t m0 = 0, m1 = m0 + cb_al(R * 8), m2 = m1 + cb_al(R * 4), m3 = m2 + cb_al(R * 4), m4 = m3 + cb_al(R * 4);
-    c->off_tab = m4;
-    c->meta_bytes = m4 + (size_t)c->ntab * (size_t)c->kvs.max_bpr * 4;
-    SM_CUDA_CHECK(cudaMalloc(&c->meta_d, c->meta_bytes));
-    SM_CUDA_CHECK(cudaMallocHost(&c->meta_h, c->meta_bytes));
-    SM_CUDA_CHECK(cudaMallocHost((void **)&c->h_am, R * 4));
-    char *mb = (char *)c->meta_d;
-    c->d_slot = (int64_t *)(mb + m0);
-    c->d_tok = (int *)(mb + m1);
-    c->d_pos = (int *)(mb + m2);
-    c->d_rreq = (int *)(mb + m3);
-    c->d_tab = (int *)(mb + m4);
+    cr->off_tab = m4;
+    cr->meta_bytes = m4 + (size_t)cr->ntab * (size_t)cr->kvs.max_bpr * 4;
+    SM_CUDA_CHECK(cudaMalloc(&cr->meta_d, cr->meta_bytes));
+    SM_CUDA_CHECK(cudaMallocHost(&cr->meta_h, cr->meta_bytes));
+    SM_CUDA_CHECK(cudaMallocHost((void **)&cr->h_am, R * 4));
+    char *mb = (char *)cr->meta_d;
+    cr->d_slot = (int64_t *)(mb + m0);
+    cr->d_tok = (int *)(mb + m1);
+    cr->d_pos = (int *)(mb + m2);
+    cr->d_rreq = (int *)(mb + m3);
+    cr->d_tab = (int *)(mb + m4);
     return 0;
 }
 
 /* KV pages of every layer (the rank's KV heads), plus the zero page nblocks, all zero. */
-static int cb_kv_alloc(sm_cuda_dev *c, sm_err *e) {
-    size_t page = (size_t)c->plan.nKVl * SM_KV_BLOCK * 2 * c->cfg.D * 2;
-    size_t bytes = page * ((size_t)c->kvs.nblocks + 1);
-    for (int l = 0; l < c->cfg.L; l++) {
-        SM_CUDA_CHECK(cudaMalloc(&c->layers[l].kv, bytes));
-        SM_CUDA_CHECK(cudaMemsetAsync(c->layers[l].kv, 0, bytes, c->st));
+static int cb_kv_alloc(sm_cuda_rank *cr, sm_err *e) {
+    size_t page = (size_t)cr->plan.nKVl * SM_KV_BLOCK * 2 * cr->cfg.D * 2;
+    size_t bytes = page * ((size_t)cr->kvs.nblocks + 1);
+    for (int l = 0; l < cr->cfg.L; l++) {
+        SM_CUDA_CHECK(cudaMalloc(&cr->layers[l].kv, bytes));
+        SM_CUDA_CHECK(cudaMemsetAsync(cr->layers[l].kv, 0, bytes, cr->st));
     }
     return 0;
 }
 
 /* The checks that need no device, then the host part of the context. */
-static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_dev **out,
+static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_rank **out,
                       sm_err *e) {
     int world = o && o->world > 1 ? o->world : 1;
     if (o && o->verify_rows > CB_GRAPH_REQ_ROWS)
@@ -212,159 +212,158 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
     if (cfg->D != 64) return sm_errf(e, "cuda backend: head_dim %d: the kernels support 64 only", cfg->D);
     if (cfg->L > SM_MAX_LAYERS) return sm_errf(e, "cuda backend: %d layers, more than %d", cfg->L, SM_MAX_LAYERS);
     if (cb_device_check(device, 1, "cuda backend", e)) return -1;
-    sm_cuda_dev *c = (sm_cuda_dev *)calloc(1, sizeof *c);
-    if (!c) return sm_errf(e, "cuda backend: out of host memory");
-    *out = c;
-    c->cfg = *cfg;
-    c->device = device;
-    c->rank = rank;
-    c->world = world;
-    c->mono_mode = o ? o->mono : SM_MONO_AUTO;
-    if (sm_shard_plan(cfg, world, c->rank, sm_moe_layout_of(o ? o->moe_tp : 0), &c->plan, e))
-        return sm_errprefix(e, "cuda backend");
-    c->kvs = sm_kv_shape_of(kv);
+    sm_cuda_rank *cr = (sm_cuda_rank *)calloc(1, sizeof *cr);
+    if (!cr) return sm_errf(e, "cuda backend: out of host memory");
+    *out = cr;
+    cr->cfg = *cfg;
+    cr->device = device;
+    cr->rank = rank;
+    cr->world = world;
+    cr->mono_mode = o ? o->mono : SM_MONO_AUTO;
+    sm_shard_plan(cfg, world, cr->rank, sm_moe_layout_of(o ? o->moe_tp : 0), &cr->plan);
+    cr->kvs = sm_kv_shape_of(kv);
     /* rows per eager chunk: at least a full graph chunk; at most what the MoE stage takes
      * (max_rows * K <= 4096, moe.h); longer steps run in chunks */
     int cap = o && o->max_rows > 0 ? o->max_rows : 256;
     if (cap > 4096 / cfg->K) cap = 4096 / cfg->K;
     if (cap < CB_GRAPH_ROWS) cap = CB_GRAPH_ROWS;
-    c->cap = cap;
-    c->ntab = (cap < kv->max_req ? cap : kv->max_req) + 1;
-    c->layers = (cb_layer *)calloc((size_t)cfg->L, sizeof(cb_layer));
-    c->tab_of_req = (int *)malloc(sizeof(int) * (size_t)kv->max_req);
-    if (!c->layers || !c->tab_of_req) return sm_errf(e, "cuda backend: out of host memory");
-    for (int r = 0; r < kv->max_req; r++) c->tab_of_req[r] = -1;
-    for (int l = 0; l < cfg->L; l++) c->layers[l].full = cfg->full[l];
+    cr->cap = cap;
+    cr->ntab = (cap < kv->max_req ? cap : kv->max_req) + 1;
+    cr->layers = (cb_layer *)calloc((size_t)cfg->L, sizeof(cb_layer));
+    cr->tab_of_req = (int *)malloc(sizeof(int) * (size_t)kv->max_req);
+    if (!cr->layers || !cr->tab_of_req) return sm_errf(e, "cuda backend: out of host memory");
+    for (int r = 0; r < kv->max_req; r++) cr->tab_of_req[r] = -1;
+    for (int l = 0; l < cfg->L; l++) cr->layers[l].full = cfg->full[l];
     return 0;
 }
 
 /* The buffers of a rank's local parts (world > 1): one allocation; iota filled. */
-static int cb_world_alloc(sm_cuda_dev *c, sm_err *e) {
-    const sm_config *cf = &c->cfg;
-    const size_t R = (size_t)c->cap, H = (size_t)cf->H, Hm = (size_t)cf->Hm;
-    const size_t xrows = c->plan.moe == SM_MOE_TP ? R * (size_t)cf->K : R;
+static int cb_world_alloc(sm_cuda_rank *cr, sm_err *e) {
+    const sm_config *cf = &cr->cfg;
+    const size_t R = (size_t)cr->cap, H = (size_t)cf->H, Hm = (size_t)cf->Hm;
+    const size_t xrows = cr->plan.moe == SM_MOE_TP ? R * (size_t)cf->K : R;
     size_t off[9], o = 0;
     off[0] = o; o += cb_al(R * H * 4);                              /* apart */
-    off[1] = o; o += cb_al(R * (size_t)c->plan.np * 2);             /* hp */
+    off[1] = o; o += cb_al(R * (size_t)cr->plan.np * 2);             /* pooled_part */
     off[2] = o; o += cb_al(xrows * Hm * 4);                         /* xpart */
-    off[3] = o; o += cb_al(R * (size_t)c->plan.nu * 2);             /* fp */
-    off[4] = o; o += cb_al(R * H * 2);                              /* eg */
+    off[3] = o; o += cb_al(R * (size_t)cr->plan.nu * 2);             /* unpooled_part */
+    off[4] = o; o += cb_al(R * H * 2);                              /* embed_part */
     off[5] = o; o += cb_al(R * 4);                                  /* iota */
-    off[6] = o; o += cb_al((size_t)CB_LOGIT_ROWS * c->plan.nv * 4); /* lgl */
+    off[6] = o; o += cb_al((size_t)CB_LOGIT_ROWS * cr->plan.nv * 4); /* logits_part */
     off[7] = o; o += cb_al(R * 4);                                  /* best */
-    off[8] = o; o += cb_al(R * 4);                                  /* idl */
-    SM_CUDA_CHECK(cudaMalloc(&c->wbuf, o));
-    char *b = (char *)c->wbuf;
-    c->apart = (float *)(b + off[0]);
-    c->hp = (uint16_t *)(b + off[1]);
-    c->xpart = (float *)(b + off[2]);
-    c->fp = (uint16_t *)(b + off[3]);
-    c->eg = (uint16_t *)(b + off[4]);
-    c->iota = (int *)(b + off[5]);
-    c->lgl = (float *)(b + off[6]);
-    c->best = (float *)(b + off[7]);
-    c->idl = (int *)(b + off[8]);
+    off[8] = o; o += cb_al(R * 4);                                  /* argmax_part */
+    SM_CUDA_CHECK(cudaMalloc(&cr->wbuf, o));
+    char *b = (char *)cr->wbuf;
+    cr->apart = (float *)(b + off[0]);
+    cr->pooled_part = (uint16_t *)(b + off[1]);
+    cr->xpart = (float *)(b + off[2]);
+    cr->unpooled_part = (uint16_t *)(b + off[3]);
+    cr->embed_part = (uint16_t *)(b + off[4]);
+    cr->iota = (int *)(b + off[5]);
+    cr->logits_part = (float *)(b + off[6]);
+    cr->best = (float *)(b + off[7]);
+    cr->argmax_part = (int *)(b + off[8]);
     int *h = (int *)malloc(R * 4);
     if (!h) return sm_errf(e, "out of host memory");
     for (size_t i = 0; i < R; i++) h[i] = (int)i;
-    cudaError_t r = cudaMemcpy(c->iota, h, R * 4, cudaMemcpyHostToDevice);
+    cudaError_t r = cudaMemcpy(cr->iota, h, R * 4, cudaMemcpyHostToDevice);
     free(h);
-    if (r != cudaSuccess) return sm_errf(e, "cudaMemcpy of the row indices on device %d: %s", c->device, cudaGetErrorString(r));
+    if (r != cudaSuccess) return sm_errf(e, "cudaMemcpy of the row indices on device %d: %s", cr->device, cudaGetErrorString(r));
     return 0;
 }
 
 /* The MoE workspace for the rank's experts: EP sizes it for its ne experts, TP for its I slice. */
-static int cb_moe_ws(sm_cuda_dev *c, sm_err *e) {
-    if (c->world == 1) return sm_cuda_moe_ws_alloc(&c->cfg, c->cap, &c->mws, e);
-    const int W = c->world, r = c->rank, tp = c->plan.moe == SM_MOE_TP;
+static int cb_moe_ws(sm_cuda_rank *cr, sm_err *e) {
+    if (cr->world == 1) return sm_cuda_moe_ws_alloc(&cr->cfg, cr->cap, &cr->mws, e);
+    const int W = cr->world, r = cr->rank, tp = cr->plan.moe == SM_MOE_TP;
     sm_shard_experts X;
     memset(&X, 0, sizeof X);
-    X.e0 = tp ? 0 : r * (c->cfg.E / W);
-    X.ne = tp ? c->cfg.E : c->cfg.E / W;
-    X.i0 = tp ? r * (c->cfg.I / W) : 0;
-    X.ni = tp ? c->cfg.I / W : c->cfg.I;
-    return sm_cuda_moe_ws_alloc_shard(&c->cfg, &X, c->cap, &c->mws, e);
+    X.e0 = tp ? 0 : r * (cr->cfg.E / W);
+    X.ne = tp ? cr->cfg.E : cr->cfg.E / W;
+    X.i0 = tp ? r * (cr->cfg.I / W) : 0;
+    X.ni = tp ? cr->cfg.I / W : cr->cfg.I;
+    return sm_cuda_moe_ws_alloc_shard(&cr->cfg, &X, cr->cap, &cr->mws, e);
 }
 
 /* The device part: kernel context, stream, activations, metadata, KV, MoE workspace. */
-static int cb_dev_setup(sm_cuda_dev *c, sm_err *e) {
-    if (cb_enter(c, e)) return -1;
-    if (sm_cuda_ctx_init(&c->kc, c->device, sm_cuda_ws_bytes(&c->cfg, c->cap), e)) return -1;
-    c->have_kc = 1;
-    SM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
-    if (cb_act_alloc(c, e) || cb_meta_alloc(c, e) || cb_kv_alloc(c, e)) return -1;
-    if (c->world > 1 && cb_world_alloc(c, e)) return -1;
-    if (cb_moe_ws(c, e)) return -1;
-    /* the memsets above ran on c->st (sm_cuda_ctx_init waited for its own): wait for them */
-    SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+static int cb_dev_setup(sm_cuda_rank *cr, sm_err *e) {
+    if (cb_enter(cr, e)) return -1;
+    if (sm_kernel_ctx_init(&cr->kc, cr->device, sm_cuda_ws_bytes(&cr->cfg, cr->cap), e)) return -1;
+    cr->have_kc = 1;
+    SM_CUDA_CHECK(cudaStreamCreateWithFlags(&cr->st, cudaStreamNonBlocking));
+    if (cb_act_alloc(cr, e) || cb_meta_alloc(cr, e) || cb_kv_alloc(cr, e)) return -1;
+    if (cr->world > 1 && cb_world_alloc(cr, e)) return -1;
+    if (cb_moe_ws(cr, e)) return -1;
+    /* the memsets above ran on cr->st (sm_kernel_ctx_init waited for its own): wait for them */
+    SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
     return 0;
 }
 
-int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_dev **out,
+int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_rank **out,
                   sm_err *e) {
     *out = NULL;
-    sm_cuda_dev *c = NULL;
-    if (cb_dev_new(cfg, kv, o, rank, device, &c, e)) { /* its messages name the backend */
-        cb_dev_destroy(c);
+    sm_cuda_rank *cr = NULL;
+    if (cb_dev_new(cfg, kv, o, rank, device, &cr, e)) { /* its messages name the backend */
+        cb_dev_destroy(cr);
         return -1;
     }
-    if (cb_dev_setup(c, e)) {
-        cb_dev_destroy(c);
+    if (cb_dev_setup(cr, e)) {
+        cb_dev_destroy(cr);
         return sm_errprefix(e, "cuda backend");
     }
-    *out = c;
+    *out = cr;
     return 0;
 }
 
-void cb_dev_destroy(sm_cuda_dev *c) {
-    if (!c) return;
-    SM_CUDA_CHECK_PRINT(cudaSetDevice(c->device));
-    if (c->st) SM_CUDA_CHECK_PRINT(cudaStreamSynchronize(c->st));
-    cb_graphs_drop(c, 0);
-    cb_mono_free(c);
-    if (c->layers) {
-        for (int l = 0; l < c->cfg.L; l++) {
-            cb_layer *L = &c->layers[l];
+void cb_dev_destroy(sm_cuda_rank *cr) {
+    if (!cr) return;
+    SM_CUDA_CHECK_PRINT(cudaSetDevice(cr->device));
+    if (cr->st) SM_CUDA_CHECK_PRINT(cudaStreamSynchronize(cr->st));
+    cb_graphs_drop(cr, 0);
+    cb_mono_free(cr);
+    if (cr->layers) {
+        for (int l = 0; l < cr->cfg.L; l++) {
+            cb_layer *L = &cr->layers[l];
             if (L->have_moe) sm_cuda_moe_free(&L->moe);
             if (L->dense) SM_CUDA_CHECK_PRINT(cudaFree(L->dense));
             if (L->kv) SM_CUDA_CHECK_PRINT(cudaFree(L->kv));
         }
-        free(c->layers);
+        free(cr->layers);
     }
-    if (c->glob) SM_CUDA_CHECK_PRINT(cudaFree(c->glob));
-    if (c->act) SM_CUDA_CHECK_PRINT(cudaFree(c->act));
-    if (c->wbuf) SM_CUDA_CHECK_PRINT(cudaFree(c->wbuf));
-    if (c->logits) SM_CUDA_CHECK_PRINT(cudaFree(c->logits));
-    if (c->aux) SM_CUDA_CHECK_PRINT(cudaFree(c->aux));
-    if (c->meta_d) SM_CUDA_CHECK_PRINT(cudaFree(c->meta_d));
-    if (c->meta_h) SM_CUDA_CHECK_PRINT(cudaFreeHost(c->meta_h));
-    if (c->h_am) SM_CUDA_CHECK_PRINT(cudaFreeHost(c->h_am));
-    free(c->tab_of_req);
-    if (c->mws.buf) sm_cuda_moe_ws_free(&c->mws);
-    if (c->st) SM_CUDA_CHECK_PRINT(cudaStreamDestroy(c->st));
-    if (c->have_kc) sm_cuda_ctx_free(&c->kc);
-    free(c);
+    if (cr->glob) SM_CUDA_CHECK_PRINT(cudaFree(cr->glob));
+    if (cr->act) SM_CUDA_CHECK_PRINT(cudaFree(cr->act));
+    if (cr->wbuf) SM_CUDA_CHECK_PRINT(cudaFree(cr->wbuf));
+    if (cr->logits) SM_CUDA_CHECK_PRINT(cudaFree(cr->logits));
+    if (cr->aux) SM_CUDA_CHECK_PRINT(cudaFree(cr->aux));
+    if (cr->meta_d) SM_CUDA_CHECK_PRINT(cudaFree(cr->meta_d));
+    if (cr->meta_h) SM_CUDA_CHECK_PRINT(cudaFreeHost(cr->meta_h));
+    if (cr->h_am) SM_CUDA_CHECK_PRINT(cudaFreeHost(cr->h_am));
+    free(cr->tab_of_req);
+    if (cr->mws.buf) sm_cuda_moe_ws_free(&cr->mws);
+    if (cr->st) SM_CUDA_CHECK_PRINT(cudaStreamDestroy(cr->st));
+    if (cr->have_kc) sm_kernel_ctx_free(&cr->kc);
+    free(cr);
 }
 
-static void cb_destroy(void *vctx) { cb_dev_destroy((sm_cuda_dev *)vctx); }
+static void cb_destroy(void *vctx) { cb_dev_destroy((sm_cuda_rank *)vctx); }
 
-void cb_backend_fill(sm_cuda_dev *c, sm_backend *b) {
+void cb_backend_fill(sm_cuda_rank *cr, sm_backend *b) {
     memset(b, 0, sizeof *b);
     b->name = "cuda";
-    b->ctx = c;
+    b->ctx = cr;
     b->step = cb_step;
     b->destroy = cb_destroy;
     b->max_verify_rows = CB_GRAPH_REQ_ROWS;
 }
 
-sm_cuda_dev *cb_rank0(const sm_backend *b, const char *who, sm_err *e) {
-    sm_cuda_dev **rk;
+sm_cuda_rank *cb_rank0(const sm_backend *b, const char *who, sm_err *e) {
+    sm_cuda_rank **rk;
     if (cb_world_ranks(b, &rk)) return cb_enter(rk[0], e) ? NULL : rk[0];
     return cb_from_backend(b, who, e);
 }
 
-sm_cuda_dev *cb_from_backend(const sm_backend *b, const char *who, sm_err *e) {
-    sm_cuda_dev **rk;
+sm_cuda_rank *cb_from_backend(const sm_backend *b, const char *who, sm_err *e) {
+    sm_cuda_rank **rk;
     if (cb_world_ranks(b, &rk)) {
         sm_errf(e, "%s: this hook runs one rank; the backend is a world of ranks", who);
         return NULL;
@@ -373,9 +372,9 @@ sm_cuda_dev *cb_from_backend(const sm_backend *b, const char *who, sm_err *e) {
         sm_errf(e, "%s: the backend is not a CUDA backend", who);
         return NULL;
     }
-    sm_cuda_dev *c = (sm_cuda_dev *)b->ctx;
-    if (cb_enter(c, e)) return NULL;
-    return c;
+    sm_cuda_rank *cr = (sm_cuda_rank *)b->ctx;
+    if (cb_enter(cr, e)) return NULL;
+    return cr;
 }
 
 /* ---- device info (stock/bench.h) ---------------------------------------------------------- */

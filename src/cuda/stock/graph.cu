@@ -32,10 +32,10 @@ int cb_graph_form(const sm_step *s) {
     return 1;
 }
 
-void cb_graphs_drop(sm_cuda_dev *c, int aux_only) {
+void cb_graphs_drop(sm_cuda_rank *cr, int aux_only) {
     for (int b = 0; b < CB_NBUCKETS; b++)
         for (int w = 0; w < 2; w++) {
-            cb_graph *G = &c->graphs[b][w];
+            cb_graph *G = &cr->graphs[b][w];
             if (G->exec && (!aux_only || G->naux > 0)) {
                 SM_CUDA_CHECK_PRINT(cudaGraphExecDestroy(G->exec));
                 G->exec = NULL;
@@ -43,26 +43,26 @@ void cb_graphs_drop(sm_cuda_dev *c, int aux_only) {
         }
 }
 
-int cb_reserve_outputs(sm_cuda_dev *c, int naux, int want_logits, sm_err *e) {
-    if (naux > c->aux_cap) {
-        SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
-        cb_graphs_drop(c, 1); /* they hold the old aux pointer */
-        if (c->aux) SM_CUDA_CHECK(cudaFree(c->aux));
-        c->aux = NULL;
-        c->aux_cap = 0;
-        SM_CUDA_CHECK(cudaMalloc(&c->aux, (size_t)naux * c->cap * c->cfg.H * 4));
-        c->aux_cap = naux;
+int cb_reserve_outputs(sm_cuda_rank *cr, int naux, int want_logits, sm_err *e) {
+    if (naux > cr->aux_cap) {
+        SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
+        cb_graphs_drop(cr, 1); /* they hold the old aux pointer */
+        if (cr->aux) SM_CUDA_CHECK(cudaFree(cr->aux));
+        cr->aux = NULL;
+        cr->aux_cap = 0;
+        SM_CUDA_CHECK(cudaMalloc(&cr->aux, (size_t)naux * cr->cap * cr->cfg.H * 4));
+        cr->aux_cap = naux;
     }
-    if (want_logits && !c->logits) SM_CUDA_CHECK(cudaMalloc(&c->logits, (size_t)CB_LOGIT_ROWS * c->cfg.V * 4));
+    if (want_logits && !cr->logits) SM_CUDA_CHECK(cudaMalloc(&cr->logits, (size_t)CB_LOGIT_ROWS * cr->cfg.V * 4));
     return 0;
 }
 
-int cb_capture(sm_cuda_dev *c, const cb_run *r, cudaGraphExec_t *out, sm_err *e) {
+int cb_capture(sm_cuda_rank *cr, const cb_run *r, cudaGraphExec_t *out, sm_err *e) {
     *out = NULL;
-    SM_CUDA_CHECK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeRelaxed));
-    int rc = cb_enqueue(c, r, e);
+    SM_CUDA_CHECK(cudaStreamBeginCapture(cr->st, cudaStreamCaptureModeRelaxed));
+    int rc = cb_enqueue(cr, r, e);
     cudaGraph_t g = NULL;
-    cudaError_t ce = cudaStreamEndCapture(c->st, &g);
+    cudaError_t ce = cudaStreamEndCapture(cr->st, &g);
     if (rc) {
         if (g) cudaGraphDestroy(g);
         return sm_errprefix(e, "cuda graph capture (%d rows)", r->n);
@@ -70,14 +70,14 @@ int cb_capture(sm_cuda_dev *c, const cb_run *r, cudaGraphExec_t *out, sm_err *e)
     if (ce != cudaSuccess) {
         if (g) cudaGraphDestroy(g);
         cudaGetLastError();
-        return sm_errf(e, "cuda graph capture (%d rows, device %d): cudaStreamEndCapture: %s", r->n, c->device,
+        return sm_errf(e, "cuda graph capture (%d rows, device %d): cudaStreamEndCapture: %s", r->n, cr->device,
                        cudaGetErrorString(ce));
     }
     ce = cudaGraphInstantiate(out, g, 0);
     cudaGraphDestroy(g);
     if (ce != cudaSuccess) {
         *out = NULL;
-        return sm_errf(e, "cuda graph capture (%d rows, device %d): cudaGraphInstantiate: %s", r->n, c->device,
+        return sm_errf(e, "cuda graph capture (%d rows, device %d): cudaGraphInstantiate: %s", r->n, cr->device,
                        cudaGetErrorString(ce));
     }
     return 0;
@@ -90,38 +90,38 @@ static int cb_same_aux(const cb_graph *g, const sm_step *s) {
     return 1;
 }
 
-int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e) {
+int cb_launch_graph(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e) {
     int bi = cb_bucket(nb), wl = s->logits != NULL;
-    cb_graph *G = &c->graphs[bi][wl];
+    cb_graph *G = &cr->graphs[bi][wl];
     *fresh = 0;
     if (G->exec && !cb_same_aux(G, s)) {
-        SM_CUDA_CHECK(cudaStreamSynchronize(c->st));
+        SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
         SM_CUDA_CHECK(cudaGraphExecDestroy(G->exec));
         G->exec = NULL;
     }
-    SM_CUDA_CHECK(cudaMemcpyAsync(c->meta_d, c->meta_h, bytes, cudaMemcpyHostToDevice, c->st));
+    SM_CUDA_CHECK(cudaMemcpyAsync(cr->meta_d, cr->meta_h, bytes, cudaMemcpyHostToDevice, cr->st));
     if (G->exec) {
-        SM_CUDA_CHECK(cudaGraphLaunch(G->exec, c->st));
+        SM_CUDA_CHECK(cudaGraphLaunch(G->exec, cr->st));
         return 0;
     }
-    cb_run r = cb_run_step(c, s, nb);
-    r.logits_dev = wl ? c->logits : NULL;
-    r.mono = cb_mono_bucket(c, nb, e); /* plans the bucket's launches before the capture */
+    cb_run r = cb_run_step(cr, s, nb);
+    r.logits_dev = wl ? cr->logits : NULL;
+    r.mono = cb_mono_bucket(cr, nb, e); /* plans the bucket's launches before the capture */
     if (r.mono < 0) return -1;
     /* first use: run eagerly (warms every launcher up), then capture for the next steps */
-    if (cb_enqueue(c, &r, e)) return -1;
-    if (cb_capture(c, &r, &G->exec, e)) return -1;
+    if (cb_enqueue(cr, &r, e)) return -1;
+    if (cb_capture(cr, &r, &G->exec, e)) return -1;
     G->naux = s->naux;
     for (int a = 0; a < s->naux; a++) G->aux[a] = s->aux_layers[a];
     *fresh = 1;
     return 0;
 }
 
-int cb_launch_bucket_eager(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, sm_err *e) {
-    SM_CUDA_CHECK(cudaMemcpyAsync(c->meta_d, c->meta_h, bytes, cudaMemcpyHostToDevice, c->st));
-    cb_run r = cb_run_step(c, s, nb);
-    r.logits_dev = s->logits ? c->logits : NULL;
-    r.mono = cb_mono_bucket(c, nb, e); /* plans the bucket's launches on first use */
+int cb_launch_bucket_eager(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, sm_err *e) {
+    SM_CUDA_CHECK(cudaMemcpyAsync(cr->meta_d, cr->meta_h, bytes, cudaMemcpyHostToDevice, cr->st));
+    cb_run r = cb_run_step(cr, s, nb);
+    r.logits_dev = s->logits ? cr->logits : NULL;
+    r.mono = cb_mono_bucket(cr, nb, e); /* plans the bucket's launches on first use */
     if (r.mono < 0) return -1;
-    return cb_enqueue(c, &r, e);
+    return cb_enqueue(cr, &r, e);
 }

@@ -20,37 +20,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-size_t cb_pack(sm_cuda_dev *c, const sm_step *s, int r0, int n, int nb) {
-    char *h = (char *)c->meta_h;
-    char *d = (char *)c->meta_d;
-    int64_t *slot = (int64_t *)(h + ((char *)c->d_slot - d));
-    int *tok = (int *)(h + ((char *)c->d_tok - d));
-    int *pos = (int *)(h + ((char *)c->d_pos - d));
-    int *rreq = (int *)(h + ((char *)c->d_rreq - d));
-    int *tab = (int *)(h + c->off_tab);
+size_t cb_pack(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int nb) {
+    char *h = (char *)cr->meta_h;
+    char *d = (char *)cr->meta_d;
+    int64_t *slot = (int64_t *)(h + ((char *)cr->d_slot - d));
+    int *tok = (int *)(h + ((char *)cr->d_tok - d));
+    int *pos = (int *)(h + ((char *)cr->d_pos - d));
+    int *rreq = (int *)(h + ((char *)cr->d_rreq - d));
+    int *tab = (int *)(h + cr->off_tab);
     const sm_kv *kv = s->kv;
-    const int bpr = c->kvs.max_bpr;
+    const int bpr = cr->kvs.max_bpr;
     int nt = 0;
     for (int i = 0; i < n; i++) {
         int r = s->req[r0 + i], p = s->pos[r0 + i];
-        if (c->tab_of_req[r] < 0) {
-            c->tab_of_req[r] = nt;
+        if (cr->tab_of_req[r] < 0) {
+            cr->tab_of_req[r] = nt;
             memcpy(tab + (size_t)nt * bpr, kv->tables + (size_t)r * kv->max_bpr, sizeof(int) * (size_t)bpr);
             nt++;
         }
         tok[i] = s->tokens[r0 + i];
         pos[i] = p;
         slot[i] = sm_kv_slot(kv, r, p);
-        rreq[i] = c->tab_of_req[r];
+        rreq[i] = cr->tab_of_req[r];
     }
-    for (int i = 0; i < n; i++) c->tab_of_req[s->req[r0 + i]] = -1;
+    for (int i = 0; i < n; i++) cr->tab_of_req[s->req[r0 + i]] = -1;
     if (nb > n) {
         /* padding rows: token 0 at position 0, no KV write, a table of zero pages */
-        for (int b = 0; b < bpr; b++) tab[(size_t)nt * bpr + b] = c->kvs.nblocks;
+        for (int b = 0; b < bpr; b++) tab[(size_t)nt * bpr + b] = cr->kvs.nblocks;
         for (int i = n; i < nb; i++) { tok[i] = 0; pos[i] = 0; slot[i] = -1; rreq[i] = nt; }
         nt++;
     }
-    return c->off_tab + (size_t)nt * bpr * 4;
+    return cr->off_tab + (size_t)nt * bpr * 4;
 }
 
 /* Attention plan of rows [r0, r0 + n) of s: long runs of one request -> prefill kernel,
@@ -90,25 +90,25 @@ static int cb_plan(const sm_step *s, int r0, int n, cb_att_item *att) {
 }
 
 /* Enqueue rows [r0, r0 + n) of s eagerly (metadata copy included). */
-static int cb_launch_eager(sm_cuda_dev *c, const sm_step *s, int r0, int n, cb_att_item *att, sm_err *e) {
-    size_t bytes = cb_pack(c, s, r0, n, n);
+static int cb_launch_eager(sm_cuda_rank *cr, const sm_step *s, int r0, int n, cb_att_item *att, sm_err *e) {
+    size_t bytes = cb_pack(cr, s, r0, n, n);
     int na = cb_plan(s, r0, n, att);
-    const int *rreq_h = (const int *)((char *)c->meta_h + ((char *)c->d_rreq - (char *)c->meta_d));
+    const int *rreq_h = (const int *)((char *)cr->meta_h + ((char *)cr->d_rreq - (char *)cr->meta_d));
     for (int i = 0; i < na; i++)
         if (att[i].kind == 1) att[i].tab = rreq_h[att[i].r0];
-    SM_CUDA_CHECK(cudaMemcpyAsync(c->meta_d, c->meta_h, bytes, cudaMemcpyHostToDevice, c->st));
-    cb_run r = cb_run_step(c, s, n);
-    r.logits_host = !s->logits ? NULL : s->logits_at ? s->logits : s->logits + (size_t)r0 * c->cfg.V;
+    SM_CUDA_CHECK(cudaMemcpyAsync(cr->meta_d, cr->meta_h, bytes, cudaMemcpyHostToDevice, cr->st));
+    cb_run r = cb_run_step(cr, s, n);
+    r.logits_host = !s->logits ? NULL : s->logits_at ? s->logits : s->logits + (size_t)r0 * cr->cfg.V;
     r.logits_at = s->logits && s->logits_at ? s->logits_at + r0 : NULL;
     r.att = att;
     r.natt = na;
-    return cb_enqueue(c, &r, e);
+    return cb_enqueue(cr, &r, e);
 }
 
-int cb_logits_to_host(sm_cuda_dev *c, const float *dev, int n, const int *at, float *host, sm_err *e) {
-    const size_t V = (size_t)c->cfg.V;
+int cb_logits_to_host(sm_cuda_rank *cr, const float *dev, int n, const int *at, float *host, sm_err *e) {
+    const size_t V = (size_t)cr->cfg.V;
     if (!at) {
-        SM_CUDA_CHECK(cudaMemcpyAsync(host, dev, (size_t)n * V * 4, cudaMemcpyDeviceToHost, c->st));
+        SM_CUDA_CHECK(cudaMemcpyAsync(host, dev, (size_t)n * V * 4, cudaMemcpyDeviceToHost, cr->st));
         return 0;
     }
     for (int i = 0; i < n;) {
@@ -116,7 +116,7 @@ int cb_logits_to_host(sm_cuda_dev *c, const float *dev, int n, const int *at, fl
         int j = i + 1;
         while (j < n && at[j] == at[i] + (j - i)) j++; /* rows i..j-1 go to consecutive rows */
         SM_CUDA_CHECK(cudaMemcpyAsync(host + (size_t)at[i] * V, dev + (size_t)i * V, (size_t)(j - i) * V * 4,
-                                      cudaMemcpyDeviceToHost, c->st));
+                                      cudaMemcpyDeviceToHost, cr->st));
         i = j;
     }
     return 0;
@@ -124,76 +124,76 @@ int cb_logits_to_host(sm_cuda_dev *c, const float *dev, int n, const int *at, fl
 
 /* Copy argmax (and aux, and graph logits: every row, or the rows logits_at asks for) of rows
  * [r0, r0 + n) back and wait for the step. */
-static int cb_collect(sm_cuda_dev *c, const sm_step *s, int r0, int n, int graph_logits, sm_err *e) {
-    const sm_config *cf = &c->cfg;
-    const int out = c->rank == 0; /* world > 1: the replicated outputs go to the host from rank 0 */
-    SM_CUDA_CHECK(cudaMemcpyAsync(c->h_am, c->am, (size_t)n * 4, cudaMemcpyDeviceToHost, c->st));
+static int cb_collect(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int graph_logits, sm_err *e) {
+    const sm_config *cf = &cr->cfg;
+    const int out = cr->rank == 0; /* world > 1: the replicated outputs go to the host from rank 0 */
+    SM_CUDA_CHECK(cudaMemcpyAsync(cr->h_am, cr->am, (size_t)n * 4, cudaMemcpyDeviceToHost, cr->st));
     if (graph_logits && out &&
-        cb_logits_to_host(c, c->logits, n, s->logits_at ? s->logits_at + r0 : NULL,
+        cb_logits_to_host(cr, cr->logits, n, s->logits_at ? s->logits_at + r0 : NULL,
                           s->logits_at ? s->logits : s->logits + (size_t)r0 * cf->V, e))
         return -1;
     for (int a = 0; a < s->naux && out; a++)
-        SM_CUDA_CHECK(cudaMemcpyAsync(s->aux + ((size_t)a * s->nrows + r0) * cf->H, c->aux + (size_t)a * c->cap * cf->H,
-                                      (size_t)n * cf->H * 4, cudaMemcpyDeviceToHost, c->st));
-    if (cb_mono_health_fetch(c, e)) return -1;
-    if (c->gc && sm_gcomm_health_fetch(c->gc, c->st, e)) return -1;
-    cudaError_t r = cudaStreamSynchronize(c->st);
-    if (r != cudaSuccess) return sm_errf(e, "cuda step: the step failed on device %d: %s", c->device, cudaGetErrorString(r));
-    if (cb_mono_health_check(c, e)) return sm_errprefix(e, "cuda step");
-    if (c->gc && sm_gcomm_health_check(c->gc, e)) return sm_errprefix(e, "cuda step");
-    if (s->argmax && out) memcpy(s->argmax + r0, c->h_am, (size_t)n * 4);
+        SM_CUDA_CHECK(cudaMemcpyAsync(s->aux + ((size_t)a * s->nrows + r0) * cf->H, cr->aux + (size_t)a * cr->cap * cf->H,
+                                      (size_t)n * cf->H * 4, cudaMemcpyDeviceToHost, cr->st));
+    if (cb_mono_health_fetch(cr, e)) return -1;
+    if (cr->gc && sm_gcomm_health_fetch(cr->gc, cr->st, e)) return -1;
+    cudaError_t r = cudaStreamSynchronize(cr->st);
+    if (r != cudaSuccess) return sm_errf(e, "cuda step: the step failed on device %d: %s", cr->device, cudaGetErrorString(r));
+    if (cb_mono_health_check(cr, e)) return sm_errprefix(e, "cuda step");
+    if (cr->gc && sm_gcomm_health_check(cr->gc, e)) return sm_errprefix(e, "cuda step");
+    if (s->argmax && out) memcpy(s->argmax + r0, cr->h_am, (size_t)n * 4);
     return 0;
 }
 
 /* Verify / decode form: chunks of at most CB_GRAPH_ROWS rows, each a graph replay (eager: the
  * same bucket run without a graph). */
-static int cb_step_graphs(sm_cuda_dev *c, const sm_step *s, int eager, sm_err *e) {
+static int cb_step_graphs(sm_cuda_rank *cr, const sm_step *s, int eager, sm_err *e) {
     for (int r0 = 0; r0 < s->nrows; r0 += CB_GRAPH_ROWS) {
         int n = s->nrows - r0 < CB_GRAPH_ROWS ? s->nrows - r0 : CB_GRAPH_ROWS;
         int nb = cb_bucket_rows(n), fresh;
-        size_t bytes = cb_pack(c, s, r0, n, nb);
-        if ((eager ? cb_launch_bucket_eager(c, s, bytes, nb, e) : cb_launch_graph(c, s, bytes, nb, &fresh, e)) ||
-            cb_collect(c, s, r0, n, s->logits != NULL, e))
+        size_t bytes = cb_pack(cr, s, r0, n, nb);
+        if ((eager ? cb_launch_bucket_eager(cr, s, bytes, nb, e) : cb_launch_graph(cr, s, bytes, nb, &fresh, e)) ||
+            cb_collect(cr, s, r0, n, s->logits != NULL, e))
             return -1;
-        c->last_nb = nb;
-        c->last_graph = !eager;
+        cr->last_nb = nb;
+        cr->last_graph = !eager;
     }
     return 0;
 }
 
 /* Prefill form: eager chunks of cap rows. */
-static int cb_step_eager(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
-    cb_att_item *att = (cb_att_item *)malloc(sizeof(cb_att_item) * (size_t)c->cap);
+static int cb_step_eager(sm_cuda_rank *cr, const sm_step *s, sm_err *e) {
+    cb_att_item *att = (cb_att_item *)malloc(sizeof(cb_att_item) * (size_t)cr->cap);
     if (!att) return sm_errf(e, "cuda step: out of host memory");
     int rc = 0;
-    for (int r0 = 0; r0 < s->nrows && !rc; r0 += c->cap) {
-        int n = s->nrows - r0 < c->cap ? s->nrows - r0 : c->cap;
-        rc = cb_launch_eager(c, s, r0, n, att, e) || cb_collect(c, s, r0, n, 0, e) ? -1 : 0;
+    for (int r0 = 0; r0 < s->nrows && !rc; r0 += cr->cap) {
+        int n = s->nrows - r0 < cr->cap ? s->nrows - r0 : cr->cap;
+        rc = cb_launch_eager(cr, s, r0, n, att, e) || cb_collect(cr, s, r0, n, 0, e) ? -1 : 0;
         if (!rc) {
-            c->last_nb = n;
-            c->last_graph = 0;
+            cr->last_nb = n;
+            cr->last_graph = 0;
         }
     }
     free(att);
     return rc;
 }
 
-int cb_step_run(sm_cuda_dev *c, const sm_step *s, sm_err *e) {
+int cb_step_run(sm_cuda_rank *cr, const sm_step *s, sm_err *e) {
     if (s->nrows == 0) return 0;
-    if (cb_enter(c, e) || cb_reserve_outputs(c, s->naux, s->logits != NULL, e)) return -1;
-    const int gf = cb_graph_form(s), graphs = gf && !c->eager_only;
+    if (cb_enter(cr, e) || cb_reserve_outputs(cr, s->naux, s->logits != NULL, e)) return -1;
+    const int gf = cb_graph_form(s), graphs = gf && !cr->eager_only;
     /* virtual ranks: the bucket's run without a graph, the very launches a graph of distinct
      * devices replays (the prefill form would split the matmuls and the attention keys of the
      * same rows otherwise, so the monokernel world and the stock world would differ in bits) */
-    const int bucketed = gf && c->eager_only;
-    if (!graphs && !bucketed && c->mono_mode != SM_MONO_OFF) cb_mono_note_eager(c);
-    int rc = graphs || bucketed ? cb_step_graphs(c, s, bucketed, e) : cb_step_eager(c, s, e);
-    if (rc) cudaStreamSynchronize(c->st); /* leave nothing of a failed step in flight */
+    const int bucketed = gf && cr->eager_only;
+    if (!graphs && !bucketed && cr->mono_mode != SM_MONO_OFF) cb_mono_note_eager(cr);
+    int rc = graphs || bucketed ? cb_step_graphs(cr, s, bucketed, e) : cb_step_eager(cr, s, e);
+    if (rc) cudaStreamSynchronize(cr->st); /* leave nothing of a failed step in flight */
     return rc;
 }
 
 int cb_step(void *vctx, const sm_step *s, sm_err *e) {
-    sm_cuda_dev *c = (sm_cuda_dev *)vctx;
-    if (sm_step_check(&c->cfg, &c->kvs, s, "cuda step", e)) return -1;
-    return cb_step_run(c, s, e);
+    sm_cuda_rank *cr = (sm_cuda_rank *)vctx;
+    if (sm_step_check(&cr->cfg, &cr->kvs, s, "cuda step", e)) return -1;
+    return cb_step_run(cr, s, e);
 }

@@ -1,11 +1,11 @@
-/* stock.h: the device context of one rank of the CUDA stock backend, shared by the files of
+/* stock.h: one rank of the CUDA stock backend (sm_cuda_rank), shared by the files of
  * src/cuda/stock/ (ctx: create / destroy / allocation, upload: a rank's shard, forward: the
  * math of a step on the stream, graph: buckets and capture, step: the backend's step entry,
  * synth: weights made on the device, bench and check_dense: hooks).  CUDA types allowed:
  * included by .cu files only.
  *
- * All device state of a rank lives in one plain struct, sm_cuda_dev: its device ordinal, its
- * stream, the stock-kernel context (cuBLAS, workspace), the rank's weights (dense matrices
+ * All device state of a rank lives in one plain struct, sm_cuda_rank: its device ordinal, its
+ * stream, the kernels' launch context (sm_kernel_ctx: cuBLAS, workspace), the rank's weights (dense matrices
  * carved from one allocation per layer, experts in the MoE module's layout, src/cuda/moe/),
  * the paged KV cache, fixed activation buffers for `cap` rows, one packed metadata buffer that
  * every kernel of a step reads, and the captured graphs.  Every call that touches it first makes its device
@@ -27,9 +27,9 @@ extern "C" { /* C headers without their own extern "C" guards: include them firs
 #include "model/tensors.h"
 }
 #include "backend/step.h"
-#include "cuda/kernels.h"
-#include "cuda/moe.h"
-#include "cuda/gcomm.h"
+#include "cuda/ops/ops.h"
+#include "cuda/moe/moe.h"
+#include "cuda/comm/gcomm.h"
 #include "cuda/common.cuh"
 
 #define CB_NBUCKETS 8          /* graph row buckets: 8 16 24 32 48 64 96 128 */
@@ -70,7 +70,7 @@ typedef struct cb_graph {
 } cb_graph;
 
 /* The device context of one rank. */
-typedef struct sm_cuda_dev {
+typedef struct sm_cuda_rank {
     /* where it runs */
     int device;                /* CUDA device ordinal: every call below runs with it current */
     int rank, world;           /* this rank of world ranks (world = 1 in this build) */
@@ -78,7 +78,7 @@ typedef struct sm_cuda_dev {
                                   u0/nu, v0/nv); no views: those live only during the upload */
     sm_config cfg;             /* the model configuration (global widths) */
     cudaStream_t st;           /* [1] non-blocking stream: every launch, copy and memset */
-    sm_cuda_ctx kc;            /* stock-kernel context (cuBLAS handle, workspace) */
+    sm_kernel_ctx kc;          /* stock-kernel context (cuBLAS handle, workspace) */
     int have_kc;               /* kc initialized */
     /* the rank's weights */
     cb_layer *layers;          /* [L] */
@@ -131,19 +131,19 @@ typedef struct sm_cuda_dev {
     int last_graph;            /* that chunk ran through a graph */
     /* tensor + expert parallelism (world > 1, world.cu; docs/parallelism.md): the rank's
      * exchange handle and the buffers of its local parts.  NULL / unused with world 1. */
-    struct sm_gcomm *gc;       /* this rank's handle of the world's exchanges (cuda/gcomm.h) */
+    struct sm_gcomm *gc;       /* this rank's handle of the world's exchanges (cuda/comm/gcomm.h) */
     int eager_only;            /* 1: no graphs (virtual ranks: their exchanges meet at host barriers) */
     void *wbuf;                /* the allocation holding the buffers below */
     float *apart;              /* [cap, H] f32 o_proj partial over the rank's heads */
-    uint16_t *hp;              /* [cap, np] the rank's pooler block */
+    uint16_t *pooled_part;     /* [cap, np] the rank's pooler block */
     float *xpart;              /* EP [cap, Hm] f32 m partial; TP [cap * K, Hm] f32 y partial */
-    uint16_t *fp;              /* [cap, nu] the rank's unpooler block */
-    uint16_t *eg;              /* [cap, H] embedding rows of the rank's vocab block (zero rows else) */
+    uint16_t *unpooled_part;   /* [cap, nu] the rank's unpooler block */
+    uint16_t *embed_part;      /* [cap, H] embedding rows of the rank's vocab block (zero rows else) */
     int *iota;                 /* [cap] 0, 1, ...: row i of the gathered embedding is "token" i */
-    float *lgl;                /* [CB_LOGIT_ROWS, nv] f32 logits of the rank's vocab block */
+    float *logits_part;        /* [CB_LOGIT_ROWS, nv] f32 logits of the rank's vocab block */
     float *best;               /* [cap] the value of the rank's best id */
-    int *idl;                  /* [cap] the rank's argmax (local id; -1 none, -2 non-finite) */
-} sm_cuda_dev;
+    int *argmax_part;          /* [cap] the rank's argmax (local id; -1 none, -2 non-finite) */
+} sm_cuda_rank;
 
 /* One attention call of an eager step: a run of rows through sm_k_attention (kind 0) or one
  * request's long run through sm_k_attention_prefill (kind 1). */
@@ -173,12 +173,12 @@ typedef struct cb_run {
 } cb_run;
 
 /* The run of a whole step of n rows: embedding, every layer, logits, the step's aux layers. */
-static inline cb_run cb_run_step(const sm_cuda_dev *c, const sm_step *s, int n) {
+static inline cb_run cb_run_step(const sm_cuda_rank *cr, const sm_step *s, int n) {
     cb_run r;
     memset(&r, 0, sizeof r);
     r.n = n;
     r.l0 = 0;
-    r.l1 = c->cfg.L;
+    r.l1 = cr->cfg.L;
     r.embed = 1;
     r.head = 1;
     r.naux = s->naux;
@@ -186,9 +186,9 @@ static inline cb_run cb_run_step(const sm_cuda_dev *c, const sm_step *s, int n) 
     return r;
 }
 
-/* Make c's device current on this host thread (every entry that touches c calls it first). */
-static inline int cb_enter(const sm_cuda_dev *c, sm_err *e) {
-    SM_CUDA_CHECK(cudaSetDevice(c->device));
+/* Make cr's device current on this host thread (every entry that touches cr calls it first). */
+static inline int cb_enter(const sm_cuda_rank *cr, sm_err *e) {
+    SM_CUDA_CHECK(cudaSetDevice(cr->device));
     return 0;
 }
 
@@ -212,44 +212,44 @@ int cb_device_check(int device, int hopper, const char *who, sm_err *e);
  * kernel context, activations, metadata, KV, the world buffers); cfg, cap and the kv geometry
  * come from the arguments.  Refuses o->verify_rows > CB_GRAPH_REQ_ROWS and a missing or
  * non-Hopper device, each with one line. */
-int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_dev **out,
+int cb_dev_create(const sm_config *cfg, const sm_kv *kv, const sm_backend_opts *o, int rank, int device, sm_cuda_rank **out,
                   sm_err *e);
 /* Free everything (safe on a partly built context; makes its device current). */
-void cb_dev_destroy(sm_cuda_dev *c);
+void cb_dev_destroy(sm_cuda_rank *cr);
 /* Bytes of one layer's dense allocation (the rank's widths). */
-size_t cb_layer_bytes(const sm_cuda_dev *c);
+size_t cb_layer_bytes(const sm_cuda_rank *cr);
 /* Carve one layer's dense allocation (fills every dense pointer of L). */
-int cb_layer_alloc(sm_cuda_dev *c, cb_layer *L, sm_err *e);
+int cb_layer_alloc(sm_cuda_rank *cr, cb_layer *L, sm_err *e);
 /* Allocate embed / lm_head / final_norm. */
-int cb_glob_alloc(sm_cuda_dev *c, sm_err *e);
+int cb_glob_alloc(sm_cuda_rank *cr, sm_err *e);
 /* Device address of role r (tensors.h) of layer l (-1: a model-level role), vector k (1: a
- * residual gate's beta) in c's weight allocations: the rank's part (sm_shard_tensor), rows
+ * residual gate's beta) in cr's weight allocations: the rank's part (sm_shard_tensor), rows
  * contiguous.  NULL for what the dense allocations do not hold (post_expert_norm and the
  * experts live in the MoE module).  The one map from roles to device fields (the upload, its
  * check and the synthesis walk the table through it). */
-void *cb_tensor_dev(const sm_cuda_dev *c, int l, sm_tensor_role r, int k);
+void *cb_tensor_dev(const sm_cuda_rank *cr, int l, sm_tensor_role r, int k);
 /* Fill the sm_backend table once every weight is on the device. */
-void cb_backend_fill(sm_cuda_dev *c, sm_backend *b);
+void cb_backend_fill(sm_cuda_rank *cr, sm_backend *b);
 /* The context of a one-rank CUDA backend with its device made current, or NULL (with an
  * error) for any other backend, a world included; cb_rank0 also takes a world (its rank 0). */
-sm_cuda_dev *cb_from_backend(const sm_backend *b, const char *who, sm_err *e);
-sm_cuda_dev *cb_rank0(const sm_backend *b, const char *who, sm_err *e);
+sm_cuda_rank *cb_from_backend(const sm_backend *b, const char *who, sm_err *e);
+sm_cuda_rank *cb_rank0(const sm_backend *b, const char *who, sm_err *e);
 
 /* ---- upload.cu ---- */
-/* Rank c->rank's shard of m onto c's device (dense tensors, experts); drains c->st. */
-int cb_upload_model(sm_cuda_dev *c, const sm_model *m, sm_err *e);
+/* Rank cr->rank's shard of m onto cr's device (dense tensors, experts); drains cr->st. */
+int cb_upload_model(sm_cuda_rank *cr, const sm_model *m, sm_err *e);
 /* The dense tensors of layer l of shard sh (l = -1: embedding, lm_head, final norm) as
- * copies to / from c's buffers; returns their count (<= CB_MAX_XFER). */
-int cb_dense_xfers(const sm_cuda_dev *c, const sm_shard *sh, int l, cb_xfer *t);
+ * copies to / from cr's buffers; returns their count (<= CB_MAX_XFER). */
+int cb_dense_xfers(const sm_cuda_rank *cr, const sm_shard *sh, int l, cb_xfer *t);
 
 /* ---- step.cu ---- */
 /* Enqueue the copy of device logits [n, V] to the host: row i to row at[i] of host (none when
  * -1; runs of consecutive rows in one copy), or, at NULL, all n rows to host [n, V]. */
-int cb_logits_to_host(sm_cuda_dev *c, const float *dev, int n, const int *at, float *host, sm_err *e);
+int cb_logits_to_host(sm_cuda_rank *cr, const float *dev, int n, const int *at, float *host, sm_err *e);
 
 /* ---- forward.cu ---- */
-/* Enqueue the work of r on c->st (capturable when r->logits_host is NULL). */
-int cb_enqueue(sm_cuda_dev *c, const cb_run *r, sm_err *e);
+/* Enqueue the work of r on cr->st (capturable when r->logits_host is NULL). */
+int cb_enqueue(sm_cuda_rank *cr, const cb_run *r, sm_err *e);
 
 /* ---- graph.cu ---- */
 /* Padded rows of the smallest bucket holding n <= CB_GRAPH_ROWS rows. */
@@ -258,47 +258,47 @@ int cb_bucket_rows(int n);
  * step: its chunks of CB_GRAPH_ROWS rows replay graphs); 0: a prefill (eager). */
 int cb_graph_form(const sm_step *s);
 /* Make room for naux aux entries and (if wanted) the logits buffer, before any capture. */
-int cb_reserve_outputs(sm_cuda_dev *c, int naux, int want_logits, sm_err *e);
+int cb_reserve_outputs(sm_cuda_rank *cr, int naux, int want_logits, sm_err *e);
 /* Capture run r (on the metadata buffer) as a graph. */
-int cb_capture(sm_cuda_dev *c, const cb_run *r, cudaGraphExec_t *out, sm_err *e);
+int cb_capture(sm_cuda_rank *cr, const cb_run *r, cudaGraphExec_t *out, sm_err *e);
 /* Enqueue a graph-form chunk already packed (bytes of metadata, nb padded rows): metadata
  * copy + graph replay, capturing on first use (*fresh = 1: it then ran eagerly once). */
-int cb_launch_graph(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e);
+int cb_launch_graph(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e);
 /* The graph form of a bucket run eagerly (virtual ranks: their exchanges meet at host barriers,
  * which a graph cannot hold): the same run as the capture. */
-int cb_launch_bucket_eager(sm_cuda_dev *c, const sm_step *s, size_t bytes, int nb, sm_err *e);
+int cb_launch_bucket_eager(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, sm_err *e);
 /* Destroy every graph (aux_only: only those that copy aux entries). */
-void cb_graphs_drop(sm_cuda_dev *c, int aux_only);
+void cb_graphs_drop(sm_cuda_rank *cr, int aux_only);
 
 /* ---- mono/build.cu ---- */
-/* Static eligibility of the monokernel after the upload (c->mono_mode from the options):
+/* Static eligibility of the monokernel after the upload (cr->mono_mode from the options):
  * auto + refused: one log line, mode OFF; on + refused: error listing every reason. */
-int cb_mono_init(sm_cuda_dev *c, sm_err *e);
-void cb_mono_free(sm_cuda_dev *c);
+int cb_mono_init(sm_cuda_rank *cr, sm_err *e);
+void cb_mono_free(sm_cuda_rank *cr);
 /* 1 when steps of bucket rows nb run mono (plans the bucket's descriptors on first use),
  * 0 for stock (mode off, refused bucket: logged once), -1 on error. */
-int cb_mono_bucket(sm_cuda_dev *c, int nb, sm_err *e);
-/* Enqueue layer l's launches (1 <= l <= L-2) for a planned bucket nb on c->st: its start
+int cb_mono_bucket(sm_cuda_rank *cr, int nb, sm_err *e);
+/* Enqueue layer l's launches (1 <= l <= L-2) for a planned bucket nb on cr->st: its start
  * (attention .. pre-expert norm) unless prev_mono (the previous layer ran mono in this run and
  * its last launch ran this start), the experts, and its end (unpooler .. the next layer's
  * projections), merged with the next layer's start when next_mono. */
-int cb_mono_layer(sm_cuda_dev *c, int nb, int l, int prev_mono, int next_mono, sm_err *e);
+int cb_mono_layer(sm_cuda_rank *cr, int nb, int l, int prev_mono, int next_mono, sm_err *e);
 /* W > 1, after every rank's cb_mono_init: a refusal on any rank, a transport other than peer
  * memory (peer 0) or virtual ranks on several devices turn the monokernel off on all ranks
  * (--mono on: an error); else every rank learns the others' exchange areas and flags (steps[r]:
  * rank r's step counter, sm_gcomm_step) and, with virtual ranks (virt), the joint launches. */
-int cb_mono_world_link(sm_cuda_dev **rk, int W, int virt, int peer, const unsigned long long *const *steps, sm_err *e);
+int cb_mono_world_link(sm_cuda_rank **rk, int W, int virt, int peer, const unsigned long long *const *steps, sm_err *e);
 /* Enqueue the health words' copy to the host (before the step's sync); after it, check them:
  * -1 with one line naming device, layer, phase and block when a grid barrier timed out. */
-int cb_mono_health_fetch(sm_cuda_dev *c, sm_err *e);
-int cb_mono_health_check(sm_cuda_dev *c, sm_err *e);
+int cb_mono_health_fetch(sm_cuda_rank *cr, sm_err *e);
+int cb_mono_health_check(sm_cuda_rank *cr, sm_err *e);
 /* An eager (prefill) step ran stock while the monokernel is on: logged once. */
-void cb_mono_note_eager(sm_cuda_dev *c);
+void cb_mono_note_eager(sm_cuda_rank *cr);
 
 /* ---- synth.cu ---- */
-/* Every weight of rank c made on its device (cuda/synth.h's values; a rank of a world: its
- * slices); drains c->st. */
-int cb_synth_weights(sm_cuda_dev *c, int expert_fmt, uint64_t seed, sm_err *e);
+/* Every weight of rank cr made on its device (cuda/stock/synth.h's values; a rank of a world: its
+ * slices); drains cr->st. */
+int cb_synth_weights(sm_cuda_rank *cr, int expert_fmt, uint64_t seed, sm_err *e);
 
 /* ---- world.cu ---- */
 /* The CUDA backend of o->world > 1 ranks (backend.h: sm_cuda_backend_create and
@@ -307,20 +307,20 @@ int cb_synth_weights(sm_cuda_dev *c, int expert_fmt, uint64_t seed, sm_err *e);
 int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t seed, const sm_kv *kv, const sm_backend_opts *o,
                     sm_backend *b, sm_err *e);
 /* The small kernels of a rank's local parts (world.cu): embedding rows of the rank's vocab
- * block (zero rows for other tokens) into c->eg; the best (value, local id) of each row from
- * c->lgl and c->idl (local argmax of sm_k_logits: -1 = non-finite -> -2; vu_local 0 -> -1). */
-int cb_embed_local(sm_cuda_dev *c, int n, sm_err *e);
+ * block (zero rows for other tokens) into cr->embed_part; the best (value, local id) of each row from
+ * cr->logits_part and cr->argmax_part (local argmax of sm_k_logits: -1 = non-finite -> -2; vu_local 0 -> -1). */
+int cb_embed_local(sm_cuda_rank *cr, int n, sm_err *e);
 /* The rank contexts of a world backend: their count W and *rk [W]; 0 for any other backend. */
-int cb_world_ranks(const sm_backend *b, sm_cuda_dev ***rk);
-int cb_best_local(sm_cuda_dev *c, int n, int vu_local, sm_err *e);
+int cb_world_ranks(const sm_backend *b, sm_cuda_rank ***rk);
+int cb_best_local(sm_cuda_rank *cr, int n, int vu_local, sm_err *e);
 
 /* ---- step.cu ---- */
 /* The sm_backend step entry (backend.h): sm_step_check, then cb_step_run (a world checks a step
  * once for all its ranks and runs cb_step_run on each). */
 int cb_step(void *vctx, const sm_step *s, sm_err *e);
-int cb_step_run(sm_cuda_dev *c, const sm_step *s, sm_err *e);
+int cb_step_run(sm_cuda_rank *cr, const sm_step *s, sm_err *e);
 /* Pack rows [r0, r0 + n) of s into the pinned staging buffer, padded to nb rows; returns the
  * number of bytes to copy. */
-size_t cb_pack(sm_cuda_dev *c, const sm_step *s, int r0, int n, int nb);
+size_t cb_pack(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int nb);
 
 #endif

@@ -21,14 +21,14 @@
 
 /* ---- the table of dense tensors -------------------------------------------------------------- */
 
-int cb_dense_xfers(const sm_cuda_dev *c, const sm_shard *sh, int l, cb_xfer *t) {
+int cb_dense_xfers(const sm_cuda_rank *cr, const sm_shard *sh, int l, cb_xfer *t) {
     int n = 0;
     const int r0 = l < 0 ? SM_T_NLAYER : 0, r1 = l < 0 ? SM_T_N : SM_T_NLAYER;
     for (int r = r0; r < r1; r++) {
         int nvec, eb;
         sm_tensor_loaded((sm_tensor_role)r, &nvec, &eb);
         for (int k = 0; k < nvec; k++) {
-            void *dev = cb_tensor_dev(c, l, (sm_tensor_role)r, k);
+            void *dev = cb_tensor_dev(cr, l, (sm_tensor_role)r, k);
             if (!dev) continue; /* the MoE module's */
             const sm_shard_part p = sm_shard_tensor(sh, l, (sm_tensor_role)r, k);
             cb_xfer x;
@@ -71,15 +71,15 @@ static void cb_progress_add(cb_progress *p, double bytes) {
 
 /* ---- upload ---------------------------------------------------------------------------------- */
 
-/* Copy one table entry host -> device on c->st (strided host rows: a 2D copy). */
-static int cb_put(sm_cuda_dev *c, const cb_xfer *t, int l, cb_progress *p, sm_err *e) {
+/* Copy one table entry host -> device on cr->st (strided host rows: a 2D copy). */
+static int cb_put(sm_cuda_rank *cr, const cb_xfer *t, int l, cb_progress *p, sm_err *e) {
     if (!t->host) return sm_errf(e, "cuda backend: layer %d: tensor %s%s is missing", l, t->what, t->k ? " (beta)" : "");
     cudaError_t r = t->pitch == t->row_bytes
-        ? cudaMemcpyAsync(t->dev, t->host, t->rows * t->row_bytes, cudaMemcpyHostToDevice, c->st)
-        : cudaMemcpy2DAsync(t->dev, t->row_bytes, t->host, t->pitch, t->row_bytes, t->rows, cudaMemcpyHostToDevice, c->st);
+        ? cudaMemcpyAsync(t->dev, t->host, t->rows * t->row_bytes, cudaMemcpyHostToDevice, cr->st)
+        : cudaMemcpy2DAsync(t->dev, t->row_bytes, t->host, t->pitch, t->row_bytes, t->rows, cudaMemcpyHostToDevice, cr->st);
     if (r != cudaSuccess)
         return sm_errf(e, "cuda backend: upload of %s%s (layer %d, %zu bytes) failed on device %d: %s", t->what,
-                       t->k ? " (beta)" : "", l, t->rows * t->row_bytes, c->device, cudaGetErrorString(r));
+                       t->k ? " (beta)" : "", l, t->rows * t->row_bytes, cr->device, cudaGetErrorString(r));
     cb_progress_add(p, (double)(t->rows * t->row_bytes));
     return 0;
 }
@@ -87,9 +87,9 @@ static int cb_put(sm_cuda_dev *c, const cb_xfer *t, int l, cb_progress *p, sm_er
 /* Bytes the shard needs on the device; refuses (one line) when the device has less free.  The
  * experts count in the MoE module's device layout (sm_cuda_moe_device_expert_bytes: repacked,
  * padded), not in checkpoint bytes: the device holds the former. */
-static int cb_room(const sm_cuda_dev *c, const sm_shard *sh, double *need, sm_err *e) {
-    const sm_config *cf = &c->cfg;
-    double b = 2.0 * sh->nv * cf->H * 2 + (double)cb_layer_bytes(c) * cf->L;
+static int cb_room(const sm_cuda_rank *cr, const sm_shard *sh, double *need, sm_err *e) {
+    const sm_config *cf = &cr->cfg;
+    double b = 2.0 * sh->nv * cf->H * 2 + (double)cb_layer_bytes(cr) * cf->L;
     for (int l = 0; l < cf->L; l++) {
         const sm_shard_experts *X = &sh->layers[l].ex;
         sm_config xc = *cf; /* the widths of the rank's expert slices */
@@ -100,53 +100,53 @@ static int cb_room(const sm_cuda_dev *c, const sm_shard *sh, double *need, sm_er
     size_t fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && b > (double)fr)
         return sm_errf(e, "cuda backend: the model needs %.1f GB of device memory, device %d has %.1f GB free", b / 1e9,
-                       c->device, (double)fr / 1e9);
+                       cr->device, (double)fr / 1e9);
     return 0;
 }
 
 /* Layer l: dense allocation and copies, then the experts. */
-static int cb_upload_layer(sm_cuda_dev *c, const sm_shard *sh, int l, cb_progress *p, sm_err *e) {
-    cb_layer *L = &c->layers[l];
+static int cb_upload_layer(sm_cuda_rank *cr, const sm_shard *sh, int l, cb_progress *p, sm_err *e) {
+    cb_layer *L = &cr->layers[l];
     L->full = sh->m->layers[l].full;
-    if (cb_layer_alloc(c, L, e)) return sm_errprefix(e, "cuda backend: layer %d", l);
+    if (cb_layer_alloc(cr, L, e)) return sm_errprefix(e, "cuda backend: layer %d", l);
     cb_xfer t[CB_MAX_XFER];
-    int n = cb_dense_xfers(c, sh, l, t);
+    int n = cb_dense_xfers(cr, sh, l, t);
     for (int i = 0; i < n; i++)
-        if (cb_put(c, &t[i], l, p, e)) return -1;
+        if (cb_put(cr, &t[i], l, p, e)) return -1;
     /* experts: the MoE module reads the checkpoint's experts of layer l that the rank holds
      * (all of them with world 1; EP: its experts; TP: every expert's I slice) */
-    if ((c->world > 1 ? sm_cuda_moe_upload_shard(sh->m, l, &sh->layers[l].ex, &L->moe, c->st, e)
-                      : sm_cuda_moe_upload(sh->m, l, &L->moe, c->st, e)))
-        return sm_errprefix(e, "cuda backend: rank %d layer %d experts", c->rank, l);
+    if ((cr->world > 1 ? sm_cuda_moe_upload_shard(sh->m, l, &sh->layers[l].ex, &L->moe, cr->st, e)
+                      : sm_cuda_moe_upload(sh->m, l, &L->moe, cr->st, e)))
+        return sm_errprefix(e, "cuda backend: rank %d layer %d experts", cr->rank, l);
     L->have_moe = 1;
-    c->weight_bytes += (double)L->moe.blob_bytes;
+    cr->weight_bytes += (double)L->moe.blob_bytes;
     cb_progress_add(p, (double)L->moe.blob_bytes); /* device bytes, as cb_room counts them */
     return 0;
 }
 
-/* Every weight of shard sh onto c's device; drains c->st before returning. */
-static int cb_upload(sm_cuda_dev *c, const sm_shard *sh, sm_err *e) {
+/* Every weight of shard sh onto cr's device; drains cr->st before returning. */
+static int cb_upload(sm_cuda_rank *cr, const sm_shard *sh, sm_err *e) {
     cb_progress p = {0, 0, 0, 0};
-    if (cb_room(c, sh, &p.total, e)) return -1;
-    int rc = cb_glob_alloc(c, e) ? sm_errprefix(e, "cuda backend") : 0;
+    if (cb_room(cr, sh, &p.total, e)) return -1;
+    int rc = cb_glob_alloc(cr, e) ? sm_errprefix(e, "cuda backend") : 0;
     if (!rc) {
         cb_xfer t[CB_MAX_XFER];
-        int n = cb_dense_xfers(c, sh, -1, t);
-        for (int i = 0; i < n && !rc; i++) rc = cb_put(c, &t[i], -1, &p, e);
+        int n = cb_dense_xfers(cr, sh, -1, t);
+        for (int i = 0; i < n && !rc; i++) rc = cb_put(cr, &t[i], -1, &p, e);
     }
-    for (int l = 0; l < c->cfg.L && !rc; l++) rc = cb_upload_layer(c, sh, l, &p, e);
+    for (int l = 0; l < cr->cfg.L && !rc; l++) rc = cb_upload_layer(cr, sh, l, &p, e);
     if (p.shown) fputc('\n', stderr);
     /* the host views must stay valid until the copies are done: drain the stream either way */
-    cudaError_t r = cudaStreamSynchronize(c->st);
+    cudaError_t r = cudaStreamSynchronize(cr->st);
     if (!rc && r != cudaSuccess)
-        rc = sm_errf(e, "cuda backend: weight upload failed on device %d: %s", c->device, cudaGetErrorString(r));
+        rc = sm_errf(e, "cuda backend: weight upload failed on device %d: %s", cr->device, cudaGetErrorString(r));
     return rc;
 }
 
-int cb_upload_model(sm_cuda_dev *c, const sm_model *m, sm_err *e) {
+int cb_upload_model(sm_cuda_rank *cr, const sm_model *m, sm_err *e) {
     sm_shard sh;
-    if (sm_shard_make(m, c->world, c->rank, c->plan.moe, &sh, e)) return sm_errprefix(e, "cuda backend");
-    int rc = cb_upload(c, &sh, e);
+    if (sm_shard_make(m, cr->world, cr->rank, cr->plan.moe, &sh, e)) return sm_errprefix(e, "cuda backend");
+    int rc = cb_upload(cr, &sh, e);
     sm_shard_free(&sh);
     return rc;
 }
@@ -155,14 +155,14 @@ extern "C" int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const 
                                       sm_err *e) {
     memset(b, 0, sizeof *b);
     if (o && o->world > 1) return cb_world_create(m, &m->cfg, 0, 0, kv, o, b, e);
-    sm_cuda_dev *c;
-    if (cb_dev_create(&m->cfg, kv, o, 0, o ? o->device : 0, &c, e)) return -1;
-    int rc = cb_upload_model(c, m, e);
-    if (!rc) rc = cb_mono_init(c, e);
+    sm_cuda_rank *cr;
+    if (cb_dev_create(&m->cfg, kv, o, 0, o ? o->device : 0, &cr, e)) return -1;
+    int rc = cb_upload_model(cr, m, e);
+    if (!rc) rc = cb_mono_init(cr, e);
     if (rc) {
-        cb_dev_destroy(c);
+        cb_dev_destroy(cr);
         return -1;
     }
-    cb_backend_fill(c, b);
+    cb_backend_fill(cr, b);
     return 0;
 }

@@ -1,6 +1,6 @@
 /* world.cu: the CUDA backend of W > 1 ranks (tensor + expert parallelism, docs/parallelism.md
- * "The GPU path"): one device context per rank (stock.h: sm_cuda_dev, on the rank's device),
- * one host thread per rank (ranks.h), the cross-rank exchanges of cuda/gcomm.h on each rank's
+ * "The GPU path"): one device context per rank (stock.h: sm_cuda_rank, on the rank's device),
+ * one host thread per rank (ranks.h), the cross-rank exchanges of cuda/comm/gcomm.h on each rank's
  * stream.  Each rank uploads only its shard (sm_shard_make) and runs the same layer loop as one
  * rank (forward.cu: the collectives sit where the CPU world has them); rank 0 writes the step's
  * outputs.  Ranks on distinct devices replay per-bucket CUDA graphs with the exchanges inside;
@@ -23,7 +23,7 @@ extern "C" {
 
 typedef struct cw_world {
     int W;                     /* ranks */
-    sm_cuda_dev **rk;          /* [W] the ranks' contexts */
+    sm_cuda_rank **rk;          /* [W] the ranks' contexts */
     sm_gcomm_world *gw;        /* their exchanges */
     sm_ranks *th;              /* [W] rank threads */
     sm_err *errs;              /* [W] each rank's error of the last job */
@@ -44,34 +44,34 @@ typedef struct cw_world {
 
 /* ---- the ranks' small kernels (stock.h) ---- */
 
-/* eg[i] = embed row tok[i] - v0 when the token lies in [v0, v0 + nv), zeros else. */
+/* embed_part[i] = embed row tok[i] - v0 when the token lies in [v0, v0 + nv), zeros else. */
 __global__ void cw_embed_local_kernel(const uint16_t *__restrict__ embed, int v0, int nv, int H, const int *__restrict__ tok,
-                                      uint16_t *__restrict__ eg) {
+                                      uint16_t *__restrict__ embed_part) {
     const int i = blockIdx.x, t = tok[i] - v0;
     const uint16_t *src = t >= 0 && t < nv ? embed + (size_t)t * H : NULL;
-    for (int x = threadIdx.x; x < H; x += blockDim.x) eg[(size_t)i * H + x] = src ? src[x] : (uint16_t)0;
+    for (int x = threadIdx.x; x < H; x += blockDim.x) embed_part[(size_t)i * H + x] = src ? src[x] : (uint16_t)0;
 }
 
-int cb_embed_local(sm_cuda_dev *c, int n, sm_err *e) {
+int cb_embed_local(sm_cuda_rank *cr, int n, sm_err *e) {
     if (n <= 0) return 0;
-    cw_embed_local_kernel<<<n, 256, 0, c->st>>>(c->embed, c->plan.v0, c->plan.nv, c->cfg.H, c->d_tok, c->eg);
+    cw_embed_local_kernel<<<n, 256, 0, cr->st>>>(cr->embed, cr->plan.v0, cr->plan.nv, cr->cfg.H, cr->d_tok, cr->embed_part);
     SM_LAUNCH_CHECK("cw_embed_local_kernel");
     return 0;
 }
 
-/* best[i] = lgl[i, idl[i]]; idl: -1 (a non-finite logit) -> -2; no usable id (vu 0) -> -1. */
-__global__ void cw_best_kernel(const float *__restrict__ lgl, int nv, int vu, int n, float *__restrict__ best, int *__restrict__ idl) {
+/* best[i] = logits_part[i, argmax_part[i]]; argmax_part: -1 (a non-finite logit) -> -2; no usable id (vu 0) -> -1. */
+__global__ void cw_best_kernel(const float *__restrict__ logits_part, int nv, int vu, int n, float *__restrict__ best, int *__restrict__ argmax_part) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const int id = idl[i];
-    if (vu <= 0) { best[i] = 0.0f; idl[i] = -1; return; }
-    if (id < 0) { best[i] = 0.0f; idl[i] = -2; return; }
-    best[i] = lgl[(size_t)i * nv + id];
+    const int id = argmax_part[i];
+    if (vu <= 0) { best[i] = 0.0f; argmax_part[i] = -1; return; }
+    if (id < 0) { best[i] = 0.0f; argmax_part[i] = -2; return; }
+    best[i] = logits_part[(size_t)i * nv + id];
 }
 
-int cb_best_local(sm_cuda_dev *c, int n, int vu_local, sm_err *e) {
+int cb_best_local(sm_cuda_rank *cr, int n, int vu_local, sm_err *e) {
     if (n <= 0) return 0;
-    cw_best_kernel<<<(n + 127) / 128, 128, 0, c->st>>>(c->lgl, c->plan.nv, vu_local, n, c->best, c->idl);
+    cw_best_kernel<<<(n + 127) / 128, 128, 0, cr->st>>>(cr->logits_part, cr->plan.nv, vu_local, n, cr->best, cr->argmax_part);
     SM_LAUNCH_CHECK("cw_best_kernel");
     return 0;
 }
@@ -81,50 +81,50 @@ int cb_best_local(sm_cuda_dev *c, int n, int vu_local, sm_err *e) {
 /* The exchanges of one step of n rows alone, in the forward's order and shapes (the
  * embedding, per layer attn_sum, pooled_gather, expert_sum, unpooled_gather, then
  * vocab_argmax), on the rank's stream. */
-static int cw_exchanges(sm_cuda_dev *c, int n, sm_err *e) {
-    const sm_config *cf = &c->cfg;
-    sm_gcomm *g = c->gc;
-    if (sm_gcomm_begin(g, c->st, e) || sm_gcomm_gather_owner(g, c->eg, c->d_tok, n, cf->H, c->plan.nv, c->f, c->st, e))
+static int cw_exchanges(sm_cuda_rank *cr, int n, sm_err *e) {
+    const sm_config *cf = &cr->cfg;
+    sm_gcomm *g = cr->gc;
+    if (sm_gcomm_begin(g, cr->st, e) || sm_gcomm_gather_owner(g, cr->embed_part, cr->d_tok, n, cf->H, cr->plan.nv, cr->f, cr->st, e))
         return -1;
     for (int l = 0; l < cf->L; l++) {
-        if (sm_gcomm_sum_bf16(g, SM_GC_ATTN, l, c->apart, (size_t)n * cf->H, c->a, c->st, e) ||
-            sm_gcomm_gather_cols(g, SM_GC_POOLED, l, c->hp, n, (size_t)c->plan.np * 2, c->h1, c->st, e))
+        if (sm_gcomm_sum_bf16(g, SM_GC_ATTN, l, cr->apart, (size_t)n * cf->H, cr->a, cr->st, e) ||
+            sm_gcomm_gather_cols(g, SM_GC_POOLED, l, cr->pooled_part, n, (size_t)cr->plan.np * 2, cr->h1, cr->st, e))
             return -1;
-        if (c->plan.moe == SM_MOE_EP ? sm_gcomm_sum_bf16(g, SM_GC_EXPERT, l, c->xpart, (size_t)n * cf->Hm, c->mo, c->st, e)
-                                     : sm_gcomm_sum_f32(g, SM_GC_EXPERT, l, c->xpart, (size_t)n * cf->K * cf->Hm, c->xpart, c->st, e))
+        if (cr->plan.moe == SM_MOE_EP ? sm_gcomm_sum_bf16(g, SM_GC_EXPERT, l, cr->xpart, (size_t)n * cf->Hm, cr->mo, cr->st, e)
+                                     : sm_gcomm_sum_f32(g, SM_GC_EXPERT, l, cr->xpart, (size_t)n * cf->K * cf->Hm, cr->xpart, cr->st, e))
             return -1;
-        if (sm_gcomm_gather_cols(g, SM_GC_UNPOOLED, l, c->fp, n, (size_t)c->plan.nu * 2, c->f, c->st, e)) return -1;
+        if (sm_gcomm_gather_cols(g, SM_GC_UNPOOLED, l, cr->unpooled_part, n, (size_t)cr->plan.nu * 2, cr->f, cr->st, e)) return -1;
     }
-    return sm_gcomm_argmax(g, c->best, c->idl, n, c->plan.nv, c->am, c->st, e);
+    return sm_gcomm_argmax(g, cr->best, cr->argmax_part, n, cr->plan.nv, cr->am, cr->st, e);
 }
 
-/* CW_EXCH on rank c: 2 warm-up and w->xiters timed runs of cw_exchanges (CUDA events, each
+/* CW_EXCH on rank cr: 2 warm-up and w->xiters timed runs of cw_exchanges (CUDA events, each
  * run synchronized), the median into w->xus[rank]. */
-static int cw_time_exchanges(cw_world *w, sm_cuda_dev *c, sm_err *e) {
-    if (cb_enter(c, e)) return -1;
+static int cw_time_exchanges(cw_world *w, sm_cuda_rank *cr, sm_err *e) {
+    if (cb_enter(cr, e)) return -1;
     float *t = (float *)malloc(sizeof(float) * (size_t)w->xiters);
     cudaEvent_t e0 = NULL, e1 = NULL;
     int rc = !t ? sm_errf(e, "out of host memory") : 0;
     if (!rc && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
-        rc = sm_errf(e, "cudaEventCreate failed on device %d", c->device);
+        rc = sm_errf(e, "cudaEventCreate failed on device %d", cr->device);
     /* the row indices stand in for tokens (rank 0 owns them): valid for any vocabulary */
-    if (!rc && cudaMemcpyAsync(c->d_tok, c->iota, (size_t)w->xn * 4, cudaMemcpyDeviceToDevice, c->st) != cudaSuccess)
-        rc = sm_errf(e, "cudaMemcpyAsync failed on device %d", c->device);
+    if (!rc && cudaMemcpyAsync(cr->d_tok, cr->iota, (size_t)w->xn * 4, cudaMemcpyDeviceToDevice, cr->st) != cudaSuccess)
+        rc = sm_errf(e, "cudaMemcpyAsync failed on device %d", cr->device);
     for (int it = 0; it < w->xiters + 2 && !rc; it++) {
-        if (cudaEventRecord(e0, c->st) != cudaSuccess || cw_exchanges(c, w->xn, e) || cudaEventRecord(e1, c->st) != cudaSuccess) {
-            rc = e->msg[0] ? -1 : sm_errf(e, "cudaEventRecord failed on device %d", c->device);
+        if (cudaEventRecord(e0, cr->st) != cudaSuccess || cw_exchanges(cr, w->xn, e) || cudaEventRecord(e1, cr->st) != cudaSuccess) {
+            rc = e->msg[0] ? -1 : sm_errf(e, "cudaEventRecord failed on device %d", cr->device);
             break;
         }
         cudaError_t r = cudaEventSynchronize(e1);
-        if (r != cudaSuccess) { rc = sm_errf(e, "exchanges failed on device %d: %s", c->device, cudaGetErrorString(r)); break; }
+        if (r != cudaSuccess) { rc = sm_errf(e, "exchanges failed on device %d: %s", cr->device, cudaGetErrorString(r)); break; }
         float ms = 0;
         cudaEventElapsedTime(&ms, e0, e1);
         if (it >= 2) t[it - 2] = 1000.0f * ms;
     }
-    if (!rc && sm_gcomm_health_fetch(c->gc, c->st, e)) rc = -1;
-    if (!rc && cudaStreamSynchronize(c->st) != cudaSuccess) rc = sm_errf(e, "synchronize failed on device %d", c->device);
-    if (!rc && sm_gcomm_health_check(c->gc, e)) rc = -1;
-    if (!rc) w->xus[c->rank] = sm_median(t, w->xiters);
+    if (!rc && sm_gcomm_health_fetch(cr->gc, cr->st, e)) rc = -1;
+    if (!rc && cudaStreamSynchronize(cr->st) != cudaSuccess) rc = sm_errf(e, "synchronize failed on device %d", cr->device);
+    if (!rc && sm_gcomm_health_check(cr->gc, e)) rc = -1;
+    if (!rc) w->xus[cr->rank] = sm_median(t, w->xiters);
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
     free(t);
@@ -133,12 +133,12 @@ static int cw_time_exchanges(cw_world *w, sm_cuda_dev *c, sm_err *e) {
 
 static int cw_job(void *arg, int r, sm_err *e) {
     cw_world *w = (cw_world *)arg;
-    sm_cuda_dev *c = w->rk[r];
+    sm_cuda_rank *cr = w->rk[r];
     int rc;
-    if (w->job == CW_UPLOAD) rc = cb_enter(c, e) || cb_upload_model(c, w->m, e) || cb_mono_init(c, e) ? -1 : 0;
-    else if (w->job == CW_SYNTH) rc = cb_synth_weights(c, w->fmt, w->seed, e) || cb_mono_init(c, e) ? -1 : 0;
-    else if (w->job == CW_EXCH) rc = cw_time_exchanges(w, c, e);
-    else rc = cb_step_run(c, w->st, e); /* checked once in cw_step */
+    if (w->job == CW_UPLOAD) rc = cb_enter(cr, e) || cb_upload_model(cr, w->m, e) || cb_mono_init(cr, e) ? -1 : 0;
+    else if (w->job == CW_SYNTH) rc = cb_synth_weights(cr, w->fmt, w->seed, e) || cb_mono_init(cr, e) ? -1 : 0;
+    else if (w->job == CW_EXCH) rc = cw_time_exchanges(w, cr, e);
+    else rc = cb_step_run(cr, w->st, e); /* checked once in cw_step */
     if (rc) sm_gcomm_abort(w->gw, e->msg); /* the peers stop waiting for this rank */
     return rc;
 }
@@ -189,12 +189,12 @@ static void cw_destroy(void *vctx) {
 }
 
 /* The most bytes one rank contributes to one exchange (cap rows; the logits in chunks). */
-static size_t cw_max_bytes(const sm_cuda_dev *c) {
-    const sm_config *cf = &c->cfg;
-    const size_t R = (size_t)c->cap;
+static size_t cw_max_bytes(const sm_cuda_rank *cr) {
+    const sm_config *cf = &cr->cfg;
+    const size_t R = (size_t)cr->cap;
     size_t b = R * cf->H * 4;                                                   /* attn_sum */
-    size_t x = R * cf->Hm * 4 * (c->plan.moe == SM_MOE_TP ? (size_t)cf->K : 1); /* expert_sum */
-    size_t v = (size_t)CB_LOGIT_ROWS * c->plan.nv * 4;                          /* vocab_gather */
+    size_t x = R * cf->Hm * 4 * (cr->plan.moe == SM_MOE_TP ? (size_t)cf->K : 1); /* expert_sum */
+    size_t v = (size_t)CB_LOGIT_ROWS * cr->plan.nv * 4;                          /* vocab_gather */
     if (x > b) b = x;
     if (v > b) b = v;
     return b;
@@ -204,7 +204,7 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
                     sm_backend *b, sm_err *e) {
     const int W = o->world;
     const sm_moe_layout moe = sm_moe_layout_of(o->moe_tp);
-    if (m ? sm_shard_check(m, W, moe, e) : sm_shard_check_config(cf, W, moe, e)) return sm_errprefix(e, "cuda world");
+    /* (W, moe) passed sm_shard_check where world entered; each rank's sm_shard_plan asserts it */
     if (o->comm != SM_COMM_PEER && o->comm != SM_COMM_NCCL) return sm_errf(e, "cuda world: unknown comm kind %d", o->comm);
     cw_world *w = (cw_world *)calloc(1, sizeof *w);
     int *dev = (int *)malloc(sizeof(int) * (size_t)W);
@@ -215,7 +215,7 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
     }
     w->W = W;
     for (int r = 0; r < W; r++) dev[r] = o->devices ? o->devices[r] : o->device + r;
-    w->rk = (sm_cuda_dev **)calloc((size_t)W, sizeof *w->rk);
+    w->rk = (sm_cuda_rank **)calloc((size_t)W, sizeof *w->rk);
     w->errs = (sm_err *)calloc((size_t)W, sizeof *w->errs);
     int rc = !w->rk || !w->errs ? sm_errf(e, "cuda world: out of host memory") : 0;
     sm_backend_opts ro = *o;
@@ -256,7 +256,7 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
         size_t k = 0;
         for (int r = 0; r < W && k < sizeof dl - 8; r++) k += (size_t)snprintf(dl + k, sizeof dl - k, r ? ",%d" : "%d", dev[r]);
         fprintf(stderr, "sparkmono: cuda world of %d ranks (%s experts) on devices %s, exchanges through %s%s\n", W,
-                moe == SM_MOE_TP ? "tp" : "ep", dl, o->comm == SM_COMM_NCCL ? "nccl" : "peer memory",
+                sm_moe_layout_name(moe), dl, o->comm == SM_COMM_NCCL ? "nccl" : "peer memory",
                 sm_gcomm_is_virtual(w->gw) ? "; virtual ranks (a device holds several): eager steps, host barriers" : "");
     }
     free(dev);
@@ -275,7 +275,7 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
 
 /* ---- hooks (stock.h, bench.h) ---- */
 
-int cb_world_ranks(const sm_backend *b, sm_cuda_dev ***rk) {
+int cb_world_ranks(const sm_backend *b, sm_cuda_rank ***rk) {
     if (!b || b->step != cw_step || !b->ctx) return 0;
     cw_world *w = (cw_world *)b->ctx;
     *rk = w->rk;
@@ -303,9 +303,9 @@ extern "C" int sm_cuda_world_aux(const sm_backend *b, int rank, int a, int n, fl
     if (!b || b->step != cw_step) return sm_errf(e, "sm_cuda_world_aux: not a CUDA world backend");
     cw_world *w = (cw_world *)b->ctx;
     if (rank < 0 || rank >= w->W) return sm_errf(e, "sm_cuda_world_aux: rank %d outside [0, %d)", rank, w->W);
-    sm_cuda_dev *c = w->rk[rank];
-    if (a < 0 || a >= c->aux_cap || n < 0 || n > c->cap) return sm_errf(e, "sm_cuda_world_aux: entry %d / %d rows out of range", a, n);
-    if (cb_enter(c, e)) return -1;
-    SM_CUDA_CHECK(cudaMemcpy(host, c->aux + (size_t)a * c->cap * c->cfg.H, (size_t)n * c->cfg.H * 4, cudaMemcpyDeviceToHost));
+    sm_cuda_rank *cr = w->rk[rank];
+    if (a < 0 || a >= cr->aux_cap || n < 0 || n > cr->cap) return sm_errf(e, "sm_cuda_world_aux: entry %d / %d rows out of range", a, n);
+    if (cb_enter(cr, e)) return -1;
+    SM_CUDA_CHECK(cudaMemcpy(host, cr->aux + (size_t)a * cr->cap * cr->cfg.H, (size_t)n * cr->cfg.H * 4, cudaMemcpyDeviceToHost));
     return 0;
 }

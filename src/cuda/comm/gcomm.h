@@ -99,7 +99,7 @@ int sm_gcomm_is_virtual(const sm_gcomm_world *w);   /* 1: some device holds seve
 double sm_gcomm_bound_ms(const sm_gcomm_world *w);
 /* Rank c's device step counter (incremented by sm_gcomm_begin): the epoch base of exchanges
  * made elsewhere (the monokernel's, inside its launches). */
-const unsigned long long *sm_gcomm_step(const sm_gcomm *c);
+const unsigned long long *sm_gcomm_step(const sm_gcomm *gc);
 
 /* Fail every rank's pending and later host barrier (virtual ranks) with `why`: a rank thread
  * that fails between operations calls it so its peers do not wait for it. */
@@ -108,7 +108,7 @@ void sm_gcomm_abort(sm_gcomm_world *w, const char *why);
 void sm_gcomm_reset(sm_gcomm_world *w);
 
 /* Start a chunk of a step on rank c's stream (capturable). */
-int sm_gcomm_begin(sm_gcomm *c, cudaStream_t st, sm_err *e);
+int sm_gcomm_begin(sm_gcomm *gc, cudaStream_t st, sm_err *e);
 
 /* ---- the operations (all collective; device pointers; st: the rank's stream) ----
  * layer tags the call (-1 before the first layer, L after the last; gather_owner and argmax
@@ -116,33 +116,33 @@ int sm_gcomm_begin(sm_gcomm *c, cudaStream_t st, sm_err *e);
  * max_bytes, a whole number of 4-byte words and 4-byte aligned (gather_owner: n * H even).
  * Each returns 0 once the work is enqueued, or -1 with one line naming the op, layer and rank. */
 /* out [count] bf16 = r16(part_0 + part_1 + ... + part_{W-1}) in rank order (part f32 [count]). */
-int sm_gcomm_sum_bf16(sm_gcomm *c, int op, int layer, const float *part, size_t count, uint16_t *out, cudaStream_t st,
+int sm_gcomm_sum_bf16(sm_gcomm *gc, int op, int layer, const float *part, size_t count, uint16_t *out, cudaStream_t st,
                       sm_err *e);
 /* out [count] f32 = the rank-order sum, not rounded (out may equal part). */
-int sm_gcomm_sum_f32(sm_gcomm *c, int op, int layer, const float *part, size_t count, float *out, cudaStream_t st,
+int sm_gcomm_sum_f32(sm_gcomm *gc, int op, int layer, const float *part, size_t count, float *out, cudaStream_t st,
                      sm_err *e);
 /* Column blocks: blk [n, row_bytes] of each rank -> out [n, W * row_bytes], rank q's row i at
  * bytes [q * row_bytes, (q + 1) * row_bytes) of out's row i.  row_bytes a multiple of 4.  out
  * may be NULL on a rank that does not need the result (the call stays collective). */
-int sm_gcomm_gather_cols(sm_gcomm *c, int op, int layer, const void *blk, int n, size_t row_bytes, void *out,
+int sm_gcomm_gather_cols(sm_gcomm *gc, int op, int layer, const void *blk, int n, size_t row_bytes, void *out,
                          cudaStream_t st, sm_err *e);
 /* embed_gather: rows [n, H] bf16 of each rank -> out [n, H], row i from rank tokens[i] / nv
  * (tokens [n] on the device, each in [0, W * nv); a row whose token is outside comes out as bf16
  * NaNs). */
-int sm_gcomm_gather_owner(sm_gcomm *c, const uint16_t *rows, const int *tokens, int n, int H, int nv, uint16_t *out,
+int sm_gcomm_gather_owner(sm_gcomm *gc, const uint16_t *rows, const int *tokens, int n, int H, int nv, uint16_t *out,
                           cudaStream_t st, sm_err *e);
 /* vocab_argmax: best [n] f32 and id [n] (local id >= 0 in this rank's block of nv ids, -1: none,
  * -2: a non-finite logit) -> out [n] global ids (rank q's local id k is q * nv + k): the first
  * maximum in rank order (the lowest id on ties), -1 when any rank said -2 or none has an id
  * (the CPU communicator returns 0 for the latter; it cannot happen with vocab_used > 0). */
-int sm_gcomm_argmax(sm_gcomm *c, const float *best, const int *id, int n, int nv, int *out, cudaStream_t st, sm_err *e);
+int sm_gcomm_argmax(sm_gcomm *gc, const float *best, const int *id, int n, int nv, int *out, cudaStream_t st, sm_err *e);
 
 /* ---- health ----
  * Enqueue the copy of the rank's health words to pinned host memory (before the caller's
  * synchronization); after it, check them: 0, or -1 with one line "rank r: layer l op: waited
  * X ms for rank q (epoch E)" when a wait ran out.  The words stay set (the world is broken). */
-int sm_gcomm_health_fetch(sm_gcomm *c, cudaStream_t st, sm_err *e);
-int sm_gcomm_health_check(sm_gcomm *c, sm_err *e);
+int sm_gcomm_health_fetch(sm_gcomm *gc, cudaStream_t st, sm_err *e);
+int sm_gcomm_health_check(sm_gcomm *gc, sm_err *e);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
-/* kernels.h: the extern "C" launchers of the CUDA stock-path kernels (docs/model.md sections 3-6),
- * everything of a step except the MoE expert stage (moe.h).  They are defined in
+/* ops.h: the extern "C" launchers of the CUDA stock-path kernels (docs/model.md sections 3-6),
+ * everything of a step except the MoE expert stage (cuda/moe/moe.h).  They are defined in
  * src/cuda/ops/<family>.cu; the __device__ bodies the kernels run (callable from a persistent
  * kernel on any row / tile range) are in src/cuda/ops/<family>.cuh.
  *
@@ -8,7 +8,7 @@
  *    uint16_t bits (the residual stream s stays f32; every value docs/model.md rounds with r16 is
  *    stored as bf16);
  *  - the launch goes on `st` and is CUDA-graph capturable: no synchronization, no allocation,
- *    no host read of device data; workspaces come from the sm_cuda_ctx;
+ *    no host read of device data; workspaces come from the sm_kernel_ctx;
  *  - the host-side preconditions (shapes, alignment, workspace size) are checked first and a
  *    violation returns -1 with one line in `e`; a launch error returns -1 too;
  *  - outputs never alias inputs unless the comment allows it.
@@ -17,8 +17,8 @@
  * (row-count templates, split counts): the launcher picks the variant from the shape, callers
  * state only the math.
  */
-#ifndef SM_CUDA_KERNELS_H
-#define SM_CUDA_KERNELS_H
+#ifndef SM_CUDA_OPS_H
+#define SM_CUDA_OPS_H
 #include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
@@ -37,9 +37,12 @@ extern "C" { /* err.h and config.h are C headers without their own guards */
 #define SM_ATT_ITEMS_PER_SM 4 /* resident attention tile items an SM (46 KB of shared memory, 128
                                 * registers a thread): the key splits fill one wave (sm_att_plan) */
 
-/* Per-device state of the stock kernels.  One ctx serves one stream at a time: its workspace
- * is reused by consecutive launches (stream order makes that safe). */
-typedef struct sm_cuda_ctx {
+/* The kernels' launch context on one device: what every launcher below needs (cuBLAS handle,
+ * workspaces), nothing of a model.  A rank of the stock backend (stock/stock.h: sm_cuda_rank,
+ * its weights, buffers and graphs) holds one, as do the GPU tests and benchmarks.  One ctx
+ * serves one stream at a time: its workspace is reused by consecutive launches (stream order
+ * makes that safe). */
+typedef struct sm_kernel_ctx {
     int device;              /* CUDA device ordinal */
     int num_sms;             /* multiprocessors of that device */
     cublasHandle_t blas;     /* cuBLAS handle for many-row matmuls */
@@ -54,7 +57,7 @@ typedef struct sm_cuda_ctx {
                               * path is unavailable (not a 9.x device, or an old driver) */
     int att_items_per_sm;    /* attention key splits aim at this many tile items an SM
                               * (sm_att_plan; SPARKMONO_ATT_ITEMS_PER_SM, a measurement hook) */
-} sm_cuda_ctx;
+} sm_kernel_ctx;
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,8 +72,8 @@ void *sm_cuda_tma_encoder(void);
 size_t sm_cuda_ws_bytes(const sm_config *c, int max_rows);
 /* Bind to `device` (cudaSetDevice), create the cuBLAS handle and allocate ws_bytes of
  * workspace (0: a default of 64 MiB). */
-int sm_cuda_ctx_init(sm_cuda_ctx *c, int device, size_t ws_bytes, sm_err *e);
-void sm_cuda_ctx_free(sm_cuda_ctx *c);
+int sm_kernel_ctx_init(sm_kernel_ctx *kc, int device, size_t ws_bytes, sm_err *e);
+void sm_kernel_ctx_free(sm_kernel_ctx *kc);
 
 /* ---- norms and residual boundaries (ops/norm.cu); one block per row ---- */
 /* Embedding + first norm: for each row i, v = embed[tokens[i]] (bf16 [V, H]),
@@ -102,23 +105,23 @@ int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, ui
  * wgmma stream-K kernel (the mma.sync core where the wgmma path is unavailable), whose work
  * split depends on (m, k) only, so a row's bits do not depend on n (speculative == greedy);
  * more rows: cuBLAS (sm_k_mm_blas).  Requires k % 32 == 0 and 16-byte aligned x, W (m any
- * >= 1).  Uses c->ws for split-K partials. */
-int sm_k_mm(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+ * >= 1).  Uses kc->ws for split-K partials. */
+int sm_k_mm(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
             uint16_t *y, cudaStream_t st, sm_err *e);
 /* The paths of sm_k_mm, callable directly (tests, benchmarks): small (the mma.sync core of
  * ops/matmul.cuh) requires n <= 128. */
-int sm_k_mm_small(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_small(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                   uint16_t *y, cudaStream_t st, sm_err *e);
-int sm_k_mm_blas(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_blas(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                  uint16_t *y, cudaStream_t st, sm_err *e);
 /* Path choice for tests and benchmarks (sm_k_mm_path, sm_k_logits_path). */
 #define SM_PATH_AUTO 0  /* what sm_k_mm / sm_k_logits pick */
 #define SM_PATH_SYNC 1  /* mma.sync weight-streaming core (ops/matmul.cuh), 64-row blocks */
 #define SM_PATH_WG1 2   /* wgmma stream-K kernel, 128-row tiles (TMA-fed, 2 consumer warpgroups) */
 #define SM_PATH_WG2 3   /* wgmma stream-K kernel, 256-row tiles */
-/* sm_k_mm with the path forced (n <= 128; a WG path fails with one line when c->tma_encode is
+/* sm_k_mm with the path forced (n <= 128; a WG path fails with one line when kc->tma_encode is
  * NULL). */
-int sm_k_mm_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_path(sm_kernel_ctx *kc, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                  uint16_t *y, cudaStream_t st, sm_err *e);
 /* f32-output variant (a rank's partial sum, e.g. o_proj over its heads' columns): y [n, m] =
  * x [n, k] @ W [m, k]^T, bf16 in, f32 accumulation, f32 output NOT rounded.  n <= 128: the
@@ -127,14 +130,14 @@ int sm_k_mm_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, cons
  * and r16 of them is sm_k_mm's output; more rows: cuBLAS with f32 output.  Same
  * preconditions and workspace use as sm_k_mm.  A column slice of a wider matrix must be
  * packed contiguous ([m, k]) by the caller. */
-int sm_k_mm_f32(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_f32(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                 float *y, cudaStream_t st, sm_err *e);
 /* sm_k_mm_f32 with the path forced (n <= 128; SM_PATH_AUTO, SM_PATH_SYNC or SM_PATH_WG1). */
-int sm_k_mm_f32_path(sm_cuda_ctx *c, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
+int sm_k_mm_f32_path(sm_kernel_ctx *kc, int path, const uint16_t *x, int n, int k, const uint16_t *W, int m,
                      float *y, cudaStream_t st, sm_err *e);
 /* f32-weight variant (router): y [n, m] = x [n, k] (bf16) @ W [m, k]^T (f32), f32
  * accumulation, f32 output NOT rounded.  Any n; k % 4 == 0, x 8-byte and W 16-byte aligned. */
-int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W, int m,
+int sm_k_mm_f32w(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const float *W, int m,
                  float *y, cudaStream_t st, sm_err *e);
 
 /* ---- router (ops/router.cu) ---- */
@@ -143,7 +146,7 @@ int sm_k_mm_f32w(sm_cuda_ctx *c, const uint16_t *x, int n, int k, const float *W
  * sc + bias (descending, ties to the lowest expert id), w [n, K] f32 =
  * sc[idx] / (sum_k sc[idx_k] + 1e-15) * route_scale.  xf bf16 [n, H]; router f32 [E, H];
  * bias f32 [E].  E <= 1024, K <= min(E, 32). */
-int sm_k_route(sm_cuda_ctx *c, const uint16_t *xf, int n, int H, const float *router,
+int sm_k_route(sm_kernel_ctx *kc, const uint16_t *xf, int n, int H, const float *router,
                const float *bias, int E, int K, float m_o, float route_scale, float *logits,
                int *idx, float *w, cudaStream_t st, sm_err *e);
 
@@ -169,7 +172,7 @@ int sm_k_qk_rope_kv(const uint16_t *q, int ldq, const uint16_t *k, const uint16_
  * SM, each split >= 128 keys, bounded by the workspace) and, in *chunk (may be NULL), the keys of one chunk of the
  * absolute key grid the splits take: the one rule, shared with the persistent kernel so both
  * give the same bits. */
-int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int max_ctx, int *chunk);
+int sm_att_plan(const sm_kernel_ctx *kc, int n, int nh, int nkv, int window, int max_ctx, int *chunk);
 /* Decode / verify attention with the fused output gate.  Row i (request row_req[i], position
  * pos[i]) attends to its request's keys p' in [lo, pos[i]] (lo = pos[i] - window + 1 clamped
  * at 0 when window > 0, else 0), read from kv (layout as above) through the block table
@@ -180,7 +183,7 @@ int sm_att_plan(const sm_cuda_ctx *c, int n, int nh, int nkv, int window, int ma
  * gate bf16 rows of stride ldg; out bf16 [n, nh*64].  max_ctx (host) is an upper bound of
  * pos[i] + 1 over the rows (it sizes split-K; a smaller value is still correct, just slower;
  * 0 = unknown).  nh % nkv == 0, nh / nkv <= SM_ATT_MAX_GROUP. */
-int sm_k_attention(sm_cuda_ctx *c, const uint16_t *q, int ldq, const uint16_t *gate, int ldg,
+int sm_k_attention(sm_kernel_ctx *kc, const uint16_t *q, int ldq, const uint16_t *gate, int ldg,
                    const uint16_t *kv, const int *tables, int max_bpr, const int *row_req,
                    const int *pos, int n, int nh, int nkv, int window, float scale, float eps,
                    int max_ctx, uint16_t *out, cudaStream_t st, sm_err *e);
@@ -200,21 +203,21 @@ int sm_k_attention_prefill(const uint16_t *q, int ldq, const uint16_t *gate, int
  * any raw logit of a row among ids < vocab_used is NaN or +-Inf, that row's argmax is -1 and
  * its logits there are NaN (a non-finite raw value is never capped to a finite +-softcap); the
  * other rows are unaffected.  Any n (chunks of 128 rows); H % 32 == 0;
- * 1 <= vocab_used <= V.  Uses c->ws for per-block argmax partials. */
-int sm_k_logits(sm_cuda_ctx *c, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
+ * 1 <= vocab_used <= V.  Uses kc->ws for per-block argmax partials. */
+int sm_k_logits(sm_kernel_ctx *kc, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
                 int vocab_used, float m_o, float softcap, float *logits, int *argmax,
                 cudaStream_t st, sm_err *e);
 /* sm_k_logits with the path forced (SM_PATH_*), for tests and benchmarks. */
-int sm_k_logits_path(sm_cuda_ctx *c, int path, const uint16_t *h, int n, int H, const uint16_t *lm_head,
+int sm_k_logits_path(sm_kernel_ctx *kc, int path, const uint16_t *h, int n, int H, const uint16_t *lm_head,
                      int V, int vocab_used, float m_o, float softcap, float *logits, int *argmax,
                      cudaStream_t st, sm_err *e);
 /* Internal to ops/logits.cu (defined in ops/matmul.cu, next to the wgmma kernel it shares
  * with sm_k_mm): the lm_head product of n <= 128 rows with the logits epilogue.  Reads lm_head
  * once; writes logits (f32 [n, V], when non-NULL) and, per tile of 128 * mt rows of lm_head
  * (mt 1 or 2), the best (value, id) of each row: pv f32 / pi int32 [*ntiles][n], laid out at
- * the start of c->ws (the kernel's partial tiles follow them); id -2 marks a tile with a
+ * the start of kc->ws (the kernel's partial tiles follow them); id -2 marks a tile with a
  * non-finite logit of the row (ops/logits.cuh: SM_LG_BAD).  The caller reduces pv / pi. */
-int sm_k_logits_wg(sm_cuda_ctx *c, int mt, const uint16_t *h, int n, int H, const uint16_t *lm_head,
+int sm_k_logits_wg(sm_kernel_ctx *kc, int mt, const uint16_t *h, int n, int H, const uint16_t *lm_head,
                    int V, int vocab_used, float m_o, float softcap, float *logits, float **pv,
                    int **pi, int *ntiles, cudaStream_t st, sm_err *e);
 
