@@ -31,6 +31,6 @@ if python3 -c 'import json, sys; g = json.load(open(sys.argv[1])); w = open(sys.
 
 mkdir -p "$T/notok" && cp "$T/tiny"/*.json "$T/tiny"/*.safetensors "$T/notok/" 2>/dev/null && rm -f "$T/notok/tokenizer.json"
 bad_msg no_tokenizer "--prompt TEXT needs the model's tokenizer, $T/notok/tokenizer.json, which does not exist" generate --model "$T/notok" --prompt "hi" --max-tokens 2
-bad_msg prompt_and_ids "give one of --prompt, --prompt-ids and --prompt-file" generate --model "$T/tiny" --prompt "hi" --prompt-ids 1 --max-tokens 2
+bad_msg prompt_and_ids "give exactly one of --prompt TEXT, --prompt-ids LIST and --prompt-file FILE" generate --model "$T/tiny" --prompt "hi" --prompt-ids 1 --max-tokens 2
 bad_msg empty_text "--prompt: the text encodes to no tokens" generate --model "$T/tiny" --prompt "" --max-tokens 2
 done_

@@ -90,12 +90,15 @@ int cmd_serve(int argc, char **argv) {
     cli_opt *key = cli_find(opts, no, "api-key");
     so.api_key = key->present ? key->value : getenv("SPARKMONO_API_KEY");
     if (so.api_key && !*so.api_key && !key->present) so.api_key = NULL;
-    for (const char *k = so.api_key; k && (*k || k == so.api_key); k++)
-        if (*k < 0x21 || *k > 0x7e) { /* a header carries it: visible ASCII only */
-            sm_errf(&e, "%s: %s %s", cmd, key->present ? "--api-key" : "SPARKMONO_API_KEY",
-                    *k ? "holds a character that cannot go in an HTTP header (visible ASCII only)" : "is empty");
-            goto bad;
-        }
+    if (so.api_key) {
+        const char *what = key->present ? "--api-key" : "SPARKMONO_API_KEY";
+        if (!*so.api_key) { sm_errf(&e, "%s: %s is empty", cmd, what); goto bad; }
+        for (const char *k = so.api_key; *k; k++)
+            if (*k < 0x21 || *k > 0x7e) { /* a header carries it: visible ASCII only */
+                sm_errf(&e, "%s: %s holds a character that cannot go in an HTTP header (visible ASCII only)", cmd, what);
+                goto bad;
+            }
+    }
     if (cli_find(opts, no, "no-spec")->present) {
         if (rows_o->present) { sm_errf(&e, "%s: give --request-rows or --no-spec, not both", cmd); goto bad; }
         rows = 1;

@@ -83,11 +83,7 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     }
     sparkmono_model_info info;
     sparkmono_model_get_info(m, &info);
-    if (path_in(path, sizeof path, o->model_dir, "tokenizer.json")) {
-        sm_errf(e, "serve: model directory path is too long");
-        goto out;
-    }
-    if (is_file(path) && sm_tokenizer_load(path, &tok, e)) {
+    if (sm_tokenizer_load_dir(o->model_dir, &tok, path, sizeof path, e)) {
         sm_errprefix(e, "serve");
         goto out;
     }
