@@ -205,7 +205,7 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
             if (get_prompt(&c, v)) goto out;
             have_prompt = 1;
         } else if (!strcmp(k, "max_tokens")) {
-            if (!json_is_null(v) && get_int(&c, k, v, 1, LLONG_MAX, &max_tokens)) goto out; /* its top: below */
+            if (!json_is_null(v) && get_int(&c, k, v, LLONG_MIN, LLONG_MAX, &max_tokens)) goto out; /* its range: below */
         } else if (!strcmp(k, "temperature")) {
             if (!json_is_null(v) && get_number(&c, k, v, 0, 2, &temperature)) goto out;
         } else if (!strcmp(k, "top_p")) {
@@ -255,7 +255,7 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
             "so a prompt may have at most %d", out->n, m->max_len, m->max_len - 1);
         goto out;
     }
-    if ((long long)out->n + max_tokens > m->max_len) {
+    if (max_tokens < 1 || max_tokens > (long long)(m->max_len - out->n)) {
         bad(&c, "max_tokens", "'max_tokens' is %lld; with this prompt of %d tokens it must be in [1, %d] (the model's "
             "maximum context length is %d tokens)", max_tokens, out->n, m->max_len - out->n, m->max_len);
         goto out;
