@@ -3,7 +3,9 @@
  *
  * Routes: GET /health, GET /v1/models, GET /v1/models/NAME, POST /v1/completions (JSON or, with
  * "stream": true, server-sent events "data: {chunk}" ending "data: [DONE]"), POST
- * /v1/chat/completions (a 400 naming why there is no chat).  A body longer than max_body is
+ * /v1/chat/completions (a 400 naming why there is no chat); POST /tokenize, POST /detokenize,
+ * GET /version (serve_misc.c) and GET /metrics (serve_metrics.c).  With an API key, a /v1/
+ * request without it is a 401 before it is routed.  A body longer than max_body is
  * a 413: at once when Content-Length says so, else once it has been read up to the limit
  * (the rest is discarded; a client that keeps sending far past it is disconnected).  A
  * "job" is one completion on its way out: the ids received so far, the text decoder and the
