@@ -160,7 +160,8 @@ fi
 printf '\n  \n' >"$T/empty.jsonl"
 bad_msg bad_no_requests "$T/empty.jsonl: no requests" $G --batch "$T/empty.jsonl"
 bad_msg bad_missing_file "--batch $T/no-such.jsonl: cannot open" $G --batch "$T/no-such.jsonl"
-bad_msg bad_batch_and_prompt "--batch FILE holds the prompts: no --prompt-ids" $G --batch "$T/b.jsonl" --prompt-ids 1,2
+bad_msg bad_batch_and_prompt "--batch FILE holds the prompts: no --prompt / --prompt-ids" $G --batch "$T/b.jsonl" --prompt-ids 1,2
+bad_msg bad_batch_and_text "--batch FILE holds the prompts: no --prompt / --prompt-ids" $G --batch "$T/b.jsonl" --prompt hello
 bad_msg bad_out_without_batch "--max-requests and --out go with --batch FILE" $G --prompt-ids 1,2 --max-tokens 3 --out "$T/x.jsonl"
 bad_msg bad_out_dir "--out: $T/no/such/dir/x.jsonl: cannot create a temporary file" $G --batch "$T/b.jsonl" --out "$T/no/such/dir/x.jsonl"
 bad_msg bad_max_requests "--max-requests '0' is not an integer in [1, 65536]" $G --batch "$T/b.jsonl" --max-requests 0

@@ -31,9 +31,9 @@ else
 fi
 
 # exactly one of --prompt-ids and --prompt-file
-bad_msg both_prompts "give exactly one of --prompt-ids LIST and --prompt-file FILE" generate --model "$T/tiny" --max-tokens 2 --prompt-ids 1,2 --prompt-file "$T/p.txt"
-bad_msg no_prompt "generate: give exactly one of --prompt-ids LIST and --prompt-file FILE" generate --model "$T/tiny" --max-tokens 2
-bad_msg no_prompt_logits "logits: give exactly one of --prompt-ids LIST and --prompt-file FILE" logits --model "$T/tiny" --out "$T/x.npy"
+bad_msg both_prompts "give exactly one of --prompt TEXT, --prompt-ids LIST and --prompt-file FILE" generate --model "$T/tiny" --max-tokens 2 --prompt-ids 1,2 --prompt-file "$T/p.txt"
+bad_msg no_prompt "generate: give exactly one of --prompt TEXT, --prompt-ids LIST and --prompt-file FILE" generate --model "$T/tiny" --max-tokens 2
+bad_msg no_prompt_logits "logits: give exactly one of --prompt TEXT, --prompt-ids LIST and --prompt-file FILE" logits --model "$T/tiny" --out "$T/x.npy"
 
 # badly formed files: one line naming the file and the token index
 printf '1 2 x3 4\n' >"$T/word.txt"

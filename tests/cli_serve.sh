@@ -5,7 +5,9 @@
 # (tests/serve, pytest with the passfail plugin: one PASS/FAIL line a test): completions,
 # streaming, concurrent clients equal to each alone, bad bodies, the 503 queue, client
 # disconnects (test_cancel.py: dead queued and running clients free their places), SIGTERM
-# (tests/cli_serve_load.sh: slow, idle and many clients).  Prints PASS/FAIL
+# (tests/cli_serve_load.sh: slow, idle and many clients), /tokenize, /detokenize, /version,
+# /metrics and the text prompts' refusals (test_misc.py), the API key (test_auth.py); and
+# `sparkmono check` refusing the broken tokenizer.json serve refuses.  Prints PASS/FAIL
 # lines and a DONE line.
 NAME=cli_serve
 . "$(dirname "$0")/lib_cli.sh"
@@ -44,6 +46,23 @@ bad serve_bad_idle_timeout serve "$T/tiny" --idle-timeout 5s
 mkdir "$T/badtok" && cp "$T/tiny/config.json" "$T/badtok/" && ln -s "$T/tiny/model.safetensors" "$T/badtok/" &&
     printf '{"model": {"type": "BPE", "vocab": 5}' >"$T/badtok/tokenizer.json"
 bad serve_broken_tokenizer serve "$T/badtok" --port 0
+# check loads tokenizer.json as serve does: the same line, and nothing printed on stdout
+bad_msg check_broken_tokenizer "check: $T/badtok/tokenizer.json: not valid JSON" check "$T/badtok"
+if [ -s "$T/bad.out" ]; then fail check_broken_tokenizer_no_output "$(head -c 200 "$T/bad.out")"; else pass check_broken_tokenizer_no_output; fi
+mkdir "$T/dirtok" && cp "$T/tiny/config.json" "$T/dirtok/" && ln -s "$T/tiny/model.safetensors" "$T/dirtok/" && mkdir "$T/dirtok/tokenizer.json"
+bad_msg check_tokenizer_not_a_file "check: $T/dirtok/tokenizer.json: not a regular file" check "$T/dirtok"
+bad_msg serve_tokenizer_not_a_file "serve: $T/dirtok/tokenizer.json: not a regular file" serve "$T/dirtok" --port 0
+if "$SM" check "$T/tiny" >"$T/chk.out" 2>"$T/chk.err" && grep -q "^tokenizer: $T/tiny/tokenizer.json, 512 tokens\$" "$T/chk.out"; then
+    pass check_good_tokenizer
+else
+    fail check_good_tokenizer "$(cat "$T/chk.err"; grep tokenizer "$T/chk.out")"
+fi
+# --api-key: an empty key, or one a header cannot carry, from the flag or the variable
+bad_msg serve_empty_api_key "serve: --api-key is empty" serve "$T/tiny" --port 0 --api-key ""
+bad_msg serve_api_key_space "serve: --api-key holds a character that cannot go in an HTTP header" serve "$T/tiny" --port 0 --api-key "a b"
+SPARKMONO_API_KEY=$(printf 'k\001'); export SPARKMONO_API_KEY
+bad_msg serve_env_key_control "serve: SPARKMONO_API_KEY holds a character that cannot go in an HTTP header" serve "$T/tiny" --port 0
+unset SPARKMONO_API_KEY
 # a port in use: a first server holds it
 "$SM" serve "$T/tiny" --port 0 --threads 1 --quiet >"$T/s1.out" 2>"$T/s1.err" &
 pid=$!
@@ -70,9 +89,10 @@ fi
 kill -TERM $pid 2>/dev/null; wait $pid
 
 # ---- the HTTP API (pytest)
-if python3 -c 'import openai, pytest, requests, tokenizers' 2>"$T/imp"; then
+if python3 -c 'import openai, pytest, requests, tokenizers, prometheus_client' 2>"$T/imp"; then
     PYTHONDONTWRITEBYTECODE=1 SM_BIN="$SM_ABS" PYTHONPATH="$HERE/serve" \
-        python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve/test_serve.py" "$HERE/serve/test_cancel.py" >"$T/py.out" 2>&1
+        python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve/test_serve.py" "$HERE/serve/test_cancel.py" \
+        "$HERE/serve/test_misc.py" "$HERE/serve/test_auth.py" >"$T/py.out" 2>&1
     rc=$?
     cat "$T/py.out"
     p=$(grep -c '^PASS ' "$T/py.out"); f=$(grep -c '^FAIL ' "$T/py.out")

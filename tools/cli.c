@@ -5,6 +5,7 @@
  * what the parser accepts (the README's list is checked against --help by tests/cli_help.sh). */
 #include "cli.h"
 #include "sparkmono.h"
+#include "model/tokenizer.h"
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -283,14 +284,37 @@ static int parse_ids(const char *what, const char *s, size_t len, int **out, int
     return 0;
 }
 
-int cli_prompt(const char *cmd, const cli_opt *ids, const cli_opt *file, int **out, int *n, const char **src,
-               sm_err *e) {
+/* --prompt TEXT: the ids of the text through dir's tokenizer (kept in *tk when tk is given). */
+static int prompt_text(const char *cmd, const char *dir, const char *text, int **out, int *n, sm_tokenizer **tk,
+                       sm_err *e) {
+    char path[4096];
+    sm_tokenizer *t = NULL;
+    if (sm_tokenizer_load_dir(dir, &t, path, sizeof path, e)) return sm_errprefix(e, "%s: --prompt", cmd);
+    if (!t) return sm_errf(e, "%s: --prompt TEXT needs the model's tokenizer, %s, which does not exist", cmd, path);
+    int rc = sm_tokenizer_encode(t, text, strlen(text), out, n, e) ? sm_errprefix(e, "%s: --prompt", cmd) : 0;
+    if (!rc && *n < 1) rc = sm_errf(e, "%s: --prompt: the text encodes to no tokens", cmd);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+    }
+    if (tk && !rc) *tk = t;
+    else sm_tokenizer_free(t);
+    return rc;
+}
+
+int cli_prompt(const char *cmd, const char *dir, const cli_opt *text, const cli_opt *ids, const cli_opt *file,
+               int **out, int *n, const char **src, sm_tokenizer **tk, sm_err *e) {
     static char srcbuf[600]; /* *src: names the prompt file in later messages */
     char what[700];
     *out = NULL;
     *n = 0;
-    if (ids->present == file->present)
-        return sm_errf(e, "%s: give exactly one of --prompt-ids LIST and --prompt-file FILE", cmd);
+    if (tk) *tk = NULL;
+    if (text->present + ids->present + file->present != 1)
+        return sm_errf(e, "%s: give exactly one of --prompt TEXT, --prompt-ids LIST and --prompt-file FILE", cmd);
+    if (text->present) {
+        *src = "--prompt";
+        return prompt_text(cmd, dir, text->value, out, n, tk, e);
+    }
     if (ids->present) {
         *src = "--prompt-ids";
         snprintf(what, sizeof what, "%s: --prompt-ids", cmd);
@@ -300,11 +324,11 @@ int cli_prompt(const char *cmd, const cli_opt *ids, const cli_opt *file, int **o
     snprintf(srcbuf, sizeof srcbuf, "--prompt-file %s", strcmp(file->value, "-") ? file->value : "- (stdin)");
     *src = srcbuf;
     snprintf(what, sizeof what, "%s: %s", cmd, srcbuf);
-    char *text = NULL;
+    char *body = NULL;
     size_t len = 0;
-    if (cli_read_all(what, file->value, &text, &len, e)) return -1;
-    int rc = parse_ids(what, text, len, out, n, e);
-    free(text);
+    if (cli_read_all(what, file->value, &body, &len, e)) return -1;
+    int rc = parse_ids(what, body, len, out, n, e);
+    free(body);
     return rc;
 }
 

@@ -79,12 +79,16 @@ typedef struct cli_world_sel {
         CLI_OPT("comm", "peer|nccl", "peer", "cuda with --world: exchanges through peer memory or NCCL")
 int cli_world(const char *cmd, cli_opt *opts, int no, cli_world_sel *w, sm_err *e);
 
-/* The prompt of generate / logits: exactly one of --prompt-ids LIST and --prompt-file FILE
+/* The prompt of generate / logits: exactly one of --prompt TEXT (encoded with the model
+ * directory dir's tokenizer.json, no bos added), --prompt-ids LIST and --prompt-file FILE
  * (token ids separated by whitespace and/or single commas; "-" reads stdin).  *ids malloc'd
- * [*n], n >= 1; *src names where they came from ("--prompt-ids" or "--prompt-file FILE") for
- * later messages.  Errors name the file, token index (0-based) and line of the bad word. */
-int cli_prompt(const char *cmd, const cli_opt *ids, const cli_opt *file, int **out, int *n, const char **src,
-               sm_err *e);
+ * [*n], n >= 1; *src names where they came from ("--prompt", "--prompt-ids" or "--prompt-file
+ * FILE") for later messages; *tk the tokenizer of a text prompt (NULL otherwise; the caller
+ * frees it; tk may be NULL).  Errors name the file, token index (0-based) and line of the bad
+ * word. */
+struct sm_tokenizer;
+int cli_prompt(const char *cmd, const char *dir, const cli_opt *text, const cli_opt *ids, const cli_opt *file,
+               int **out, int *n, const char **src, struct sm_tokenizer **tk, sm_err *e);
 /* The whole of path ("-": stdin) into *buf [*len] (malloc'd; at most 1 GiB); errors start
  * with what. */
 int cli_read_all(const char *what, const char *path, char **buf, size_t *len, sm_err *e);

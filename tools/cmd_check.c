@@ -18,8 +18,9 @@ const cli_cmd cli_help_check = {
     "sparkmono check --model build/models/tiny",
     "Prints the configuration, layer kinds, expert format per layer and bytes per component, and\n"
     "scans every stored value for NaN and Inf (multi-threaded; progress on a terminal).\n"
-    "Exit status 0 means the engine will load the directory and every weight is finite; 2 names\n"
-    "the first problem (for a non-finite value: tensor, element, coordinates).",
+    "Exit status 0 means the engine will load the directory, every weight is finite and its\n"
+    "tokenizer.json (when there is one) loads as serve loads it; 2 names the first problem (for a\n"
+    "non-finite value: tensor, element, coordinates).",
 };
 
 /* `--mono`: the monokernel's static refusals of m on device 0 (docs/architecture.md). */
@@ -62,10 +63,13 @@ int cmd_check(int argc, char **argv) {
     const char *dir = model->present ? model->value : pos[0];
     sm_load_opts o = {.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present};
     if (sm_model_load(dir, &o, &m, &e)) goto bad;
+    char tokline[4200]; /* the tokenizer serve would load, loaded the same way */
+    if (sm_check_tokenizer(dir, tokline, sizeof tokline, &e)) { sm_model_free(&m); sm_errprefix(&e, "%s", cmd); goto bad; }
     sm_finite_scan fs; /* every stored value finite (the loader does not read them) */
     if (sm_check_finite(&m.ar, 0, 1, &fs, &e)) { sm_model_free(&m); goto bad; }
     printf("checkpoint %s: valid\n", dir);
     sm_check_print(&m, stdout);
+    printf("%s\n", tokline);
     sm_check_finite_print(&fs, stdout);
     if (cli_find(opts, no, "mono")->present && check_mono(&m, &e)) {
         sm_model_free(&m);

@@ -40,7 +40,7 @@
 const cli_cmd cli_help_generate = {
     "generate",
     "generation (greedy or sampled) with speculative verify steps (n-gram drafts); one prompt or a batch",
-    "--model DIR (--prompt-ids LIST | --prompt-file FILE | --batch FILE.jsonl) [--max-tokens N] [options]",
+    "--model DIR (--prompt TEXT | --prompt-ids LIST | --prompt-file FILE | --batch FILE.jsonl) [--max-tokens N] [options]",
     "sparkmono generate --model build/models/tiny --prompt-ids 11,12,13,11,12 --max-tokens 32",
     "One prompt: prints three lines: 'ids: ...' (the generated ids, comma-separated), 'accept: ...'\n"
     "(tokens emitted by each verify step: accepted drafts + 1) and 'tokens/s: ...' (with the mean\n"
@@ -292,10 +292,9 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const s
     /* the tokenizer of the model directory, when it has one: needed by text prompts; without
      * them, one that does not load only costs the results their text (one warning) */
     char tpath[4200];
-    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
     int ntext = 0;
     for (int i = 0; i < nq; i++) ntext += q[i].text != NULL;
-    if (access(tpath, F_OK) == 0 && sm_tokenizer_load(tpath, &tk, &e)) {
+    if (sm_tokenizer_load_dir(dir, &tk, tpath, sizeof tpath, &e)) {
         if (ntext) { sm_errprefix(&e, "%s", cmd); goto bad; }
         fprintf(stderr, "%s: warning: %s; the results have no text\n", cmd, e.msg);
         tk = NULL;
@@ -475,7 +474,10 @@ int cmd_generate(int argc, char **argv) {
     eo.mono = cli_str(cli_find(opts, no, "mono"));
     if (batch->present) {
         cli_opt *pi = cli_find(opts, no, "prompt-ids"), *pf = cli_find(opts, no, "prompt-file"), *outo = cli_find(opts, no, "out");
-        if (pi->present || pf->present) { sm_errf(&e, "%s: --batch FILE holds the prompts: no --prompt-ids / --prompt-file", cmd); goto bad; }
+        if (pi->present || pf->present || cli_find(opts, no, "prompt")->present) {
+            sm_errf(&e, "%s: --batch FILE holds the prompts: no --prompt / --prompt-ids / --prompt-file", cmd);
+            goto bad;
+        }
         if (!*batch->value) { sm_errf(&e, "%s: --batch needs a file name", cmd); goto bad; }
         if (outo->present && !*outo->value) { sm_errf(&e, "%s: --out needs a file name", cmd); goto bad; }
         breq dflt;
@@ -489,23 +491,9 @@ int cmd_generate(int argc, char **argv) {
         sm_errf(&e, "%s: --max-requests and --out go with --batch FILE", cmd);
         goto bad;
     }
-    cli_opt *ptext = cli_find(opts, no, "prompt");
-    if (ptext->present) {
-        /* text in: the model directory's tokenizer; its ids are checked like any prompt's */
-        if (cli_find(opts, no, "prompt-ids")->present || cli_find(opts, no, "prompt-file")->present) {
-            sm_errf(&e, "%s: give one of --prompt, --prompt-ids and --prompt-file", cmd);
-            goto bad;
-        }
-        char tpath[4096];
-        snprintf(tpath, sizeof tpath, "%s/tokenizer.json", model->value);
-        if (access(tpath, F_OK) != 0) { sm_errf(&e, "%s: --prompt TEXT needs the model's tokenizer, %s, which does not exist", cmd, tpath); goto bad; }
-        if (sm_tokenizer_load(tpath, &tk, &e) || sm_tokenizer_encode(tk, ptext->value, strlen(ptext->value), &prompt, &n, &e)) {
-            sm_errprefix(&e, "%s: --prompt", cmd);
-            goto bad;
-        }
-        if (n < 1) { sm_errf(&e, "%s: --prompt: the text encodes to no tokens", cmd); goto bad; }
-        src = "--prompt";
-    } else if (cli_prompt(cmd, cli_find(opts, no, "prompt-ids"), cli_find(opts, no, "prompt-file"), &prompt, &n, &src, &e))
+    /* a text prompt's ids are checked like any prompt's; its tokenizer decodes the output */
+    if (cli_prompt(cmd, model->value, cli_find(opts, no, "prompt"), cli_find(opts, no, "prompt-ids"),
+                   cli_find(opts, no, "prompt-file"), &prompt, &n, &src, &tk, &e))
         goto bad;
     if (!max_len) max_len = (long)n + max_tokens; /* the default: exactly this request */
 

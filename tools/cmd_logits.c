@@ -16,7 +16,7 @@
 const cli_cmd cli_help_logits = {
     "logits",
     "prefill logits of a prompt to a .npy file",
-    "--model DIR (--prompt-ids LIST | --prompt-file FILE) --out FILE.npy [options]",
+    "--model DIR (--prompt TEXT | --prompt-ids LIST | --prompt-file FILE) --out FILE.npy [options]",
     "sparkmono logits --model build/models/tiny --prompt-ids 11,12,13 --out logits.npy",
     "Writes f32 [T, V] (T prompt tokens, V = vocab_size; ids >= vocab_used are -inf) as .npy v1.0.\n"
     "--out is written through a temporary file in its directory, fsync'd, then renamed onto it:\n"
@@ -29,6 +29,7 @@ int cmd_logits(int argc, char **argv) {
     const char *cmd = "logits";
     cli_opt opts[] = {
         CLI_OPT("model", "DIR", NULL, "checkpoint directory (required)"),
+        CLI_OPT("prompt", "TEXT", NULL, "prompt text, encoded with the model directory's tokenizer.json (no bos added)"),
         CLI_OPT("prompt-ids", "LIST", NULL, "prompt token ids, comma-separated: 1,2,3"),
         CLI_OPT("prompt-file", "FILE", NULL, "prompt token ids from FILE, separated by whitespace and/or commas; - reads stdin"),
         CLI_OPT("out", "FILE.npy", NULL, "output file (required; a new or regular file, not a symbolic link)"),
@@ -56,7 +57,8 @@ int cmd_logits(int argc, char **argv) {
         goto bad;
     /* refuse a bad target now, not after the prefill (checked again when writing) */
     if (sm_outfile_check(outp->value, &e)) { sm_errprefix(&e, "%s: --out", cmd); goto bad; }
-    if (cli_prompt(cmd, cli_find(opts, no, "prompt-ids"), cli_find(opts, no, "prompt-file"), &prompt, &n, &src, &e))
+    if (cli_prompt(cmd, model->value, cli_find(opts, no, "prompt"), cli_find(opts, no, "prompt-ids"),
+                   cli_find(opts, no, "prompt-file"), &prompt, &n, &src, NULL, &e))
         goto bad;
 
     sparkmono_model *m = NULL;

@@ -10,7 +10,7 @@
 
 const cli_cmd cli_help_serve = {
     "serve",
-    "OpenAI-compatible HTTP server: /v1/completions (streaming too), /v1/models, /health",
+    "OpenAI-compatible HTTP server: /v1/completions (streaming too), /v1/models, /health, /metrics, /tokenize",
     "MODEL_DIR [options]   (or --model DIR)",
     "sparkmono serve build/models/tiny --port 8000 --max-requests 16",
     "Prints 'serve: listening on http://HOST:PORT/v1 ...' on stdout once it accepts requests; one\n"
@@ -44,6 +44,8 @@ int cmd_serve(int argc, char **argv) {
         CLI_WORLD_OPTS,
         CLI_OPT("drain-timeout", "S", "30", "seconds the requests in flight may take after SIGTERM before they are cancelled"),
         CLI_SWITCH("quiet", "no log line per request"),
+        CLI_OPT("api-key", "KEY", "$SPARKMONO_API_KEY", "requests to /v1/ need 'Authorization: Bearer KEY' (else 401); "
+                "/health, /metrics, /version, /tokenize, /detokenize stay open"),
     };
     const int no = (int)(sizeof opts / sizeof opts[0]);
     const char *pos[1];
@@ -83,6 +85,19 @@ int cmd_serve(int argc, char **argv) {
     if (so.model_name && !*so.model_name) {
         sm_errf(&e, "%s: --model-name is empty", cmd);
         goto bad;
+    }
+    /* the flag wins over the variable; an empty variable is no key */
+    cli_opt *key = cli_find(opts, no, "api-key");
+    so.api_key = key->present ? key->value : getenv("SPARKMONO_API_KEY");
+    if (so.api_key && !*so.api_key && !key->present) so.api_key = NULL;
+    if (so.api_key) {
+        const char *what = key->present ? "--api-key" : "SPARKMONO_API_KEY";
+        if (!*so.api_key) { sm_errf(&e, "%s: %s is empty", cmd, what); goto bad; }
+        for (const char *k = so.api_key; *k; k++)
+            if (*k < 0x21 || *k > 0x7e) { /* a header carries it: visible ASCII only */
+                sm_errf(&e, "%s: %s holds a character that cannot go in an HTTP header (visible ASCII only)", cmd, what);
+                goto bad;
+            }
     }
     if (cli_find(opts, no, "no-spec")->present) {
         if (rows_o->present) { sm_errf(&e, "%s: give --request-rows or --no-spec, not both", cmd); goto bad; }

@@ -17,6 +17,7 @@
  */
 #include "engine/check.h"
 #include "model/tensors.h"
+#include "model/tokenizer.h"
 #include "cpu/pool.h"
 #include <pthread.h>
 #include <stdatomic.h>
@@ -147,6 +148,16 @@ void sm_check_print(const sm_model *m, FILE *f) {
         human(r, h, sizeof h);
         fprintf(f, "  %-4d %16lld  %12s\n", W, (long long)r, h);
     }
+}
+
+int sm_check_tokenizer(const char *dir, char *line, size_t n, sm_err *e) {
+    char path[4096];
+    sm_tokenizer *t;
+    if (sm_tokenizer_load_dir(dir, &t, path, sizeof path, e)) return -1;
+    if (!t) snprintf(line, n, "tokenizer: none (no tokenizer.json: prompts are token ids, no text out)");
+    else snprintf(line, n, "tokenizer: %s, %d tokens", path, sm_tokenizer_size(t));
+    sm_tokenizer_free(t);
+    return 0;
 }
 
 /* ---------------------------------------------------------------- finite scan */

@@ -37,6 +37,9 @@ int64_t sm_rank_bytes(const sm_model *m, int W);
 void sm_layer_kinds(const sm_config *c, char *buf, size_t n);
 /* The whole summary. */
 void sm_check_print(const sm_model *m, FILE *f);
+/* Load dir's tokenizer.json with the loader serve uses (sm_tokenizer_load_dir): line [n] gets
+ * the summary line ("tokenizer: ..."), or -1 and one line in e when the file is broken. */
+int sm_check_tokenizer(const char *dir, char *line, size_t n, sm_err *e);
 
 /* Result of sm_check_finite. */
 typedef struct sm_finite_scan {

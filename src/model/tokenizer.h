@@ -18,6 +18,9 @@ typedef struct sm_tokenizer sm_tokenizer;
 /* Load tokenizer.json at path; one line naming the file and the problem on failure. */
 int sm_tokenizer_load(const char *path, sm_tokenizer **out, sm_err *e);
 void sm_tokenizer_free(sm_tokenizer *t);
+/* The tokenizer of model directory dir (tokenizer_dir.c): path [npath] gets dir/tokenizer.json;
+ * 0 with *out NULL when there is none, -1 with one line when it cannot be loaded. */
+int sm_tokenizer_load_dir(const char *dir, sm_tokenizer **out, char *path, size_t npath, sm_err *e);
 /* Ids of text [len bytes, UTF-8]: *ids malloc'd [*n] (caller frees).  Special tokens in the
  * text are recognized.  Invalid UTF-8 is an error naming the byte offset.  The ids of the text
  * alone (the file's post_processor is not applied): a caller that wants bos prepends it.

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "serve/serve_http.h"
+#include "serve/serve_misc.h"
 
 /* dir/name into buf [n]; -1 when too long. */
 static int path_in(char *buf, size_t n, const char *dir, const char *name) {
@@ -82,11 +83,7 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     }
     sparkmono_model_info info;
     sparkmono_model_get_info(m, &info);
-    if (path_in(path, sizeof path, o->model_dir, "tokenizer.json")) {
-        sm_errf(e, "serve: model directory path is too long");
-        goto out;
-    }
-    if (is_file(path) && sm_tokenizer_load(path, &tok, e)) {
+    if (sm_tokenizer_load_dir(o->model_dir, &tok, path, sizeof path, e)) {
         sm_errprefix(e, "serve");
         goto out;
     }
@@ -110,7 +107,6 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     s.api.name = name;
     s.api.tok = tok;
     s.api.vocab = info.vocab_size;
-    s.api.bos = info.bos;
     s.api.max_len = o->max_len;
     s.created = (long)time(NULL);
     s.chat_template = has_chat_template(o->model_dir);
@@ -122,6 +118,9 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
            v6, o->host, *v6 ? "]" : "", s.port, name, o->backend, tok ? "yes" : "none (token ids only)",
            o->max_requests, o->request_rows, o->queue, s.max_conns, o->request_timeout_s, o->idle_timeout_s);
     fflush(stdout);
+    if (!o->api_key && !sm_misc_loopback(o->host))
+        fprintf(stderr, "serve: warning: listening on %s without an API key (--api-key or SPARKMONO_API_KEY): anyone who "
+                "can reach port %d can use this server\n", o->host, s.port);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {}

@@ -81,31 +81,34 @@ static int get_ids(parse_ctx *c, const json_t *a) {
     return 0;
 }
 
+int sm_api_encode(const sm_api_model *m, const char *text, size_t len, int **ids, int *n, sm_err *e) {
+    *ids = NULL;
+    *n = 0;
+    if (!m->tok) return sm_errf(e, "this model directory has no tokenizer.json: give the prompt as a list of token ids");
+    if (len == 0) return sm_errf(e, "'prompt' is an empty string");
+    sm_err te = {{0}};
+    if (sm_tokenizer_encode(m->tok, text, len, ids, n, &te)) return sm_errf(e, "'prompt' cannot be tokenized: %s", te.msg);
+    if (*n == 0) {
+        free(*ids);
+        *ids = NULL;
+        return sm_errf(e, "'prompt' encodes to no tokens");
+    }
+    for (int i = 0; i < *n; i++)
+        if ((*ids)[i] < 0 || (*ids)[i] >= m->vocab) {
+            int bad_id = (*ids)[i];
+            free(*ids);
+            *ids = NULL;
+            return sm_errf(e, "'prompt' encodes to id %d at token %d, outside the model's vocabulary [0, %d)", bad_id, i,
+                           m->vocab);
+        }
+    return 0;
+}
+
 /* ids of a text prompt, through the model's tokenizer. */
 static int get_text(parse_ctx *c, const json_t *s) {
-    if (!c->m->tok)
-        return bad(c, "prompt", "this model directory has no tokenizer.json: give the prompt as a list of token ids");
     sm_err te = {{0}};
-    int *ids = NULL, n = 0;
-    if (sm_tokenizer_encode(c->m->tok, json_string_value(s), json_string_length(s), &ids, &n, &te))
-        return bad(c, "prompt", "'prompt' cannot be tokenized: %s", te.msg);
-    if (n == 0) { /* an empty text: the bos token alone, when the model has one */
-        free(ids);
-        if (c->m->bos < 0) return bad(c, "prompt", "'prompt' is empty and the model has no bos token");
-        ids = malloc(sizeof(int));
-        if (!ids) return bad(c, "prompt", "out of memory");
-        ids[0] = c->m->bos;
-        n = 1;
-    }
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= c->m->vocab) {
-            int bad_id = ids[i];
-            free(ids);
-            return bad(c, "prompt", "'prompt' encodes to id %d at token %d, outside the model's vocabulary [0, %d)",
-                       bad_id, i, c->m->vocab);
-        }
-    c->r->prompt = ids;
-    c->r->n = n;
+    if (sm_api_encode(c->m, json_string_value(s), json_string_length(s), &c->r->prompt, &c->r->n, &te))
+        return bad(c, "prompt", "%s", te.msg);
     return 0;
 }
 
@@ -202,7 +205,7 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
             if (get_prompt(&c, v)) goto out;
             have_prompt = 1;
         } else if (!strcmp(k, "max_tokens")) {
-            if (!json_is_null(v) && get_int(&c, k, v, 1, m->max_len, &max_tokens)) goto out;
+            if (!json_is_null(v) && get_int(&c, k, v, LLONG_MIN, LLONG_MAX, &max_tokens)) goto out; /* its range: below */
         } else if (!strcmp(k, "temperature")) {
             if (!json_is_null(v) && get_number(&c, k, v, 0, 2, &temperature)) goto out;
         } else if (!strcmp(k, "top_p")) {
@@ -247,10 +250,14 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
         bad(&c, "stream_options", "'stream_options' is only allowed with 'stream': true");
         goto out;
     }
-    if ((long long)out->n + max_tokens > m->max_len) {
-        bad(&c, "max_tokens",
-            "This model's maximum context length is %d tokens; the prompt has %d tokens and max_tokens is %lld",
-            m->max_len, out->n, max_tokens);
+    if (out->n >= m->max_len) { /* no room for one generated token: the prompt's fault */
+        bad(&c, "prompt", "the prompt has %d tokens; this model's maximum context length is %d tokens (prompt + max_tokens), "
+            "so a prompt may have at most %d", out->n, m->max_len, m->max_len - 1);
+        goto out;
+    }
+    if (max_tokens < 1 || max_tokens > (long long)(m->max_len - out->n)) {
+        bad(&c, "max_tokens", "'max_tokens' is %lld; with this prompt of %d tokens it must be in [1, %d] (the model's "
+            "maximum context length is %d tokens)", max_tokens, out->n, m->max_len - out->n, m->max_len);
         goto out;
     }
     out->max_tokens = (int)max_tokens;

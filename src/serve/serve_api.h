@@ -25,7 +25,6 @@ typedef struct sm_api_model {
     const char *name;          /* the served model id */
     const sm_tokenizer *tok;   /* NULL: prompts must be token ids, no text out */
     int vocab;                 /* V: prompt ids in [0, V) */
-    int bos;                   /* prompt of an empty text when >= 0 */
     int max_len;               /* prompt + max_tokens <= max_len */
 } sm_api_model;
 
@@ -48,6 +47,9 @@ typedef struct sm_api_req {
 int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m, sm_api_req *out, int *status,
                             char *param, sm_err *e);
 void sm_api_req_free(sm_api_req *r);
+/* A text prompt's ids [*n] (malloc'd), as /v1/completions encodes it (no bos added): a
+ * tokenizer, a non-empty text and ids in the vocabulary, or one line in e. */
+int sm_api_encode(const sm_api_model *m, const char *text, size_t len, int **ids, int *n, sm_err *e);
 
 /* A response body (malloc'd JSON text) for an error: type is OpenAI's error type
  * ("invalid_request_error", ...), param and code may be NULL. */

@@ -3,7 +3,9 @@
  *
  * Routes: GET /health, GET /v1/models, GET /v1/models/NAME, POST /v1/completions (JSON or, with
  * "stream": true, server-sent events "data: {chunk}" ending "data: [DONE]"), POST
- * /v1/chat/completions (a 400 naming why there is no chat).  A body longer than max_body is
+ * /v1/chat/completions (a 400 naming why there is no chat); POST /tokenize, POST /detokenize,
+ * GET /version (serve_misc.c) and GET /metrics (serve_metrics.c).  With an API key, a /v1/
+ * request without it is a 401 before it is routed.  A body longer than max_body is
  * a 413: at once when Content-Length says so, else once it has been read up to the limit
  * (the rest is discarded; a client that keeps sending far past it is disconnected).  A
  * "job" is one completion on its way out: the ids received so far, the text decoder and the
@@ -16,6 +18,7 @@
  * libmicrohttpd calls none of our callbacks holding its lock.
  */
 #include "serve/serve_http.h"
+#include "serve/serve_misc.h"
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -31,7 +34,8 @@
 
 #define DISCARD_LIMIT ((size_t)16 << 20) /* bytes past max_body read and dropped before hanging up */
 
-enum route { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT };
+enum route { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT,
+             R_TOKENIZE, R_DETOKENIZE, R_VERSION, R_METRICS /* serve_misc.c, serve_metrics.c */ };
 
 /* One open connection (libmicrohttpd's socket context); fields under s->mu. */
 typedef struct peer {
@@ -58,6 +62,7 @@ typedef struct job {
     sm_sreq *r;                /* the scheduler's request (one reference held here) */
     sm_api_req req;            /* parsed request: stop strings, stream flags (prompt moved to r) */
     int prompt_len;            /* tokens of the prompt */
+    double t0;                 /* monotonic seconds: the body was read whole (time to first token) */
     struct MHD_Connection *mc; /* its connection, suspended while the job is parked */
     int fd;                    /* the client's socket, polled for a hang-up while parked */
     char id[48];               /* "cmpl-..." */
@@ -102,9 +107,9 @@ static int answering(sm_server *s, struct MHD_Connection *mc) {
 
 /* ---- answers ---------------------------------------------------------------------------- */
 
-/* Queue status + json (freed; NULL: out of memory, a 500).  A 503 says when to retry; a
- * connection past the limit is closed after its answer. */
-static enum MHD_Result reply(sm_server *s, struct MHD_Connection *mc, unsigned status, char *json) {
+/* Queue status + body of type ctype (freed; NULL: out of memory, a 500).  A 503 says when to
+ * retry; a connection past the limit is closed after its answer. */
+static enum MHD_Result reply_as(sm_server *s, struct MHD_Connection *mc, unsigned status, char *json, const char *ctype) {
     static const char OOM[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
     struct MHD_Response *resp =
         json ? MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE)
@@ -119,12 +124,17 @@ static enum MHD_Result reply(sm_server *s, struct MHD_Connection *mc, unsigned s
         MHD_destroy_response(resp);
         return MHD_NO;
     }
-    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Content-Type", json ? ctype : "application/json");
+    sm_metrics_status(&s->met, status);
     if (status == 503 && !__atomic_load_n(&s->closing, __ATOMIC_RELAXED)) MHD_add_response_header(resp, "Retry-After", "1");
     if (p && p->over) MHD_add_response_header(resp, "Connection", "close");
     enum MHD_Result rc = MHD_queue_response(mc, status, resp);
     MHD_destroy_response(resp);
     return rc;
+}
+
+static enum MHD_Result reply(sm_server *s, struct MHD_Connection *mc, unsigned status, char *json) {
+    return reply_as(s, mc, status, json, "application/json");
 }
 
 /* OpenAI's error type of an HTTP status. */
@@ -212,6 +222,7 @@ static int job_pump(job *j) {
     if (__atomic_load_n(&j->gone, __ATOMIC_ACQUIRE)) return -1;
     int done;
     int k = sm_sched_poll(&j->s->sched, j->r, j->nids, j->ids + j->nids, j->req.max_tokens - j->nids, &done);
+    if (k > 0 && j->nids == 0) sm_hist_add(&j->s->met.ttft, now_s() - j->t0);
     j->nids += k;
     if (k == 0 && done == SM_SREQ_RUNNING) return 0;
     sm_err e = {{0}};
@@ -309,6 +320,7 @@ static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn
     job *j = calloc(1, sizeof *j);
     if (!j) return reply(s, mc, 500, NULL);
     j->s = s;
+    j->t0 = now_s();
     __atomic_add_fetch(&s->jobs, 1, __ATOMIC_RELAXED);
     int status = 400;
     char param[SM_API_PARAM];
@@ -351,6 +363,7 @@ static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn
         job_free(j);
         return reply_error(s, mc, 503, msg, NULL, rc == SM_SCHED_FULL ? "overloaded" : "shutting_down");
     }
+    __atomic_add_fetch(&s->met.prompt_tokens, j->prompt_len, __ATOMIC_RELAXED);
     if (j->req.stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j, stream_free);
         if (!resp) {
@@ -360,6 +373,7 @@ static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         enum MHD_Result qr = MHD_queue_response(mc, 200, resp);
+        sm_metrics_status(&s->met, 200);
         MHD_destroy_response(resp); /* libmicrohttpd holds it; stream_free runs when it is done */
         return qr;
     }
@@ -375,6 +389,10 @@ static int route_of(const char *url) {
     if (!strncmp(url, "/v1/models/", 11)) return R_MODEL;
     if (!strcmp(url, "/v1/completions")) return R_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return R_CHAT;
+    if (!strcmp(url, "/tokenize")) return R_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return R_DETOKENIZE;
+    if (!strcmp(url, "/version")) return R_VERSION;
+    if (!strcmp(url, "/metrics")) return R_METRICS;
     return R_NONE;
 }
 
@@ -389,16 +407,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         *con_cls = c;
         c->route = route_of(url);
         int post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-        int wants_post = c->route == R_COMPLETIONS || c->route == R_CHAT;
-        char msg[256];
+        int wants_post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_TOKENIZE || c->route == R_DETOKENIZE;
+        char msg[400];
         const peer *p = peer_of(mc);
+        if (s->o->api_key && sm_misc_key_guards(url) &&
+            !sm_misc_key_ok(s->o->api_key, MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
+            return reply_error(s, mc, 401, "Incorrect API key provided: give 'Authorization: Bearer KEY' with this server's --api-key",
+                               NULL, "invalid_api_key");
         if (p && p->over && c->route != R_HEALTH) {
             snprintf(msg, sizeof msg, "the server has %d open connections (--max-connections); retry later",
                      s->max_conns);
             return reply_error(s, mc, 503, msg, NULL, "too_many_connections");
         }
         if (c->route == R_NONE) {
-            snprintf(msg, sizeof msg, "no route %.16s %.160s (this server has GET /health, GET /v1/models, POST /v1/completions)",
+            snprintf(msg, sizeof msg, "no route %.16s %.120s (this server has GET /health, GET /v1/models, POST /v1/completions, "
+                     "POST /tokenize, POST /detokenize, GET /version, GET /metrics)",
                      method, url);
             return reply_error(s, mc, 404, msg, NULL, "not_found");
         }
@@ -462,6 +485,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                                  "format the conversation yourself and use /v1/completions"
                                : "this model ships no chat template; use /v1/completions with a prompt",
                            NULL, "chat_template_unavailable");
+    case R_TOKENIZE:
+    case R_DETOKENIZE: {
+        char *out = NULL;
+        int st = (c->route == R_TOKENIZE ? sm_misc_tokenize : sm_misc_detokenize)(&s->api, c->body.p, c->body.n, &out);
+        return reply(s, mc, (unsigned)st, out);
+    }
+    case R_VERSION:
+        return reply(s, mc, 200, sm_misc_version());
+    case R_METRICS:
+        return reply_as(s, mc, 200, sm_serve_metrics(s), "text/plain; version=0.0.4; charset=utf-8");
     default:
         return completions(s, mc, c);
     }
@@ -575,6 +608,7 @@ static void *watch_main(void *arg) {
         for (peer *p = s->peers; p; p = p->next)
             if (p->deadline > 0 && now >= p->deadline) {
                 late += p->in_request;
+                if (p->in_request) sm_metrics_status(&s->met, 408);
                 cut_locked(s, p);
             }
         if (late && !s->o->quiet)

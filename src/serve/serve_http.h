@@ -31,6 +31,7 @@
 #include <pthread.h>
 #include "serve/serve_opts.h"
 #include "serve/serve_api.h"
+#include "serve/serve_metrics.h"
 #include "serve/serve_sched.h"
 
 #define SM_HTTP_POLL_MS 50            /* the watch thread's tick: a hang-up or deadline is seen within it */
@@ -60,6 +61,7 @@ typedef struct sm_server {
     unsigned long long serial; /* requests seen (atomic) */
     int closing;               /* SIGTERM seen: /health answers 503 (atomic) */
     int jobs;                  /* completions not yet fully answered (atomic) */
+    sm_metrics met;            /* GET /metrics: the HTTP side's counters (atomic) */
     /* the HTTP side's own state; the lock is taken after the scheduler's, never before it */
     pthread_mutex_t mu;        /* guards the fields below and every peer's and job's parking fields */
     struct peer *peers;        /* open connections (a list) */

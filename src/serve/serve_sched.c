@@ -113,6 +113,8 @@ static void publish_locked(sm_sched *s, const sparkmono_batch_event *ev, int nev
             if (!r->nids) r->t_first = sm_sched_now();
             r->nids += n;
         }
+        __atomic_add_fetch(&s->req_steps, ev[k].steps - r->steps, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&s->accepted, ev[k].accepted - r->accepted, __ATOMIC_RELAXED);
         r->steps = ev[k].steps;
         r->accepted = ev[k].accepted;
         if (ev[k].done == SM_BATCH_RUNNING) {
@@ -145,7 +147,9 @@ static void *engine_main(void *arg) {
         sparkmono_batch_counts(s->b, &live, NULL);
         if (live == 0) continue;
         pthread_mutex_unlock(&s->mu);
+        double t0 = sm_sched_now();
         sm_status st = sparkmono_batch_verify(s->b, &ev, &nev);
+        if (st == SM_OK) sm_hist_add(&s->step_time, sm_sched_now() - t0);
         pthread_mutex_lock(&s->mu);
         if (st == SM_OK) s->steps++;
         publish_locked(s, ev, nev);

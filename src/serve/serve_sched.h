@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include "base/err.h"
 #include "sparkmono.h"
+#include "serve/serve_metrics.h"
 
 /* How a request ended (sm_sreq.done). */
 enum {
@@ -63,6 +64,8 @@ typedef struct sm_sched {
     int closed;                /* no new submissions (shutdown) */
     int quit;                  /* engine thread: exit once nothing is live or queued */
     long long tokens, steps;   /* ids emitted, verify steps run (stats) */
+    long long req_steps, accepted; /* GET /metrics (atomic): verify steps summed over requests, drafts accepted */
+    sm_hist step_time;         /* GET /metrics: wall time of each verify step */
     pthread_t th;
     int started;
 } sm_sched;
