@@ -1,5 +1,5 @@
-/* test_moe.cu: the MoE expert stage (src/cuda/moe/moe.h) against the CPU reference (its
- * microbenchmark is bench/gpu/moe.cu).
+/* moe.cu: the `moe` group (moe_cases.h): the MoE expert stage (src/cuda/moe/moe.h) against the
+ * CPU reference (its microbenchmark is bench/gpu/moe.cu).
  *
  * Cases: the device dequantizers against codec.h (every code x scale); tiny / mini models
  * written by sm_make_model in each expert format, where ref_moe gives idx, w, h1 and m and the

@@ -1,6 +1,6 @@
-/* test_comm.cu: the GPU cross-rank operations (src/cuda/comm/gcomm.h) on one GPU, against a serial
- * rank-order reference computed here on the host from the same random inputs (seeded per run
- * from the clock; the seed is printed).
+/* comm.cu: the `comm` group: the GPU cross-rank operations (src/cuda/comm/gcomm.h) on one
+ * GPU, against a serial rank-order reference computed here on the host from the same random
+ * inputs (seeded per run from the clock; the seed is printed).
  *
  * W = 1, 2, 4, 8 virtual ranks on device 0, one host thread per rank (the contract: each rank's
  * thread calls the operations with its own stream).  One plan of operations over two chunks
