@@ -171,7 +171,8 @@ int gh_sync(cudaStream_t st) {
     cudaError_t r = cudaStreamSynchronize(st);
     if (r == cudaSuccess) r = cudaGetLastError();
     if (r != cudaSuccess) { printf("  CUDA error: %s\n", cudaGetErrorString(r)); return 0; }
-    return 1;
+    /* every guard of the case's arena, right after the kernel that may have overrun it */
+    return gh_guards_ok();
 }
 
 /* ---- comparison ---- */

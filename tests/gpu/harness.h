@@ -4,8 +4,8 @@
  *
  * Results: every check ends in one line "PASS name ...", "FAIL name ..." or "SKIP name: why"
  * (main.c counts all three per group).  A case allocates its device buffers from an arena:
- * each buffer has GH_GUARD elements of a byte pattern on both sides (checked when the case
- * ends: an overrun fails it) and its interior filled with 0xFF bytes (NaN in f32 and bf16, -1
+ * each buffer has GH_GUARD elements of a byte pattern on both sides (checked after each
+ * kernel by gh_sync and when the case ends: an overrun fails it) and its interior filled with 0xFF bytes (NaN in f32 and bf16, -1
  * in int32), so an element a kernel never wrote is found (gh_unwritten) and a NaN can never
  * pass a comparison.  A comparison reports the relative L2 error ||out - ref|| / ||ref|| and,
  * per element, |out - ref| / (|ref| + rms(ref)); a case passes when the first is within its
@@ -105,7 +105,9 @@ void gh_fail_line(const char *name, const char *why);
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
-/* Synchronize st and report a CUDA error (asynchronous faults surface here); 1 when fine. */
+/* Synchronize st and report a CUDA error (asynchronous faults surface here), then check every
+ * guard of the case's arena (the buffers overrun are named); 1 when fine.  Call it outside a
+ * stream capture, from the thread that owns the arena. */
 int gh_sync(cudaStream_t st);
 #endif
 #endif
