@@ -519,10 +519,7 @@ static void case_refusal(const char *label, int W, const int *devices, int kind,
 
 int gpu_test_comm(void) {
     gh_reset();
-    uint64_t seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)clock();
-    if (!seed) seed = 1;
-    gh_rng = seed;
-    printf("gpu_test_comm: seed %llu\n", (unsigned long long)seed);
+    gh_seed("gpu_test_comm");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         printf("FAIL comm: no CUDA device\n");

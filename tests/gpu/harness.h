@@ -51,7 +51,8 @@ extern int gh_case_fail;
 
 /* ---- the test generator (src/model/rng.h, seeded per run) ---- */
 extern uint64_t gh_rng;
-/* Seed gh_rng from the clock and print "WHO: seed N". */
+/* Seed gh_rng from the clock, or from SM_TEST_SEED when set (to repeat a run), and print
+ * "WHO: seed N". */
 void gh_seed(const char *who);
 uint64_t gh_rnd64(void);
 float gh_rndu(void);         /* uniform in [-1, 1) */

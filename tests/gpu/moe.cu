@@ -609,10 +609,7 @@ static void test_synth(void) {
 
 extern "C" int gpu_test_moe(void) {
     gh_reset();
-    const char *s = getenv("SM_TEST_SEED");
-    gh_rng = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + (uint64_t)clock();
-    if (!gh_rng) gh_rng = 1;
-    printf("moe tests: seed %llu (SM_TEST_SEED to repeat)\n", (unsigned long long)gh_rng);
+    gh_seed("gpu_test_moe");
     sm_err e = {{0}};
     if (sm_pool_create(0, &m_pool, &e)) { printf("  pool: %s\n", e.msg); m_pool = NULL; }
     if (cudaStreamCreate(&m_st) != cudaSuccess) { printf("FAIL moe stream\n"); return 1; }
