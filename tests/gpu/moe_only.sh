@@ -50,7 +50,7 @@ EOF
     gcc -std=c11 -O2 -c "$O/main.c" -o "$O/main.o"
     CUDA_HOME=$(dirname "$(dirname "$(command -v "$NVCC")")")
     gcc "$O/main.o" $TEST_O $MOE_O $BENCH_O -Wl,--start-group "$B/libsparkmono.a" "$B/libsparkmono_cuda.a" \
-        -Wl,--end-group -l:libjansson.a -lm -lpthread \
+        -Wl,--end-group -l:libjansson.a -l:libpcre2-8.a -lm -lpthread \
         -L"$CUDA_HOME/lib64" -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++ -o "$O/moe_only"
     echo "built $O/moe_only"
     ;;
