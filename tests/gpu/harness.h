@@ -4,8 +4,8 @@
  *
  * Results: every check ends in one line "PASS name ...", "FAIL name ..." or "SKIP name: why"
  * (main.c counts all three per group).  A case allocates its device buffers from an arena:
- * each buffer has GH_GUARD elements of a byte pattern on both sides (checked when the case
- * ends: an overrun fails it) and its interior filled with 0xFF bytes (NaN in f32 and bf16, -1
+ * each buffer has GH_GUARD elements of a byte pattern on both sides (checked after each
+ * kernel by gh_sync and when the case ends: an overrun fails it) and its interior filled with 0xFF bytes (NaN in f32 and bf16, -1
  * in int32), so an element a kernel never wrote is found (gh_unwritten) and a NaN can never
  * pass a comparison.  A comparison reports the relative L2 error ||out - ref|| / ||ref|| and,
  * per element, |out - ref| / (|ref| + rms(ref)); a case passes when the first is within its
@@ -51,7 +51,8 @@ extern int gh_case_fail;
 
 /* ---- the test generator (src/model/rng.h, seeded per run) ---- */
 extern uint64_t gh_rng;
-/* Seed gh_rng from the clock and print "WHO: seed N". */
+/* Seed gh_rng from the clock, or from SM_TEST_SEED when set (to repeat a run), and print
+ * "WHO: seed N". */
 void gh_seed(const char *who);
 uint64_t gh_rnd64(void);
 float gh_rndu(void);         /* uniform in [-1, 1) */
@@ -105,7 +106,9 @@ void gh_fail_line(const char *name, const char *why);
 
 #ifdef __CUDACC__
 #include <cuda_runtime.h>
-/* Synchronize st and report a CUDA error (asynchronous faults surface here); 1 when fine. */
+/* Synchronize st and report a CUDA error (asynchronous faults surface here), then check every
+ * guard of the case's arena (the buffers overrun are named); 1 when fine.  Call it outside a
+ * stream capture, from the thread that owns the arena. */
 int gh_sync(cudaStream_t st);
 #endif
 #endif

@@ -1,5 +1,5 @@
-/* model_cases.h: what the two files of the model group share (test_model.c: CPU vs CUDA on the
- * same steps, the entry; test_model_engine.c: through the engine): bounds, sizes, made
+/* model_cases.h: what the two files of the model group share (model.c: CPU vs CUDA on the
+ * same steps, the entry; model_engine.c: through the engine): bounds, sizes, made
  * models in a temporary tree, the comparison measure, the test devices of a world, and the
  * cases the entry runs. */
 #ifndef SM_GPU_MODEL_CASES_H
@@ -27,7 +27,7 @@ int tm_make(const char *root, const char *name, const sm_config *c, int fmt, uin
  * returns the comm kind. */
 int tm_world_devices(int w, int *devs);
 
-/* test_model_engine.c (each returns its failures, printing PASS / FAIL lines) */
+/* model_engine.c (each returns its failures, printing PASS / FAIL lines) */
 int tm_spec(const char *root, uint64_t seed);
 int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp);
 int tm_synth(const char *root, uint64_t seed);

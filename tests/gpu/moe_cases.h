@@ -1,5 +1,5 @@
-/* moe_cases.h: what the two files of the MoE group share (test_moe.cu: one rank, the entry;
- * test_moe_shards.cu: W ranks): the group's stream and pool, its draws from the harness's
+/* moe_cases.h: what the two files of the MoE group share (moe.cu: one rank, the entry;
+ * moe_shards.cu: W ranks): the group's stream and pool, its draws from the harness's
  * generator, routing, the device inputs and guarded output of one run, and made models. */
 #ifndef SM_GPU_MOE_CASES_H
 #define SM_GPU_MOE_CASES_H
@@ -53,6 +53,6 @@ typedef struct made_model {
 int made_model_open(made_model *mm, const char *preset, int fmt, uint64_t seed);
 void made_model_close(made_model *mm);
 
-/* test_moe_shards.cu: W = 2 and 4, EP and TP, of mini in format fmt (PASS / FAIL lines). */
+/* moe_shards.cu: W = 2 and 4, EP and TP, of mini in format fmt (PASS / FAIL lines). */
 void test_shards(int fmt);
 #endif

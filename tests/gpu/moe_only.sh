@@ -2,7 +2,8 @@
 # moe_only.sh build|run [test|bench|all]: the MoE stage's GPU tests and microbenchmark as one
 # small program, independent of the other GPU test groups (which may be mid-edit).
 #   build: on the development machine (nvcc + the libraries from `make`): compiles
-#          src/cuda/moe/*.cu (for the ptxas report), tests/gpu/test_moe.cu and the benchmark
+#          src/cuda/moe/*.cu (for the ptxas report), the MoE tests (tests/gpu/moe.cu,
+#          moe_shards.cu and their harness, harness.cu) and the benchmark
 #          drivers bench/gpu/*.cu with a generated main into $B/moe_only/moe_only (B defaults
 #          to build); the bench is `gpu_test --bench moe`.
 #   run:   on the GPU machine: runs that binary (`test`, `bench` or `all`, default all), with
@@ -36,7 +37,11 @@ EOF
         $NVCC $FL -Xptxas -v -c "$f" -o "$O/moe_$(basename "$f" .cu).o" 2>>"$O/ptxas.txt"
         MOE_O="$MOE_O $O/moe_$(basename "$f" .cu).o"
     done
-    $NVCC $FL -c tests/gpu/test_moe.cu -o "$O/test_moe.o"
+    TEST_O=
+    for f in tests/gpu/harness.cu tests/gpu/moe.cu tests/gpu/moe_shards.cu; do
+        $NVCC $FL -c "$f" -o "$O/test_$(basename "$f" .cu).o"
+        TEST_O="$TEST_O $O/test_$(basename "$f" .cu).o"
+    done
     BENCH_O=
     for f in bench/gpu/*.cu; do
         $NVCC $FL -c "$f" -o "$O/bench_$(basename "$f" .cu).o"
@@ -44,8 +49,8 @@ EOF
     done
     gcc -std=c11 -O2 -c "$O/main.c" -o "$O/main.o"
     CUDA_HOME=$(dirname "$(dirname "$(command -v "$NVCC")")")
-    gcc "$O/main.o" "$O/test_moe.o" $MOE_O $BENCH_O -Wl,--start-group "$B/libsparkmono.a" "$B/libsparkmono_cuda.a" \
-        -Wl,--end-group -l:libjansson.a -lm -lpthread \
+    gcc "$O/main.o" $TEST_O $MOE_O $BENCH_O -Wl,--start-group "$B/libsparkmono.a" "$B/libsparkmono_cuda.a" \
+        -Wl,--end-group -l:libjansson.a -l:libpcre2-8.a -lm -lpthread \
         -L"$CUDA_HOME/lib64" -lcublas -lcublasLt -lcudart_static -ldl -lrt -lpthread -lstdc++ -o "$O/moe_only"
     echo "built $O/moe_only"
     ;;

@@ -1,4 +1,4 @@
-/* test_moe_shards.cu: the MoE expert stage of W ranks (test_moe.cu's group): each rank's shard
+/* moe_shards.cu: the MoE expert stage of W ranks (moe.cu's group): each rank's shard
  * of a made model (sm_shard_make) uploaded with sm_cuda_moe_upload_shard and read back bit for
  * bit against its views; its forward_ep / forward_tp against the CPU rank's partial
  * (ref_moe_group + ref_moe_ffn on the shard's views, then ref_expert_norm + ref_route_sum for
@@ -7,7 +7,7 @@
  * (TP) against the single-rank GPU forward and the CPU m.  Comparisons go through harness.h
  * (relative L2 and per-element bounds, guarded poisoned partials); W = 2 and 4, EP and TP,
  * MXFP4 / BF16 / FP8 layers of mini, and the shard refusals.  We rejected one file with
- * test_moe.cu: 1,000 lines.
+ * moe.cu: 1,000 lines.
  */
 #include <stdio.h>
 #include <stdlib.h>

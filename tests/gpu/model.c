@@ -1,4 +1,4 @@
-/* test_model.c: whole-model GPU tests (gpu_tests.h: gpu_test_model).
+/* model.c: whole-model GPU tests (gpu_tests.h: gpu_test_model).
  *
  * Random checkpoints (sm_make_model into a temporary directory) of the tiny and mini presets,
  * every expert format, are run through the CPU backend (the oracle) and the CUDA backend on
@@ -10,7 +10,7 @@
  * (--mono on) runs beside the stock path on the same steps and must give its bits exactly (one
  * rank: against the stock backend; W virtual ranks: the monokernel world against the stock
  * world of the same W ranks), and must have run (its layer count on rank 0 > 0).  The entry
- * then runs test_model_engine.c's cases: speculative == greedy on the GPU through the engine
+ * then runs model_engine.c's cases: speculative == greedy on the GPU through the engine
  * API (R = 8 with the n-gram drafter vs R = 1) and through our own loop whose drafts are the
  * greedy tokens with a third of them corrupted (so verify steps really accept 0..7 drafts), the
  * synthetic backend, and the monokernel's and the world's refusals.

@@ -1,6 +1,6 @@
-/* test_comm.cu: the GPU cross-rank operations (src/cuda/comm/gcomm.h) on one GPU, against a serial
- * rank-order reference computed here on the host from the same random inputs (seeded per run
- * from the clock; the seed is printed).
+/* comm.cu: the `comm` group: the GPU cross-rank operations (src/cuda/comm/gcomm.h) on one
+ * GPU, against a serial rank-order reference computed here on the host from the same random
+ * inputs (seeded per run from the clock; the seed is printed).
  *
  * W = 1, 2, 4, 8 virtual ranks on device 0, one host thread per rank (the contract: each rank's
  * thread calls the operations with its own stream).  One plan of operations over two chunks
@@ -519,10 +519,7 @@ static void case_refusal(const char *label, int W, const int *devices, int kind,
 
 int gpu_test_comm(void) {
     gh_reset();
-    uint64_t seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)clock();
-    if (!seed) seed = 1;
-    gh_rng = seed;
-    printf("gpu_test_comm: seed %llu\n", (unsigned long long)seed);
+    gh_seed("gpu_test_comm");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         printf("FAIL comm: no CUDA device\n");

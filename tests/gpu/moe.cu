@@ -1,5 +1,5 @@
-/* test_moe.cu: the MoE expert stage (src/cuda/moe/moe.h) against the CPU reference (its
- * microbenchmark is bench/gpu/moe.cu).
+/* moe.cu: the `moe` group (moe_cases.h): the MoE expert stage (src/cuda/moe/moe.h) against the
+ * CPU reference (its microbenchmark is bench/gpu/moe.cu).
  *
  * Cases: the device dequantizers against codec.h (every code x scale); tiny / mini models
  * written by sm_make_model in each expert format, where ref_moe gives idx, w, h1 and m and the
@@ -609,10 +609,7 @@ static void test_synth(void) {
 
 extern "C" int gpu_test_moe(void) {
     gh_reset();
-    const char *s = getenv("SM_TEST_SEED");
-    gh_rng = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull + (uint64_t)clock();
-    if (!gh_rng) gh_rng = 1;
-    printf("moe tests: seed %llu (SM_TEST_SEED to repeat)\n", (unsigned long long)gh_rng);
+    gh_seed("gpu_test_moe");
     sm_err e = {{0}};
     if (sm_pool_create(0, &m_pool, &e)) { printf("  pool: %s\n", e.msg); m_pool = NULL; }
     if (cudaStreamCreate(&m_st) != cudaSuccess) { printf("FAIL moe stream\n"); return 1; }

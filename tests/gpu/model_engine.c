@@ -1,8 +1,8 @@
-/* test_model_engine.c: the whole-model GPU tests through the engine (test_model.c's group):
+/* model_engine.c: the whole-model GPU tests through the engine (model.c's group):
  * speculative == plain greedy through the engine API and through our own loop with an oracle
  * drafter (one rank and W virtual ranks), the synthetic backend (make-model's weights bit for
  * bit, finite, replay-deterministic), the monokernel's refusals and bounded barrier, and
- * tensor + expert parallelism's refusals and a stalled peer.  test_model.c holds the CPU vs
+ * tensor + expert parallelism's refusals and a stalled peer.  model.c holds the CPU vs
  * CUDA comparison on the same steps and the entry.  We rejected one file: 1,000 lines.
  */
 #include "gpu_tests.h"
