@@ -113,11 +113,37 @@ sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_t
  * its seed only, never on the batch it runs in.  Under speculation a draft d is accepted with
  * probability p(d); on rejection the token is drawn from p with d removed, renormalized: the
  * output has exactly the distribution of plain sampling (docs/model.md section 8). */
+#define SPARKMONO_MAX_BIAS 300     /* most logit_bias entries of a request */
+#define SPARKMONO_MAX_STOP_IDS 32  /* most stop ids of a request */
+
+/* One logit_bias entry: bias added to the logit of id. */
+typedef struct sparkmono_bias {
+    int id;             /* [0, V) */
+    float bias;         /* [-100, 100] */
+} sparkmono_bias;
+
+/* Logit processors (src/engine/logitproc.c; every field zero: none) change the raw logits of
+ * each position before the draw or the argmax, in this order: min_tokens (eos and stop ids
+ * -inf), logit_bias, repetition penalty (over prompt and generated ids), then frequency and
+ * presence penalties (over generated ids); a greedy request with processors takes the argmax
+ * of the processed row.  Each position's row is processed with the history up to it (drafts
+ * included), so speculation stays exact.  Stop rules: eos ends a request unless ignore_eos,
+ * each of stop_ids ends it like eos. */
 typedef struct sparkmono_sampling {
     float temperature;  /* 0: greedy */
     int top_k;          /* 0: no limit */
     float top_p;        /* 0 or 1: no limit */
     unsigned long long seed;
+    float presence_penalty;   /* [-2, 2]: subtracted once from the logit of each id generated so far */
+    float frequency_penalty;  /* [-2, 2]: subtracted from each id's logit times its count in the generated ids */
+    float repetition_penalty; /* 0 or 1: none; > 0: the logit of each id of the prompt or generated ids is
+                                 divided by it when positive, multiplied when negative */
+    int min_tokens;           /* eos and stop ids are forbidden until this many ids are generated */
+    int ignore_eos;           /* 1: eos ids do not end the request */
+    int n_bias;               /* entries of bias, [0, SPARKMONO_MAX_BIAS] */
+    sparkmono_bias bias[SPARKMONO_MAX_BIAS]; /* [n_bias] logit_bias */
+    int n_stop_ids;           /* entries of stop_ids, [0, SPARKMONO_MAX_STOP_IDS] */
+    int stop_ids[SPARKMONO_MAX_STOP_IDS];    /* [n_stop_ids] ids in [0, V) that end the request like eos */
 } sparkmono_sampling;
 
 /* sparkmono_add with sampling parameters (s NULL: greedy). */

@@ -26,8 +26,8 @@ typedef struct bwait {
     int *prompt;               /* [n] prompt ids (owned) */
     int n;                     /* prompt length >= 1 */
     int max_tokens;            /* >= 1 */
-    int sampled;               /* 1: s applies; 0: greedy */
-    sparkmono_sampling s;      /* its sampling when sampled */
+    int sampled;               /* 1: s applies; 0: greedy, no processors */
+    sparkmono_sampling s;      /* its sampling and logit processors when sampled */
     struct bwait *next;        /* the FIFO's link */
 } bwait;
 
@@ -121,7 +121,7 @@ sm_status sparkmono_batch_submit(sparkmono_batch *b, const int *prompt, int n, i
     w->n = n;
     w->max_tokens = max_tokens;
     w->user = user;
-    w->sampled = s && s->temperature > 0;
+    w->sampled = s != NULL; /* greedy requests keep theirs too: processors and stop ids */
     if (w->sampled) w->s = *s;
     pthread_mutex_lock(&b->mu);
     /* every slot taken and queue_cap more waiting: refused */

@@ -176,7 +176,7 @@ int sm_sched_start(sm_sched *s, sparkmono_engine *g, int queue_cap, sm_err *e) {
 int sm_sched_submit(sm_sched *s, sm_sreq *r) {
     pthread_mutex_lock(&s->mu);
     int rc = 0;
-    const sparkmono_sampling *sp = r->samp.temperature > 0 ? &r->samp : NULL;
+    const sparkmono_sampling *sp = &r->samp; /* greedy too: its processors and stop ids */
     sm_status st = SM_OK;
     if (s->closed) rc = SM_SCHED_CLOSED;
     else if ((st = sparkmono_batch_submit(s->b, r->prompt, r->n, r->max_tokens, sp, r, &r->bid)) == SM_E_CACHE)
