@@ -152,16 +152,12 @@ static int neutral(parse_ctx *c, const char *name, const json_t *v) {
     if (!strcmp(name, "n") || !strcmp(name, "best_of")) ok |= json_is_integer(v) && json_integer_value(v) == 1;
     else if (!strcmp(name, "echo")) ok |= json_is_false(v);
     else if (!strcmp(name, "logprobs")) ok |= json_is_false(v);
-    else if (!strcmp(name, "presence_penalty") || !strcmp(name, "frequency_penalty"))
-        ok |= json_is_number(v) && json_number_value(v) == 0;
-    else if (!strcmp(name, "logit_bias")) ok |= json_is_object(v) && json_object_size(v) == 0;
     else if (!strcmp(name, "suffix")) ok |= json_is_string(v) && json_string_length(v) == 0;
     else if (!strcmp(name, "user")) ok |= json_is_string(v); /* an end-user id: only for logs */
     return ok ? 0 : bad(c, name, "'%s' is not supported by this server (only its default value is accepted)", name);
 }
 
-static const char *const NEUTRAL_FIELDS[] = {"n", "best_of", "echo", "logprobs", "presence_penalty",
-                                             "frequency_penalty", "logit_bias", "suffix", "user"};
+static const char *const NEUTRAL_FIELDS[] = {"n", "best_of", "echo", "logprobs", "suffix", "user"};
 
 int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m, sm_api_req *out, int *status,
                             char *param, sm_err *e) {
@@ -231,19 +227,16 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
             out->include_usage = json_is_true(u);
         } else if (!strcmp(k, "stop")) {
             if (get_stop(&c, v)) goto out;
+        } else if ((known = sm_fields_sampling(k, v, m->vocab, m->max_len, &out->samp, param, e)) != 0) {
+            if (known < 0) { *status = 400; goto out; }
         } else {
-            known = 0;
             for (size_t i = 0; i < sizeof NEUTRAL_FIELDS / sizeof NEUTRAL_FIELDS[0]; i++)
                 if (!strcmp(k, NEUTRAL_FIELDS[i])) {
                     if (neutral(&c, NEUTRAL_FIELDS[i], v)) goto out;
                     known = 1;
                 }
         }
-        if (!known) {
-            /* the name is echoed back: keep it short */
-            bad(&c, "", "unknown field '%.64s'", k);
-            goto out;
-        }
+        if (!known) sm_fields_ignore(out->ignored, k); /* accepted; the server logs it */
     }
     if (!have_prompt) { bad(&c, "prompt", "'prompt' is required"); goto out; }
     if (out->include_usage && !out->stream) {
@@ -258,6 +251,10 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
     if (max_tokens < 1 || max_tokens > (long long)(m->max_len - out->n)) {
         bad(&c, "max_tokens", "'max_tokens' is %lld; with this prompt of %d tokens it must be in [1, %d] (the model's "
             "maximum context length is %d tokens)", max_tokens, out->n, m->max_len - out->n, m->max_len);
+        goto out;
+    }
+    if (out->samp.min_tokens > max_tokens) {
+        bad(&c, "min_tokens", "'min_tokens' is %d; it must be in [0, max_tokens = %lld]", out->samp.min_tokens, max_tokens);
         goto out;
     }
     out->max_tokens = (int)max_tokens;

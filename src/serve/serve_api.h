@@ -2,18 +2,19 @@
  * what the scheduler needs, and the bodies the server answers with (a completion, a stream
  * chunk, the model list, an error).
  *
- * Every field of the request is checked against a list of the fields we know: a known
- * field we do not implement (n > 1, logprobs, echo, best_of, suffix, penalties, a
- * logit_bias entry) and any unknown field is a 400 naming it, so a client never gets silently
- * different behaviour than it asked for; a known field at its neutral value (n: 1,
- * logprobs: null, presence_penalty: 0, ...) is accepted, since clients send those by default.
- * Error bodies have OpenAI's shape {"error": {"message", "type", "param", "code"}}.  We
- * rejected accepting unknown fields (vLLM's choice): a misspelt "temprature" would be
- * ignored and the user would sample at the default.
+ * Every field of the request is checked against the fields we know: the sampling and logit
+ * processor fields (penalties, logit_bias, min_tokens, ignore_eos, stop_token_ids) are parsed
+ * by serve_fields.c, shared with the chat endpoint; a known field we do not implement (n > 1,
+ * logprobs, echo, best_of, suffix) is a 400 naming it unless at its neutral value (n: 1,
+ * logprobs: null, ...), since clients send those by default.  An unknown field is accepted and
+ * named once in the server's log (vLLM's rule: clients written for vLLM send its extensions);
+ * we rejected the 400 we had before: such clients broke on every request.  Error bodies have
+ * OpenAI's shape {"error": {"message", "type", "param", "code"}}.
  */
 #ifndef SM_SERVE_API_H
 #define SM_SERVE_API_H
 #include "base/err.h"
+#include "serve/serve_fields.h"
 #include "serve/serve_text.h"
 #include "sparkmono.h"
 #include "model/tokenizer.h"
@@ -39,6 +40,7 @@ typedef struct sm_api_req {
     int include_usage;         /* stream_options.include_usage: a last chunk with usage */
     char *stop[SM_MAX_STOP];   /* [nstop] non-empty stop strings (malloc'd) */
     int nstop;
+    char ignored[SM_FIELDS_IGNORED]; /* unknown fields accepted ("'a', 'b'", "" when none): the server logs them */
 } sm_api_req;
 
 #define SM_API_PARAM 32 /* bytes of the name of an offending field */

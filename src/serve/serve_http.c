@@ -331,6 +331,9 @@ static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn
     }
     unsigned long long serial = __atomic_add_fetch(&s->serial, 1, __ATOMIC_RELAXED);
     snprintf(j->id, sizeof j->id, "cmpl-%lx%06llx", (unsigned long)s->created, serial);
+    if (j->req.ignored[0]) /* accepted as vLLM does; named once so a misspelt field is found */
+        fprintf(stderr, "serve: %s: ignored unknown field%s %s\n", j->id, strchr(j->req.ignored, ',') ? "s" : "",
+                j->req.ignored);
     if (!j->req.has_seed && j->req.samp.temperature > 0) /* a seed of its own: distinct draws per request */
         j->req.samp.seed = (unsigned long long)s->created * 0x9E3779B97F4A7C15ull ^ serial;
     j->prompt_len = j->req.n;
