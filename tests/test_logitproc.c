@@ -235,6 +235,72 @@ static void test_direction(void) {
     CHECK(ca > 5 && cb < ca, "id 7 biased: %d times, %d with a frequency penalty", ca, cb);
 }
 
+/* Logprobs: each generated id's logprob and top k equal a log-softmax in double of the prefill
+ * logits of its prefix (R = 1, alone), greedy and sampled, with and without processors; and
+ * speculative == plain. */
+static void test_logprobs(void) {
+    enum { MT = 10, K = 5 };
+    for (int c = 0; c < 3; c++) {
+        sparkmono_sampling s = {.temperature = c == 1 ? 0.9f : 0, .seed = 17};
+        if (c == 2) s.repetition_penalty = 0.5f; /* the logprobs stay those of the raw distribution */
+        s.logprobs = 1;
+        s.top_logprobs = K;
+        sparkmono_engine_opts o = {0};
+        o.request_rows = 8;
+        o.max_len = 8 + MT;
+        o.threads = 2;
+        sparkmono_engine *g;
+        int req, n, k;
+        const int *ids;
+        const float *lp, *tlp;
+        const int *tid;
+        CHECK(sparkmono_engine_create(g_rnd, &o, &g) == SM_OK, "%s", sparkmono_errmsg());
+        CHECK(sparkmono_add_sampled(g, g_prompt, 8, MT, &s, &req) == SM_OK && sparkmono_generate(g) == SM_OK &&
+                  sparkmono_output(g, req, &ids, &n) == SM_OK && sparkmono_logprobs(g, req, &lp, &tid, &tlp, &k) == SM_OK,
+              "%s", sparkmono_errmsg());
+        CHECK(n == MT && k == K, "n %d k %d", n, k);
+        int all[8 + MT];
+        memcpy(all, g_prompt, sizeof g_prompt);
+        memcpy(all + 8, ids, (size_t)n * sizeof(int));
+        float *lg = malloc((size_t)(8 + MT) * g_V * sizeof(float));
+        double *ls = malloc((size_t)g_V * sizeof(double));
+        sparkmono_engine_opts o1 = {0};
+        o1.request_rows = 1;
+        o1.max_len = 8 + MT;
+        o1.threads = 2;
+        sparkmono_engine *g1;
+        int r1, bad = 0;
+        CHECK(sparkmono_engine_create(g_rnd, &o1, &g1) == SM_OK && sparkmono_add(g1, all, 8 + n - 1, 0, &r1) == SM_OK &&
+                  sparkmono_prefill(g1, r1, lg) == SM_OK, "%s", sparkmono_errmsg());
+        for (int j = 0; j < n; j++) {
+            /* the row of position 8 + j: the prefill row of its prefix's last token */
+            sm_lp_log_softmax(lg + (size_t)(8 + j - 1) * g_V, g_vu, ls);
+            if (fabs(ls[ids[j]] - lp[j]) > 1e-5) bad++;
+            for (int t = 0; t < K; t++) {
+                if (fabs(ls[tid[j * K + t]] - tlp[j * K + t]) > 1e-5) bad++;
+                if (t && tlp[j * K + t] > tlp[j * K + t - 1]) bad++; /* descending */
+            }
+            double mx = -INFINITY; /* the first alternative is the row's most likely id */
+            for (int i = 0; i < g_vu; i++) mx = ls[i] > mx ? ls[i] : mx;
+            if (fabs(mx - tlp[j * K]) > 1e-5) bad++;
+            if (c == 0 && tid[j * K] != ids[j]) bad++; /* greedy: the id itself comes first */
+        }
+        CHECK(bad == 0, "case %d: %d logprobs differ from the log-softmax of the prefill logits", c, bad);
+        sparkmono_engine_destroy(g1);
+        sparkmono_engine_destroy(g);
+        free(lg);
+        free(ls);
+    }
+    /* logprobs out of range are refused with their line */
+    sparkmono_sampling b = {.temperature = 0};
+    b.logprobs = 1;
+    b.top_logprobs = 21;
+    int out[4], n, d, acc;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 4, &b, out, &n, &d, &acc) == SM_E_INVALID &&
+              strstr(sparkmono_errmsg(), "top_logprobs 21 is not in [0, 20]"),
+          "top_logprobs 21: '%s'", sparkmono_errmsg());
+}
+
 int main(void) {
     if (tm_mkdtemp(g_tmp, sizeof g_tmp, "sm_test_logitproc")) { printf("FAIL setup: mkdtemp\n"); return 1; }
     char dc[600], dr[600];
@@ -265,6 +331,7 @@ int main(void) {
     RUN(test_stop_rules);
     RUN(test_spec_equals_plain);
     RUN(test_direction);
+    RUN(test_logprobs);
 
     sparkmono_model_close(g_cyc);
     sparkmono_model_close(g_rnd);

@@ -62,7 +62,8 @@ class Sampling(ctypes.Structure):
                 ("seed", ctypes.c_ulonglong), ("presence_penalty", ctypes.c_float),
                 ("frequency_penalty", ctypes.c_float), ("repetition_penalty", ctypes.c_float),
                 ("min_tokens", ctypes.c_int), ("ignore_eos", ctypes.c_int), ("n_bias", ctypes.c_int),
-                ("bias", Bias * MAX_BIAS), ("n_stop_ids", ctypes.c_int), ("stop_ids", ctypes.c_int * MAX_STOP_IDS)]
+                ("bias", Bias * MAX_BIAS), ("n_stop_ids", ctypes.c_int), ("stop_ids", ctypes.c_int * MAX_STOP_IDS),
+                ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int)]
 
 
 class RequestInfo(ctypes.Structure):
@@ -75,7 +76,8 @@ class BatchEvent(ctypes.Structure):
     """sparkmono_batch_event of include/sparkmono.h."""
     _fields_ = [("id", ctypes.c_longlong), ("user", ctypes.c_void_p), ("ids", c_int_p), ("n", ctypes.c_int),
                 ("ngen", ctypes.c_int), ("done", ctypes.c_int), ("prompt_len", ctypes.c_int), ("steps", ctypes.c_int),
-                ("accepted", ctypes.c_int), ("err", ctypes.c_char_p)]
+                ("accepted", ctypes.c_int), ("err", ctypes.c_char_p), ("logprobs", ctypes.POINTER(ctypes.c_float)),
+                ("top_ids", c_int_p), ("top_lp", ctypes.POINTER(ctypes.c_float)), ("top", ctypes.c_int)]
 
 
 class Err(ctypes.Structure):

@@ -264,7 +264,12 @@ void sparkmono_engine_destroy(sparkmono_engine *g) {
     if (!g) return;
     if (g->have_be && g->be.destroy) g->be.destroy(g->be.ctx);
     if (g->reqs)
-        for (int i = 0; i < g->max_req; i++) free(g->reqs[i].hist);
+        for (int i = 0; i < g->max_req; i++) {
+            free(g->reqs[i].hist);
+            free(g->reqs[i].lp);
+            free(g->reqs[i].top_ids);
+            free(g->reqs[i].top_lp);
+        }
     if (g->have_kv) sm_kv_free(&g->kv);
     free(g->reqs);
     free(g->tok);
@@ -340,16 +345,23 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
         if (sm_sample_ws_init(&g->sws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
         g->have_sws = 1;
     }
-    const int proc = smp && sm_lp_active(smp);
-    if (proc && !g->have_lws) { /* the processors' scratch, once per engine */
+    const int proc = smp && sm_lp_active(smp), want_lp = smp && smp->logprobs;
+    if ((proc || want_lp) && !g->have_lws) { /* the processors' scratch, once per engine */
         if (sm_lp_ws_init(&g->lws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
         g->have_lws = 1;
     }
     int *hist = malloc(((size_t)n + (size_t)max_tokens) * sizeof(int));
-    if (!hist) return fail(SM_E_NOMEM, "sparkmono_add: out of memory for %d tokens", n + max_tokens);
+    const size_t ntop = want_lp ? (size_t)max_tokens * (size_t)smp->top_logprobs + 1 : 0;
+    float *lp = want_lp ? malloc(((size_t)max_tokens + 1) * sizeof(float)) : NULL;
+    int *top_ids = want_lp ? malloc(ntop * sizeof(int)) : NULL;
+    float *top_lp = want_lp ? malloc(ntop * sizeof(float)) : NULL;
+    if (!hist || (want_lp && (!lp || !top_ids || !top_lp))) {
+        free(hist), free(lp), free(top_ids), free(top_lp);
+        return fail(SM_E_NOMEM, "sparkmono_add: out of memory for %d tokens", n + max_tokens);
+    }
     int slot;
     if (sm_kv_add(&g->kv, &slot, &e) != 0) {
-        free(hist);
+        free(hist), free(lp), free(top_ids), free(top_lp);
         return fail_err(SM_E_CACHE, &e);
     }
     sm_request *r = &g->reqs[slot];
@@ -362,6 +374,10 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
     r->nhist = n;
     r->sampled = sampled;
     r->proc = proc;
+    r->rows_back = sampled || proc || want_lp;
+    r->lp = lp;
+    r->top_ids = top_ids;
+    r->top_lp = top_lp;
     if (smp) r->samp = *smp; /* else all zero: greedy, eos ends it */
     *req = slot;
     return ok();
@@ -373,6 +389,9 @@ sm_status sparkmono_remove(sparkmono_engine *g, int req) {
     if (!r) return s;
     sm_kv_release(&g->kv, req);
     free(r->hist);
+    free(r->lp);
+    free(r->top_ids);
+    free(r->top_lp);
     memset(r, 0, sizeof *r);
     return ok();
 }
@@ -426,6 +445,8 @@ static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float 
                           int nextra, int draft, int *tok, int *accepted) {
     sm_err e = {{0}};
     const int nv = g->cfg->vocab_used;
+    const float *raw = lg;
+    sm_status s = SM_OK;
     if (r->proc)
         lg = sm_lp_apply(&g->lws, lg, nv, &r->samp, r->hist, r->nhist, r->prompt_len, extra, nextra, g->cfg->eos,
                          g->cfg->n_eos);
@@ -433,13 +454,20 @@ static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float 
         *tok = sm_lp_argmax(lg, nv);
         if (*tok < 0) return fail(SM_E_MODEL, "request at position %lld: every processed logit is -inf or NaN", (long long)pos);
         *accepted = draft >= 0 && *tok == draft;
-        return SM_OK;
+    } else {
+        if (sm_sample_dist(&g->sws, lg, nv, &r->samp, &e)) return fail_err(SM_E_MODEL, &e);
+        double u = sm_sample_uniform(r->samp.seed, pos);
+        *accepted = 0;
+        *tok = draft >= 0 ? sm_sample_accept(&g->sws, draft, u, accepted) : sm_sample_draw(&g->sws, u);
     }
-    if (sm_sample_dist(&g->sws, lg, nv, &r->samp, &e)) return fail_err(SM_E_MODEL, &e);
-    double u = sm_sample_uniform(r->samp.seed, pos);
-    *accepted = 0;
-    *tok = draft >= 0 ? sm_sample_accept(&g->sws, draft, u, accepted) : sm_sample_draw(&g->sws, u);
-    return SM_OK;
+    /* logprobs of the raw row at generated index pos - prompt_len (a row past an eos is never read) */
+    const int64_t gi = pos - r->prompt_len;
+    if (r->lp && gi >= 0 && gi < r->max_tokens) {
+        const int k = r->samp.top_logprobs;
+        if (sm_lp_logprobs(&g->lws, raw, nv, *tok, k, &r->lp[gi], r->top_ids + gi * k, r->top_lp + gi * k))
+            s = fail(SM_E_MODEL, "request at position %lld: its logits are NaN or all -inf", (long long)pos);
+    }
+    return s;
 }
 
 /* Sampled (or processed greedy) acceptance of one request's verify rows (docs/model.md section
@@ -483,7 +511,7 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
         float *lg = logits ? logits + (size_t)a * (size_t)V : NULL;
         const int *at = NULL;
-        if (!lg && (r->sampled || r->proc) && r->max_tokens > 0 && b == n) {
+        if (!lg && r->rows_back && r->max_tokens > 0 && b == n) {
             /* a sampled / processed request without the caller's logits: only its last row comes back */
             if ((s = slog_reserve(g, 1))) return s;
             for (int i = 0; i < b - a; i++) g->logits_at[i] = i == b - a - 1 ? 0 : -1;
@@ -503,7 +531,7 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
     /* the first generated token: the last row's argmax, or (sampled / processed) its token at position n */
     if (r->max_tokens == 0) {
         r->done = 2;
-    } else if (r->sampled || r->proc) {
+    } else if (r->rows_back) {
         const float *last = logits ? logits + (size_t)(n - 1) * (size_t)V : g->slog;
         int t, acc;
         if ((s = token_at(g, r, last, n, NULL, 0, -1, &t, &acc))) return s;
@@ -551,12 +579,12 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         for (int i = 0; i < rows; i++) {
             g->pos[nrows + i] = p0 + i;
             g->rreq[nrows + i] = q;
-            g->logits_at[nrows + i] = r->sampled || r->proc ? nsel + i : -1; /* their rows' logits, packed */
+            g->logits_at[nrows + i] = r->rows_back ? nsel + i : -1; /* their rows' logits, packed */
         }
         r->row0 = nrows;
         r->nrows = rows;
         r->lrow0 = nsel;
-        if (r->sampled || r->proc) nsel += rows;
+        if (r->rows_back) nsel += rows;
         nrows += rows;
     }
     sm_status s;
@@ -571,7 +599,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         sm_request *r = &g->reqs[q];
         if (!r->nrows) continue;
         int p0 = r->nhist - 1, cnt;
-        if (!r->sampled && !r->proc)
+        if (!r->rows_back)
             cnt = sm_accept_greedy(g->tok + r->row0, g->argmax + r->row0, r->nrows, g->draft);
         else if ((s = accept_rows(g, r, g->tok + r->row0, r->nrows, g->slog + (size_t)r->lrow0 * (size_t)g->cfg->V, p0,
                                      g->draft, &cnt)))
@@ -624,6 +652,20 @@ sm_status sparkmono_output(const sparkmono_engine *g, int req, const int **ids, 
     if (!ids || !n) return fail(SM_E_INVALID, "sparkmono_output: NULL argument");
     *ids = r->hist + r->prompt_len;
     *n = r->nhist - r->prompt_len;
+    return ok();
+}
+
+sm_status sparkmono_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
+                             const float **top_lp, int *k) {
+    sm_status s;
+    const sm_request *r = get_req(g, req, "sparkmono_logprobs", &s);
+    if (!r) return s;
+    if (!lp || !top_ids || !top_lp || !k) return fail(SM_E_INVALID, "sparkmono_logprobs: NULL argument");
+    if (!r->lp) return fail(SM_E_STATE, "sparkmono_logprobs: request %d was added without logprobs", req);
+    *lp = r->lp;
+    *top_ids = r->top_ids;
+    *top_lp = r->top_lp;
+    *k = r->samp.top_logprobs;
     return ok();
 }
 

@@ -30,7 +30,11 @@ typedef struct sm_request {
     int accepted;      /* drafts accepted over all steps */
     int row0, nrows;   /* its rows in the engine's last step; nrows = 0 if absent */
     int sampled;       /* 1: tokens drawn under samp (temperature > 0); 0: greedy */
-    int proc;          /* 1: samp has logit processors (logitproc.h): its rows' logits come back */
+    int proc;          /* 1: samp has logit processors (logitproc.h) */
+    int rows_back;     /* 1: its rows' logits come back (sampled, proc or logprobs) */
+    float *lp;         /* [max_tokens] logprob of each generated id (samp.logprobs), else NULL */
+    int *top_ids;      /* [max_tokens * samp.top_logprobs] the most likely ids of each position */
+    float *top_lp;     /* [max_tokens * samp.top_logprobs] their logprobs */
     sparkmono_sampling samp; /* its sampling parameters and processors (all zero: plain greedy) */
     int lrow0;         /* sampled or proc: its first row in the last verify step's logits (slog) */
 } sm_request;
@@ -63,8 +67,8 @@ struct sparkmono_engine {
     sm_sample_ws sws;      /* the sampler's distribution of one row (allocated with the first
                               sampled request: have_sws) */
     int have_sws;
-    sm_lp_ws lws;          /* the logit processors' scratch (allocated with the first request
-                              that has processors: have_lws) */
+    sm_lp_ws lws;          /* the logit processors' and logprobs' scratch (allocated with the first
+                              request that has processors or logprobs: have_lws) */
     int have_lws;
     float *aux;            /* [naux, max_rows, H] step output, NULL when naux = 0 */
     int last_nrows;        /* rows of the last step (aux rows are strided by it) */

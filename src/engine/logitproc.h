@@ -21,6 +21,7 @@ typedef struct sm_lp_ws {
     int *count;     /* [cap] occurrences of each id among the generated ids; 0 between calls */
     char *seen;     /* [cap] 1: id in the history (prompt or generated); 0 between calls */
     float *row;     /* [cap] the last processed row */
+    double *ls;     /* [cap] the last log-softmax (sm_lp_logprobs) */
 } sm_lp_ws;
 
 int sm_lp_ws_init(sm_lp_ws *ws, int cap, sm_err *e);
@@ -46,6 +47,11 @@ const float *sm_lp_apply(sm_lp_ws *ws, const float *lg, int nv, const sparkmono_
 /* The id of the largest logit of row [nv] (ties to the lowest id); -1 when a logit is NaN or
  * every one is -inf. */
 int sm_lp_argmax(const float *row, int nv);
+
+/* The logprob of id tok and the k most likely ids (ties to the lowest id) with theirs, from the
+ * raw row [nv] (log-softmax in double, rounded to f32): *lp, top_ids [k], top_lp [k].  -1 on a
+ * NaN or all -inf row. */
+int sm_lp_logprobs(sm_lp_ws *ws, const float *row, int nv, int tok, int k, float *lp, int *top_ids, float *top_lp);
 
 /* Log-softmax in double of row [nv] (ids order sums; -inf logits give -inf): out [nv].
  * -1 on a NaN logit or an all -inf row. */
