@@ -134,6 +134,8 @@ def test_unknown_fields_logged(server):
     ({"ignore_eos": 1}, "ignore_eos", "'ignore_eos' must be true or false"),
     ({"stop_token_ids": [1, 600]}, "stop_token_ids", "'stop_token_ids' entry 1 is not a token id in [0, 512)"),
     ({"stop_token_ids": 3}, "stop_token_ids", "'stop_token_ids' must be a list of token ids"),
+    ({"logprobs": 21}, "logprobs", "'logprobs' is 21; it must be in [0, 20]"),
+    ({"logprobs": "3"}, "logprobs", "'logprobs' must be an integer"),
     ({"max_tokens": 4090}, "max_tokens", "'max_tokens' is 4090; with this prompt of 10 tokens it must be in [1, 4086]"),
 ])
 def test_bad_values(server, fields, param, msg):
@@ -143,3 +145,46 @@ def test_bad_values(server, fields, param, msg):
     assert r.status_code == 400, r.text
     e = r.json()["error"]
     assert e["param"] == param and msg in e["message"], e
+
+
+def log_softmax(row):
+    row = row[np.isfinite(row)]
+    m = row.max()
+    return row - m - np.log(np.exp(row - m).sum())
+
+
+@pytest.mark.parametrize("extra", [dict(temperature=0), dict(temperature=0.9, seed=5),
+                                   dict(temperature=0, extra_body={"repetition_penalty": 0.5})])
+def test_logprobs(server, plain, ids_dir, tmp, extra):
+    """logprobs = a numpy log-softmax of the raw logits `sparkmono logits` gives for each prefix (the
+    raw model distribution: before processors and temperature); the top alternatives in order;
+    streaming chunks carry the same; a speculative server equals a plain one."""
+    K = 3
+    r = server.client().completions.create(model=server.name, prompt=PROMPT, max_tokens=6, logprobs=K, **extra)
+    c = r.choices[0]
+    ids = c.model_extra["token_ids"] if "token_ids" in (c.model_extra or {}) else c.token_ids
+    lp = c.logprobs
+    assert lp.tokens == ["token_id:%d" % t for t in ids]
+    for j, t in enumerate(ids):
+        ref = log_softmax(raw_logits(ids_dir, tmp, PROMPT + ids[:j]).astype(np.float32).astype(np.float64))
+        assert abs(lp.token_logprobs[j] - ref[t]) < 1e-4, (j, lp.token_logprobs[j], ref[t])
+        top = lp.top_logprobs[j]
+        best = np.argsort(-ref, kind="stable")[:K]
+        for a in best:
+            assert abs(top["token_id:%d" % a] - ref[a]) < 1e-4, (j, a, top)
+        assert set(top) == {"token_id:%d" % a for a in best} | {"token_id:%d" % t}
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    # the same through a stream, and from a server without speculation
+    body = {"model": server.name, "prompt": PROMPT, "max_tokens": 6, "logprobs": K, "stream": True}
+    body.update({k: v for k, v in extra.items() if k != "extra_body"}, **extra.get("extra_body", {}))
+    got = []
+    with requests.post(server.url + "/v1/completions", data=json.dumps(body), stream=True, timeout=TIMEOUT) as resp:
+        for line in resp.iter_lines():
+            if line.startswith(b"data: {"):
+                ch = json.loads(line[6:])["choices"][0]
+                if ch["logprobs"]:
+                    got += ch["logprobs"]["token_logprobs"]
+    assert got == lp.token_logprobs
+    r1 = plain.client().completions.create(model=plain.name, prompt=PROMPT, max_tokens=6, logprobs=K, **extra)
+    assert r1.choices[0].logprobs.tokens == lp.tokens
+    assert np.allclose(r1.choices[0].logprobs.token_logprobs, lp.token_logprobs, atol=1e-5)

@@ -166,7 +166,7 @@ def test_malformed_json(server):
     ({"stream": "yes"}, "stream"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
     ({"n": 2}, "n"),
-    ({"logprobs": 3}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
     ({"echo": True}, "echo"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"stop": "x"}, "stop"),                                # needs a tokenizer
