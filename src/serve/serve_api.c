@@ -150,13 +150,12 @@ static int get_stop(parse_ctx *c, const json_t *v) {
 static int neutral(parse_ctx *c, const char *name, const json_t *v) {
     int ok = json_is_null(v);
     if (!strcmp(name, "n") || !strcmp(name, "best_of")) ok |= json_is_integer(v) && json_integer_value(v) == 1;
-    else if (!strcmp(name, "echo")) ok |= json_is_false(v);
     else if (!strcmp(name, "suffix")) ok |= json_is_string(v) && json_string_length(v) == 0;
     else if (!strcmp(name, "user")) ok |= json_is_string(v); /* an end-user id: only for logs */
     return ok ? 0 : bad(c, name, "'%s' is not supported by this server (only its default value is accepted)", name);
 }
 
-static const char *const NEUTRAL_FIELDS[] = {"n", "best_of", "echo", "suffix", "user"};
+static const char *const NEUTRAL_FIELDS[] = {"n", "best_of", "suffix", "user"};
 
 int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m, sm_api_req *out, int *status,
                             char *param, sm_err *e) {
@@ -230,6 +229,9 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
             if (get_int(&c, k, v, 0, SPARKMONO_MAX_TOP_LOGPROBS, &nlp)) goto out;
             out->samp.logprobs = 1;
             out->samp.top_logprobs = (int)nlp;
+        } else if (!strcmp(k, "echo")) {
+            if (!json_is_null(v) && !json_is_boolean(v)) { bad(&c, k, "'echo' must be true or false"); goto out; }
+            out->echo = json_is_true(v);
         } else if (!strcmp(k, "stop")) {
             if (get_stop(&c, v)) goto out;
         } else if ((known = sm_fields_sampling(k, v, m->vocab, m->max_len, &out->samp, param, e)) != 0) {
@@ -256,6 +258,10 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
     if (max_tokens < 1 || max_tokens > (long long)(m->max_len - out->n)) {
         bad(&c, "max_tokens", "'max_tokens' is %lld; with this prompt of %d tokens it must be in [1, %d] (the model's "
             "maximum context length is %d tokens)", max_tokens, out->n, m->max_len - out->n, m->max_len);
+        goto out;
+    }
+    if (out->echo && out->samp.logprobs) { /* the prompt's logprobs would need its prefill logits */
+        bad(&c, "echo", "'echo' together with 'logprobs' is not supported by this server (no prompt logprobs)");
         goto out;
     }
     if (out->samp.min_tokens > max_tokens) {

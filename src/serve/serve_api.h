@@ -5,8 +5,9 @@
  * Every field of the request is checked against the fields we know: the sampling and logit
  * processor fields (penalties, logit_bias, min_tokens, ignore_eos, stop_token_ids) are parsed
  * by serve_fields.c, shared with the chat endpoint; a known field we do not implement (n > 1,
- * echo, best_of, suffix) is a 400 naming it unless at its neutral value (n: 1, echo: false,
- * ...), since clients send those by default.  logprobs (0..20) asks for each generated id's
+ * best_of, suffix) is a 400 naming it unless at its neutral value (n: 1, best_of: 1, ...),
+ * since clients send those by default.  echo puts the prompt's text first (a 400 with logprobs:
+ * the prompt's logprobs are not computed).  logprobs (0..20) asks for each generated id's
  * logprob and the top alternatives (OpenAI's completions shape, sm_api_lp).  An unknown field is accepted and
  * named once in the server's log (vLLM's rule: clients written for vLLM send its extensions);
  * we rejected the 400 we had before: such clients broke on every request.  Error bodies have
@@ -39,6 +40,7 @@ typedef struct sm_api_req {
     int has_seed;              /* 0: no seed given (the server picks one) */
     int stream;                /* server-sent events */
     int include_usage;         /* stream_options.include_usage: a last chunk with usage */
+    int echo;                  /* the prompt's text before the completion's (not with logprobs) */
     char *stop[SM_MAX_STOP];   /* [nstop] non-empty stop strings (malloc'd) */
     int nstop;
     char ignored[SM_FIELDS_IGNORED]; /* unknown fields accepted ("'a', 'b'", "" when none): the server logs them */

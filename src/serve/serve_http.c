@@ -364,6 +364,17 @@ static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn
     j->dt.tok = s->api.tok;
     for (int i = 0; i < j->req.nstop; i++) j->dt.stop[i] = j->req.stop[i];
     j->dt.nstop = j->req.nstop;
+    if (j->req.echo && s->api.tok) { /* echo: the prompt's text first (decoded from its ids, UTF-8 repaired) */
+        char *pt = NULL;
+        size_t pn = 0;
+        sm_err te = {{0}};
+        int bad = sm_tokenizer_decode(s->api.tok, j->r->prompt, j->r->n, &pt, &pn, &te) || sm_utf8_sanitize(&j->text, pt, pn);
+        free(pt);
+        if (bad) {
+            job_free(j);
+            return reply(s, mc, 500, NULL);
+        }
+    }
     j->mc = mc;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;

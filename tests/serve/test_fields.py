@@ -188,3 +188,17 @@ def test_logprobs(server, plain, ids_dir, tmp, extra):
     r1 = plain.client().completions.create(model=plain.name, prompt=PROMPT, max_tokens=6, logprobs=K, **extra)
     assert r1.choices[0].logprobs.tokens == lp.tokens
     assert np.allclose(r1.choices[0].logprobs.token_logprobs, lp.token_logprobs, atol=1e-5)
+
+
+def test_echo(text_server):
+    """echo: the prompt's text, then the completion's (the same completion as without echo), plain and streamed."""
+    c = text_server.client()
+    plain = c.completions.create(model=text_server.name, prompt="hello world", max_tokens=5, temperature=0)
+    echo = c.completions.create(model=text_server.name, prompt="hello world", max_tokens=5, temperature=0, echo=True)
+    assert echo.choices[0].text == "hello world" + plain.choices[0].text
+    chunks = c.completions.create(model=text_server.name, prompt="hello world", max_tokens=5, temperature=0, echo=True,
+                                  stream=True)
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == echo.choices[0].text
+    r = requests.post(text_server.url + "/v1/completions", timeout=TIMEOUT, data=json.dumps(
+        {"model": text_server.name, "prompt": "hi", "echo": True, "logprobs": 1}))
+    assert r.status_code == 400 and "'echo' together with 'logprobs' is not supported" in r.json()["error"]["message"]

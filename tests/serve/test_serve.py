@@ -167,7 +167,8 @@ def test_malformed_json(server):
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
     ({"n": 2}, "n"),
     ({"logprobs": 21}, "logprobs"),
-    ({"echo": True}, "echo"),
+    ({"echo": True, "logprobs": 2}, "echo"),
+    ({"echo": "yes"}, "echo"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"stop": "x"}, "stop"),                                # needs a tokenizer
 ])
