@@ -37,7 +37,7 @@ static int __attribute__((format(printf, 3, 4))) bad(parse_ctx *c, const char *n
 
 /* A number field: finite, within [lo, hi]. */
 static int get_number(parse_ctx *c, const char *name, const json_t *v, double lo, double hi, double *out) {
-    if (!json_is_number(v)) return bad(c, name, "'%s' must be a number", name);
+    if (!json_is_number(v)) return bad(c, name, "'%s' must be a number in [%g, %g]", name, lo, hi);
     double x = json_number_value(v);
     if (!isfinite(x) || x < lo || x > hi) return bad(c, name, "'%s' is %g; it must be in [%g, %g]", name, x, lo, hi);
     *out = x;
@@ -46,7 +46,8 @@ static int get_number(parse_ctx *c, const char *name, const json_t *v, double lo
 
 /* An integer field within [lo, hi]. */
 static int get_int(parse_ctx *c, const char *name, const json_t *v, long long lo, long long hi, long long *out) {
-    if (!json_is_integer(v)) return bad(c, name, "'%s' must be an integer", name);
+    if (!json_is_integer(v) && lo == LLONG_MIN && hi == LLONG_MAX) return bad(c, name, "'%s' must be an integer", name);
+    if (!json_is_integer(v)) return bad(c, name, "'%s' must be an integer in [%lld, %lld]", name, lo, hi);
     long long x = json_integer_value(v);
     if (x < lo || x > hi) return bad(c, name, "'%s' is %lld; it must be in [%lld, %lld]", name, x, lo, hi);
     *out = x;

@@ -135,7 +135,10 @@ def test_unknown_fields_logged(server):
     ({"stop_token_ids": [1, 600]}, "stop_token_ids", "'stop_token_ids' entry 1 is not a token id in [0, 512)"),
     ({"stop_token_ids": 3}, "stop_token_ids", "'stop_token_ids' must be a list of token ids"),
     ({"logprobs": 21}, "logprobs", "'logprobs' is 21; it must be in [0, 20]"),
-    ({"logprobs": "3"}, "logprobs", "'logprobs' must be an integer"),
+    ({"logprobs": "3"}, "logprobs", "'logprobs' must be an integer in [0, 20]"),
+    ({"temperature": "hot"}, "temperature", "'temperature' must be a number in [0, 2]"),
+    ({"max_tokens": "8"}, "max_tokens", "'max_tokens' must be an integer"),
+    ({"max_tokens": 0}, "max_tokens", "'max_tokens' is 0; with this prompt of 10 tokens it must be in [1, 4086]"),
     ({"max_tokens": 4090}, "max_tokens", "'max_tokens' is 4090; with this prompt of 10 tokens it must be in [1, 4086]"),
 ])
 def test_bad_values(server, fields, param, msg):
