@@ -34,6 +34,7 @@
 #include "cli.h"
 #include "base/outfile.h"
 #include "engine/sample.h"
+#include "serve/serve_fields.h"
 #include "sparkmono.h"
 #include "model/tokenizer.h"
 
@@ -48,7 +49,9 @@ const cli_cmd cli_help_generate = {
     "ones too (for the same --seed).\n"
     "--batch FILE.jsonl: one request a line, {\"ids\": [1, 2]} or {\"prompt\": \"text\"} (encoded with\n"
     "the model directory's tokenizer.json, no bos added), and optionally \"max_tokens\",\n"
-    "\"temperature\", \"top_k\", \"top_p\", \"seed\" (the flags give their defaults).  Prints one JSON\n"
+    "\"temperature\", \"top_k\", \"top_p\", \"seed\" (the flags give their defaults) and the server's logit\n"
+    "processor fields (presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens,\n"
+    "ignore_eos, stop_token_ids; on top of the flags' values).  Prints one JSON\n"
     "line a request, in input order: index, ids, text (decoded without special tokens, when the\n"
     "model has a tokenizer), prompt_tokens, completion_tokens, steps, accepted, finish_reason\n"
     "(\"stop\": an eos id, \"length\": max_tokens); a progress line on stderr.",
@@ -176,8 +179,17 @@ static int parse_request(const char *where, const char *buf, size_t len, const b
             if (!strcmp(key, "top_p")) q->s.top_p = (float)json_number_value(v);
             else q->s.temperature = (float)json_number_value(v);
         } else {
-            sm_errf(e, "%s: unknown key \"%s\" (known: ids, prompt, max_tokens, temperature, top_k, top_p, seed)", where, key);
-            goto out;
+            /* the server's logit-processor fields (serve_fields.h); ids are checked against the
+             * vocabulary when the request is submitted */
+            char param[32];
+            int k = sm_fields_sampling(key, v, INT_MAX, 1 << 24, &q->s, param, e);
+            if (k < 0) { sm_errprefix(e, "%s", where); goto out; }
+            if (k == 0) {
+                sm_errf(e, "%s: unknown key \"%s\" (known: ids, prompt, max_tokens, temperature, top_k, top_p, seed, "
+                        "presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens, ignore_eos, "
+                        "stop_token_ids)", where, key);
+                goto out;
+            }
         }
     }
     if (!q->ids == !q->text) { sm_errf(e, "%s: give exactly one of \"ids\" and \"prompt\"", where); goto out; }
