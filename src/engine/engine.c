@@ -14,7 +14,10 @@
  * Sampled requests (sample.h) take the same steps; the step also returns the logits of their
  * rows only (sm_step.logits_at), so greedy requests cost no logits traffic and keep their
  * argmax path bit for bit.  The token at position i of a sampled request is drawn with the
- * uniform of (seed, i), whatever step (prefill, verify row, bonus) produces it.
+ * uniform of (seed, i), whatever step (prefill, verify row, bonus) produces it.  Requests with
+ * logit processors or logprobs (logitproc.h) bring their rows' logits back too; token_at makes
+ * every such token, each row processed with the history before its position (the accepted
+ * drafts included), so speculation stays exact for them as well.
  */
 #include "engine/engine.h"
 #include <stdarg.h>

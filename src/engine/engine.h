@@ -5,8 +5,9 @@
  * ids).  Positions 0 .. nhist-2 of a generating request have committed K/V; its last token is
  * the first row of its next verify step, followed by R-1 n-gram drafts.  We rejected keeping
  * the drafts' K/V bookkeeping separate from the committed length: rejected rows are simply
- * overwritten by the next step, as in docs/model.md section 8.  A sampled request's rows also
- * bring their logits back from the step (sm_step.logits_at), packed into slog.
+ * overwritten by the next step, as in docs/model.md section 8.  The rows of a sampled request,
+ * or one with logit processors or logprobs, also bring their logits back from the step
+ * (sm_step.logits_at), packed into slog.
  */
 #ifndef SM_ENGINE_H
 #define SM_ENGINE_H
