@@ -113,11 +113,43 @@ sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_t
  * its seed only, never on the batch it runs in.  Under speculation a draft d is accepted with
  * probability p(d); on rejection the token is drawn from p with d removed, renormalized: the
  * output has exactly the distribution of plain sampling (docs/model.md section 8). */
+#define SPARKMONO_MAX_BIAS 300     /* most logit_bias entries of a request */
+#define SPARKMONO_MAX_STOP_IDS 32  /* most stop ids of a request */
+#define SPARKMONO_MAX_TOP_LOGPROBS 20 /* most alternatives a generated id's logprobs list */
+
+/* One logit_bias entry: bias added to the logit of id. */
+typedef struct sparkmono_bias {
+    int id;             /* [0, V) */
+    float bias;         /* [-100, 100] */
+} sparkmono_bias;
+
+/* Logit processors (src/engine/logitproc.c; every field zero: none) change the raw logits of
+ * each position before the draw or the argmax, in this order: min_tokens (eos and stop ids
+ * -inf), logit_bias, repetition penalty (over prompt and generated ids), then frequency and
+ * presence penalties (over generated ids); a greedy request with processors takes the argmax
+ * of the processed row.  Each position's row is processed with the history up to it (drafts
+ * included), so speculation stays exact.  Stop rules: eos ends a request unless ignore_eos,
+ * each of stop_ids ends it like eos. */
 typedef struct sparkmono_sampling {
     float temperature;  /* 0: greedy */
     int top_k;          /* 0: no limit */
     float top_p;        /* 0 or 1: no limit */
     unsigned long long seed;
+    float presence_penalty;   /* [-2, 2]: subtracted once from the logit of each id generated so far */
+    float frequency_penalty;  /* [-2, 2]: subtracted from each id's logit times its count in the generated ids */
+    float repetition_penalty; /* 0 or 1: none; > 0: the logit of each id of the prompt or generated ids is
+                                 divided by it when positive, multiplied when negative */
+    int min_tokens;           /* eos and stop ids are forbidden until this many ids are generated */
+    int ignore_eos;           /* 1: eos ids do not end the request */
+    int n_bias;               /* entries of bias, [0, SPARKMONO_MAX_BIAS] */
+    sparkmono_bias bias[SPARKMONO_MAX_BIAS]; /* [n_bias] logit_bias */
+    int n_stop_ids;           /* entries of stop_ids, [0, SPARKMONO_MAX_STOP_IDS] */
+    int stop_ids[SPARKMONO_MAX_STOP_IDS];    /* [n_stop_ids] ids in [0, V) that end the request like eos */
+    int logprobs;             /* 1: record each generated id's logprob: a log-softmax in double of the raw
+                                 model logits of its position (before processors and temperature, vLLM's
+                                 default), read with sparkmono_logprobs */
+    int top_logprobs;         /* [0, SPARKMONO_MAX_TOP_LOGPROBS]: with logprobs, also the most likely ids
+                                 of each position and their logprobs (ties to the lowest id) */
 } sparkmono_sampling;
 
 /* sparkmono_add with sampling parameters (s NULL: greedy). */
@@ -158,6 +190,11 @@ sm_status sparkmono_request_get_info(const sparkmono_engine *g, int req, sparkmo
 /* Generated tokens of req: *ids points to [*n] ids owned by the engine, valid until the next
  * call that changes req (verify, generate, remove). */
 sm_status sparkmono_output(const sparkmono_engine *g, int req, const int **ids, int *n);
+/* Logprobs of req's generated ids (a request added with logprobs = 1): *lp [n] each id's logprob,
+ * *top_ids and *top_lp [n * *k] the k most likely ids of each position and theirs (k =
+ * top_logprobs); n = the ids sparkmono_output gives.  Owned by the engine like those ids. */
+sm_status sparkmono_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
+                             const float **top_lp, int *k);
 /* Auxiliary hidden states of req's rows in the last step that carried them (the last prefill
  * chunk or a verify step): out [naux, *nrows, H] f32 with *nrows <= max(R, prefill_chunk).
  * Error when the engine has no aux layers or req was not in the last step. */
@@ -190,6 +227,10 @@ typedef struct sparkmono_batch_event {
     int prompt_len;          /* tokens of its prompt */
     int steps, accepted;     /* verify steps it took part in, drafts accepted over them */
     const char *err;         /* done FAILED or CANCELLED: one line (else ""); owned like ids */
+    const float *logprobs;   /* [n] the new ids' logprobs (a request with logprobs), else NULL; owned like ids */
+    const int *top_ids;      /* [n * top] each new id's position's most likely ids (sparkmono_logprobs) */
+    const float *top_lp;     /* [n * top] their logprobs */
+    int top;                 /* top_logprobs of the request (0 without logprobs) */
 } sparkmono_batch_event;
 
 /* A batch over g's request slots (g must outlive it) with at most queue_cap requests waiting

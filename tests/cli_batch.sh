@@ -124,6 +124,22 @@ else
     fail batch_sampled_speculation "accepted $acc; $a | $b"
 fi
 
+# logit-processor keys (the server's fields): each line equals `generate` with the same flags
+cat >"$T/pp.jsonl" <<EOF
+{"ids": [5, 6, 7, 8, 5, 6, 7, 8, 5, 6], "max_tokens": 12, "repetition_penalty": 0.5, "min_tokens": 3}
+{"ids": [3, 4, 5, 6], "max_tokens": 10, "temperature": 0.8, "seed": 9, "presence_penalty": -1.5, "frequency_penalty": 0.5}
+EOF
+"$SM" $G --batch "$T/pp.jsonl" --max-requests 2 >"$T/pp.out" 2>"$T/pp.err"; rc=$?
+p1=$("$SM" $G --prompt-ids 5,6,7,8,5,6,7,8,5,6 --max-tokens 12 --repetition-penalty 0.5 --min-tokens 3 | grep '^ids: ' | cut -c6-)
+p2=$("$SM" $G --prompt-ids 3,4,5,6 --max-tokens 10 --temperature 0.8 --seed 9 --presence-penalty -1.5 --frequency-penalty 0.5 | grep '^ids: ' | cut -c6-)
+q1=$(sed -n 1p "$T/pp.out" | sed -n 's/.*"ids":\[\([^]]*\)\].*/\1/p')
+q2=$(sed -n 2p "$T/pp.out" | sed -n 's/.*"ids":\[\([^]]*\)\].*/\1/p')
+if [ $rc -eq 0 ] && [ -n "$p1" ] && [ "$p1" = "$q1" ] && [ "$p2" = "$q2" ]; then
+    pass batch_processors_equal_generate
+else
+    fail batch_processors_equal_generate "rc $rc: $q1 / $q2 vs $p1 / $p2"
+fi
+
 # bad input: one line naming the file and line, exit 2
 badline() { # name, expected text, file content, extra flags
     printf '%s\n' "$3" >"$T/bad.jsonl"
@@ -140,6 +156,7 @@ if grep -q 'bad.jsonl:2: ' "$T/bad.err"; then pass bad_json_names_line_2; else f
 badline bad_not_object 'JSON object' '[1, 2, 3]'
 badline bad_unknown_key 'unknown key "temp"' '{"ids": [1, 2], "max_tokens": 3, "temp": 1}'
 badline bad_no_max_tokens 'max_tokens' '{"ids": [1, 2]}'
+badline bad_presence "'presence_penalty' is 3; it must be in .-2, 2." '{"ids": [1, 2], "max_tokens": 3, "presence_penalty": 3}'
 badline bad_id_range 'outside the vocabulary' '{"ids": [1, 512], "max_tokens": 3}'
 badline bad_ids_type '"ids"' '{"ids": "1,2", "max_tokens": 3}'
 badline bad_both_prompts 'exactly one of' '{"ids": [1], "prompt": "hi", "max_tokens": 3}'

@@ -37,6 +37,19 @@ else
     cat "$T/l.out" "$T/l.err"; ls -l "$T"; fail logits_npy
 fi
 
+# logit processors (src/engine/logitproc.c): speculative == plain, greedy and sampled; they change the output
+for f in "--repetition-penalty 0.5" "--presence-penalty -1.5 --frequency-penalty 0.5" "--min-tokens 8 --ignore-eos --temperature 0.9 --seed 3"; do
+    n=$(echo "$f" | tr -d ' -.' | cut -c1-24)
+    "$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 16 --threads 2 $f >"$T/p8.out" 2>&1; rc1=$?
+    "$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 16 --threads 2 --no-spec $f >"$T/p1.out" 2>&1; rc2=$?
+    a=$(grep '^ids: ' "$T/p8.out"); b=$(grep '^ids: ' "$T/p1.out")
+    if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then pass "proc_spec_equals_plain_$n"
+    else cat "$T/p8.out" "$T/p1.out"; fail "proc_spec_equals_plain_$n"; fi
+done
+"$SM" generate --model "$T/tiny" --prompt-ids $PROMPT --max-tokens 12 --threads 2 --repetition-penalty 0.5 >"$T/rp.out" 2>&1
+if [ "$(grep '^ids: ' "$T/rp.out")" != "$(grep '^ids: ' "$T/spec.out")" ]; then pass proc_changes_output
+else cat "$T/rp.out"; fail proc_changes_output; fi
+
 # bad inputs: exit 2, one line on stderr naming the problem
 bad_msg bad_id_out_of_range "--prompt-ids: token index 1 is 512, outside the vocabulary [0, 512)" generate --model "$T/tiny" --prompt-ids 1,512,3 --max-tokens 4
 bad_msg bad_id_negative "--prompt-ids: token index 1 is -1, outside the vocabulary" generate --model "$T/tiny" --prompt-ids 1,-1 --max-tokens 4
@@ -52,4 +65,7 @@ bad_msg bad_backend "--backend 'tpu' is not one of cpu|cuda" generate --model "$
 bad_msg bad_logits_no_out "logits: --out FILE.npy is required" logits --model "$T/tiny" --prompt-ids 1,2,3
 bad_msg bad_logits_missing_dir "logits: model dir '$T/no-such-model' does not exist" logits --model "$T/no-such-model" --prompt-ids 1,2 --out "$T/x.npy"
 bad_msg bad_logits_out_dir "$T/no/such/dir/x.npy: cannot create a temporary file" logits --model "$T/tiny" --prompt-ids 1,2 --out "$T/no/such/dir/x.npy"
+bad_msg bad_presence "--presence-penalty 3 is not a number in [-2, 2]" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --presence-penalty 3
+bad_msg bad_repetition "--repetition-penalty 0 is not a number in [1e-06, 1e+06]" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --repetition-penalty 0
+bad_msg bad_min_tokens "--min-tokens '-1' is not an integer" generate --model "$T/tiny" --prompt-ids 1,2,3 --max-tokens 4 --min-tokens -1
 done_

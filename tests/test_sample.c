@@ -142,7 +142,7 @@ static double unif(uint64_t *s) { return (double)(sm_rng_next(s) >> 11) * 0x1.0p
 
 static void test_check(void) {
     sm_err e = {{0}};
-    sparkmono_sampling ok = {0.7f, 40, 0.9f, 5}, s;
+    sparkmono_sampling ok = {.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .seed = 5}, s;
     CHECK(sm_sample_check(&ok, &e) == 0, "valid: %s", e.msg);
     s = ok; s.temperature = -0.1f;
     CHECK(sm_sample_check(&s, &e) == -1 && strstr(e.msg, "temperature"), "negative T: %s", e.msg);
@@ -182,7 +182,7 @@ static void test_dist_reference(void) {
         static const float Ts[] = {0.05f, 0.5f, 1.0f, 1.7f, 30.0f};
         static const int Ks[] = {0, 1, 2, 5, 50, 100000};
         static const float Ps[] = {0.0f, 1.0f, 0.3f, 0.9f, 0.999f, 1e-6f};
-        sparkmono_sampling sp = {Ts[sm_rng_next(&s) % 5], Ks[sm_rng_next(&s) % 6], Ps[sm_rng_next(&s) % 6], 0};
+        sparkmono_sampling sp = {.temperature = Ts[sm_rng_next(&s) % 5], .top_k = Ks[sm_rng_next(&s) % 6], .top_p = Ps[sm_rng_next(&s) % 6], .seed = 0};
         if (sm_sample_dist(&ws, l, nv, &sp, &e)) { CHECK(0, "dist: %s", e.msg); break; }
         ref_dist(l, nv, sp.temperature, sp.top_k, sp.top_p, p);
         int kept = 0;
@@ -206,7 +206,7 @@ static void test_dist_reference(void) {
     printf("  %d rows vs the whole-row reference: worst relative error %.2g\n", runs, worst);
     /* top_k = 1 is the greedy argmax (ties to the lowest id) */
     float t[6] = {1, 3, -2, 3, 0, 3};
-    sparkmono_sampling k1 = {0.8f, 1, 0, 0};
+    sparkmono_sampling k1 = {.temperature = 0.8f, .top_k = 1, .top_p = 0, .seed = 0};
     CHECK(sm_sample_dist(&ws, t, 6, &k1, &e) == 0 && sm_sample_prob(&ws, 1) == 1.0 && ws.nkept == 1, "top_k 1 keeps id 1");
     /* a NaN is refused, naming the id */
     t[4] = NAN;
@@ -225,7 +225,7 @@ static void test_draw(void) {
     float l[40];
     uint64_t s = 7;
     for (int i = 0; i < nv; i++) l[i] = (float)(3 * unif(&s));
-    sparkmono_sampling sp = {1.3f, 30, 0.95f, 0};
+    sparkmono_sampling sp = {.temperature = 1.3f, .top_k = 30, .top_p = 0.95f, .seed = 0};
     CHECK(sm_sample_dist(&ws, l, nv, &sp, &e) == 0, "%s", e.msg);
     int bad = 0;
     for (int k = 0; k <= 1000; k++) {
@@ -287,7 +287,7 @@ static void test_accept_rule(void) {
     sm_err e = {{0}};
     if (sm_sample_ws_init(&ws, nv, &e)) { CHECK(0, "%s", e.msg); return; }
     float l[12] = {0.5f, 2.0f, 1.1f, -0.3f, 1.9f, 0.0f, 0.7f, 1.5f, -1.0f, 0.2f, 1.0f, 2.2f};
-    sparkmono_sampling sp = {1.0f, 0, 0.97f, 0};
+    sparkmono_sampling sp = {.temperature = 1.0f, .top_k = 0, .top_p = 0.97f, .seed = 0};
     CHECK(sm_sample_dist(&ws, l, nv, &sp, &e) == 0, "%s", e.msg);
     double p[12], q[12];
     for (int i = 0; i < nv; i++) p[i] = sm_sample_prob(&ws, i);
@@ -462,7 +462,7 @@ static void test_greedy_unchanged(void) {
     /* temperature 0 (whatever top_k / top_p) and NULL are the greedy path, bit for bit */
     int a[16 * 4], b[16 * 4], c[16 * 4], na[4], nb[4], nc[4];
     long acc;
-    sparkmono_sampling t0 = {0.0f, 3, 0.5f, 99};
+    sparkmono_sampling t0 = {.temperature = 0.0f, .top_k = 3, .top_p = 0.5f, .seed = 99};
     CHECK(run_seeds(g_rnd, 8, g_cprompt, 20, 16, NULL, 0, 4, a, na, &acc) == SM_OK, "%s", sparkmono_errmsg());
     CHECK(run_seeds(g_rnd, 8, g_cprompt, 20, 16, &t0, 0, 4, b, nb, &acc) == SM_OK, "%s", sparkmono_errmsg());
     CHECK(run_seeds(g_rnd, 1, g_cprompt, 20, 16, &t0, 5, 4, c, nc, &acc) == SM_OK, "%s", sparkmono_errmsg());
@@ -475,7 +475,7 @@ static void test_reproducible(void) {
      * sampled and greedy requests (different prompts, lengths, seeds), with prefill logits
      * asked for or not */
     const int MT = 24;
-    sparkmono_sampling sp = {1.0f, 0, 0.95f, 4242};
+    sparkmono_sampling sp = {.temperature = 1.0f, .top_k = 0, .top_p = 0.95f, .seed = 4242};
     int ref[24], nref = 0, prompt2[7] = {100, 3, 300, 4, 5, 6, 7};
     for (int variant = 0; variant < 6; variant++) {
         int R = variant == 1 ? 1 : variant == 2 ? 4 : 8;
@@ -489,7 +489,7 @@ static void test_reproducible(void) {
         int req = -1, other[4], no = 0;
         sm_status st = SM_OK;
         if (variant >= 3) { /* companions added first: the request gets another slot and row offset */
-            sparkmono_sampling s2 = {0.8f, 20, 0.0f, 4243}, s3 = {1.5f, 0, 0.0f, 4242};
+            sparkmono_sampling s2 = {.temperature = 0.8f, .top_k = 20, .top_p = 0.0f, .seed = 4243}, s3 = {.temperature = 1.5f, .top_k = 0, .top_p = 0.0f, .seed = 4242};
             st = sparkmono_add_sampled(g, prompt2, 7, 30, &s2, &other[no++]);
             if (!st) st = sparkmono_add(g, g_cprompt, 20, 9, &other[no++]);
             if (!st && variant >= 4) st = sparkmono_add_sampled(g, g_cprompt + 2, 11, 17, &s3, &other[no++]);
@@ -593,12 +593,12 @@ out:
 }
 
 static void test_stat_topk(void) {
-    sparkmono_sampling sp = {2.0f, 4, 0.0f, 0};
+    sparkmono_sampling sp = {.temperature = 2.0f, .top_k = 4, .top_p = 0.0f, .seed = 0};
     stat_case("T 2 top_k 4", &sp, 768, 6);
 }
 
 static void test_stat_topp(void) {
-    sparkmono_sampling sp = {2.0f, 8, 0.85f, 0};
+    sparkmono_sampling sp = {.temperature = 2.0f, .top_k = 8, .top_p = 0.85f, .seed = 0};
     stat_case("T 2 top_k 8 top_p 0.85", &sp, 512, 6);
 }
 
@@ -608,7 +608,7 @@ static void test_bad_sampling(void) {
     o.max_len = 32;
     if (sparkmono_engine_create(g_rnd, &o, &g)) { CHECK(0, "%s", sparkmono_errmsg()); return; }
     int req, p[3] = {5, 6, 7};
-    sparkmono_sampling s = {-1.0f, 0, 0.0f, 0};
+    sparkmono_sampling s = {.temperature = -1.0f, .top_k = 0, .top_p = 0.0f, .seed = 0};
     const char *m;
     CHECK(sparkmono_add_sampled(g, p, 3, 4, &s, &req) == SM_E_INVALID && (m = sparkmono_errmsg()) && strstr(m, "temperature") &&
           !strchr(m, '\n'), "negative temperature: %s", sparkmono_errmsg());

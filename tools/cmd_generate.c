@@ -34,6 +34,7 @@
 #include "cli.h"
 #include "base/outfile.h"
 #include "engine/sample.h"
+#include "serve/serve_fields.h"
 #include "sparkmono.h"
 #include "model/tokenizer.h"
 
@@ -48,7 +49,9 @@ const cli_cmd cli_help_generate = {
     "ones too (for the same --seed).\n"
     "--batch FILE.jsonl: one request a line, {\"ids\": [1, 2]} or {\"prompt\": \"text\"} (encoded with\n"
     "the model directory's tokenizer.json, no bos added), and optionally \"max_tokens\",\n"
-    "\"temperature\", \"top_k\", \"top_p\", \"seed\" (the flags give their defaults).  Prints one JSON\n"
+    "\"temperature\", \"top_k\", \"top_p\", \"seed\" (the flags give their defaults) and the server's logit\n"
+    "processor fields (presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens,\n"
+    "ignore_eos, stop_token_ids; on top of the flags' values).  Prints one JSON\n"
     "line a request, in input order: index, ids, text (decoded without special tokens, when the\n"
     "model has a tokenizer), prompt_tokens, completion_tokens, steps, accepted, finish_reason\n"
     "(\"stop\": an eos id, \"length\": max_tokens); a progress line on stderr.",
@@ -72,15 +75,24 @@ static int opt_number(const char *cmd, const cli_opt *o, double lo, double hi, d
     return 0;
 }
 
-/* The sampling flags into *s (temperature 0: greedy). */
+/* The sampling and logit-processor flags into *s (temperature 0: greedy). */
 static int sampling_opts(const char *cmd, cli_opt *opts, int no, sparkmono_sampling *s, sm_err *e) {
-    double t, p;
-    long k, seed;
+    double t, p, pres, freq, rep;
+    long k, seed, mint;
     if (opt_number(cmd, cli_find(opts, no, "temperature"), 0, 1e6, &t, e) ||
         opt_number(cmd, cli_find(opts, no, "top-p"), 0, 1, &p, e) || cli_int(cmd, cli_find(opts, no, "top-k"), 0, INT_MAX, &k, e) ||
-        cli_int(cmd, cli_find(opts, no, "seed"), 0, LONG_MAX, &seed, e))
+        cli_int(cmd, cli_find(opts, no, "seed"), 0, LONG_MAX, &seed, e) ||
+        opt_number(cmd, cli_find(opts, no, "presence-penalty"), -2, 2, &pres, e) ||
+        opt_number(cmd, cli_find(opts, no, "frequency-penalty"), -2, 2, &freq, e) ||
+        opt_number(cmd, cli_find(opts, no, "repetition-penalty"), 1e-6, 1e6, &rep, e) ||
+        cli_int(cmd, cli_find(opts, no, "min-tokens"), 0, 1 << 24, &mint, e))
         return -1;
     memset(s, 0, sizeof *s);
+    s->presence_penalty = (float)pres;
+    s->frequency_penalty = (float)freq;
+    s->repetition_penalty = (float)rep;
+    s->min_tokens = (int)mint;
+    s->ignore_eos = cli_find(opts, no, "ignore-eos")->present;
     s->temperature = (float)t;
     s->top_k = (int)k;
     s->top_p = (float)p;
@@ -167,8 +179,17 @@ static int parse_request(const char *where, const char *buf, size_t len, const b
             if (!strcmp(key, "top_p")) q->s.top_p = (float)json_number_value(v);
             else q->s.temperature = (float)json_number_value(v);
         } else {
-            sm_errf(e, "%s: unknown key \"%s\" (known: ids, prompt, max_tokens, temperature, top_k, top_p, seed)", where, key);
-            goto out;
+            /* the server's logit-processor fields (serve_fields.h); ids are checked against the
+             * vocabulary when the request is submitted */
+            char param[32];
+            int k = sm_fields_sampling(key, v, INT_MAX, 1 << 24, &q->s, param, e);
+            if (k < 0) { sm_errprefix(e, "%s", where); goto out; }
+            if (k == 0) {
+                sm_errf(e, "%s: unknown key \"%s\" (known: ids, prompt, max_tokens, temperature, top_k, top_p, seed, "
+                        "presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens, ignore_eos, "
+                        "stop_token_ids)", where, key);
+                goto out;
+            }
         }
     }
     if (!q->ids == !q->text) { sm_errf(e, "%s: give exactly one of \"ids\" and \"prompt\"", where); goto out; }
@@ -419,6 +440,12 @@ int cmd_generate(int argc, char **argv) {
         CLI_OPT("top-k", "K", "0", "sample among the K most likely ids (0: all)"),
         CLI_OPT("top-p", "P", "1", "sample among the most likely ids that hold P of the probability (1: all)"),
         CLI_OPT("seed", "N", "0", "seed of the sampled tokens (a request's tokens depend only on it and its prompt)"),
+        CLI_OPT("presence-penalty", "P", "0", "subtracted from the logit of each id generated so far, in [-2, 2]"),
+        CLI_OPT("frequency-penalty", "F", "0", "subtracted from each id's logit times its count in the generated ids, in [-2, 2]"),
+        CLI_OPT("repetition-penalty", "R", "1", "logits of ids in the prompt or generated divided by R when positive, "
+                "multiplied when negative (1: none)"),
+        CLI_OPT("min-tokens", "N", "0", "eos ids are forbidden until N ids are generated"),
+        CLI_SWITCH("ignore-eos", "an eos id does not end generation"),
         CLI_OPT("max-requests", "N", "16", "with --batch: requests live at once (the others wait for a free slot)"),
         CLI_OPT("out", "FILE", NULL, "with --batch: write the results to FILE (replaced whole) instead of stdout"),
         CLI_OPT("request-rows", "R", "8", "rows per request in a verify step: the last token + R-1 n-gram drafts"),

@@ -288,22 +288,33 @@ class Engine:
         return self._h
 
     def generate(self, prompt: _Prompt, max_tokens: int = 16, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int = 0) -> Completion:
+                 top_k: int = 0, seed: int = 0, **processors: _t.Any) -> Completion:
         """Generate from one prompt (text or ids) until max_tokens or an eos id."""
-        return self.generate_many([prompt], max_tokens, temperature, top_p, top_k, seed)[0]
+        return self.generate_many([prompt], max_tokens, temperature, top_p, top_k, seed, **processors)[0]
 
     def generate_many(self, prompts: _t.Sequence[_Prompt], max_tokens: int = 16, temperature: float = 0.0,
-                      top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> _t.List[Completion]:
+                      top_p: float = 1.0, top_k: int = 0, seed: int = 0, *, presence_penalty: float = 0.0,
+                      frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, min_tokens: int = 0,
+                      ignore_eos: bool = False) -> _t.List[Completion]:
         """Generate from every prompt, up to max_requests at once in the same verify steps; a
         prompt joins as soon as another one finishes (continuous batching).  Results are in
-        the order of prompts and equal to generating each alone."""
+        the order of prompts and equal to generating each alone.  The logit processors
+        (presence / frequency penalty in [-2, 2], repetition penalty > 0, min_tokens, ignore_eos)
+        are the engine's (include/sparkmono.h: sparkmono_sampling)."""
         h = self._live()
         if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, _abc.Sequence):
             raise TypeError("prompts must be a list of prompts, not %s" % type(prompts).__name__)
         max_tokens = _int("max_tokens", max_tokens, 1, _MAX_INT)
         s = _lib.Sampling(temperature=_real("temperature", temperature, 0.0, 1e6),
                           top_k=_int("top_k", top_k, 0, _MAX_INT), top_p=_real("top_p", top_p, 0.0, 1.0),
-                          seed=_int("seed", seed, 0, 2 ** 64 - 1))
+                          seed=_int("seed", seed, 0, 2 ** 64 - 1),
+                          presence_penalty=_real("presence_penalty", presence_penalty, -2.0, 2.0),
+                          frequency_penalty=_real("frequency_penalty", frequency_penalty, -2.0, 2.0),
+                          repetition_penalty=_real("repetition_penalty", repetition_penalty, 1e-6, 1e6),
+                          min_tokens=_int("min_tokens", min_tokens, 0, _MAX_INT))
+        if not isinstance(ignore_eos, bool):
+            raise TypeError("ignore_eos must be a bool, not %s" % type(ignore_eos).__name__)
+        s.ignore_eos = int(ignore_eos)
         todo = [self._ids(p) for p in prompts]
         out: _t.List[_t.Optional[Completion]] = [None] * len(todo)
         ids: _t.List[_t.List[int]] = [[] for _ in todo]

@@ -49,9 +49,21 @@ class EngineOpts(ctypes.Structure):
                 ("devices", ctypes.c_char_p), ("comm", ctypes.c_char_p)]
 
 
+MAX_BIAS = 300      # SPARKMONO_MAX_BIAS
+MAX_STOP_IDS = 32   # SPARKMONO_MAX_STOP_IDS
+
+
+class Bias(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("bias", ctypes.c_float)]
+
+
 class Sampling(ctypes.Structure):
     _fields_ = [("temperature", ctypes.c_float), ("top_k", ctypes.c_int), ("top_p", ctypes.c_float),
-                ("seed", ctypes.c_ulonglong)]
+                ("seed", ctypes.c_ulonglong), ("presence_penalty", ctypes.c_float),
+                ("frequency_penalty", ctypes.c_float), ("repetition_penalty", ctypes.c_float),
+                ("min_tokens", ctypes.c_int), ("ignore_eos", ctypes.c_int), ("n_bias", ctypes.c_int),
+                ("bias", Bias * MAX_BIAS), ("n_stop_ids", ctypes.c_int), ("stop_ids", ctypes.c_int * MAX_STOP_IDS),
+                ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int)]
 
 
 class RequestInfo(ctypes.Structure):
@@ -64,7 +76,8 @@ class BatchEvent(ctypes.Structure):
     """sparkmono_batch_event of include/sparkmono.h."""
     _fields_ = [("id", ctypes.c_longlong), ("user", ctypes.c_void_p), ("ids", c_int_p), ("n", ctypes.c_int),
                 ("ngen", ctypes.c_int), ("done", ctypes.c_int), ("prompt_len", ctypes.c_int), ("steps", ctypes.c_int),
-                ("accepted", ctypes.c_int), ("err", ctypes.c_char_p)]
+                ("accepted", ctypes.c_int), ("err", ctypes.c_char_p), ("logprobs", ctypes.POINTER(ctypes.c_float)),
+                ("top_ids", c_int_p), ("top_lp", ctypes.POINTER(ctypes.c_float)), ("top", ctypes.c_int)]
 
 
 class Err(ctypes.Structure):

@@ -14,6 +14,7 @@
  * cancellation must land in all three.
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,8 @@ typedef struct bwait {
     int *prompt;               /* [n] prompt ids (owned) */
     int n;                     /* prompt length >= 1 */
     int max_tokens;            /* >= 1 */
-    int sampled;               /* 1: s applies; 0: greedy */
-    sparkmono_sampling s;      /* its sampling when sampled */
+    int sampled;               /* 1: s applies; 0: greedy, no processors */
+    sparkmono_sampling s;      /* its sampling and logit processors when sampled */
     struct bwait *next;        /* the FIFO's link */
 } bwait;
 
@@ -58,6 +59,10 @@ struct sparkmono_batch {
     char (*everr)[256];        /* [evcap] each event's err line */
     int *idbuf;                /* [idcap] this call's ids */
     size_t nid, idcap;
+    size_t *evlp;              /* [evcap] offset of each event's logprobs in lpbuf (SIZE_MAX: none) */
+    float *lpbuf;              /* [lpcap] this call's logprobs: per event n, then n * top of top_lp */
+    int *topbuf;               /* [lpcap] the same offsets: n unused, then n * top of top_ids */
+    size_t nlp, lpcap;
 };
 
 sm_status sparkmono_batch_create(sparkmono_engine *g, int queue_cap, sparkmono_batch **out) {
@@ -98,6 +103,9 @@ void sparkmono_batch_destroy(sparkmono_batch *b) {
     free(b->evoff);
     free(b->everr);
     free(b->idbuf);
+    free(b->evlp);
+    free(b->lpbuf);
+    free(b->topbuf);
     free(b);
 }
 
@@ -121,7 +129,7 @@ sm_status sparkmono_batch_submit(sparkmono_batch *b, const int *prompt, int n, i
     w->n = n;
     w->max_tokens = max_tokens;
     w->user = user;
-    w->sampled = s && s->temperature > 0;
+    w->sampled = s != NULL; /* greedy requests keep theirs too: processors and stop ids */
     if (w->sampled) w->s = *s;
     pthread_mutex_lock(&b->mu);
     /* every slot taken and queue_cap more waiting: refused */
@@ -194,8 +202,10 @@ static sparkmono_batch_event *ev_add(sparkmono_batch *b, long long id, void *use
         size_t *no = ne ? realloc(b->evoff, (size_t)nc * sizeof *no) : NULL;
         if (no) b->evoff = no;
         char(*nr)[256] = no ? realloc(b->everr, (size_t)nc * sizeof *nr) : NULL;
-        if (!nr) return NULL;
-        b->everr = nr;
+        if (nr) b->everr = nr;
+        size_t *nl = nr ? realloc(b->evlp, (size_t)nc * sizeof *nl) : NULL;
+        if (!nl) return NULL;
+        b->evlp = nl;
         b->evcap = nc;
     }
     if (b->nid + (size_t)n > b->idcap) {
@@ -216,7 +226,36 @@ static sparkmono_batch_event *ev_add(sparkmono_batch *b, long long id, void *use
     if (n) memcpy(b->idbuf + b->nid, ids, (size_t)n * sizeof(int));
     b->nid += (size_t)n;
     b->everr[k][0] = 0;
+    b->evlp[k] = SIZE_MAX;
     return e;
+}
+
+/* Copy the logprobs of slot q's generated ids [from, from + e->n) into event e (a request
+ * with logprobs; others keep none).  0, or -1 when out of memory. */
+static int ev_logprobs(sparkmono_batch *b, sparkmono_batch_event *e, int q, int from) {
+    const float *lp, *tlp;
+    const int *tid;
+    int k;
+    if (!e->n || sparkmono_logprobs(b->g, q, &lp, &tid, &tlp, &k) != SM_OK) return 0;
+    const size_t need = (size_t)e->n * (size_t)(1 + k);
+    if (b->nlp + need > b->lpcap) {
+        size_t nc = b->lpcap ? 2 * b->lpcap : 1024;
+        while (nc < b->nlp + need) nc *= 2;
+        float *nf = realloc(b->lpbuf, nc * sizeof *nf);
+        if (nf) b->lpbuf = nf;
+        int *ni = nf ? realloc(b->topbuf, nc * sizeof *ni) : NULL;
+        if (!ni) return -1;
+        b->topbuf = ni;
+        b->lpcap = nc;
+    }
+    float *o = b->lpbuf + b->nlp;
+    memcpy(o, lp + from, (size_t)e->n * sizeof(float));
+    memcpy(o + e->n, tlp + (size_t)from * k, (size_t)e->n * (size_t)k * sizeof(float));
+    memcpy(b->topbuf + b->nlp + e->n, tid + (size_t)from * k, (size_t)e->n * (size_t)k * sizeof(int));
+    b->evlp[e - b->ev] = b->nlp;
+    e->top = k;
+    b->nlp += need;
+    return 0;
 }
 
 /* The end of an event's err line. */
@@ -264,7 +303,8 @@ static sm_status report(sparkmono_batch *b) {
         if (sparkmono_request_get_info(b->g, q, &in) || sparkmono_output(b->g, q, &ids, &n)) return SM_E_STATE;
         if (n == sl->reported && !in.done) continue;
         sparkmono_batch_event *e = ev_add(b, sl->id, sl->user, ids + sl->reported, n - sl->reported);
-        if (!e) return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
+        if (!e || ev_logprobs(b, e, q, sl->reported))
+            return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
         sl->reported = n;
         e->ngen = n;
         e->done = in.done; /* 1 eos, 2 max_tokens: SM_BATCH_EOS, SM_BATCH_LENGTH */
@@ -357,6 +397,11 @@ static sm_status hand_out(sparkmono_batch *b, sm_status st, const sparkmono_batc
     for (int k = 0; k < b->nev; k++) {
         b->ev[k].ids = b->ev[k].n ? b->idbuf + b->evoff[k] : NULL;
         b->ev[k].err = b->everr[k];
+        if (b->evlp[k] != SIZE_MAX) { /* logprobs: n of them, then n * top alternatives */
+            b->ev[k].logprobs = b->lpbuf + b->evlp[k];
+            b->ev[k].top_lp = b->lpbuf + b->evlp[k] + b->ev[k].n;
+            b->ev[k].top_ids = b->topbuf + b->evlp[k] + b->ev[k].n;
+        }
     }
     *ev = b->ev;
     *nev = b->nev;
@@ -375,6 +420,7 @@ static int begin(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev,
     *nev = 0;
     b->nev = 0;
     b->nid = 0;
+    b->nlp = 0;
     return 0;
 }
 

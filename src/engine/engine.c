@@ -14,7 +14,10 @@
  * Sampled requests (sample.h) take the same steps; the step also returns the logits of their
  * rows only (sm_step.logits_at), so greedy requests cost no logits traffic and keep their
  * argmax path bit for bit.  The token at position i of a sampled request is drawn with the
- * uniform of (seed, i), whatever step (prefill, verify row, bonus) produces it.
+ * uniform of (seed, i), whatever step (prefill, verify row, bonus) produces it.  Requests with
+ * logit processors or logprobs (logitproc.h) bring their rows' logits back too; token_at makes
+ * every such token, each row processed with the history before its position (the accepted
+ * drafts included), so speculation stays exact for them as well.
  */
 #include "engine/engine.h"
 #include <stdarg.h>
@@ -264,7 +267,12 @@ void sparkmono_engine_destroy(sparkmono_engine *g) {
     if (!g) return;
     if (g->have_be && g->be.destroy) g->be.destroy(g->be.ctx);
     if (g->reqs)
-        for (int i = 0; i < g->max_req; i++) free(g->reqs[i].hist);
+        for (int i = 0; i < g->max_req; i++) {
+            free(g->reqs[i].hist);
+            free(g->reqs[i].lp);
+            free(g->reqs[i].top_ids);
+            free(g->reqs[i].top_lp);
+        }
     if (g->have_kv) sm_kv_free(&g->kv);
     free(g->reqs);
     free(g->tok);
@@ -274,6 +282,7 @@ void sparkmono_engine_destroy(sparkmono_engine *g) {
     free(g->logits_at);
     free(g->slog);
     if (g->have_sws) sm_sample_ws_free(&g->sws);
+    if (g->have_lws) sm_lp_ws_free(&g->lws);
     free(g->draft);
     free(g->aux_layers);
     free(g->aux);
@@ -292,19 +301,14 @@ static sm_request *get_req(const sparkmono_engine *g, int req, const char *fn, s
     return &g->reqs[req];
 }
 
-static int is_eos(const sm_config *c, int t) {
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos[i] == t) return 1;
-    return 0;
-}
-
-/* Append emitted tokens to r and update done; returns how many were kept (cut after eos). */
+/* Append emitted tokens to r and update done; returns how many were kept (cut after eos or a
+ * stop id, logitproc.h: sm_lp_stops). */
 static int emit(const sm_config *c, sm_request *r, const int *t, int n) {
     int kept = 0;
     for (int i = 0; i < n && !r->done; i++) {
         r->hist[r->nhist++] = t[i];
         kept++;
-        if (is_eos(c, t[i])) r->done = 1;
+        if (sm_lp_stops(&r->samp, c->eos, c->n_eos, t[i])) r->done = 1;
         else if (r->nhist - r->prompt_len >= r->max_tokens) r->done = 2;
     }
     return kept;
@@ -317,7 +321,8 @@ sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_t
 sm_status sm_engine_check_request(const sparkmono_engine *g, const int *prompt, int n, int max_tokens,
                                   const sparkmono_sampling *smp) {
     sm_err e = {{0}};
-    if (smp && sm_sample_check(smp, &e)) return fail(SM_E_INVALID, "sparkmono_add_sampled: %s", e.msg);
+    if (smp && (sm_sample_check(smp, &e) || sm_lp_check(smp, g->cfg->V, &e)))
+        return fail(SM_E_INVALID, "sparkmono_add_sampled: %s", e.msg);
     if (n <= 0 || !prompt) return fail(SM_E_INVALID, "sparkmono_add: prompt is empty");
     if (max_tokens < 0) return fail(SM_E_INVALID, "sparkmono_add: max tokens %d is negative", max_tokens);
     for (int i = 0; i < n; i++)
@@ -343,11 +348,23 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
         if (sm_sample_ws_init(&g->sws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
         g->have_sws = 1;
     }
+    const int proc = smp && sm_lp_active(smp), want_lp = smp && smp->logprobs;
+    if ((proc || want_lp) && !g->have_lws) { /* the processors' scratch, once per engine */
+        if (sm_lp_ws_init(&g->lws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
+        g->have_lws = 1;
+    }
     int *hist = malloc(((size_t)n + (size_t)max_tokens) * sizeof(int));
-    if (!hist) return fail(SM_E_NOMEM, "sparkmono_add: out of memory for %d tokens", n + max_tokens);
+    const size_t ntop = want_lp ? (size_t)max_tokens * (size_t)smp->top_logprobs + 1 : 0;
+    float *lp = want_lp ? malloc(((size_t)max_tokens + 1) * sizeof(float)) : NULL;
+    int *top_ids = want_lp ? malloc(ntop * sizeof(int)) : NULL;
+    float *top_lp = want_lp ? malloc(ntop * sizeof(float)) : NULL;
+    if (!hist || (want_lp && (!lp || !top_ids || !top_lp))) {
+        free(hist), free(lp), free(top_ids), free(top_lp);
+        return fail(SM_E_NOMEM, "sparkmono_add: out of memory for %d tokens", n + max_tokens);
+    }
     int slot;
     if (sm_kv_add(&g->kv, &slot, &e) != 0) {
-        free(hist);
+        free(hist), free(lp), free(top_ids), free(top_lp);
         return fail_err(SM_E_CACHE, &e);
     }
     sm_request *r = &g->reqs[slot];
@@ -359,7 +376,12 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
     memcpy(hist, prompt, (size_t)n * sizeof(int));
     r->nhist = n;
     r->sampled = sampled;
-    if (sampled) r->samp = *smp;
+    r->proc = proc;
+    r->rows_back = sampled || proc || want_lp;
+    r->lp = lp;
+    r->top_ids = top_ids;
+    r->top_lp = top_lp;
+    if (smp) r->samp = *smp; /* else all zero: greedy, eos ends it */
     *req = slot;
     return ok();
 }
@@ -370,6 +392,9 @@ sm_status sparkmono_remove(sparkmono_engine *g, int req) {
     if (!r) return s;
     sm_kv_release(&g->kv, req);
     free(r->hist);
+    free(r->lp);
+    free(r->top_ids);
+    free(r->top_lp);
     memset(r, 0, sizeof *r);
     return ok();
 }
@@ -415,29 +440,52 @@ static sm_status slog_reserve(sparkmono_engine *g, int rows) {
     return SM_OK;
 }
 
-/* The token at position pos of sampled request r, drawn from the logits row lg [V]; with
- * draft >= 0 the speculative rule (sample.h) also says whether it is that draft. */
-static sm_status sample_at(sparkmono_engine *g, const sm_request *r, const float *lg, int64_t pos, int draft, int *tok,
-                           int *accepted) {
+/* The token at position pos of request r (sampled or with processors) from its raw logits row
+ * lg [V]: processed (logitproc.h) with the history hist then extra [nextra] (the drafts
+ * accepted before this row), then drawn (sampled) or its argmax (greedy); with draft >= 0,
+ * *accepted says whether it is that draft (sampled: the speculative rule of sample.h). */
+static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float *lg, int64_t pos, const int *extra,
+                          int nextra, int draft, int *tok, int *accepted) {
     sm_err e = {{0}};
-    if (sm_sample_dist(&g->sws, lg, g->cfg->vocab_used, &r->samp, &e)) return fail_err(SM_E_MODEL, &e);
-    double u = sm_sample_uniform(r->samp.seed, pos);
-    *accepted = 0;
-    *tok = draft >= 0 ? sm_sample_accept(&g->sws, draft, u, accepted) : sm_sample_draw(&g->sws, u);
-    return SM_OK;
+    const int nv = g->cfg->vocab_used;
+    const float *raw = lg;
+    sm_status s = SM_OK;
+    if (r->proc)
+        lg = sm_lp_apply(&g->lws, lg, nv, &r->samp, r->hist, r->nhist, r->prompt_len, extra, nextra, g->cfg->eos,
+                         g->cfg->n_eos);
+    if (!r->sampled) { /* greedy with processors: the argmax of the processed row */
+        *tok = sm_lp_argmax(lg, nv);
+        if (*tok < 0) return fail(SM_E_MODEL, "request at position %lld: every processed logit is -inf or NaN", (long long)pos);
+        *accepted = draft >= 0 && *tok == draft;
+    } else {
+        if (sm_sample_dist(&g->sws, lg, nv, &r->samp, &e)) return fail_err(SM_E_MODEL, &e);
+        double u = sm_sample_uniform(r->samp.seed, pos);
+        *accepted = 0;
+        *tok = draft >= 0 ? sm_sample_accept(&g->sws, draft, u, accepted) : sm_sample_draw(&g->sws, u);
+    }
+    /* logprobs of the raw row at generated index pos - prompt_len (a row past an eos is never read) */
+    const int64_t gi = pos - r->prompt_len;
+    if (r->lp && gi >= 0 && gi < r->max_tokens) {
+        const int k = r->samp.top_logprobs;
+        if (sm_lp_logprobs(&g->lws, raw, nv, *tok, k, &r->lp[gi], r->top_ids + gi * k, r->top_lp + gi * k))
+            s = fail(SM_E_MODEL, "request at position %lld: its logits are NaN or all -inf", (long long)pos);
+    }
+    return s;
 }
 
-/* Sampled acceptance of one request's verify rows (docs/model.md section 8): t [nrows] the rows'
- * input tokens (t[0] at position p0, then drafts), lg [nrows, V] their logits.  The token of
- * row j sits at position p0 + 1 + j; while it is the draft t[j + 1] (accepted with probability
- * p(draft)) the walk goes on; the first other token (a draw from p without the draft) or the
- * last row's bonus token ends it.  Writes the tokens to out; *cnt = accepted drafts + 1. */
-static sm_status accept_sampled(sparkmono_engine *g, const sm_request *r, const int *t, int nrows, const float *lg, int p0,
+/* Sampled (or processed greedy) acceptance of one request's verify rows (docs/model.md section
+ * 8): t [nrows] the rows' input tokens (t[0] at position p0, then drafts), lg [nrows, V] their
+ * logits.  The token of row j sits at position p0 + 1 + j, from row j processed with the
+ * history and out[0..j) (the drafts accepted so far); while it is the draft t[j + 1] (sampled:
+ * accepted with probability p(draft)) the walk goes on; the first other token or the last
+ * row's bonus token ends it.  Writes the tokens to out; *cnt = accepted drafts + 1. */
+static sm_status accept_rows(sparkmono_engine *g, const sm_request *r, const int *t, int nrows, const float *lg, int p0,
                                 int *out, int *cnt) {
     const size_t V = (size_t)g->cfg->V;
     for (int j = 0;; j++) {
         int acc;
-        sm_status s = sample_at(g, r, lg + (size_t)j * V, (int64_t)p0 + 1 + j, j + 1 < nrows ? t[j + 1] : -1, &out[j], &acc);
+        sm_status s = token_at(g, r, lg + (size_t)j * V, (int64_t)p0 + 1 + j, out, j, j + 1 < nrows ? t[j + 1] : -1, &out[j],
+                               &acc);
         if (s) return s;
         if (!acc) {
             *cnt = j + 1;
@@ -466,8 +514,8 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
         float *lg = logits ? logits + (size_t)a * (size_t)V : NULL;
         const int *at = NULL;
-        if (!lg && r->sampled && r->max_tokens > 0 && b == n) {
-            /* a sampled request without the caller's logits: only its last row comes back */
+        if (!lg && r->rows_back && r->max_tokens > 0 && b == n) {
+            /* a sampled / processed request without the caller's logits: only its last row comes back */
             if ((s = slog_reserve(g, 1))) return s;
             for (int i = 0; i < b - a; i++) g->logits_at[i] = i == b - a - 1 ? 0 : -1;
             lg = g->slog;
@@ -483,13 +531,13 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         g->kv.len[req] = b; /* prompt K/V committed up to b */
     }
     r->prefilled = 1;
-    /* the first generated token: the last row's argmax, or (sampled) its draw at position n */
+    /* the first generated token: the last row's argmax, or (sampled / processed) its token at position n */
     if (r->max_tokens == 0) {
         r->done = 2;
-    } else if (r->sampled) {
+    } else if (r->rows_back) {
         const float *last = logits ? logits + (size_t)(n - 1) * (size_t)V : g->slog;
         int t, acc;
-        if ((s = sample_at(g, r, last, n, -1, &t, &acc))) return s;
+        if ((s = token_at(g, r, last, n, NULL, 0, -1, &t, &acc))) return s;
         emit(g->cfg, r, &t, 1);
     } else {
         emit(g->cfg, r, &g->argmax[g->last_nrows - 1], 1);
@@ -534,12 +582,12 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         for (int i = 0; i < rows; i++) {
             g->pos[nrows + i] = p0 + i;
             g->rreq[nrows + i] = q;
-            g->logits_at[nrows + i] = r->sampled ? nsel + i : -1; /* sampled rows' logits, packed */
+            g->logits_at[nrows + i] = r->rows_back ? nsel + i : -1; /* their rows' logits, packed */
         }
         r->row0 = nrows;
         r->nrows = rows;
         r->lrow0 = nsel;
-        if (r->sampled) nsel += rows;
+        if (r->rows_back) nsel += rows;
         nrows += rows;
     }
     sm_status s;
@@ -554,9 +602,9 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         sm_request *r = &g->reqs[q];
         if (!r->nrows) continue;
         int p0 = r->nhist - 1, cnt;
-        if (!r->sampled)
+        if (!r->rows_back)
             cnt = sm_accept_greedy(g->tok + r->row0, g->argmax + r->row0, r->nrows, g->draft);
-        else if ((s = accept_sampled(g, r, g->tok + r->row0, r->nrows, g->slog + (size_t)r->lrow0 * (size_t)g->cfg->V, p0,
+        else if ((s = accept_rows(g, r, g->tok + r->row0, r->nrows, g->slog + (size_t)r->lrow0 * (size_t)g->cfg->V, p0,
                                      g->draft, &cnt)))
             return s;
         int kept = emit(g->cfg, r, g->draft, cnt);
@@ -607,6 +655,20 @@ sm_status sparkmono_output(const sparkmono_engine *g, int req, const int **ids, 
     if (!ids || !n) return fail(SM_E_INVALID, "sparkmono_output: NULL argument");
     *ids = r->hist + r->prompt_len;
     *n = r->nhist - r->prompt_len;
+    return ok();
+}
+
+sm_status sparkmono_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
+                             const float **top_lp, int *k) {
+    sm_status s;
+    const sm_request *r = get_req(g, req, "sparkmono_logprobs", &s);
+    if (!r) return s;
+    if (!lp || !top_ids || !top_lp || !k) return fail(SM_E_INVALID, "sparkmono_logprobs: NULL argument");
+    if (!r->lp) return fail(SM_E_STATE, "sparkmono_logprobs: request %d was added without logprobs", req);
+    *lp = r->lp;
+    *top_ids = r->top_ids;
+    *top_lp = r->top_lp;
+    *k = r->samp.top_logprobs;
     return ok();
 }
 

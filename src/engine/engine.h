@@ -5,14 +5,16 @@
  * ids).  Positions 0 .. nhist-2 of a generating request have committed K/V; its last token is
  * the first row of its next verify step, followed by R-1 n-gram drafts.  We rejected keeping
  * the drafts' K/V bookkeeping separate from the committed length: rejected rows are simply
- * overwritten by the next step, as in docs/model.md section 8.  A sampled request's rows also
- * bring their logits back from the step (sm_step.logits_at), packed into slog.
+ * overwritten by the next step, as in docs/model.md section 8.  The rows of a sampled request,
+ * or one with logit processors or logprobs, also bring their logits back from the step
+ * (sm_step.logits_at), packed into slog.
  */
 #ifndef SM_ENGINE_H
 #define SM_ENGINE_H
 #include "sparkmono.h"
 #include "backend/backend.h"
 #include "backend/kvcache.h"
+#include "engine/logitproc.h"
 #include "engine/sample.h"
 #include "model/weights.h"
 #include "parallel/shard.h"
@@ -29,8 +31,13 @@ typedef struct sm_request {
     int accepted;      /* drafts accepted over all steps */
     int row0, nrows;   /* its rows in the engine's last step; nrows = 0 if absent */
     int sampled;       /* 1: tokens drawn under samp (temperature > 0); 0: greedy */
-    sparkmono_sampling samp; /* its sampling parameters (sampled requests) */
-    int lrow0;         /* sampled: its first row in the last verify step's sampled logits */
+    int proc;          /* 1: samp has logit processors (logitproc.h) */
+    int rows_back;     /* 1: its rows' logits come back (sampled, proc or logprobs) */
+    float *lp;         /* [max_tokens] logprob of each generated id (samp.logprobs), else NULL */
+    int *top_ids;      /* [max_tokens * samp.top_logprobs] the most likely ids of each position */
+    float *top_lp;     /* [max_tokens * samp.top_logprobs] their logprobs */
+    sparkmono_sampling samp; /* its sampling parameters and processors (all zero: plain greedy) */
+    int lrow0;         /* sampled or proc: its first row in the last verify step's logits (slog) */
 } sm_request;
 
 struct sparkmono_model {
@@ -61,6 +68,9 @@ struct sparkmono_engine {
     sm_sample_ws sws;      /* the sampler's distribution of one row (allocated with the first
                               sampled request: have_sws) */
     int have_sws;
+    sm_lp_ws lws;          /* the logit processors' and logprobs' scratch (allocated with the first
+                              request that has processors or logprobs: have_lws) */
+    int have_lws;
     float *aux;            /* [naux, max_rows, H] step output, NULL when naux = 0 */
     int last_nrows;        /* rows of the last step (aux rows are strided by it) */
     int *draft;            /* [R] scratch for the drafter */
@@ -74,7 +84,7 @@ struct sparkmono_engine {
 /* Greedy acceptance of one request's verify rows (docs/model.md section 8): t [r] the rows' input
  * tokens (t[0] the last accepted token, t[1..r) drafts), a [r] the rows' argmax.  Accepts
  * draft j while t[j] == a[j-1]; writes the accepted drafts and then a[k] (k = drafts accepted)
- * to out [r]; returns k + 1.  (Sampled requests: engine.c accept_sampled, sample.h.) */
+ * to out [r]; returns k + 1.  (Sampled or processed requests: engine.c accept_rows, sample.h.) */
 int sm_accept_greedy(const int *t, const int *a, int r, int *out);
 
 /* The checks sparkmono_add_sampled makes of a request (sampling, prompt ids, lengths), without

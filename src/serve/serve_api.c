@@ -37,7 +37,7 @@ static int __attribute__((format(printf, 3, 4))) bad(parse_ctx *c, const char *n
 
 /* A number field: finite, within [lo, hi]. */
 static int get_number(parse_ctx *c, const char *name, const json_t *v, double lo, double hi, double *out) {
-    if (!json_is_number(v)) return bad(c, name, "'%s' must be a number", name);
+    if (!json_is_number(v)) return bad(c, name, "'%s' must be a number in [%g, %g]", name, lo, hi);
     double x = json_number_value(v);
     if (!isfinite(x) || x < lo || x > hi) return bad(c, name, "'%s' is %g; it must be in [%g, %g]", name, x, lo, hi);
     *out = x;
@@ -46,7 +46,8 @@ static int get_number(parse_ctx *c, const char *name, const json_t *v, double lo
 
 /* An integer field within [lo, hi]. */
 static int get_int(parse_ctx *c, const char *name, const json_t *v, long long lo, long long hi, long long *out) {
-    if (!json_is_integer(v)) return bad(c, name, "'%s' must be an integer", name);
+    if (!json_is_integer(v) && lo == LLONG_MIN && hi == LLONG_MAX) return bad(c, name, "'%s' must be an integer", name);
+    if (!json_is_integer(v)) return bad(c, name, "'%s' must be an integer in [%lld, %lld]", name, lo, hi);
     long long x = json_integer_value(v);
     if (x < lo || x > hi) return bad(c, name, "'%s' is %lld; it must be in [%lld, %lld]", name, x, lo, hi);
     *out = x;
@@ -150,18 +151,12 @@ static int get_stop(parse_ctx *c, const json_t *v) {
 static int neutral(parse_ctx *c, const char *name, const json_t *v) {
     int ok = json_is_null(v);
     if (!strcmp(name, "n") || !strcmp(name, "best_of")) ok |= json_is_integer(v) && json_integer_value(v) == 1;
-    else if (!strcmp(name, "echo")) ok |= json_is_false(v);
-    else if (!strcmp(name, "logprobs")) ok |= json_is_false(v);
-    else if (!strcmp(name, "presence_penalty") || !strcmp(name, "frequency_penalty"))
-        ok |= json_is_number(v) && json_number_value(v) == 0;
-    else if (!strcmp(name, "logit_bias")) ok |= json_is_object(v) && json_object_size(v) == 0;
     else if (!strcmp(name, "suffix")) ok |= json_is_string(v) && json_string_length(v) == 0;
     else if (!strcmp(name, "user")) ok |= json_is_string(v); /* an end-user id: only for logs */
     return ok ? 0 : bad(c, name, "'%s' is not supported by this server (only its default value is accepted)", name);
 }
 
-static const char *const NEUTRAL_FIELDS[] = {"n", "best_of", "echo", "logprobs", "presence_penalty",
-                                             "frequency_penalty", "logit_bias", "suffix", "user"};
+static const char *const NEUTRAL_FIELDS[] = {"n", "best_of", "suffix", "user"};
 
 int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m, sm_api_req *out, int *status,
                             char *param, sm_err *e) {
@@ -229,21 +224,27 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
                 goto out;
             }
             out->include_usage = json_is_true(u);
+        } else if (!strcmp(k, "logprobs")) { /* completions: the number of alternatives, 0..20 */
+            long long nlp;
+            if (json_is_null(v) || json_is_false(v)) continue;
+            if (get_int(&c, k, v, 0, SPARKMONO_MAX_TOP_LOGPROBS, &nlp)) goto out;
+            out->samp.logprobs = 1;
+            out->samp.top_logprobs = (int)nlp;
+        } else if (!strcmp(k, "echo")) {
+            if (!json_is_null(v) && !json_is_boolean(v)) { bad(&c, k, "'echo' must be true or false"); goto out; }
+            out->echo = json_is_true(v);
         } else if (!strcmp(k, "stop")) {
             if (get_stop(&c, v)) goto out;
+        } else if ((known = sm_fields_sampling(k, v, m->vocab, m->max_len, &out->samp, param, e)) != 0) {
+            if (known < 0) { *status = 400; goto out; }
         } else {
-            known = 0;
             for (size_t i = 0; i < sizeof NEUTRAL_FIELDS / sizeof NEUTRAL_FIELDS[0]; i++)
                 if (!strcmp(k, NEUTRAL_FIELDS[i])) {
                     if (neutral(&c, NEUTRAL_FIELDS[i], v)) goto out;
                     known = 1;
                 }
         }
-        if (!known) {
-            /* the name is echoed back: keep it short */
-            bad(&c, "", "unknown field '%.64s'", k);
-            goto out;
-        }
+        if (!known) sm_fields_ignore(out->ignored, k); /* accepted; the server logs it */
     }
     if (!have_prompt) { bad(&c, "prompt", "'prompt' is required"); goto out; }
     if (out->include_usage && !out->stream) {
@@ -258,6 +259,14 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
     if (max_tokens < 1 || max_tokens > (long long)(m->max_len - out->n)) {
         bad(&c, "max_tokens", "'max_tokens' is %lld; with this prompt of %d tokens it must be in [1, %d] (the model's "
             "maximum context length is %d tokens)", max_tokens, out->n, m->max_len - out->n, m->max_len);
+        goto out;
+    }
+    if (out->echo && out->samp.logprobs) { /* the prompt's logprobs would need its prefill logits */
+        bad(&c, "echo", "'echo' together with 'logprobs' is not supported by this server (no prompt logprobs)");
+        goto out;
+    }
+    if (out->samp.min_tokens > max_tokens) {
+        bad(&c, "min_tokens", "'min_tokens' is %d; it must be in [0, max_tokens = %lld]", out->samp.min_tokens, max_tokens);
         goto out;
     }
     out->max_tokens = (int)max_tokens;
@@ -302,24 +311,78 @@ char *sm_api_error(const char *msg, const char *type, const char *param, const c
     return dump(json_pack("{s:o}", "error", err));
 }
 
-/* One choice: text, index 0, no logprobs, finish_reason (null while streaming), token_ids. */
-static json_t *choice(const char *text, size_t ntext, const int *ids, int nids, const char *finish) {
-    return json_pack("{s:s%, s:i, s:n, s:s?, s:o}", "text", text ? text : "", text ? ntext : 0, "index", 0,
-                     "logprobs", "finish_reason", finish, "token_ids", ids_array(ids, nids));
+/* The text of id t alone (UTF-8 repaired), or "token_id:t"; NULL when out of memory. */
+static json_t *token_text(const sm_tokenizer *tok, int t) {
+    char buf[32], *s = NULL;
+    size_t n = 0;
+    sm_err e = {{0}};
+    if (!tok || t < 0 || sm_tokenizer_decode(tok, &t, 1, &s, &n, &e)) {
+        free(s);
+        snprintf(buf, sizeof buf, "token_id:%d", t);
+        return json_string(buf);
+    }
+    sm_sbuf b = {0};
+    json_t *j = sm_utf8_sanitize(&b, s, n) ? NULL : json_stringn(b.p ? b.p : "", b.n);
+    sm_sbuf_free(&b);
+    free(s);
+    return j;
+}
+
+/* A logprob as JSON: -inf (an id the model cannot pick) is -9999.0 as vLLM writes it. */
+static json_t *lp_value(float x) { return json_real(isfinite(x) ? (double)x : -9999.0); }
+
+/* OpenAI completions logprobs of ids [n]: tokens, token_logprobs, top_logprobs (a map token text ->
+ * logprob a position: the id itself and its k alternatives), text_offset. */
+static json_t *logprobs_obj(const sm_api_lp *lp, const int *ids, int n) {
+    json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
+    for (int i = 0; i < n; i++) {
+        json_t *t = token_text(lp->tok, ids[i]), *m = json_object();
+        json_array_append_new(off, json_integer((json_int_t)*lp->off));
+        *lp->off += t ? json_string_length(t) : 0;
+        json_object_set_new(m, t ? json_string_value(t) : "", lp_value(lp->lp[i]));
+        for (int j = 0; j < lp->k; j++) {
+            const int a = lp->top_ids[(size_t)i * lp->k + j];
+            json_t *at = a >= 0 ? token_text(lp->tok, a) : NULL;
+            if (at) json_object_set_new(m, json_string_value(at), lp_value(lp->top_lp[(size_t)i * lp->k + j]));
+            json_decref(at);
+        }
+        json_array_append_new(tokens, t);
+        json_array_append_new(tlp, lp_value(lp->lp[i]));
+        json_array_append_new(top, m);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", tlp, "top_logprobs", top,
+                     "text_offset", off);
+}
+
+/* One choice: text, index 0, logprobs (null without lp), finish_reason (null while streaming), token_ids. */
+static json_t *choice(const char *text, size_t ntext, const int *ids, int nids, const char *finish, const sm_api_lp *lp) {
+    return json_pack("{s:s%, s:i, s:o, s:s?, s:o}", "text", text ? text : "", text ? ntext : 0, "index", 0,
+                     "logprobs", lp ? logprobs_obj(lp, ids, nids) : json_null(), "finish_reason", finish, "token_ids",
+                     ids_array(ids, nids));
 }
 
 char *sm_api_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
                         const int *ids, int nids, const char *finish, int prompt_tokens) {
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:i, s:i, s:i}}", "id", id, "object", "text_completion",
-                          "created", (json_int_t)created, "model", model, "choices",
-                          choice(text, ntext, ids, nids, finish), "usage", "prompt_tokens", prompt_tokens,
-                          "completion_tokens", nids, "total_tokens", prompt_tokens + nids));
+    return sm_api_completion_lp(id, created, model, text, ntext, ids, nids, finish, prompt_tokens, NULL);
 }
 
 char *sm_api_chunk(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
                    int nids, const char *finish) {
+    return sm_api_chunk_lp(id, created, model, text, ntext, ids, nids, finish, NULL);
+}
+
+char *sm_api_completion_lp(const char *id, long created, const char *model, const char *text, size_t ntext,
+                           const int *ids, int nids, const char *finish, int prompt_tokens, const sm_api_lp *lp) {
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:i, s:i, s:i}}", "id", id, "object", "text_completion",
+                          "created", (json_int_t)created, "model", model, "choices",
+                          choice(text, ntext, ids, nids, finish, lp), "usage", "prompt_tokens", prompt_tokens,
+                          "completion_tokens", nids, "total_tokens", prompt_tokens + nids));
+}
+
+char *sm_api_chunk_lp(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
+                      int nids, const char *finish, const sm_api_lp *lp) {
     return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object", "text_completion", "created",
-                          (json_int_t)created, "model", model, "choices", choice(text, ntext, ids, nids, finish)));
+                          (json_int_t)created, "model", model, "choices", choice(text, ntext, ids, nids, finish, lp)));
 }
 
 char *sm_api_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens) {

@@ -2,18 +2,21 @@
  * what the scheduler needs, and the bodies the server answers with (a completion, a stream
  * chunk, the model list, an error).
  *
- * Every field of the request is checked against a list of the fields we know: a known
- * field we do not implement (n > 1, logprobs, echo, best_of, suffix, penalties, a
- * logit_bias entry) and any unknown field is a 400 naming it, so a client never gets silently
- * different behaviour than it asked for; a known field at its neutral value (n: 1,
- * logprobs: null, presence_penalty: 0, ...) is accepted, since clients send those by default.
- * Error bodies have OpenAI's shape {"error": {"message", "type", "param", "code"}}.  We
- * rejected accepting unknown fields (vLLM's choice): a misspelt "temprature" would be
- * ignored and the user would sample at the default.
+ * Every field of the request is checked against the fields we know: the sampling and logit
+ * processor fields (penalties, logit_bias, min_tokens, ignore_eos, stop_token_ids) are parsed
+ * by serve_fields.c, shared with the chat endpoint; a known field we do not implement (n > 1,
+ * best_of, suffix) is a 400 naming it unless at its neutral value (n: 1, best_of: 1, ...),
+ * since clients send those by default.  echo puts the prompt's text first (a 400 with logprobs:
+ * the prompt's logprobs are not computed).  logprobs (0..20) asks for each generated id's
+ * logprob and the top alternatives (OpenAI's completions shape, sm_api_lp).  An unknown field is accepted and
+ * named once in the server's log (vLLM's rule: clients written for vLLM send its extensions);
+ * we rejected the 400 we had before: such clients broke on every request.  Error bodies have
+ * OpenAI's shape {"error": {"message", "type", "param", "code"}}.
  */
 #ifndef SM_SERVE_API_H
 #define SM_SERVE_API_H
 #include "base/err.h"
+#include "serve/serve_fields.h"
 #include "serve/serve_text.h"
 #include "sparkmono.h"
 #include "model/tokenizer.h"
@@ -37,8 +40,10 @@ typedef struct sm_api_req {
     int has_seed;              /* 0: no seed given (the server picks one) */
     int stream;                /* server-sent events */
     int include_usage;         /* stream_options.include_usage: a last chunk with usage */
+    int echo;                  /* the prompt's text before the completion's (not with logprobs) */
     char *stop[SM_MAX_STOP];   /* [nstop] non-empty stop strings (malloc'd) */
     int nstop;
+    char ignored[SM_FIELDS_IGNORED]; /* unknown fields accepted ("'a', 'b'", "" when none): the server logs them */
 } sm_api_req;
 
 #define SM_API_PARAM 32 /* bytes of the name of an offending field */
@@ -50,6 +55,24 @@ void sm_api_req_free(sm_api_req *r);
 /* A text prompt's ids [*n] (malloc'd), as /v1/completions encodes it (no bos added): a
  * tokenizer, a non-empty text and ids in the vocabulary, or one line in e. */
 int sm_api_encode(const sm_api_model *m, const char *text, size_t len, int **ids, int *n, sm_err *e);
+
+/* The logprobs of a choice's ids (OpenAI completions: tokens, token_logprobs, top_logprobs,
+ * text_offset).  A token's text is its id decoded alone (UTF-8 repaired), or "token_id:N"
+ * without a tokenizer; text_offset counts those texts' bytes from *off. */
+typedef struct sm_api_lp {
+    const sm_tokenizer *tok;   /* NULL: tokens as "token_id:N" */
+    const float *lp;           /* [nids] each id's logprob */
+    const int *top_ids;        /* [nids * k] the most likely ids of each position */
+    const float *top_lp;       /* [nids * k] their logprobs */
+    int k;                     /* alternatives a position */
+    size_t *off;               /* in: text_offset of the first id; out: past the last */
+} sm_api_lp;
+
+/* sm_api_completion / sm_api_chunk with the ids' logprobs (lp NULL: "logprobs": null). */
+char *sm_api_completion_lp(const char *id, long created, const char *model, const char *text, size_t ntext,
+                           const int *ids, int nids, const char *finish, int prompt_tokens, const sm_api_lp *lp);
+char *sm_api_chunk_lp(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
+                      int nids, const char *finish, const sm_api_lp *lp);
 
 /* A response body (malloc'd JSON text) for an error: type is OpenAI's error type
  * ("invalid_request_error", ...), param and code may be NULL. */

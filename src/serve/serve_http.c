@@ -69,6 +69,7 @@ typedef struct job {
     int *ids;                  /* [max_tokens] ids received */
     int nids;                  /* ids received */
     int sent_ids;              /* ids already put in a chunk */
+    size_t lp_off;             /* logprobs: text_offset of the next id (the bytes of the ids' texts before it) */
     sm_detok dt;               /* ids -> text */
     sm_sbuf text;              /* text not yet put in a chunk (all of it for a plain answer) */
     const char *finish;        /* "stop" / "length" once ended normally */
@@ -86,6 +87,15 @@ typedef struct job {
 } job;
 
 static double now_s(void) { return sm_sched_now(); }
+
+/* The logprobs of j's ids from index i (NULL when it asked for none), in *lp. */
+static const sm_api_lp *job_lp(job *j, int i, sm_api_lp *lp) {
+    if (!j->r->lp) return NULL;
+    const int k = j->r->samp.top_logprobs;
+    *lp = (sm_api_lp){j->s->api.tok, j->r->lp + i, j->r->top_ids + (size_t)i * k, j->r->top_lp + (size_t)i * k, k,
+                      &j->lp_off};
+    return lp;
+}
 
 /* The peer of a connection (NULL when its allocation failed). */
 static peer *peer_of(struct MHD_Connection *mc) {
@@ -274,8 +284,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         int rc = 0;
         if (j->text.n || j->nids > j->sent_ids || (st == 1 && j->finish)) {
-            rc |= sse(j, sm_api_chunk(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids + j->sent_ids,
-                                      j->nids - j->sent_ids, st == 1 ? j->finish : NULL));
+            sm_api_lp lp;
+            rc |= sse(j, sm_api_chunk_lp(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids + j->sent_ids,
+                                         j->nids - j->sent_ids, st == 1 ? j->finish : NULL, job_lp(j, j->sent_ids, &lp)));
             j->text.n = 0;
             j->sent_ids = j->nids;
         }
@@ -308,8 +319,11 @@ static enum MHD_Result plain_next(sm_server *s, struct MHD_Connection *mc, conn 
     if (st < 0) return MHD_NO; /* hung up: on_completed frees the job, which cancels */
     enum MHD_Result qr;
     if (j->err[0]) qr = reply_error(s, mc, (unsigned)j->err_status, j->err, NULL, NULL);
-    else qr = reply(s, mc, 200, sm_api_completion(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids, j->nids,
-                                                  j->finish, j->prompt_len));
+    else {
+        sm_api_lp lp;
+        qr = reply(s, mc, 200, sm_api_completion_lp(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids, j->nids,
+                                                    j->finish, j->prompt_len, job_lp(j, 0, &lp)));
+    }
     c->job = NULL;
     job_free(j);
     return qr;
@@ -331,6 +345,9 @@ static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn
     }
     unsigned long long serial = __atomic_add_fetch(&s->serial, 1, __ATOMIC_RELAXED);
     snprintf(j->id, sizeof j->id, "cmpl-%lx%06llx", (unsigned long)s->created, serial);
+    if (j->req.ignored[0]) /* accepted as vLLM does; named once so a misspelt field is found */
+        fprintf(stderr, "serve: %s: ignored unknown field%s %s\n", j->id, strchr(j->req.ignored, ',') ? "s" : "",
+                j->req.ignored);
     if (!j->req.has_seed && j->req.samp.temperature > 0) /* a seed of its own: distinct draws per request */
         j->req.samp.seed = (unsigned long long)s->created * 0x9E3779B97F4A7C15ull ^ serial;
     j->prompt_len = j->req.n;
@@ -347,6 +364,17 @@ static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn
     j->dt.tok = s->api.tok;
     for (int i = 0; i < j->req.nstop; i++) j->dt.stop[i] = j->req.stop[i];
     j->dt.nstop = j->req.nstop;
+    if (j->req.echo && s->api.tok) { /* echo: the prompt's text first (decoded from its ids, UTF-8 repaired) */
+        char *pt = NULL;
+        size_t pn = 0;
+        sm_err te = {{0}};
+        int bad = sm_tokenizer_decode(s->api.tok, j->r->prompt, j->r->n, &pt, &pn, &te) || sm_utf8_sanitize(&j->text, pt, pn);
+        free(pt);
+        if (bad) {
+            job_free(j);
+            return reply(s, mc, 500, NULL);
+        }
+    }
     j->mc = mc;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;

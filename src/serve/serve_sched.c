@@ -59,6 +59,16 @@ sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_samplin
     r->max_tokens = max_tokens;
     r->cap = max_tokens;
     if (s) r->samp = *s;
+    if (r->samp.logprobs) { /* the engine's logprobs of each id, kept beside it */
+        const size_t k = (size_t)r->samp.top_logprobs, c = (size_t)(max_tokens > 0 ? max_tokens : 1);
+        r->lp = malloc(c * sizeof(float));
+        r->top_ids = malloc(c * k * sizeof(int) + 1);
+        r->top_lp = malloc(c * k * sizeof(float) + 1);
+        if (!r->lp || !r->top_ids || !r->top_lp) {
+            free(r->lp), free(r->top_ids), free(r->top_lp), free(r->ids), free(r);
+            return NULL;
+        }
+    }
     r->refs = 1;
     return r;
 }
@@ -67,6 +77,9 @@ static void release_locked(sm_sreq *r) {
     if (--r->refs > 0) return;
     free(r->prompt);
     free(r->ids);
+    free(r->lp);
+    free(r->top_ids);
+    free(r->top_lp);
     free(r);
 }
 
@@ -109,6 +122,12 @@ static void publish_locked(sm_sched *s, const sparkmono_batch_event *ev, int nev
         int n = ev[k].n < r->cap - r->nids ? ev[k].n : r->cap - r->nids; /* the engine stops at max_tokens */
         if (n > 0) {
             memcpy(r->ids + r->nids, ev[k].ids, (size_t)n * sizeof(int));
+            if (r->lp && ev[k].logprobs) { /* their logprobs, at the same places */
+                const size_t tk = (size_t)ev[k].top;
+                memcpy(r->lp + r->nids, ev[k].logprobs, (size_t)n * sizeof(float));
+                memcpy(r->top_ids + (size_t)r->nids * tk, ev[k].top_ids, (size_t)n * tk * sizeof(int));
+                memcpy(r->top_lp + (size_t)r->nids * tk, ev[k].top_lp, (size_t)n * tk * sizeof(float));
+            }
             s->tokens += n;
             if (!r->nids) r->t_first = sm_sched_now();
             r->nids += n;
@@ -176,7 +195,7 @@ int sm_sched_start(sm_sched *s, sparkmono_engine *g, int queue_cap, sm_err *e) {
 int sm_sched_submit(sm_sched *s, sm_sreq *r) {
     pthread_mutex_lock(&s->mu);
     int rc = 0;
-    const sparkmono_sampling *sp = r->samp.temperature > 0 ? &r->samp : NULL;
+    const sparkmono_sampling *sp = &r->samp; /* greedy too: its processors and stop ids */
     sm_status st = SM_OK;
     if (s->closed) rc = SM_SCHED_CLOSED;
     else if ((st = sparkmono_batch_submit(s->b, r->prompt, r->n, r->max_tokens, sp, r, &r->bid)) == SM_E_CACHE)

@@ -40,6 +40,10 @@ typedef struct sm_sreq {
     /* shared, under the scheduler's mutex */
     int *ids;                  /* [cap] generated ids, the first nids valid */
     int nids, cap;
+    float *lp;                 /* [cap] logprob of each id (samp.logprobs), else NULL; an entry below nids
+                                  is never written again, so a consumer reads it after sm_sched_poll */
+    int *top_ids;              /* [cap * samp.top_logprobs] the most likely ids of each position */
+    float *top_lp;             /* [cap * samp.top_logprobs] their logprobs */
     int done;                  /* SM_SREQ_* */
     int cancel;                /* set by the consumer: stop and free the engine slot */
     int refs;                  /* holders: the submitter and, once submitted, the engine thread */

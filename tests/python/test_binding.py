@@ -145,3 +145,18 @@ def test_sampling_reproducible(model):
         assert many[0].ids == a
         assert [e.generate(p, **kw).ids for p in ([11, 12], [42, 43, 44])] == [m.ids for m in many[1:]]
         assert e.generate([5, 6, 7], **dict(kw, seed=100)).ids != a or e.generate([5, 6, 7], **dict(kw, seed=101)).ids != a
+
+
+def test_processors_equal_cli(model, model_dir):
+    """The logit processors through the binding equal the CLI's flags (the same engine rule),
+    change the output, and bad values are refused naming the argument."""
+    p = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    with sparkmono.Engine(model, threads=2) as e:
+        got = e.generate(p, max_tokens=12, repetition_penalty=0.5, presence_penalty=-1.0, min_tokens=3).ids
+        plain = e.generate(p, max_tokens=12).ids
+        with pytest.raises(ValueError, match=r"presence_penalty = 3(.0)? is not a number in \[-2, 2\]"):
+            e.generate(p, max_tokens=2, presence_penalty=3)
+        with pytest.raises(TypeError, match="ignore_eos must be a bool"):
+            e.generate(p, max_tokens=2, ignore_eos=1)
+    ref = generate_cli(model_dir, p, 12, "--repetition-penalty", "0.5", "--presence-penalty", "-1", "--min-tokens", "3")
+    assert got == ref and got != plain

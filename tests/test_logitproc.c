@@ -1,0 +1,340 @@
+/* test_logitproc.c: the logit processors (src/engine/logitproc.c): the processed row against
+ * an independent evaluation of each rule, the checks and their lines, the stop rules through
+ * the engine, and speculative (R = 8) output equal to plain (R = 1) output token for token,
+ * greedy and seeded sampling, for each processor. */
+#include "check.h"
+#include "tmodel.h"
+#include "engine/logitproc.h"
+#include "sparkmono.h"
+
+static char g_tmp[512];
+static sparkmono_model *g_cyc; /* tiny cycle model (cycle 3..18): drafts are accepted often */
+static sparkmono_model *g_rnd; /* tiny random model */
+static int g_V, g_vu;
+
+/* ---- the processed row ------------------------------------------------------------------ */
+
+static void test_apply_reference(void) {
+    enum { NV = 12 };
+    const float lg[NV] = {1.5f, -0.5f, 2.0f, 0.25f, -3.0f, 0.0f, 4.0f, -1.0f, 0.75f, 1.0f, -2.5f, 3.0f};
+    const int eos[1] = {2};
+    const int hist[6] = {6, 1, 6, /* prompt */ 3, 3, 8}, extra[2] = {1, 3};
+    sparkmono_sampling s = {.temperature = 0};
+    s.presence_penalty = 0.5f;
+    s.frequency_penalty = -0.25f;
+    s.repetition_penalty = 1.5f;
+    s.min_tokens = 6; /* 5 generated so far (3 in hist, 2 extra): eos and stop ids forbidden */
+    s.n_bias = 2;
+    s.bias[0] = (sparkmono_bias){9, 2.0f};
+    s.bias[1] = (sparkmono_bias){6, -1.0f};
+    s.n_stop_ids = 1;
+    s.stop_ids[0] = 11;
+    sm_lp_ws ws;
+    sm_err e = {{0}};
+    CHECK(sm_lp_ws_init(&ws, NV, &e) == 0, "%s", e.msg);
+    const float *row = sm_lp_apply(&ws, lg, NV, &s, hist, 6, 3, extra, 2, eos, 1);
+    /* the rules by hand: counts over generated ids {3, 3, 8, 1, 3}; history ids {6, 1, 3, 8} */
+    int cnt[NV] = {0}, inh[NV] = {0};
+    const int all[8] = {6, 1, 6, 3, 3, 8, 1, 3};
+    for (int i = 0; i < 8; i++) inh[all[i]] = 1;
+    for (int i = 3; i < 8; i++) cnt[all[i]]++;
+    int bad = 0;
+    for (int i = 0; i < NV; i++) {
+        double x = lg[i];
+        if (i == 2 || i == 11) x = -INFINITY;
+        if (i == 9) x += 2.0;
+        if (i == 6) x -= 1.0;
+        if (inh[i]) x = x > 0 ? x / 1.5 : x * 1.5;
+        x -= -0.25 * cnt[i] + 0.5 * (cnt[i] > 0);
+        if ((float)x != row[i]) {
+            bad++;
+            printf("  id %d: %g, expected %g\n", i, (double)row[i], x);
+        }
+    }
+    CHECK(bad == 0, "%d ids differ from the rules by hand", bad);
+    /* the scratch is zero again, and the same call gives the same row */
+    int nz = 0;
+    for (int i = 0; i < NV; i++) nz += ws.count[i] != 0 || ws.seen[i] != 0;
+    CHECK(nz == 0, "%d scratch entries left non-zero", nz);
+    /* min_tokens reached: eos and the stop id keep their logits */
+    s.min_tokens = 5;
+    row = sm_lp_apply(&ws, lg, NV, &s, hist, 6, 3, extra, 2, eos, 1);
+    CHECK(row[2] == lg[2] && row[11] == lg[11], "min_tokens reached: eos %g stop %g", (double)row[2], (double)row[11]);
+    CHECK(sm_lp_argmax(row, NV) == 9, "argmax %d, expected 9 (ties 11 at 3, the lowest id wins)", sm_lp_argmax(row, NV));
+    /* log-softmax: exp sums to 1, differences are the logits' */
+    double ls[NV], sum = 0;
+    CHECK(sm_lp_log_softmax(lg, NV, ls) == 0, "log_softmax failed");
+    for (int i = 0; i < NV; i++) sum += exp(ls[i]);
+    CHECK(fabs(sum - 1) < 1e-12 && fabs((ls[6] - ls[0]) - (4.0 - 1.5)) < 1e-12, "log_softmax: sum %.15g", sum);
+    const float allinf[2] = {-INFINITY, -INFINITY};
+    CHECK(sm_lp_argmax(allinf, 2) == -1 && sm_lp_log_softmax(allinf, 2, ls) == -1, "an all -inf row is not refused");
+    sm_lp_ws_free(&ws);
+}
+
+static void test_check(void) {
+    struct { const char *want; sparkmono_sampling s; } c[8];
+    memset(c, 0, sizeof c);
+    c[0].want = "presence_penalty 2.5 is not in [-2, 2]", c[0].s.presence_penalty = 2.5f;
+    c[1].want = "frequency_penalty -3 is not in [-2, 2]", c[1].s.frequency_penalty = -3;
+    c[2].want = "repetition_penalty -1 is not a finite number > 0", c[2].s.repetition_penalty = -1;
+    c[3].want = "min_tokens -1 is negative", c[3].s.min_tokens = -1;
+    c[4].want = "logit_bias id 5000 is outside the vocabulary [0, 1000)", c[4].s.n_bias = 1, c[4].s.bias[0].id = 5000;
+    c[5].want = "logit_bias of id 3 is 101, not in [-100, 100]", c[5].s.n_bias = 1, c[5].s.bias[0] = (sparkmono_bias){3, 101};
+    c[6].want = "stop id -2 is outside the vocabulary [0, 1000)", c[6].s.n_stop_ids = 1, c[6].s.stop_ids[0] = -2;
+    c[7].want = "ignore_eos 2 is not 0 or 1", c[7].s.ignore_eos = 2;
+    for (int i = 0; i < 8; i++) {
+        sm_err e = {{0}};
+        int rc = sm_lp_check(&c[i].s, 1000, &e);
+        CHECK(rc == -1 && strstr(e.msg, c[i].want), "case %d: rc %d, '%s' (want '%s')", i, rc, e.msg, c[i].want);
+    }
+    sparkmono_sampling z = {.temperature = 0};
+    sm_err e = {{0}};
+    CHECK(sm_lp_check(&z, 1000, &e) == 0 && !sm_lp_active(&z), "all zero: %s", e.msg);
+}
+
+/* ---- through the engine ----------------------------------------------------------------- */
+
+/* One request of prompt [plen] under s on an engine of R rows: out [mt] (*nout), *done, *acc. */
+static sm_status run_one(sparkmono_model *m, int R, const int *prompt, int plen, int mt, const sparkmono_sampling *s,
+                         int *out, int *nout, int *done, int *acc) {
+    sparkmono_engine_opts o = {0};
+    o.request_rows = R;
+    o.max_len = plen + mt;
+    o.threads = 2;
+    sparkmono_engine *g;
+    sm_status st = sparkmono_engine_create(m, &o, &g);
+    if (st) return st;
+    int req;
+    const int *ids;
+    sparkmono_request_info info;
+    if (!(st = sparkmono_add_sampled(g, prompt, plen, mt, s, &req)) && !(st = sparkmono_generate(g)) &&
+        !(st = sparkmono_output(g, req, &ids, nout)) && !(st = sparkmono_request_get_info(g, req, &info))) {
+        memcpy(out, ids, (size_t)*nout * sizeof(int));
+        *done = info.done;
+        *acc = info.accepted;
+    }
+    sparkmono_engine_destroy(g);
+    return st;
+}
+
+static const int g_prompt[8] = {3, 4, 5, 6, 7, 8, 3, 4};
+
+static void test_stop_rules(void) {
+    int out[40], n, done, acc;
+    /* eos (id 2) pushed to the top: the first token ends the request */
+    sparkmono_sampling s = {.temperature = 0};
+    s.n_bias = 1;
+    s.bias[0] = (sparkmono_bias){2, 100};
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &s, out, &n, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    CHECK(n == 1 && out[0] == 2 && done == 1, "eos biased: n %d first %d done %d", n, out[0], done);
+    /* min_tokens 5: five other ids first, then eos */
+    s.min_tokens = 5;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &s, out, &n, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    int no_eos = 1;
+    for (int i = 0; i < 5 && i < n; i++) no_eos &= out[i] != 2;
+    CHECK(n == 6 && no_eos && out[5] == 2 && done == 1, "min_tokens 5: n %d last %d done %d", n, out[n - 1], done);
+    /* ignore_eos: eos every time, max_tokens reached */
+    s.min_tokens = 0;
+    s.ignore_eos = 1;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &s, out, &n, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    CHECK(n == 20 && out[19] == 2 && done == 2, "ignore_eos: n %d done %d", n, done);
+    /* a stop id ends the request like eos: the cycle's 4th token (8 after 5 6 7) */
+    sparkmono_sampling t = {.temperature = 0};
+    int base[40], nb;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, NULL, base, &nb, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    t.n_stop_ids = 1;
+    t.stop_ids[0] = base[3];
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &t, out, &n, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    CHECK(n == 4 && !memcmp(out, base, 4 * sizeof(int)) && done == 1, "stop id %d: n %d done %d", base[3], n, done);
+    /* a bias of -100 on the cycle's next id: it never comes */
+    t.n_stop_ids = 0;
+    t.n_bias = 1;
+    t.bias[0] = (sparkmono_bias){base[0], -100};
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &t, out, &n, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    int seen = 0;
+    for (int i = 0; i < n; i++) seen += out[i] == base[0];
+    CHECK(seen == 0 && out[0] != base[0], "id %d biased -100 still comes %d times", base[0], seen);
+    /* a bad processor field is refused at add, with its line */
+    sparkmono_sampling b = {.temperature = 0};
+    b.repetition_penalty = -2;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &b, out, &n, &done, &acc) == SM_E_INVALID &&
+              strstr(sparkmono_errmsg(), "repetition_penalty -2 is not a finite number > 0"),
+          "bad repetition_penalty: '%s'", sparkmono_errmsg());
+}
+
+/* The processors of case i (0..6), each alone, on top of temperature T and seed. */
+static sparkmono_sampling proc_case(int i, float T, unsigned long long seed) {
+    sparkmono_sampling s = {.temperature = T, .top_k = T > 0 ? 40 : 0, .top_p = T > 0 ? 0.95f : 0, .seed = seed};
+    switch (i) {
+    case 0: s.presence_penalty = 1.5f; break;
+    case 1: s.frequency_penalty = 0.8f; break;
+    case 2: s.repetition_penalty = 1.8f; break;
+    case 3: s.repetition_penalty = 0.6f; break; /* below 1: repeats favoured */
+    case 4: s.n_bias = 2; s.bias[0] = (sparkmono_bias){7, 3.0f}; s.bias[1] = (sparkmono_bias){5, -2.5f}; break;
+    case 5: s.min_tokens = 12; s.n_stop_ids = 2; s.stop_ids[0] = 9; s.stop_ids[1] = 12; break;
+    case 6: s.presence_penalty = -0.7f; s.frequency_penalty = 0.3f; s.repetition_penalty = 1.2f; s.n_bias = 1;
+        s.bias[0] = (sparkmono_bias){11, 1.0f}; s.min_tokens = 3; break;
+    }
+    return s;
+}
+
+static void test_spec_equals_plain(void) {
+    static const char *names[7] = {"presence", "frequency", "repetition>1", "repetition<1", "logit_bias", "min_tokens+stop",
+                                   "all"};
+    const int MT = 32;
+    long acc_total = 0;
+    for (int mi = 0; mi < 2; mi++) {
+        sparkmono_model *m = mi ? g_rnd : g_cyc;
+        for (int i = 0; i < 7; i++)
+            for (int samp = 0; samp < 2; samp++)
+                for (int seed = 0; seed < (samp ? 4 : 1); seed++) {
+                    sparkmono_sampling s = proc_case(i, samp ? 1.0f : 0.0f, 1000 + (unsigned long long)seed);
+                    int a[64], b[64], na, nb, da, db, acc_a, acc_b;
+                    sm_status sa = run_one(m, 8, g_prompt, 8, MT, &s, a, &na, &da, &acc_a);
+                    sm_status sb = run_one(m, 1, g_prompt, 8, MT, &s, b, &nb, &db, &acc_b);
+                    CHECK(sa == SM_OK && sb == SM_OK, "%s: %s", names[i], sparkmono_errmsg());
+                    CHECK(na == nb && da == db && !memcmp(a, b, (size_t)na * sizeof(int)),
+                          "%s model %s %s seed %d: R = 8 (%d ids) differs from R = 1 (%d ids)", names[i],
+                          mi ? "random" : "cycle", samp ? "sampled" : "greedy", seed, na, nb);
+                    acc_total += acc_a;
+                }
+    }
+    /* the speculative path was taken: drafts were accepted (and so processed from the drafts) */
+    CHECK(acc_total > 50, "only %ld drafts accepted over every case", acc_total);
+}
+
+/* Ids of out [n] equal to an earlier one. */
+static int repeats(const int *out, int n) {
+    int r = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (out[j] == out[i]) { r++; break; }
+    return r;
+}
+
+static void test_direction(void) {
+    int a[64], b[64], na, nb, d, acc;
+    const int MT = 40;
+    /* negative presence / repetition penalties on the random model: more repeated ids than without */
+    sparkmono_sampling s = {.temperature = 0};
+    CHECK(run_one(g_rnd, 8, g_prompt, 8, MT, NULL, a, &na, &d, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    s.presence_penalty = -2.0f;
+    s.repetition_penalty = 0.5f;
+    CHECK(run_one(g_rnd, 8, g_prompt, 8, MT, &s, b, &nb, &d, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    CHECK(repeats(b, nb) > repeats(a, na), "favoured repeats: %d repeated ids, %d without", repeats(b, nb), repeats(a, na));
+    /* id 7 pushed up by a bias comes often; a frequency penalty makes it come less often */
+    sparkmono_sampling t = {.temperature = 0};
+    t.n_bias = 1;
+    t.bias[0] = (sparkmono_bias){7, 6.0f};
+    CHECK(run_one(g_rnd, 8, g_prompt, 8, MT, &t, a, &na, &d, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    t.frequency_penalty = 2.0f;
+    CHECK(run_one(g_rnd, 8, g_prompt, 8, MT, &t, b, &nb, &d, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    int ca = 0, cb = 0;
+    for (int i = 0; i < na; i++) ca += a[i] == 7;
+    for (int i = 0; i < nb; i++) cb += b[i] == 7;
+    CHECK(ca > 5 && cb < ca, "id 7 biased: %d times, %d with a frequency penalty", ca, cb);
+}
+
+/* Logprobs: each generated id's logprob and top k equal a log-softmax in double of the prefill
+ * logits of its prefix (R = 1, alone), greedy and sampled, with and without processors; and
+ * speculative == plain. */
+static void test_logprobs(void) {
+    enum { MT = 10, K = 5 };
+    for (int c = 0; c < 3; c++) {
+        sparkmono_sampling s = {.temperature = c == 1 ? 0.9f : 0, .seed = 17};
+        if (c == 2) s.repetition_penalty = 0.5f; /* the logprobs stay those of the raw distribution */
+        s.logprobs = 1;
+        s.top_logprobs = K;
+        sparkmono_engine_opts o = {0};
+        o.request_rows = 8;
+        o.max_len = 8 + MT;
+        o.threads = 2;
+        sparkmono_engine *g;
+        int req, n, k;
+        const int *ids;
+        const float *lp, *tlp;
+        const int *tid;
+        CHECK(sparkmono_engine_create(g_rnd, &o, &g) == SM_OK, "%s", sparkmono_errmsg());
+        CHECK(sparkmono_add_sampled(g, g_prompt, 8, MT, &s, &req) == SM_OK && sparkmono_generate(g) == SM_OK &&
+                  sparkmono_output(g, req, &ids, &n) == SM_OK && sparkmono_logprobs(g, req, &lp, &tid, &tlp, &k) == SM_OK,
+              "%s", sparkmono_errmsg());
+        CHECK(n == MT && k == K, "n %d k %d", n, k);
+        int all[8 + MT];
+        memcpy(all, g_prompt, sizeof g_prompt);
+        memcpy(all + 8, ids, (size_t)n * sizeof(int));
+        float *lg = malloc((size_t)(8 + MT) * g_V * sizeof(float));
+        double *ls = malloc((size_t)g_V * sizeof(double));
+        sparkmono_engine_opts o1 = {0};
+        o1.request_rows = 1;
+        o1.max_len = 8 + MT;
+        o1.threads = 2;
+        sparkmono_engine *g1;
+        int r1, bad = 0;
+        CHECK(sparkmono_engine_create(g_rnd, &o1, &g1) == SM_OK && sparkmono_add(g1, all, 8 + n - 1, 0, &r1) == SM_OK &&
+                  sparkmono_prefill(g1, r1, lg) == SM_OK, "%s", sparkmono_errmsg());
+        for (int j = 0; j < n; j++) {
+            /* the row of position 8 + j: the prefill row of its prefix's last token */
+            sm_lp_log_softmax(lg + (size_t)(8 + j - 1) * g_V, g_vu, ls);
+            if (fabs(ls[ids[j]] - lp[j]) > 1e-5) bad++;
+            for (int t = 0; t < K; t++) {
+                if (fabs(ls[tid[j * K + t]] - tlp[j * K + t]) > 1e-5) bad++;
+                if (t && tlp[j * K + t] > tlp[j * K + t - 1]) bad++; /* descending */
+            }
+            double mx = -INFINITY; /* the first alternative is the row's most likely id */
+            for (int i = 0; i < g_vu; i++) mx = ls[i] > mx ? ls[i] : mx;
+            if (fabs(mx - tlp[j * K]) > 1e-5) bad++;
+            if (c == 0 && tid[j * K] != ids[j]) bad++; /* greedy: the id itself comes first */
+        }
+        CHECK(bad == 0, "case %d: %d logprobs differ from the log-softmax of the prefill logits", c, bad);
+        sparkmono_engine_destroy(g1);
+        sparkmono_engine_destroy(g);
+        free(lg);
+        free(ls);
+    }
+    /* logprobs out of range are refused with their line */
+    sparkmono_sampling b = {.temperature = 0};
+    b.logprobs = 1;
+    b.top_logprobs = 21;
+    int out[4], n, d, acc;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 4, &b, out, &n, &d, &acc) == SM_E_INVALID &&
+              strstr(sparkmono_errmsg(), "top_logprobs 21 is not in [0, 20]"),
+          "top_logprobs 21: '%s'", sparkmono_errmsg());
+}
+
+int main(void) {
+    if (tm_mkdtemp(g_tmp, sizeof g_tmp, "sm_test_logitproc")) { printf("FAIL setup: mkdtemp\n"); return 1; }
+    char dc[600], dr[600];
+    snprintf(dc, sizeof dc, "%s/cycle", g_tmp);
+    snprintf(dr, sizeof dr, "%s/random", g_tmp);
+    sm_config c;
+    sm_err e = {{0}};
+    sm_make_opts mo = {0};
+    mo.experts = SM_EXP_MXFP4;
+    mo.seed = 1;
+    mo.shards = 1;
+    mo.cycle = 16;
+    int ok = sm_config_preset("tiny", &c, &e) == 0 && sm_make_model(&c, &mo, dc, &e) == 0;
+    mo.cycle = 0;
+    ok = ok && sm_make_model(&c, &mo, dr, &e) == 0;
+    if (!ok || sparkmono_model_open(dc, NULL, &g_cyc) || sparkmono_model_open(dr, NULL, &g_rnd)) {
+        printf("FAIL setup: %s %s\n", e.msg, sparkmono_errmsg());
+        tm_rmtree(g_tmp);
+        return 1;
+    }
+    sparkmono_model_info info;
+    sparkmono_model_get_info(g_cyc, &info);
+    g_V = info.vocab_size;
+    g_vu = info.vocab_used;
+
+    RUN(test_apply_reference);
+    RUN(test_check);
+    RUN(test_stop_rules);
+    RUN(test_spec_equals_plain);
+    RUN(test_direction);
+    RUN(test_logprobs);
+
+    sparkmono_model_close(g_cyc);
+    sparkmono_model_close(g_rnd);
+    tm_rmtree(g_tmp);
+    return TEST_DONE();
+}
