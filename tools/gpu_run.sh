@@ -1,7 +1,8 @@
 #!/bin/sh
 # gpu_run.sh: the one script to run on the GPU machine (an H200): build, every GPU test, the benchmarks.
 #
-# Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model),
+# Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model)
+# and tests/gpu/cli_spec.sh (speculative == plain through the CLI, with the logit processors),
 # the per-op microbenchmarks (`gpu_test --bench all`: norm, router, attention, matmul, moe,
 # logits) and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full
 # log under $OUT (default ./out) and prints a short table last.  Environment knobs:
@@ -57,6 +58,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     trc=$?
     [ "$trc" -eq 0 ] || status=1
     echo "gpu_test exit $trc in $(( $(date +%s) - t0 )) s"
+    # speculative == plain on the GPU through the CLI, with the logit processors
+    sh tests/gpu/cli_spec.sh build >"$OUT/cli_spec.log" 2>&1 || { status=1; trc=1; }
+    tail -n 1 "$OUT/cli_spec.log"
 fi
 
 # the SM clock and power through the run (power throttling moves the numbers by 10%)
@@ -148,6 +152,8 @@ echo "===================== summary ====================="
 if [ "$trc" != skipped ]; then
     grep -E '^FAIL ' "$OUT/gpu_test.log" | head -n 30
     sed -n '/^group /,$p' "$OUT/gpu_test.log" | tail -n 7
+    grep -E '^FAIL ' "$OUT/cli_spec.log" | head -n 10
+    echo "cli_spec: $(tail -n 1 "$OUT/cli_spec.log")"
     grep -q '^group ' "$OUT/gpu_test.log" || { echo "gpu_test did not finish (exit $trc); last lines:"; tail -n 15 "$OUT/gpu_test.log"; }
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
