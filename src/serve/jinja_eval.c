@@ -292,7 +292,8 @@ static int ev(jctx *c, const jnode *n, jv *out) {
     case JN_NAME: *out = lookup(c, n->s); return 0;
     case JN_ATTR:
         if (ev(c, n->a, &a)) return -1;
-        if (a.k == JV_UNDEF) return jerr(c, n, "'%s' of an undefined value", n->s);
+        if (a.k == JV_UNDEF && n->a->kind == JN_NAME) return jerr(c, n, "'%s' is undefined", n->a->s);
+        if (a.k == JV_UNDEF) return jerr(c, n, "attribute '%s' of an undefined value", n->s);
         return getitem(c, n, a, jv_str(c, n->s, n->n), 1, out);
     case JN_ITEM:
         if (ev(c, n->a, &a) || ev(c, n->b, &b)) return -1;
@@ -309,11 +310,7 @@ static int ev(jctx *c, const jnode *n, jv *out) {
         jv args[32];
         int r;
         if (n->nk > 32) return jerr(c, n, "more than 32 arguments");
-        if (!strcmp(n->s, "defined") || !strcmp(n->s, "undefined")) { /* an undefined attribute chain is not an error here */
-            sm_err saved = *c->e;
-            int rc = ev(c, n->a, &a);
-            if (rc) { *c->e = saved; a = UNDEF; }
-        } else if (ev(c, n->a, &a)) return -1;
+        if (ev(c, n->a, &a)) return -1; /* as in Jinja2, "x.y is defined" with x undefined is an error */
         if (eval_args(c, n, args) || jb_test(c, n, a, args, n->nk, &r)) return -1;
         *out = jv_bool(c, r != (int)n->i);
         break;

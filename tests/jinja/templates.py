@@ -107,7 +107,12 @@ after comment
    !
 """
 
-TEMPLATES = {"chatml": CHATML, "llama3": LLAMA3, "mistral": MISTRAL, "kitchen": KITCHEN, "whitespace": WHITESPACE}
+# Jinja2's default Undefined: a missing key is undefined (empty, false), an attribute of it an error
+UNDEFINED = """{{ messages[0].nothing }}|{{ messages[0].nothing is defined }}|{{ nothing is defined }}|{{ nothing | length }}
+{%- for x in nothing %}never{% else %} empty loop{% endfor %}|{{ nothing | default('d') }}|{{ messages[0].get('nothing') }}
+{%- if messages | length > 2 %}{{ messages[0].nothing.deeper }}{% endif %}"""
+
+TEMPLATES = {"undefined": UNDEFINED, "chatml": CHATML, "llama3": LLAMA3, "mistral": MISTRAL, "kitchen": KITCHEN, "whitespace": WHITESPACE}
 
 # (template, text the one-line error must contain)
 REFUSED = [
