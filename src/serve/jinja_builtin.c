@@ -12,11 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char *const FILTERS[] = {"trim", "length", "count", "upper", "lower", "default", "d", "join", "first",
                                       "last", "tojson", "items", "selectattr", "rejectattr", "map", "string", "int",
                                       "float", "list", "replace", "capitalize", "indent", "reverse", "safe", "abs",
-                                      "title", NULL};
+                                      "title", "dictsort", NULL};
 static const char *const TESTS[] = {"defined", "undefined", "none", "string", "mapping", "iterable", "number",
                                     "integer", "float", "boolean", "true", "false", "sequence", "eq", "equalto",
                                     "ne", "odd", "even", "divisibleby", "in", "lower", "upper", "callable", NULL};
@@ -254,6 +255,19 @@ int jb_filter(jctx *c, const jnode *n, jv in, jv *args, int nargs, char **kw, jv
         if (in.k == JV_UNDEF) { *out = jv_own(c, json_array()); return 0; }
         if (!is_dict(in)) return jerr(c, n, "items needs a dict");
         return items(c, in, out);
+    }
+    if (!strcmp(f, "dictsort")) { /* [key, value] pairs by key, case-insensitive (Jinja2's default) */
+        if (!is_dict(in)) return jerr(c, n, "dictsort needs a dict");
+        if (items(c, in, out)) return -1;
+        json_t *l = out->j;
+        for (size_t i = 1; i < json_array_size(l); i++) /* insertion sort: dicts of a chat template are small */
+            for (size_t k = i; k > 0 && strcasecmp(json_string_value(json_array_get(json_array_get(l, k - 1), 0)),
+                                                   json_string_value(json_array_get(json_array_get(l, k), 0))) > 0; k--) {
+                json_t *a = json_incref(json_array_get(l, k - 1));
+                json_array_set(l, k - 1, json_array_get(l, k));
+                json_array_set_new(l, k, a);
+            }
+        return 0;
     }
     if (!strcmp(f, "int") || !strcmp(f, "float")) {
         double x = 0;

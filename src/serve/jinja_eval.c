@@ -266,7 +266,12 @@ int jb_binop(jctx *c, const jnode *n, jv a, jv b, jv *out) {
     switch (op[0]) {
     case '+': *out = ints ? jv_int(c, x + y) : jv_real(c, p + q); break;
     case '-': *out = ints ? jv_int(c, x - y) : jv_real(c, p - q); break;
-    case '*': *out = ints ? jv_int(c, x * y) : jv_real(c, p * q); break;
+    case '*':
+        if (op[1]) { /* ** */
+            if (ints && y >= 0) { long long r = 1; for (long long k = 0; k < y && k < 64; k++) r *= x; *out = jv_int(c, r); }
+            else *out = jv_real(c, pow(p, q));
+        } else *out = ints ? jv_int(c, x * y) : jv_real(c, p * q);
+        break;
     case '/':
         if (op[1]) *out = ints ? jv_int(c, x / y - ((x % y != 0) && ((x < 0) != (y < 0)))) : jv_real(c, floor(p / q));
         else *out = jv_real(c, p / q);

@@ -77,8 +77,34 @@ static int lex_string(lexer *L, size_t *p, size_t end) {
         case 't': buf[k++] = '\t'; break;
         case 'r': buf[k++] = '\r'; break;
         case '\\': case '\'': case '"': buf[k++] = x; break;
+        case 'a': buf[k++] = '\a'; break;
+        case 'b': buf[k++] = '\b'; break;
+        case 'f': buf[k++] = '\f'; break;
+        case 'v': buf[k++] = '\v'; break;
         case '\n': break;
-        default: buf[k++] = '\\'; buf[k++] = x; break; /* Python keeps unknown escapes */
+        case 'x': case 'u': case 'U': { /* a code point: 2, 4 or 8 hex digits, as UTF-8 */
+            int nd = x == 'x' ? 2 : x == 'u' ? 4 : 8;
+            unsigned long cp = 0;
+            for (int d = 0; d < nd; d++) {
+                char h = i + 1 < end ? L->s[i + 1] : 0;
+                if (!isxdigit((unsigned char)h)) { free(buf); return lerr(L, i, "bad \\x / \\u escape in a string literal", NULL); }
+                cp = cp * 16 + (unsigned long)(isdigit((unsigned char)h) ? h - '0' : (tolower((unsigned char)h) - 'a' + 10));
+                i++;
+            }
+            if (cp > 0x10FFFF) { free(buf); return lerr(L, i, "escape beyond U+10FFFF in a string literal", NULL); }
+            if (cp < 0x80) buf[k++] = (char)cp;
+            else if (cp < 0x800) { buf[k++] = (char)(0xC0 | cp >> 6); buf[k++] = (char)(0x80 | (cp & 63)); }
+            else if (cp < 0x10000) { buf[k++] = (char)(0xE0 | cp >> 12); buf[k++] = (char)(0x80 | ((cp >> 6) & 63)); buf[k++] = (char)(0x80 | (cp & 63)); }
+            else { buf[k++] = (char)(0xF0 | cp >> 18); buf[k++] = (char)(0x80 | ((cp >> 12) & 63)); buf[k++] = (char)(0x80 | ((cp >> 6) & 63)); buf[k++] = (char)(0x80 | (cp & 63)); }
+            break;
+        }
+        default:
+            if (x >= '0' && x <= '7') { /* up to 3 octal digits */
+                int v = x - '0';
+                for (int d = 0; d < 2 && i + 1 < end && L->s[i + 1] >= '0' && L->s[i + 1] <= '7'; d++) v = v * 8 + (L->s[++i] - '0');
+                buf[k++] = (char)v;
+            } else { buf[k++] = '\\'; buf[k++] = x; } /* Python keeps unknown escapes */
+            break;
         }
     }
     if (i >= end) { free(buf); return lerr(L, start, "unterminated string literal", NULL); }

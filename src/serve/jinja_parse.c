@@ -292,13 +292,24 @@ static jnode *bin(parser *P, const jtoken *t, const char *op, jnode *a, jnode *b
     return n;
 }
 
-static jnode *math2(parser *P) {
+/* a ** b ** c: left to right, as Jinja2 parses it */
+static jnode *pow_expr(parser *P) {
     jnode *n = unary(P, 1);
+    while (n && is_op(cur(P), "**")) {
+        jtoken *t = cur(P);
+        P->p++;
+        n = bin(P, t, "**", n, unary(P, 1));
+    }
+    return n;
+}
+
+static jnode *math2(parser *P) {
+    jnode *n = pow_expr(P);
     while (n) {
         jtoken *t = cur(P);
         if (is_op(t, "*") || is_op(t, "/") || is_op(t, "//") || is_op(t, "%")) {
             P->p++;
-            n = bin(P, t, t->s, n, unary(P, 1));
+            n = bin(P, t, t->s, n, pow_expr(P));
         } else break;
     }
     return n;
@@ -324,22 +335,35 @@ static jnode *math1(parser *P) {
     return n;
 }
 
+/* a < b <= c is Python's chain: (a < b) and (b <= c). */
 static jnode *compare(parser *P) {
-    jnode *n = math1(P);
-    while (n) {
+    jnode *left = math1(P), *chain = NULL;
+    while (left) {
         jtoken *t = cur(P);
+        const char *op;
         if (is_op(t, "==") || is_op(t, "!=") || is_op(t, "<") || is_op(t, ">") || is_op(t, "<=") || is_op(t, ">=")) {
+            op = t->s;
             P->p++;
-            n = bin(P, t, t->s, n, math1(P));
         } else if (is_name(t, "in")) {
+            op = "in";
             P->p++;
-            n = bin(P, t, "in", n, math1(P));
         } else if (is_name(t, "not") && is_name(&P->k[P->p + 1], "in")) {
+            op = "not in";
             P->p += 2;
-            n = bin(P, t, "not in", n, math1(P));
         } else break;
+        jnode *right = math1(P), *c = bin(P, t, op, left, right);
+        if (!c) return NULL;
+        if (chain) {
+            jnode *x = mk(P, JN_AND, t);
+            if (!x) return OOM(P);
+            x->a = chain;
+            x->b = c;
+            c = x;
+        }
+        chain = c;
+        left = right;
     }
-    return n;
+    return chain ? chain : left;
 }
 
 static jnode *not_expr(parser *P) {
