@@ -15,6 +15,8 @@
 #include <string.h>
 
 #define MAX_DEPTH 64 /* macro calls nested (a recursive macro ends with an error, not a crash) */
+#define MAX_ITERS 1000000LL           /* loop iterations of one render */
+#define MAX_OUT ((size_t)64 << 20)    /* bytes one render may write */
 
 static int ev(jctx *c, const jnode *n, jv *out);
 static int run(jctx *c, const jnode *n);
@@ -37,6 +39,12 @@ static int frame_set(jframe *f, const char *name, jv v) {
     f->names[f->n] = (char *)name; /* names live in the node tree */
     f->vals[f->n++] = v;
     return 0;
+}
+
+/* Release the values held since mark: nothing made in a loop iteration or a macro body is
+ * referenced after it (a namespace holds its attributes by its own references). */
+static void pool_release(jctx *c, int mark) {
+    while (c->npool > mark) json_decref(c->pool[--c->npool]);
 }
 
 static void frame_free(jframe *f) {
@@ -164,7 +172,9 @@ static int call_macro(jctx *c, const jnode *at, const jnode *m, jv *args, int na
     sm_sbuf body = {0}, *so = c->out;
     c->out = &body;
     c->depth++;
+    int mark = c->npool;
     rc = run(c, m->b);
+    pool_release(c, mark); /* the body's values; the result is a copy of its text */
     c->depth--;
     c->out = so;
     c->f = saved;
@@ -252,6 +262,8 @@ int jb_binop(jctx *c, const jnode *n, jv a, jv b, jv *out) {
         }
     }
     if (!strcmp(op, "*") && a.k == JV_JSON && json_is_string(a.j) && jv_isint(b)) {
+        if (jv_intv(b) > 0 && (double)json_string_length(a.j) * (double)jv_intv(b) > (double)MAX_OUT)
+            return jerr(c, n, "a string repeated beyond %zu bytes", MAX_OUT);
         sm_sbuf s = {0};
         for (long long i = 0; i < jv_intv(b); i++) sm_sbuf_add(&s, json_string_value(a.j), json_string_length(a.j));
         *out = jv_str(c, s.p, s.n);
@@ -423,6 +435,7 @@ static int run_for(jctx *c, const jnode *n) {
     if (n->d) { /* for x in y if cond: the filter runs first, loop counts the kept items */
         items = json_array();
         if (jv_own(c, items).k == JV_UNDEF) return -1;
+        int fmark = c->npool;
         for (size_t i = 0; i < json_array_size(all); i++) {
             jframe f = {0};
             f.up = c->f;
@@ -433,10 +446,12 @@ static int run_for(jctx *c, const jnode *n) {
             frame_free(&f);
             if (rc) return -1;
             if (jv_truthy(keep)) json_array_append(items, json_array_get(all, i));
+            pool_release(c, fmark);
         }
     }
     size_t len = json_array_size(items);
     if (!len) return run(c, n->c);
+    int mark = c->npool; /* each iteration's values are released at its end */
     for (size_t i = 0; i < len; i++) {
         json_t *loop = json_pack("{sIsIsIsIsbsbsI}", "index", (json_int_t)i + 1, "index0", (json_int_t)i, "revindex",
                                  (json_int_t)(len - i), "revindex0", (json_int_t)(len - i - 1), "first", i == 0, "last",
@@ -445,6 +460,7 @@ static int run_for(jctx *c, const jnode *n) {
         if (loop && i + 1 < len) json_object_set(loop, "nextitem", json_array_get(items, i + 1));
         jv lv = jv_own(c, loop);
         if (lv.k == JV_UNDEF) return -1;
+        if (++c->iters > MAX_ITERS) return jerr(c, n, "the template ran more than %lld loop iterations", MAX_ITERS);
         jframe f = {0};
         f.up = c->f;
         c->f = &f;
@@ -453,6 +469,7 @@ static int run_for(jctx *c, const jnode *n) {
         if (!rc) rc = run(c, n->b);
         c->f = f.up;
         frame_free(&f);
+        pool_release(c, mark);
         if (rc) return -1;
         if (c->ctl == 1) { c->ctl = 0; break; }
         c->ctl = 0;
@@ -463,6 +480,7 @@ static int run_for(jctx *c, const jnode *n) {
 static int run(jctx *c, const jnode *n) {
     for (; n && !c->ctl; n = n->next) {
         jv v;
+        if (c->out->n > MAX_OUT) return jerr(c, n, "the template wrote more than %zu bytes", MAX_OUT);
         switch (n->kind) {
         case JN_TEXT:
             if (sm_sbuf_add(c->out, n->s, n->n)) return jerr(c, n, "out of memory");

@@ -85,6 +85,7 @@ typedef struct jctx {
     int raised;                /* the error is the template's raise_exception */
     int ctl;                   /* 1: break, 2: continue pending */
     int depth;                 /* macro call depth (bounded) */
+    long long iters;           /* loop iterations so far (bounded: a template cannot hang a request) */
     sm_err *e;
 } jctx;
 

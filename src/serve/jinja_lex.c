@@ -1,7 +1,7 @@
 /* jinja_lex.c: a chat template's source into tokens (see jinja_int.h), with Jinja2's
  * whitespace rules as transformers sets them: trim_blocks (the first newline after a block or
- * comment tag is dropped), lstrip_blocks (spaces and tabs from a line's start to a block or
- * comment tag are dropped; "{%+" keeps them), "-" at a tag's edge strips all whitespace on
+ * comment tag is dropped; "+%}" keeps it), lstrip_blocks (spaces and tabs from a line's start to
+ * a block or comment tag are dropped; "{%+" keeps them), "-" at a tag's edge strips all whitespace on
  * that side, newlines normalized to "\n", one trailing newline of the template dropped.
  *
  * Text is cut at tags first and each tag's inside tokenized on its own, so a tag's end is
@@ -119,8 +119,9 @@ static const char *OPS[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "
                             ".", ",", ":", "|", "(", ")", "[", "]", "{", "}"};
 
 /* Tokens of a tag's inside from *p; stops at the tag's end ("}}" for a variable tag, "%}"
- * for a block), optionally preceded by "-".  *p past the end; *strip_after when "-". */
-static int lex_tag(lexer *L, size_t *p, int var, int *strip_after) {
+ * for a block), optionally preceded by "-" or "+".  *p past the end; *strip_after when "-",
+ * *keep_newline when "+" (no trim_blocks for this tag). */
+static int lex_tag(lexer *L, size_t *p, int var, int *strip_after, int *keep_newline) {
     int depth = 0;
     size_t i = *p, open = *p - 2;
     const char *endm = var ? "}}" : "%}";
@@ -129,6 +130,11 @@ static int lex_tag(lexer *L, size_t *p, int var, int *strip_after) {
         if (i >= L->n) return lerr(L, open, var ? "'{{' is never closed" : "'{%' is never closed", NULL);
         if (depth == 0 && L->s[i] == '-' && i + 2 < L->n + 0 && !strncmp(L->s + i + 1, endm, 2)) {
             *strip_after = 1;
+            i += 3;
+            break;
+        }
+        if (depth == 0 && L->s[i] == '+' && !strncmp(L->s + i + 1, endm, 2)) {
+            *keep_newline = 1;
             i += 3;
             break;
         }
@@ -231,9 +237,10 @@ int sm_jinja_lex(const char *src, size_t n, jtoken **out, int *nout, sm_err *e) 
             continue;
         }
         if (!push(&L, kind == '{' ? JT_VBEGIN : JT_BBEGIN, s + t, 2, t)) { sm_errf(e, "out of memory"); goto out; }
-        if (lex_tag(&L, &p, kind == '{', &strip_next)) goto out;
+        int keep = 0;
+        if (lex_tag(&L, &p, kind == '{', &strip_next, &keep)) goto out;
         if (!push(&L, kind == '{' ? JT_VEND : JT_BEND, "", 0, p - 2)) { sm_errf(e, "out of memory"); goto out; }
-        if (kind == '%' && !strip_next && p < m && s[p] == '\n') p++; /* trim_blocks */
+        if (kind == '%' && !strip_next && !keep && p < m && s[p] == '\n') p++; /* trim_blocks */
     }
     if (!push(&L, JT_EOF, "", 0, m)) { sm_errf(e, "out of memory"); goto out; }
     rc = 0;

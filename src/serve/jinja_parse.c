@@ -22,7 +22,10 @@ typedef struct parser {
     int call_line[256], call_col[256], ncalls;
     const char *macros[256];   /* macro names defined */
     int nmacros;
+    int depth;                 /* expressions and blocks nested now (bounded: no stack overflow) */
 } parser;
+
+#define MAX_NEST 200 /* nested expressions or blocks a template may have */
 
 static int perr(parser *P, const jtoken *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int perr(parser *P, const jtoken *at, const char *fmt, ...) {
@@ -273,7 +276,9 @@ static jnode *unary(parser *P, int with_filter) {
     jtoken *t = cur(P);
     jnode *n;
     if (accept_op(P, "-") || accept_op(P, "+")) {
+        if (++P->depth > MAX_NEST) return perr(P, t, "nested more than %d deep", MAX_NEST), NULL;
         jnode *x = unary(P, 0);
+        P->depth--;
         if (!x) return NULL;
         if (t->s[0] == '+') n = x;
         else if (!(n = mk(P, JN_NEG, t))) return OOM(P);
@@ -369,7 +374,9 @@ static jnode *compare(parser *P) {
 static jnode *not_expr(parser *P) {
     jtoken *t = cur(P);
     if (accept_name(P, "not")) {
+        if (++P->depth > MAX_NEST) return perr(P, t, "nested more than %d deep", MAX_NEST), NULL;
         jnode *x = not_expr(P), *n;
+        P->depth--;
         if (!x) return NULL;
         if (!(n = mk(P, JN_NOT, t))) return OOM(P);
         n->a = x;
@@ -409,7 +416,15 @@ static jnode *or_expr(parser *P) {
 }
 
 /* expression: or_expr ["if" or_expr ["else" expression]] */
+static jnode *expr_(parser *P);
 static jnode *expr(parser *P) {
+    if (++P->depth > MAX_NEST) return perr(P, cur(P), "nested more than %d deep", MAX_NEST), NULL;
+    jnode *n = expr_(P);
+    P->depth--;
+    return n;
+}
+
+static jnode *expr_(parser *P) {
     jnode *n = or_expr(P);
     if (n && is_name(cur(P), "if")) {
         jtoken *t = cur(P);
@@ -477,7 +492,15 @@ static jnode *if_stmt(parser *P, const jtoken *at) {
     return end_tag(P) ? NULL : n;
 }
 
+static jnode *statement_(parser *P);
 static jnode *statement(parser *P) {
+    if (++P->depth > MAX_NEST) return perr(P, cur(P), "nested more than %d deep", MAX_NEST), NULL;
+    jnode *n = statement_(P);
+    P->depth--;
+    return n;
+}
+
+static jnode *statement_(parser *P) {
     jtoken *bt = cur(P); /* "{%" */
     P->p++;
     jtoken *t = cur(P);

@@ -90,7 +90,9 @@ users={{ messages | selectattr('role', 'equalto', 'user') | list | length }} oth
 {% endif %}"""
 
 # whitespace control and the environment's trim_blocks / lstrip_blocks
-WHITESPACE = """  {% if true %}
+WHITESPACE = """{% if true +%}
+kept newline{% endif %}
+  {% if true %}
     indented text
   {% endif %}
 {# a comment #}
@@ -129,4 +131,7 @@ REFUSED = [
     ("{% endif %}", "line 1 col 4: unexpected 'endif'"),
     ("x {{ y", "'{{' is never closed"),
     ("{% for i in x recursive %}{% endfor %}", "unsupported 'recursive' loop"),
+    ("{{ " + "(" * 1000 + "1" + ")" * 1000 + " }}", "line 1 col 204: nested more than 200 deep"),
+    ("{{ " + "-" * 100000 + "1 }}", "nested more than 200 deep"),
+    ("{% if 1 %}" * 300 + "{% endif %}" * 300, "nested more than 200 deep"),
 ]
