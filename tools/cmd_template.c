@@ -103,11 +103,17 @@ int cmd_template(int argc, char **argv) {
             *bf = cli_find(opts, no, "batch");
     if (tf->present == (npos > 0)) { sm_errf(&e, "%s: give a model directory or --template FILE (one of them)", cmd); goto bad; }
     if (mf->present + vf->present + bf->present > 1) { sm_errf(&e, "%s: give one of --messages, --vars, --batch", cmd); goto bad; }
-    if (npos && (vf->present || bf->present)) { sm_errf(&e, "%s: --vars and --batch go with --template; a directory takes --messages", cmd); goto bad; }
+    if (npos && (vf->present || bf->present)) {
+        sm_errf(&e, "%s: --vars and --batch go with --template; a directory takes --messages", cmd);
+        goto bad;
+    }
     if (tf->present && mf->present) { sm_errf(&e, "%s: --messages goes with a model directory; --template takes --vars", cmd); goto bad; }
     if (npos) {
         if (sm_chat_load(pos[0], &ct, &e)) goto bad;
-        if (!ct.t) { sm_errf(&e, "%s: no chat template (tokenizer_config.json \"chat_template\" or chat_template.jinja)", pos[0]); goto bad; }
+        if (!ct.t) {
+            sm_errf(&e, "%s: no chat template (tokenizer_config.json \"chat_template\" or chat_template.jinja)", pos[0]);
+            goto bad;
+        }
         if (!mf->present) { printf("%s: chat template (%s) ok\n", pos[0], ct.source); goto done; }
         char param[SM_API_PARAM];
         if (load_json(mf->value, &in, &e)) goto bad;

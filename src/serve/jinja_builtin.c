@@ -137,7 +137,12 @@ static int split(jctx *c, jv s, jv sep, jv maxsplit, jv *out) {
             while (i < n && py_space((unsigned char)p[i])) i++;
             if (i >= n) break;
             size_t st = i;
-            if (left == 0) { size_t e = n; while (e > st && py_space((unsigned char)p[e - 1])) e--; json_array_append_new(l, json_stringn_nocheck(p + st, e - st)); break; }
+            if (left == 0) { /* maxsplit reached: the rest, its trailing space stripped */
+                size_t e = n;
+                while (e > st && py_space((unsigned char)p[e - 1])) e--;
+                json_array_append_new(l, json_stringn_nocheck(p + st, e - st));
+                break;
+            }
             while (i < n && !py_space((unsigned char)p[i])) i++;
             json_array_append_new(l, json_stringn_nocheck(p + st, i - st));
             if (left > 0) left--;
@@ -224,7 +229,7 @@ int jb_filter(jctx *c, const jnode *n, jv in, jv *args, int nargs, char **kw, jv
     }
     if (!strcmp(f, "length") || !strcmp(f, "count")) {
         long long len = 0;
-        if (is_str(in)) { size_t *o, cnt; if (jv_utf8_index(json_string_value(in.j), json_string_length(in.j), &o, &cnt)) return -1; free(o); len = (long long)cnt; }
+        if (is_str(in)) len = (long long)jv_ulen(json_string_value(in.j), json_string_length(in.j));
         else if (is_list(in)) len = (long long)json_array_size(in.j);
         else if (is_dict(in)) len = (long long)json_object_size(in.j);
         else if (in.k != JV_UNDEF) return jerr(c, n, "length of a value that has none");
@@ -243,9 +248,10 @@ int jb_filter(jctx *c, const jnode *n, jv in, jv *args, int nargs, char **kw, jv
     if (!strcmp(f, "list")) {
         if (is_list(in)) { *out = in; return 0; }
         if (is_str(in) || is_dict(in)) { /* characters / keys */
-            json_t *l = json_array();
-            if (is_dict(in)) { const char *k; json_t *x; json_object_foreach(in.j, k, x) json_array_append_new(l, json_string(k)); }
-            else { size_t *o, cnt; const char *s = json_string_value(in.j); jv_utf8_index(s, json_string_length(in.j), &o, &cnt); for (size_t i = 0; i < cnt; i++) json_array_append_new(l, json_stringn_nocheck(s + o[i], o[i + 1] - o[i])); free(o); }
+            json_t *l = is_str(in) ? jv_chars(json_string_value(in.j), json_string_length(in.j)) : json_array();
+            const char *k;
+            json_t *x;
+            if (l && is_dict(in)) json_object_foreach(in.j, k, x) json_array_append_new(l, json_string(k));
             *out = jv_own(c, l);
             return out->k == JV_UNDEF ? -1 : 0;
         }
@@ -284,8 +290,10 @@ int jb_filter(jctx *c, const jnode *n, jv in, jv *args, int nargs, char **kw, jv
     }
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
         json_t *l;
-        if (is_str(in)) { jv idx = jv_int(c, f[0] == 'f' ? 0 : -1); (void)idx; }
-        if (as_list(c, n, in, &l)) return -1;
+        if (is_str(in)) { /* a string's first / last character */
+            l = jv_chars(json_string_value(in.j), json_string_length(in.j));
+            if (jv_own(c, l).k == JV_UNDEF) return -1;
+        } else if (as_list(c, n, in, &l)) return -1;
         size_t sz = json_array_size(l);
         if (sz) *out = jv_borrow(c, json_array_get(l, f[0] == 'f' ? 0 : sz - 1));
         return 0;
@@ -365,7 +373,11 @@ int jb_filter(jctx *c, const jnode *n, jv in, jv *args, int nargs, char **kw, jv
         jv w = arg(args, nargs, kw, 0, "width"), first = arg(args, nargs, kw, 1, "first"), blank = arg(args, nargs, kw, 2, "blank");
         char pad[256] = "    ";
         if (is_str(w)) snprintf(pad, sizeof pad, "%s", json_string_value(w.j));
-        else if (jv_isint(w)) { long long k = jv_intv(w); if (k > 255) k = 255; if (k < 0) k = 0; memset(pad, ' ', (size_t)k); pad[k] = 0; }
+        else if (jv_isint(w)) {
+            long long k = jv_intv(w) > 255 ? 255 : jv_intv(w) < 0 ? 0 : jv_intv(w);
+            memset(pad, ' ', (size_t)k);
+            pad[k] = 0;
+        }
         const char *p = json_string_value(s.j);
         size_t len = json_string_length(s.j);
         sm_sbuf b = {0};

@@ -234,7 +234,8 @@ int jb_binop(jctx *c, const jnode *n, jv a, jv b, jv *out) {
     int cmp = !strcmp(op, "<") || !strcmp(op, ">") || !strcmp(op, "<=") || !strcmp(op, ">=");
     if (cmp) {
         double d;
-        if (jv_isnum(a) && jv_isnum(b)) d = jv_isint(a) && jv_isint(b) ? (double)((jv_intv(a) > jv_intv(b)) - (jv_intv(a) < jv_intv(b))) : jv_num(a) - jv_num(b);
+        if (jv_isint(a) && jv_isint(b)) d = (double)((jv_intv(a) > jv_intv(b)) - (jv_intv(a) < jv_intv(b)));
+        else if (jv_isnum(a) && jv_isnum(b)) d = jv_num(a) - jv_num(b);
         else if (a.k == JV_JSON && b.k == JV_JSON && json_is_string(a.j) && json_is_string(b.j)) {
             size_t an = json_string_length(a.j), bn = json_string_length(b.j);
             int r = memcmp(json_string_value(a.j), json_string_value(b.j), an < bn ? an : bn);
@@ -417,12 +418,7 @@ static int iter_items(jctx *c, const jnode *at, jv v, json_t **items) {
         json_t *x;
         json_object_foreach(v.j, k, x) json_array_append_new(*items, json_string(k));
     } else if (json_is_string(v.j)) {
-        size_t *offs, cnt;
-        const char *s = json_string_value(v.j);
-        if (jv_utf8_index(s, json_string_length(v.j), &offs, &cnt)) return jerr(c, at, "out of memory");
-        *items = json_array();
-        for (size_t i = 0; i < cnt; i++) json_array_append_new(*items, json_stringn_nocheck(s + offs[i], offs[i + 1] - offs[i]));
-        free(offs);
+        *items = jv_chars(json_string_value(v.j), json_string_length(v.j));
     } else return jerr(c, at, "this value cannot be iterated");
     return jv_own(c, *items).k == JV_UNDEF ? -1 : 0;
 }

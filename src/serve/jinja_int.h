@@ -107,6 +107,8 @@ int jv_isint(jv v);                          /* an integer or a bool */
 long long jv_intv(jv v);
 int jv_tojson(jctx *c, jv v, int indent, int level, sm_sbuf *out);
 int jv_utf8_index(const char *s, size_t n, size_t **offs, size_t *count); /* codepoint offsets */
+json_t *jv_chars(const char *s, size_t n);   /* a string's characters (code points) as a new list; NULL: out of memory */
+size_t jv_ulen(const char *s, size_t n);     /* code points of a UTF-8 string */
 int jerr(jctx *c, const jnode *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Built-ins (jinja_builtin.c): names the parser accepts, and their evaluation. */

@@ -92,10 +92,11 @@ static int lex_string(lexer *L, size_t *p, size_t end) {
                 i++;
             }
             if (cp > 0x10FFFF) { free(buf); return lerr(L, i, "escape beyond U+10FFFF in a string literal", NULL); }
-            if (cp < 0x80) buf[k++] = (char)cp;
-            else if (cp < 0x800) { buf[k++] = (char)(0xC0 | cp >> 6); buf[k++] = (char)(0x80 | (cp & 63)); }
-            else if (cp < 0x10000) { buf[k++] = (char)(0xE0 | cp >> 12); buf[k++] = (char)(0x80 | ((cp >> 6) & 63)); buf[k++] = (char)(0x80 | (cp & 63)); }
-            else { buf[k++] = (char)(0xF0 | cp >> 18); buf[k++] = (char)(0x80 | ((cp >> 12) & 63)); buf[k++] = (char)(0x80 | ((cp >> 6) & 63)); buf[k++] = (char)(0x80 | (cp & 63)); }
+            int nb = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; /* UTF-8: lead byte, then 6 bits each */
+            static const unsigned char lead[5] = {0, 0x00, 0xC0, 0xE0, 0xF0};
+            for (int b = nb - 1; b > 0; b--) buf[k + b] = (char)(0x80 | ((cp >> (6 * (nb - 1 - b))) & 63));
+            buf[k] = (char)(lead[nb] | (cp >> (6 * (nb - 1))));
+            k += (size_t)nb;
             break;
         }
         default:

@@ -260,6 +260,21 @@ int jv_tojson(jctx *c, jv v, int indent, int level, sm_sbuf *o) {
     return 0;
 }
 
+json_t *jv_chars(const char *s, size_t n) {
+    json_t *l = json_array();
+    for (size_t i = 0, k; l && i < n; i = k) {
+        for (k = i + 1; k < n && ((unsigned char)s[k] & 0xC0) == 0x80; k++) {}
+        json_array_append_new(l, json_stringn_nocheck(s + i, k - i));
+    }
+    return l;
+}
+
+size_t jv_ulen(const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
 int jv_utf8_index(const char *s, size_t n, size_t **offs, size_t *count) {
     size_t *o = malloc(sizeof *o * (n + 1)), k = 0;
     if (!o) return -1;

@@ -128,7 +128,8 @@ static json_t *normalize(const json_t *messages, char *param, sm_err *e) {
             if (!json_is_string(ty) || strcmp(json_string_value(ty), "text") || !json_is_string(tx)) {
                 sm_sbuf_free(&b);
                 snprintf(param, SM_API_PARAM, "messages");
-                sm_errf(e, "messages[%zu].content[%zu] must be {\"type\": \"text\", \"text\": string} (only text parts are supported)", i, k);
+                sm_errf(e, "messages[%zu].content[%zu] must be {\"type\": \"text\", \"text\": string} "
+                           "(only text parts are supported)", i, k);
                 goto bad;
             }
             sm_sbuf_add(&b, json_string_value(tx), json_string_length(tx));
@@ -184,7 +185,11 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
         sm_errf(e, "the rendered conversation cannot be tokenized: %s", te.msg);
         goto out;
     }
-    if (!nids) { snprintf(param, SM_API_PARAM, "messages"); sm_errf(e, "the chat template rendered these messages as empty text"); goto out; }
+    if (!nids) {
+        snprintf(param, SM_API_PARAM, "messages");
+        sm_errf(e, "the chat template rendered these messages as empty text");
+        goto out;
+    }
     json_t *p = json_array();
     for (int i = 0; i < nids; i++) json_array_append_new(p, json_integer(ids[i]));
     json_object_del(root, "messages");

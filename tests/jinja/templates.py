@@ -76,7 +76,7 @@ roles={{ words | join(' ') }} first={{ words | first }} last={{ words | last }} 
 users={{ messages | selectattr('role', 'equalto', 'user') | list | length }} others={{ messages | rejectattr('role', 'equalto', 'user') | list | length }}
 {{ messages[-1].content[:5] }}|{{ messages[-1].content[::-1] }}|{{ messages[0].content[1:-1:2] }}|{{ 'abc'[::-1] }}
 {{ (1 + 2 * 3 - 4) // 2 }} {{ 7 % 3 }} {{ 2 / 4 }} {{ -3 // 2 }} {{ 'a' ~ 1 ~ none ~ true }} {{ [1, 2] + [3] }} {{ 'ab' * 2 }}
-{{ 2 ** 10 }} {{ 2 ** -1 }} {{ 3 > 2 >= 2 }} {{ 1 < 2 > 3 }} {{ '\\u00e9\\x41\\t\\101' }} {% for k, v in {'b': 1, 'A': 2} | dictsort %}{{ k }}{{ v }}{% endfor %}
+{{ 'héllo' | first }}{{ 'héllo' | last }}{{ 'hé' | list }}{{ 'héllo' | length }}{% for ch in 'hé' %}[{{ ch }}]{% endfor %} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ 3 > 2 >= 2 }} {{ 1 < 2 > 3 }} {{ '\\u00e9\\x41\\t\\101' }} {% for k, v in {'b': 1, 'A': 2} | dictsort %}{{ k }}{{ v }}{% endfor %}
 {{ 1 < 2 and 2 >= 2 or false }} {{ not 1 == 2 }} {{ 'x' in 'xyz' }} {{ 'q' not in ['a', 'b'] }} {{ 'role' in messages[0] }}
 {{ none is none }} {{ 1 is number }} {{ {} is mapping }} {{ [] is iterable }} {{ 'a' is string }} {{ undefined_thing is defined }} {{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }}
 {{ undefined_thing | default('dflt') }} {{ '' | default('empty', true) }} {{ 42 | string }} {{ '7' | int + 1 }} {{ 3.5 | int }} {{ 'hello world' | title }} {{ 'ABC' | lower }}
