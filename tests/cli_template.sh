@@ -1,7 +1,7 @@
 #!/bin/sh
 # cli_template.sh BUILD_DIR: `sparkmono template` and the chat-template renderer.  Its --help and
 # the README's listing; make-model's template rendered (the exact prompt); check's chat-template
-# line; bad input (exit 2, one line naming the problem: no template, a template outside the
+# line; chat_template.jinja and a list of named templates ("default"); bad input (exit 2, one line naming the problem: no template, a template outside the
 # subset with its line and column, bad JSON, conflicting flags); then tests/jinja/jinjacmp.py:
 # every construct and Llama-3 / ChatML / Mistral-shaped templates over 150 conversations, byte for
 # byte against Jinja2 (a missing package fails).  Prints PASS/FAIL lines and a DONE line.
@@ -35,6 +35,24 @@ if [ $rc -eq 0 ] && cmp -s "$T/got" "$T/want"; then pass render_make_model_templ
 if head -c -14 "$T/want" | cmp -s - "$T/got2"; then pass no_generation_prompt; else fail no_generation_prompt "$(cat "$T/got2")"; fi
 if "$SM" template "$T/tiny" | grep -q 'chat template (tokenizer_config.json) ok'; then pass parse_only; else fail parse_only; fi
 if "$SM" check "$T/tiny" | grep -q '^chat template: tokenizer_config.json$'; then pass check_reports_template; else fail check_reports_template; fi
+
+# ---- the other places a template may be: chat_template.jinja, a list of named templates
+mkdir -p "$T/jin" "$T/named"
+printf '{"bos_token": {"content": "<B>"}, "eos_token": "<E>"}' >"$T/jin/tokenizer_config.json"
+printf '{{ bos_token }}{%% for m in messages %%}{{ m.role }}={{ m.content }}{{ eos_token }}{%% endfor %%}\n' >"$T/jin/chat_template.jinja"
+printf '[{"role": "user", "content": "hi"}]' >"$T/one.json"
+if [ "$("$SM" template "$T/jin" --messages "$T/one.json")" = '<B>user=hi<E>' ] &&
+    "$SM" template "$T/jin" | grep -q 'chat template (chat_template.jinja) ok'; then
+    pass chat_template_jinja_file
+else
+    fail chat_template_jinja_file "$("$SM" template "$T/jin" --messages "$T/one.json" 2>&1)"
+fi
+printf '{"eos_token": "<E>", "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ messages[0].content }}"}]}' >"$T/named/tokenizer_config.json"
+if [ "$("$SM" template "$T/named" --messages "$T/one.json")" = 'Dhi' ]; then pass named_default_template; else fail named_default_template; fi
+printf '{"chat_template": [{"name": "tool_use", "template": "T"}]}' >"$T/named/tokenizer_config.json"
+bad_msg named_without_default "chat_template is a list of named templates without one named \"default\"" template "$T/named"
+printf '{"chat_template": 5' >"$T/named/tokenizer_config.json"
+bad_msg bad_tokenizer_config "tokenizer_config.json: not valid JSON" template "$T/named"
 
 # ---- bad input
 mkdir -p "$T/none"
