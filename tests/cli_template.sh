@@ -36,6 +36,10 @@ if head -c -14 "$T/want" | cmp -s - "$T/got2"; then pass no_generation_prompt; e
 if "$SM" template "$T/tiny" | grep -q 'chat template (tokenizer_config.json) ok'; then pass parse_only; else fail parse_only; fi
 if "$SM" check "$T/tiny" | grep -q '^chat template: tokenizer_config.json$'; then pass check_reports_template; else fail check_reports_template; fi
 
+printf '{{ strftime_now("%%Y") }}' >"$T/date.jinja"; printf '{}' >"$T/v.json"
+y=$(date +%Y); got=$("$SM" template --template "$T/date.jinja" --vars "$T/v.json")
+if [ "$got" = "$y" ]; then pass strftime_now; else fail strftime_now "'$got' != '$y'"; fi
+
 # ---- the other places a template may be: chat_template.jinja, a list of named templates
 mkdir -p "$T/jin" "$T/named"
 printf '{"bos_token": {"content": "<B>"}, "eos_token": "<E>"}' >"$T/jin/tokenizer_config.json"

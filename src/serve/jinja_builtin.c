@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 static const char *const FILTERS[] = {"trim", "length", "count", "upper", "lower", "default", "d", "join", "first",
                                       "last", "tojson", "items", "selectattr", "rejectattr", "map", "string", "int",
@@ -23,7 +24,7 @@ static const char *const TESTS[] = {"defined", "undefined", "none", "string", "m
                                     "ne", "odd", "even", "divisibleby", "in", "lower", "upper", "callable", NULL};
 static const char *const METHODS[] = {"strip", "lstrip", "rstrip", "startswith", "endswith", "split", "upper",
                                       "lower", "replace", "items", "keys", "values", "get", "title", "capitalize", NULL};
-static const char *const FUNCTIONS[] = {"raise_exception", "namespace", "range", "dict", NULL};
+static const char *const FUNCTIONS[] = {"raise_exception", "namespace", "range", "dict", "strftime_now", NULL};
 
 static int in_list(const char *const *l, const char *s) {
     for (int i = 0; l[i]; i++)
@@ -465,6 +466,15 @@ int jb_function(jctx *c, const jnode *n, const char *name, jv *args, int nargs, 
         }
         *out = (jv){name[0] == 'n' ? JV_NS : JV_JSON, d, NULL};
         return 0;
+    }
+    if (!strcmp(name, "strftime_now")) { /* transformers' global: the local time, formatted */
+        if (nargs != 1 || !is_str(args[0])) return jerr(c, n, "strftime_now() takes one format string");
+        char b[256];
+        time_t now = time(NULL);
+        struct tm tm;
+        size_t len = strftime(b, sizeof b, json_string_value(args[0].j), localtime_r(&now, &tm));
+        *out = jv_str(c, b, len);
+        return out->k == JV_UNDEF ? -1 : 0;
     }
     if (!strcmp(name, "range")) {
         long long a = 0, b = 0, st = 1;
