@@ -15,21 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include "serve/serve_http.h"
 #include "serve/serve_misc.h"
-
-/* dir/name into buf [n]; -1 when too long. */
-static int path_in(char *buf, size_t n, const char *dir, const char *name) {
-    return (size_t)snprintf(buf, n, "%s/%s", dir, name) < n ? 0 : -1;
-}
-
-static int is_file(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
 
 /* The served model's default name: the directory's last component. */
 static void base_name(const char *dir, char *out, size_t n) {
