@@ -238,9 +238,18 @@ int jb_filter(jctx *c, const jnode *n, jv in, jv *args, int nargs, char **kw, jv
         return out->k == JV_UNDEF ? -1 : 0;
     }
     if (!strcmp(f, "tojson")) {
-        jv ind = arg(args, nargs, kw, 0, "indent");
+        jv ind = arg(args, nargs, kw, 1, "indent"), sep = arg(args, nargs, kw, 2, "separators");
+        jv sort = arg(args, nargs, kw, 3, "sort_keys"); /* tojson(x, ensure_ascii, indent, separators, sort_keys) */
+        jjson_opts op = {jv_isint(ind) ? (int)jv_intv(ind) : -1, jv_isint(ind) ? "," : ", ", ": ", jv_truthy(sort),
+                         jv_truthy(arg(args, nargs, kw, 0, "ensure_ascii"))};
+        if (sep.k == JV_JSON && json_is_array(sep.j) && json_array_size(sep.j) == 2 &&
+            json_is_string(json_array_get(sep.j, 0)) && json_is_string(json_array_get(sep.j, 1))) {
+            op.item_sep = json_string_value(json_array_get(sep.j, 0));
+            op.key_sep = json_string_value(json_array_get(sep.j, 1));
+        } else if (sep.k != JV_UNDEF && !(sep.k == JV_JSON && json_is_null(sep.j)))
+            return jerr(c, n, "tojson: separators must be a pair of strings");
         sm_sbuf b = {0};
-        int rc = jv_tojson(c, in, jv_isint(ind) ? (int)jv_intv(ind) : -1, 0, &b);
+        int rc = jv_tojson(c, in, &op, 0, &b);
         if (!rc) *out = jv_str(c, b.p, b.n);
         sm_sbuf_free(&b);
         return rc || out->k == JV_UNDEF ? jerr(c, n, "tojson failed") : 0;

@@ -105,7 +105,15 @@ int jv_isnum(jv v);
 double jv_num(jv v);
 int jv_isint(jv v);                          /* an integer or a bool */
 long long jv_intv(jv v);
-int jv_tojson(jctx *c, jv v, int indent, int level, sm_sbuf *out);
+/* json.dumps's options as transformers' tojson passes them */
+typedef struct jjson_opts {
+    int indent;                /* < 0: one line */
+    const char *item_sep;      /* between items: ", " (one line) or "," (indented), or the caller's */
+    const char *key_sep;       /* between a key and its value: ": " or the caller's */
+    int sort_keys;             /* keys in code point order, else in their order */
+    int ascii;                 /* ensure_ascii: non-ASCII as \uXXXX (surrogate pairs above U+FFFF) */
+} jjson_opts;
+int jv_tojson(jctx *c, jv v, const jjson_opts *op, int level, sm_sbuf *out);
 int jv_utf8_index(const char *s, size_t n, size_t **offs, size_t *count); /* codepoint offsets */
 json_t *jv_chars(const char *s, size_t n);   /* a string's characters (code points) as a new list; NULL: out of memory */
 size_t jv_ulen(const char *s, size_t n);     /* code points of a UTF-8 string */

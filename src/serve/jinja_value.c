@@ -184,8 +184,8 @@ int jv_equal(jv a, jv b) {
     return json_equal(a.j, b.j);
 }
 
-/* A JSON string as Python's json.dumps(ensure_ascii=False) writes it. */
-static int json_str(sm_sbuf *o, const char *s, size_t n) {
+/* A JSON string as Python's json.dumps writes it (ascii: ensure_ascii=True). */
+static int json_str(sm_sbuf *o, const char *s, size_t n, int ascii) {
     int rc = sm_sbuf_str(o, "\"");
     for (size_t i = 0; i < n && !rc; i++) {
         unsigned char ch = (unsigned char)s[i];
@@ -200,7 +200,19 @@ static int json_str(sm_sbuf *o, const char *s, size_t n) {
         case '\f': rc = sm_sbuf_str(o, "\\f"); break;
         default:
             if (ch < 0x20) { snprintf(b, sizeof b, "\\u%04x", ch); rc = sm_sbuf_str(o, b); }
-            else rc = sm_sbuf_add(o, s + i, 1);
+            else if (ascii && ch >= 0x80) { /* decode one UTF-8 sequence (the text is valid UTF-8) */
+                int nb = ch >= 0xF0 ? 4 : ch >= 0xE0 ? 3 : 2;
+                unsigned long cp = ch & (0x7F >> nb);
+                for (int k = 1; k < nb && i + 1 < n; k++) cp = cp << 6 | ((unsigned char)s[++i] & 63);
+                if (cp >= 0x10000) { /* a surrogate pair */
+                    cp -= 0x10000;
+                    snprintf(b, sizeof b, "\\u%04x", (unsigned)(0xD800 + (cp >> 10)) & 0xFFFFu);
+                    rc = sm_sbuf_str(o, b);
+                    cp = 0xDC00 + (cp & 0x3FF);
+                }
+                snprintf(b, sizeof b, "\\u%04x", (unsigned)cp & 0xFFFFu);
+                rc = rc || sm_sbuf_str(o, b);
+            } else rc = sm_sbuf_add(o, s + i, 1);
         }
     }
     return rc || sm_sbuf_str(o, "\"");
@@ -213,13 +225,16 @@ static int newline_indent(sm_sbuf *o, int indent, int level) {
     return 0;
 }
 
-/* indent < 0: one line with ", " and ": "; else Python's indent=N layout. */
-int jv_tojson(jctx *c, jv v, int indent, int level, sm_sbuf *o) {
+static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* Python's json.dumps layout: one line, or indent=N with a newline and N spaces a level. */
+int jv_tojson(jctx *c, jv v, const jjson_opts *op, int level, sm_sbuf *o) {
+    int indent = op->indent;
     if (v.k == JV_UNDEF) return jerr(c, NULL, "tojson: the value is undefined");
     if (v.k != JV_JSON) return jerr(c, NULL, "tojson: a %s is not JSON serializable", v.k == JV_NS ? "namespace" : "macro");
     json_t *j = v.j;
     char b[64];
-    const char *sep = indent < 0 ? ", " : ",";
+    const char *sep = op->item_sep;
     switch (json_typeof(j)) {
     case JSON_NULL: return sm_sbuf_str(o, "null");
     case JSON_TRUE: return sm_sbuf_str(o, "true");
@@ -228,7 +243,7 @@ int jv_tojson(jctx *c, jv v, int indent, int level, sm_sbuf *o) {
     case JSON_REAL:
         pyfloat(json_real_value(j), b);
         return sm_sbuf_str(o, !strcmp(b, "nan") ? "NaN" : !strcmp(b, "inf") ? "Infinity" : !strcmp(b, "-inf") ? "-Infinity" : b);
-    case JSON_STRING: return json_str(o, json_string_value(j), json_string_length(j));
+    case JSON_STRING: return json_str(o, json_string_value(j), json_string_length(j), op->ascii);
     case JSON_ARRAY: {
         size_t n = json_array_size(j);
         if (!n) return sm_sbuf_str(o, "[]");
@@ -236,23 +251,27 @@ int jv_tojson(jctx *c, jv v, int indent, int level, sm_sbuf *o) {
         for (size_t i = 0; i < n && !rc; i++) {
             if (i) rc = sm_sbuf_str(o, sep);
             if (!rc && indent >= 0) rc = newline_indent(o, indent, level + 1);
-            if (!rc) rc = jv_tojson(c, (jv){JV_JSON, json_array_get(j, i), NULL}, indent, level + 1, o);
+            if (!rc) rc = jv_tojson(c, (jv){JV_JSON, json_array_get(j, i), NULL}, op, level + 1, o);
         }
         if (!rc && indent >= 0) rc = newline_indent(o, indent, level);
         return rc || sm_sbuf_str(o, "]");
     }
     case JSON_OBJECT: {
         if (!json_object_size(j)) return sm_sbuf_str(o, "{}");
-        int rc = sm_sbuf_str(o, "{"), first = 1;
-        const char *k;
+        size_t nk = json_object_size(j), i = 0;
+        const char **keys = malloc(sizeof *keys * nk), *k;
         json_t *x;
-        json_object_foreach(j, k, x) {
-            if (!first) rc = rc || sm_sbuf_str(o, sep);
+        if (!keys) return jerr(c, NULL, "out of memory");
+        json_object_foreach(j, k, x) keys[i++] = k;
+        if (op->sort_keys) qsort(keys, nk, sizeof *keys, cmp_str); /* UTF-8 byte order is code point order */
+        int rc = sm_sbuf_str(o, "{");
+        for (i = 0; i < nk && !rc; i++) {
+            if (i) rc = sm_sbuf_str(o, sep);
             if (indent >= 0) rc = rc || newline_indent(o, indent, level + 1);
-            rc = rc || json_str(o, k, strlen(k)) || sm_sbuf_str(o, ": ") ||
-                 jv_tojson(c, (jv){JV_JSON, x, NULL}, indent, level + 1, o);
-            first = 0;
+            rc = rc || json_str(o, keys[i], strlen(keys[i]), op->ascii) || sm_sbuf_str(o, op->key_sep) ||
+                 jv_tojson(c, (jv){JV_JSON, json_object_get(j, keys[i]), NULL}, op, level + 1, o);
         }
+        free(keys);
         if (!rc && indent >= 0) rc = newline_indent(o, indent, level);
         return rc || sm_sbuf_str(o, "}");
     }

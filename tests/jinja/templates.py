@@ -80,7 +80,7 @@ users={{ messages | selectattr('role', 'equalto', 'user') | list | length }} oth
 {{ 1 < 2 and 2 >= 2 or false }} {{ not 1 == 2 }} {{ 'x' in 'xyz' }} {{ 'q' not in ['a', 'b'] }} {{ 'role' in messages[0] }}
 {{ none is none }} {{ 1 is number }} {{ {} is mapping }} {{ [] is iterable }} {{ 'a' is string }} {{ undefined_thing is defined }} {{ 3 is odd }} {{ 4 is even }} {{ 9 is divisibleby 3 }}
 {{ undefined_thing | default('dflt') }} {{ '' | default('empty', true) }} {{ 42 | string }} {{ '7' | int + 1 }} {{ 3.5 | int }} {{ 'hello world' | title }} {{ 'ABC' | lower }}
-{{ {'k': 'v', 'n': [1, 2.5, none, true]} | tojson }} {{ messages[0] | tojson }} {{ {'a': {'b': 'ü "q"'}} | tojson(indent=2) }}
+{{ {'k': 'v', 'n': [1, 2.5, none, true]} | tojson }} {{ messages[0] | tojson }} {{ {'a': {'b': 'ü "q"'}} | tojson(indent=2) }} {{ {'b': 1, 'a': {'d': [1, 2], 'c': 2}} | tojson(sort_keys=true) }} {{ {'x': [1, 2]} | tojson(separators=(',', ':')) }} {{ {'z': 1, 'y': 2} | tojson(indent=1, sort_keys=true) }} {{ {'é': 'ü 日本 😀'} | tojson(ensure_ascii=true) }} {{ messages[0].content | tojson(true) }}
 {% for k, v in {'x': 1, 'y': 2}.items() %}{{ k }}={{ v }}{{ ', ' if not loop.last }}{% endfor %}
 {% for k, v in {'p': 'q'} | items %}{{ k }}:{{ v }}{% endfor %} {{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b', 'none!') }} {{ {'a': 1}.get('b') }}
 {% for i in range(3) %}{% if i == 1 %}{% continue %}{% endif %}{{ i }}{% endfor %} {% for i in range(10) %}{% if i > 2 %}{% break %}{% endif %}{{ i }}{% endfor %}
