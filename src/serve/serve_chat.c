@@ -176,6 +176,15 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
         sm_errf(e, "'prompt' is not a field of chat completions; send 'messages' (or use /v1/completions)");
         goto out;
     }
+    static const char *const completion_only[] = {"logprobs", "top_logprobs", "echo", "suffix", "best_of"};
+    for (size_t i = 0; i < sizeof completion_only / sizeof completion_only[0]; i++) {
+        json_t *v = json_object_get(root, completion_only[i]); /* chat shapes of these are not built: refuse, not drop */
+        if (v && !json_is_null(v) && !json_is_false(v)) {
+            snprintf(param, SM_API_PARAM, "%s", completion_only[i]);
+            sm_errf(e, "'%s' is not supported by chat completions here (use /v1/completions)", completion_only[i]);
+            goto out;
+        }
+    }
     json_t *msgs = json_object_get(root, "messages");
     if (!msgs) { snprintf(param, SM_API_PARAM, "messages"); sm_errf(e, "'messages' is required"); goto out; }
     if (!m->tok) { sm_errf(e, "this model directory has no tokenizer.json, which chat needs"); goto out; }

@@ -160,7 +160,8 @@ BAD = [
     ({"messages": [{"role": "user"}]}, "messages[0].content must be a string or a list of text parts"),
     ({}, "'messages' is required"),
     ({"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, "'prompt' is not a field of chat completions"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temprature": 1}, "temprature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "'logprobs' is not supported by chat completions"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
 ]
 
