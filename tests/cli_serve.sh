@@ -92,7 +92,7 @@ kill -TERM $pid 2>/dev/null; wait $pid
 if python3 -c 'import openai, pytest, requests, tokenizers, prometheus_client' 2>"$T/imp"; then
     PYTHONDONTWRITEBYTECODE=1 SM_BIN="$SM_ABS" PYTHONPATH="$HERE/serve" \
         python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve/test_serve.py" "$HERE/serve/test_cancel.py" \
-        "$HERE/serve/test_misc.py" "$HERE/serve/test_auth.py" "$HERE/serve/test_fields.py" >"$T/py.out" 2>&1
+        "$HERE/serve/test_misc.py" "$HERE/serve/test_auth.py" "$HERE/serve/test_fields.py" "$HERE/serve/test_chat.py" >"$T/py.out" 2>&1
     rc=$?
     cat "$T/py.out"
     p=$(grep -c '^PASS ' "$T/py.out"); f=$(grep -c '^FAIL ' "$T/py.out")

@@ -109,8 +109,9 @@ int cmd_generate(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 extern const cli_cmd cli_help_make_model, cli_help_check, cli_help_generate, cli_help_logits, cli_help_bench,
-    cli_help_tokenize, cli_help_serve;
+    cli_help_tokenize, cli_help_serve, cli_help_template;
 
 #endif

@@ -9,6 +9,7 @@
 #include "engine/check.h"
 #include "cli.h"
 #include "model/weights.h"
+#include "serve/serve_chat.h"
 #include <stdio.h>
 
 const cli_cmd cli_help_check = {
@@ -18,9 +19,10 @@ const cli_cmd cli_help_check = {
     "sparkmono check --model build/models/tiny",
     "Prints the configuration, layer kinds, expert format per layer and bytes per component, and\n"
     "scans every stored value for NaN and Inf (multi-threaded; progress on a terminal).\n"
-    "Exit status 0 means the engine will load the directory, every weight is finite and its\n"
-    "tokenizer.json (when there is one) loads as serve loads it; 2 names the first problem (for a\n"
-    "non-finite value: tensor, element, coordinates).",
+    "Exit status 0 means the engine will load the directory, every weight is finite, its\n"
+    "tokenizer.json (when there is one) loads as serve loads it and its chat template (if any) is\n"
+    "one serve can render; 2 names the first problem (for a non-finite value: tensor, element,\n"
+    "coordinates; for a template: file, line, column and construct).",
 };
 
 /* `--mono`: the monokernel's static refusals of m on device 0 (docs/architecture.md). */
@@ -67,7 +69,11 @@ int cmd_check(int argc, char **argv) {
     if (sm_check_tokenizer(dir, tokline, sizeof tokline, &e)) { sm_model_free(&m); sm_errprefix(&e, "%s", cmd); goto bad; }
     sm_finite_scan fs; /* every stored value finite (the loader does not read them) */
     if (sm_check_finite(&m.ar, 0, 1, &fs, &e)) { sm_model_free(&m); goto bad; }
+    sm_chat_tmpl ct; /* the chat template parses with the server's renderer (or there is none) */
+    if (sm_chat_load(dir, &ct, &e)) { sm_model_free(&m); goto bad; }
     printf("checkpoint %s: valid\n", dir);
+    printf("chat template: %s\n", ct.t ? ct.source : "none (the server answers /v1/chat/completions with a 400)");
+    sm_chat_free(&ct);
     sm_check_print(&m, stdout);
     printf("%s\n", tokline);
     sm_check_finite_print(&fs, stdout);

@@ -11,38 +11,14 @@
  */
 #include "serve/serve.h"
 #include <errno.h>
-#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include "serve/serve_http.h"
 #include "serve/serve_misc.h"
-
-/* dir/name into buf [n]; -1 when too long. */
-static int path_in(char *buf, size_t n, const char *dir, const char *name) {
-    return (size_t)snprintf(buf, n, "%s/%s", dir, name) < n ? 0 : -1;
-}
-
-static int is_file(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
-/* Does the model directory ship a chat template (tokenizer_config.json "chat_template", or
- * chat_template.jinja beside it)? */
-static int has_chat_template(const char *dir) {
-    char p[4096];
-    if (!path_in(p, sizeof p, dir, "chat_template.jinja") && is_file(p)) return 1;
-    if (path_in(p, sizeof p, dir, "tokenizer_config.json") || !is_file(p)) return 0;
-    json_t *cfg = json_load_file(p, 0, NULL);
-    int has = cfg && json_object_get(cfg, "chat_template") && !json_is_null(json_object_get(cfg, "chat_template"));
-    json_decref(cfg);
-    return has;
-}
 
 /* The served model's default name: the directory's last component. */
 static void base_name(const char *dir, char *out, size_t n) {
@@ -87,6 +63,10 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
         sm_errprefix(e, "serve");
         goto out;
     }
+    if (sm_chat_load(o->model_dir, &s.chat, e)) { /* a template outside the subset stops the start */
+        sm_errprefix(e, "serve");
+        goto out;
+    }
     if (o->model_name) snprintf(name, sizeof name, "%s", o->model_name);
     else base_name(o->model_dir, name, sizeof name);
 
@@ -109,14 +89,14 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     s.api.vocab = info.vocab_size;
     s.api.max_len = o->max_len;
     s.created = (long)time(NULL);
-    s.chat_template = has_chat_template(o->model_dir);
     if (sm_sched_start(&s.sched, g, o->queue, e)) goto out;
     if (sm_http_start(&s, e)) goto stop_sched;
     const char *v6 = strchr(o->host, ':') ? "[" : "";
     printf("serve: listening on http://%s%s%s:%d/v1 (model '%s', %s, tokenizer %s; %d requests a step of %d rows each, "
-           "queue %d; %d connections, request timeout %d s, idle timeout %d s)\n",
+           "queue %d; %d connections, request timeout %d s, idle timeout %d s; chat template %s)\n",
            v6, o->host, *v6 ? "]" : "", s.port, name, o->backend, tok ? "yes" : "none (token ids only)",
-           o->max_requests, o->request_rows, o->queue, s.max_conns, o->request_timeout_s, o->idle_timeout_s);
+           o->max_requests, o->request_rows, o->queue, s.max_conns, o->request_timeout_s, o->idle_timeout_s,
+           s.chat.t ? s.chat.source : "none");
     fflush(stdout);
     if (!o->api_key && !sm_misc_loopback(o->host))
         fprintf(stderr, "serve: warning: listening on %s without an API key (--api-key or SPARKMONO_API_KEY): anyone who "
@@ -148,6 +128,7 @@ stop_sched:
 out:
     sparkmono_engine_destroy(g);
     if (tok) sm_tokenizer_free(tok);
+    if (s.chat.special) sm_chat_free(&s.chat);
     sparkmono_model_close(m);
     return rc;
 }

@@ -3,9 +3,10 @@
  *
  * Routes: GET /health, GET /v1/models, GET /v1/models/NAME, POST /v1/completions (JSON or, with
  * "stream": true, server-sent events "data: {chunk}" ending "data: [DONE]"), POST
- * /v1/chat/completions (a 400 naming why there is no chat); POST /tokenize, POST /detokenize,
- * GET /version (serve_misc.c) and GET /metrics (serve_metrics.c).  With an API key, a /v1/
- * request without it is a 401 before it is routed.  A body longer than max_body is
+ * /v1/chat/completions (the same path: serve_chat.c turns the messages into the prompt; the
+ * answers are chat-shaped, a stream's first chunk carries the role); POST /tokenize, POST
+ * /detokenize, GET /version (serve_misc.c) and GET /metrics (serve_metrics.c).  With an API key,
+ * a /v1/ request without it is a 401 before it is routed.  A body longer than max_body is
  * a 413: at once when Content-Length says so, else once it has been read up to the limit
  * (the rest is discarded; a client that keeps sending far past it is disconnected).  A
  * "job" is one completion on its way out: the ids received so far, the text decoder and the
@@ -79,6 +80,8 @@ typedef struct job {
     sm_sbuf out;               /* stream bytes not yet handed to libmicrohttpd */
     size_t off;                /* of out, already handed */
     int closed;                /* stream: [DONE] written */
+    int chat;                  /* a chat completion: chat-shaped answers */
+    int role_sent;             /* chat stream: the first chunk (role "assistant") written */
     /* under s->mu */
     int news;                  /* the request changed since the job last parked */
     int parked;                /* in s->parked, its connection suspended */
@@ -271,6 +274,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     job *j = cls;
     const sm_server *s = j->s;
     (void)pos;
+    if (j->chat && !j->role_sent) { /* a chat stream opens with the role */
+        j->role_sent = 1;
+        if (sse(j, sm_chat_chunk(j->id, s->created, s->api.name, "assistant", "", 0, NULL)))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
     while (j->off == j->out.n) {
         if (j->closed) return MHD_CONTENT_READER_END_OF_STREAM;
         j->out.n = j->off = 0;
@@ -284,15 +292,21 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         int rc = 0;
         if (j->text.n || j->nids > j->sent_ids || (st == 1 && j->finish)) {
+            const char *fin = st == 1 ? j->finish : NULL;
             sm_api_lp lp;
-            rc |= sse(j, sm_api_chunk_lp(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids + j->sent_ids,
-                                         j->nids - j->sent_ids, st == 1 ? j->finish : NULL, job_lp(j, j->sent_ids, &lp)));
+            if (j->chat && (j->text.n || fin)) /* a chat chunk carries text (ids held back by the decoder wait) */
+                rc |= sse(j, sm_chat_chunk(j->id, s->created, s->api.name, NULL, j->text.p, j->text.n, fin));
+            else if (!j->chat)
+                rc |= sse(j, sm_api_chunk_lp(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids + j->sent_ids,
+                                             j->nids - j->sent_ids, fin, job_lp(j, j->sent_ids, &lp)));
             j->text.n = 0;
             j->sent_ids = j->nids;
         }
         if (st == 1) {
             if (j->err[0]) rc |= sse(j, sm_api_error(j->err, error_type((unsigned)j->err_status), NULL, NULL));
-            if (j->req.include_usage) rc |= sse(j, sm_api_usage_chunk(j->id, s->created, s->api.name, j->prompt_len, j->nids));
+            if (j->req.include_usage)
+                rc |= sse(j, (j->chat ? sm_chat_usage_chunk : sm_api_usage_chunk)(j->id, s->created, s->api.name,
+                                                                                   j->prompt_len, j->nids));
             rc |= sm_sbuf_str(&j->out, "data: [DONE]\n\n");
             j->closed = 1;
         }
@@ -319,6 +333,9 @@ static enum MHD_Result plain_next(sm_server *s, struct MHD_Connection *mc, conn 
     if (st < 0) return MHD_NO; /* hung up: on_completed frees the job, which cancels */
     enum MHD_Result qr;
     if (j->err[0]) qr = reply_error(s, mc, (unsigned)j->err_status, j->err, NULL, NULL);
+    else if (j->chat)
+        qr = reply(s, mc, 200, sm_chat_completion(j->id, s->created, s->api.name, j->text.p, j->text.n, j->finish,
+                                                  j->prompt_len, j->nids));
     else {
         sm_api_lp lp;
         qr = reply(s, mc, 200, sm_api_completion_lp(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids, j->nids,
@@ -329,7 +346,7 @@ static enum MHD_Result plain_next(sm_server *s, struct MHD_Connection *mc, conn 
     return qr;
 }
 
-/* POST /v1/completions with the whole body in c. */
+/* POST /v1/completions or /v1/chat/completions with the whole body in c. */
 static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn *c) {
     job *j = calloc(1, sizeof *j);
     if (!j) return reply(s, mc, 500, NULL);
@@ -339,12 +356,19 @@ static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn
     int status = 400;
     char param[SM_API_PARAM];
     sm_err e = {{0}};
-    if (sm_api_parse_completion(c->body.p ? c->body.p : "", c->body.n, &s->api, &j->req, &status, param, &e)) {
+    j->chat = c->route == R_CHAT;
+    if (j->chat && !s->chat.t) {
+        job_free(j);
+        return reply_error(s, mc, 400, "this model ships no chat template (tokenizer_config.json \"chat_template\" or "
+                           "chat_template.jinja); use /v1/completions with a prompt", NULL, "chat_template_unavailable");
+    }
+    if (j->chat ? sm_chat_parse(&s->chat, c->body.p ? c->body.p : "", c->body.n, &s->api, &j->req, &status, param, &e)
+                : sm_api_parse_completion(c->body.p ? c->body.p : "", c->body.n, &s->api, &j->req, &status, param, &e)) {
         job_free(j);
         return reply_error(s, mc, (unsigned)status, e.msg, param, status == 404 ? "model_not_found" : NULL);
     }
     unsigned long long serial = __atomic_add_fetch(&s->serial, 1, __ATOMIC_RELAXED);
-    snprintf(j->id, sizeof j->id, "cmpl-%lx%06llx", (unsigned long)s->created, serial);
+    snprintf(j->id, sizeof j->id, "%s-%lx%06llx", j->chat ? "chatcmpl" : "cmpl", (unsigned long)s->created, serial);
     if (j->req.ignored[0]) /* accepted as vLLM does; named once so a misspelt field is found */
         fprintf(stderr, "serve: %s: ignored unknown field%s %s\n", j->id, strchr(j->req.ignored, ',') ? "s" : "",
                 j->req.ignored);
@@ -506,13 +530,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             return reply_error(s, mc, 404, msg, "model", "model_not_found");
         }
         return reply(s, mc, 200, sm_api_models(s->api.name, s->created, s->api.max_len, 0));
-    case R_CHAT:
-        return reply_error(s, mc, 400,
-                           s->chat_template
-                               ? "this model's chat template needs a template engine, which this server does not have; "
-                                 "format the conversation yourself and use /v1/completions"
-                               : "this model ships no chat template; use /v1/completions with a prompt",
-                           NULL, "chat_template_unavailable");
     case R_TOKENIZE:
     case R_DETOKENIZE: {
         char *out = NULL;

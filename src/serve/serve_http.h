@@ -32,6 +32,7 @@
 #include "serve/serve_opts.h"
 #include "serve/serve_api.h"
 #include "serve/serve_metrics.h"
+#include "serve/serve_chat.h"
 #include "serve/serve_sched.h"
 
 #define SM_HTTP_POLL_MS 50            /* the watch thread's tick: a hang-up or deadline is seen within it */
@@ -53,7 +54,7 @@ typedef struct sm_server {
     sm_api_model api;          /* name, tokenizer, vocabulary, max_len */
     sm_sched sched;            /* the engine thread */
     long created;              /* unix time the server started ("created" fields) */
-    int chat_template;         /* the model directory ships a chat template (tokenizer_config.json) */
+    sm_chat_tmpl chat;         /* the model directory's chat template (chat.t NULL: none) */
     struct MHD_Daemon *d;
     int port;                  /* bound port */
     int max_conns;             /* connections answered normally: --max-connections, or fewer when

@@ -569,9 +569,9 @@ static int mm_cycle(mm_job *j, sm_err *e) {
     return sm_make_cycle_ids(j->c, o->cycle, j->cyc, e);
 }
 
-/* tokenizer.json in dir: a byte-level BPE (tokenizer.h) whose special tokens are the config's
- * pad, bos and eos ids and whose other ids are below vocab_used; none when the 256 byte
- * tokens do not fit there. */
+/* tokenizer.json (and tokenizer_config.json) in dir: a byte-level BPE (tokenizer.h) whose special
+ * tokens are the config's pad, bos and eos ids and whose other ids are below vocab_used; none
+ * when the 256 byte tokens do not fit there. */
 static int mm_tokenizer(const sm_config *c, const char *dir, sm_err *e) {
     sm_tok_special sp[2 + SM_MAX_EOS];
     char names[SM_MAX_EOS][24];
@@ -589,7 +589,8 @@ static int mm_tokenizer(const sm_config *c, const char *dir, sm_err *e) {
     if (c->vocab_used - below < 256) return 0;
     char path[4608];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    return sm_tokenizer_write_trained(path, sp, n, c->vocab_used, NULL, e);
+    if (sm_tokenizer_write_trained(path, sp, n, c->vocab_used, NULL, e)) return -1;
+    return sm_make_chat_config(dir, c->bos >= 0 ? "<|bos|>" : NULL, "<|eos|>", e); /* the chat template */
 }
 
 /* The output directory (trailing slashes dropped): refuse a non-empty one; create the

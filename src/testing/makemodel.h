@@ -52,6 +52,9 @@ int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir,
 /* The ids of a cycle of n (2..SM_MAKE_MAX_CYCLE) into ids [n]: the n smallest ids below
  * vocab_used that are not bos, eos or pad.  Error when there are not n of them. */
 int sm_make_cycle_ids(const sm_config *c, int n, int *ids, sm_err *e);
+/* dir/tokenizer_config.json: bos_token (NULL: none), eos_token and a chat template over them
+ * (src/testing/chatconfig.c); make-model writes it with every tokenizer.json. */
+int sm_make_chat_config(const char *dir, const char *bos, const char *eos, sm_err *e);
 
 #ifdef __cplusplus
 }

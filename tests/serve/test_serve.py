@@ -402,12 +402,6 @@ def test_stop_strings(text_server):
         assert streamed == want
 
 
-def test_chat_without_template(text_server):
-    r = requests.post(text_server.url + "/v1/chat/completions", timeout=TIMEOUT,
-                      json={"model": text_server.name, "messages": [{"role": "user", "content": "hi"}]})
-    assert r.status_code == 400 and "chat template" in error_of(r)["message"]
-
-
 # ---- sampling
 
 def test_sampling_reproducible_and_batch_independent(server):

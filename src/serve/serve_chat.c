@@ -1,0 +1,250 @@
+/* serve_chat.c: chat templates of model directories and /v1/chat/completions bodies (see
+ * serve_chat.h).
+ *
+ * The template is parsed once at server start (a template outside the supported subset stops
+ * the server with its line) and rendered per request with the variables transformers'
+ * apply_chat_template passes: messages, add_generation_prompt, bos_token and eos_token, tools
+ * and documents (none).  We rejected rendering in the engine thread: a render is a few
+ * microseconds of the connection's own thread and needs no lock (the tree is read-only).
+ */
+#include "serve/serve_chat.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* The template text of a tokenizer_config.json "chat_template" value (a string, or a list of
+ * {name, template} whose "default" is used); NULL with e set when it has another shape. */
+static const char *template_text(const char *path, json_t *v, sm_err *e) {
+    if (json_is_string(v)) return json_string_value(v);
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            json_t *nm = json_object_get(x, "name"), *tp = json_object_get(x, "template");
+            if (json_is_string(nm) && !strcmp(json_string_value(nm), "default") && json_is_string(tp))
+                return json_string_value(tp);
+        }
+        sm_errf(e, "%s: chat_template is a list of named templates without one named \"default\"", path);
+        return NULL;
+    }
+    sm_errf(e, "%s: chat_template must be a string or a list of {name, template}", path);
+    return NULL;
+}
+
+/* bos_token / eos_token of the config: a string, or an added token {"content": ...}. */
+static void special_tokens(json_t *cfg, json_t *out) {
+    static const char *const names[] = {"bos_token", "eos_token", "pad_token", "unk_token"};
+    for (int i = 0; i < 4; i++) {
+        json_t *v = json_object_get(cfg, names[i]);
+        if (json_is_object(v)) v = json_object_get(v, "content");
+        if (json_is_string(v)) json_object_set(out, names[i], v);
+    }
+}
+
+int sm_chat_load(const char *dir, sm_chat_tmpl *t, sm_err *e) {
+    memset(t, 0, sizeof t[0]);
+    char path[4200];
+    struct stat st;
+    json_t *cfg = NULL;
+    char *text = NULL;
+    const char *src = NULL;
+    int rc = -1;
+    t->special = json_object();
+    if (!t->special) return sm_errf(e, "out of memory");
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (stat(path, &st) == 0) {
+        json_error_t je;
+        if (!(cfg = json_load_file(path, 0, &je)))
+            return sm_errf(e, "%s: not valid JSON: %s (line %d)", path, je.text, je.line);
+        if (!json_is_object(cfg)) { sm_errf(e, "%s: not a JSON object", path); goto out; }
+        special_tokens(cfg, t->special);
+        json_t *v = json_object_get(cfg, "chat_template");
+        if (v && !json_is_null(v)) {
+            if (!(src = template_text(path, v, e))) goto out;
+            snprintf(t->source, sizeof t->source, "tokenizer_config.json");
+        }
+    }
+    if (!src) { /* chat_template.jinja beside it */
+        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+        FILE *f = fopen(path, "rb");
+        if (!f) { rc = 0; goto out; } /* no template */
+        sm_sbuf b = {0};
+        char buf[65536];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, f)) > 0) sm_sbuf_add(&b, buf, n);
+        fclose(f);
+        text = b.p ? b.p : strdup("");
+        src = text;
+        snprintf(t->source, sizeof t->source, "chat_template.jinja");
+    }
+    if (sm_jinja_parse(src, strlen(src), &t->t, e)) {
+        sm_errprefix(e, "%s%s", path, strstr(path, ".json") ? ": chat_template" : "");
+        goto out;
+    }
+    rc = 0;
+out:
+    json_decref(cfg);
+    free(text);
+    if (rc) sm_chat_free(t);
+    return rc;
+}
+
+void sm_chat_free(sm_chat_tmpl *t) {
+    sm_jinja_free(t->t);
+    json_decref(t->special);
+    t->t = NULL;
+    t->special = NULL;
+}
+
+static int bad_msg(char *param, sm_err *e, const char *field, size_t i, const char *what) {
+    snprintf(param, SM_API_PARAM, "messages");
+    return sm_errf(e, "messages[%zu]%s%s", i, field, what);
+}
+
+/* The messages checked, each content made a string (text parts joined): a new list. */
+static json_t *normalize(const json_t *messages, char *param, sm_err *e) {
+    if (!json_is_array(messages) || !json_array_size(messages)) {
+        snprintf(param, SM_API_PARAM, "messages");
+        sm_errf(e, "'messages' must be a non-empty list of messages");
+        return NULL;
+    }
+    json_t *out = json_array();
+    size_t i;
+    json_t *m;
+    json_array_foreach(messages, i, m) {
+        if (!json_is_object(m)) { bad_msg(param, e, "", i, " must be an object with 'role' and 'content'"); goto bad; }
+        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        if (!json_is_string(role)) { bad_msg(param, e, ".role", i, " must be a string"); goto bad; }
+        json_t *c = json_copy(m);
+        json_array_append_new(out, c);
+        if (json_is_string(content)) continue;
+        if (!json_is_array(content)) { bad_msg(param, e, ".content", i, " must be a string or a list of text parts"); goto bad; }
+        sm_sbuf b = {0};
+        size_t k;
+        json_t *part;
+        json_array_foreach(content, k, part) {
+            json_t *ty = json_object_get(part, "type"), *tx = json_object_get(part, "text");
+            if (!json_is_string(ty) || strcmp(json_string_value(ty), "text") || !json_is_string(tx)) {
+                sm_sbuf_free(&b);
+                snprintf(param, SM_API_PARAM, "messages");
+                sm_errf(e, "messages[%zu].content[%zu] must be {\"type\": \"text\", \"text\": string} "
+                           "(only text parts are supported)", i, k);
+                goto bad;
+            }
+            sm_sbuf_add(&b, json_string_value(tx), json_string_length(tx));
+        }
+        json_object_set_new(c, "content", json_stringn(b.p ? b.p : "", b.n));
+        sm_sbuf_free(&b);
+    }
+    return out;
+bad:
+    json_decref(out);
+    return NULL;
+}
+
+int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_generation_prompt, sm_sbuf *out,
+                   char *param, int *raised, sm_err *e) {
+    *raised = 0;
+    json_t *msgs = normalize(messages, param, e);
+    if (!msgs) return -1;
+    json_t *vars = json_copy(t->special);
+    json_object_set_new(vars, "messages", msgs);
+    json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
+    json_object_set_new(vars, "tools", json_null());
+    json_object_set_new(vars, "documents", json_null());
+    int rc = sm_jinja_render(t->t, vars, out, raised, e);
+    json_decref(vars);
+    if (rc && !*raised) sm_errprefix(e, "the chat template (%s) failed on these messages", t->source);
+    return rc;
+}
+
+int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
+                  int *status, char *param, sm_err *e) {
+    memset(out, 0, sizeof *out);
+    param[0] = 0;
+    *status = 400;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root) return sm_errf(e, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    int rc = -1, raised = 0, *ids = NULL, nids = 0;
+    sm_sbuf text = {0};
+    char *dumped = NULL;
+    if (!json_is_object(root)) { sm_errf(e, "the body must be a JSON object"); goto out; }
+    if (json_object_get(root, "prompt")) {
+        snprintf(param, SM_API_PARAM, "prompt");
+        sm_errf(e, "'prompt' is not a field of chat completions; send 'messages' (or use /v1/completions)");
+        goto out;
+    }
+    static const char *const completion_only[] = {"logprobs", "top_logprobs", "echo", "suffix", "best_of"};
+    for (size_t i = 0; i < sizeof completion_only / sizeof completion_only[0]; i++) {
+        json_t *v = json_object_get(root, completion_only[i]); /* chat shapes of these are not built: refuse, not drop */
+        if (v && !json_is_null(v) && !json_is_false(v)) {
+            snprintf(param, SM_API_PARAM, "%s", completion_only[i]);
+            sm_errf(e, "'%s' is not supported by chat completions here (use /v1/completions)", completion_only[i]);
+            goto out;
+        }
+    }
+    json_t *msgs = json_object_get(root, "messages");
+    if (!msgs) { snprintf(param, SM_API_PARAM, "messages"); sm_errf(e, "'messages' is required"); goto out; }
+    if (!m->tok) { sm_errf(e, "this model directory has no tokenizer.json, which chat needs"); goto out; }
+    if (sm_chat_render(t, msgs, 1, &text, param, &raised, e)) goto out;
+    sm_err te = {{0}};
+    if (sm_tokenizer_encode(m->tok, text.p ? text.p : "", text.n, &ids, &nids, &te)) {
+        sm_errf(e, "the rendered conversation cannot be tokenized: %s", te.msg);
+        goto out;
+    }
+    if (!nids) {
+        snprintf(param, SM_API_PARAM, "messages");
+        sm_errf(e, "the chat template rendered these messages as empty text");
+        goto out;
+    }
+    json_t *p = json_array();
+    for (int i = 0; i < nids; i++) json_array_append_new(p, json_integer(ids[i]));
+    json_object_del(root, "messages");
+    json_object_set_new(root, "prompt", p);
+    json_t *mct = json_object_get(root, "max_completion_tokens"); /* the chat name of max_tokens */
+    if (mct && !json_object_get(root, "max_tokens")) json_object_set(root, "max_tokens", mct);
+    json_object_del(root, "max_completion_tokens");
+    if (!(dumped = json_dumps(root, JSON_COMPACT))) { sm_errf(e, "out of memory"); goto out; }
+    rc = sm_api_parse_completion(dumped, strlen(dumped), m, out, status, param, e);
+out:
+    if (rc && !*status) *status = 400;
+    free(dumped);
+    free(ids);
+    sm_sbuf_free(&text);
+    json_decref(root);
+    return rc;
+}
+
+static char *dump(json_t *v) {
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    return s;
+}
+
+char *sm_chat_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
+                         const char *finish, int prompt_tokens, int completion_tokens) {
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s%}, s:n, s:s?}], s:{s:i, s:i, s:i}}", "id", id,
+                          "object", "chat.completion", "created", (json_int_t)created, "model", model, "choices",
+                          "index", 0, "message", "role", "assistant", "content", text ? text : "", text ? ntext : 0,
+                          "logprobs", "finish_reason", finish, "usage", "prompt_tokens", prompt_tokens,
+                          "completion_tokens", completion_tokens, "total_tokens", prompt_tokens + completion_tokens));
+}
+
+char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const char *text, size_t ntext,
+                    const char *finish) {
+    json_t *delta = json_object();
+    if (delta && role) json_object_set_new(delta, "role", json_string(role));
+    if (delta && (text || role)) json_object_set_new(delta, "content", json_stringn(text ? text : "", text ? ntext : 0));
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s?}]}", "id", id, "object", "chat.completion.chunk",
+                          "created", (json_int_t)created, "model", model, "choices", "index", 0, "delta", delta,
+                          "logprobs", "finish_reason", finish));
+}
+
+char *sm_chat_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens) {
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[], s:{s:i, s:i, s:i}}", "id", id, "object", "chat.completion.chunk",
+                          "created", (json_int_t)created, "model", model, "choices", "usage", "prompt_tokens",
+                          prompt_tokens, "completion_tokens", completion_tokens, "total_tokens",
+                          prompt_tokens + completion_tokens));
+}

@@ -1,0 +1,46 @@
+/* serve_chat.h: chat completions over the completions path: a model directory's chat template
+ * (tokenizer_config.json "chat_template", a string or a list of named templates whose
+ * "default" is used, or chat_template.jinja beside it), the messages of a request checked and
+ * rendered with it (jinja.h), the text tokenized as transformers does (the template writes
+ * bos itself; no special token is added), and the chat-shaped answers.
+ *
+ * A chat request becomes a completions request: the body minus "messages", plus "prompt" as
+ * the rendered ids, goes through sm_api_parse_completion, so every sampling field is checked
+ * and runs once.  We rejected a second request parser for chat: the two would drift.
+ */
+#ifndef SM_SERVE_CHAT_H
+#define SM_SERVE_CHAT_H
+#include <jansson.h>
+#include "serve/jinja.h"
+#include "serve/serve_api.h"
+
+typedef struct sm_chat_tmpl {
+    sm_jinja *t;               /* the parsed template; NULL: the directory has none */
+    json_t *special;           /* {"bos_token": "...", "eos_token": "..."} from tokenizer_config.json (owned) */
+    char source[64];           /* the file it came from ("tokenizer_config.json" / "chat_template.jinja") */
+} sm_chat_tmpl;
+
+/* Load dir's template.  0 (t->t NULL when there is none), or -1 with one line naming the file
+ * and the problem ("DIR/tokenizer_config.json: chat_template: line 3 col 5: unsupported
+ * filter 'foo'"). */
+int sm_chat_load(const char *dir, sm_chat_tmpl *t, sm_err *e);
+void sm_chat_free(sm_chat_tmpl *t);
+/* Render messages (checked: a non-empty list of {role: string, content: string or a list of
+ * {type: "text", text} parts}) with add_generation_prompt.  0, or -1 with one line in e and
+ * param the offending field ("messages"); *raised when it is the template's raise_exception. */
+int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_generation_prompt, sm_sbuf *out,
+                   char *param, int *raised, sm_err *e);
+/* A /v1/chat/completions body into a completions request (prompt: the rendered ids).  As
+ * sm_api_parse_completion: 0, or -1 with *status, param and e. */
+int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
+                  int *status, char *param, sm_err *e);
+
+/* The answers: a whole chat completion; a stream chunk (role: the first chunk's "assistant",
+ * else NULL; finish NULL while running); the usage chunk. */
+char *sm_chat_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
+                         const char *finish, int prompt_tokens, int completion_tokens);
+char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const char *text, size_t ntext,
+                    const char *finish);
+char *sm_chat_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens);
+
+#endif

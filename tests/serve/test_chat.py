@@ -1,0 +1,215 @@
+"""test_chat.py: /v1/chat/completions of `sparkmono serve` through the official `openai`
+client: the make-model template rendered as Jinja2 renders it, the prompt tokenized without a
+second bos, the answer equal to a completion of those ids (and to `sparkmono generate`),
+streaming equal to the plain answer, 8 concurrent chats equal to each alone (greedy and
+seeded), bad messages (400 naming the field), a template's raise_exception (400 with its
+message), a directory without a template (400) and one whose template is outside the
+supported subset (the server refuses to start: exit 2, one line)."""
+import json
+import os
+import shutil
+import subprocess
+import threading
+
+import jinja2
+import openai
+import pytest
+import requests
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from conftest import TIMEOUT, Server, sse_events
+from smtest import SM_BIN, generate_cli
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello there"}],
+    [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is the harbour like?"}],
+    [{"role": "user", "content": "One"}, {"role": "assistant", "content": "Two"}, {"role": "user", "content": "Three"}],
+    [{"role": "user", "content": [{"type": "text", "text": "The quiet "}, {"type": "text", "text": "harbour"}]}],
+    [{"role": "system", "content": "ünïcödé ✓"}, {"role": "user", "content": "tabs\tand\nnewlines"}],
+    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
+     {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}],
+    [{"role": "user", "content": "The ship left at dawn."}],
+    [{"role": "user", "content": "Count: 1 2 3"}],
+]
+MAX_TOKENS = [12, 9, 16, 5, 14, 11, 7, 13]
+
+
+def model_copy(src, d, template=None):
+    """d: src's model (linked) with its tokenizer.json; tokenizer_config.json with template (None: no file)."""
+    os.makedirs(d, exist_ok=True)
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy(os.path.join(src, f), d)
+    os.symlink(os.path.abspath(os.path.join(src, "model.safetensors")), os.path.join(d, "model.safetensors"))
+    if template is not None:
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<|bos|>", "eos_token": "<|eos|>", "chat_template": template}, f)
+    return d
+
+
+def flat(msgs):
+    """The messages as transformers would see them after our part joining (content strings)."""
+    return [{**m, "content": m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])}
+            for m in msgs]
+
+
+def render_jinja2(model_dir, msgs):
+    cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(cfg["chat_template"]).render(messages=flat(msgs), add_generation_prompt=True,
+                                                         bos_token=cfg["bos_token"], eos_token=cfg["eos_token"])
+
+
+@pytest.fixture(scope="module")
+def chat_server(tmp, model_dir):
+    s = Server(model_dir, tmp, "--max-requests", "8", "--model-name", "tiny-chat")
+    yield s
+    assert s.stop() == 0, s.read_log()
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir, hf_tok):
+    """Each conversation's prompt ids: Jinja2's rendering, tokenized with no special tokens added."""
+    out = []
+    for msgs in CONVERSATIONS:
+        text = render_jinja2(model_dir, msgs)
+        with open(os.path.join(model_dir, "m.json"), "w") as f:
+            json.dump(msgs, f)
+        mine = subprocess.run([SM_BIN, "template", model_dir, "--messages", os.path.join(model_dir, "m.json")],
+                              capture_output=True, check=True).stdout.decode()
+        assert mine == text  # sparkmono template == Jinja2 on make-model's template
+        out.append(hf_tok.encode(text, add_special_tokens=False).ids)
+    return out
+
+
+def chat(c, name, msgs, n, **kw):
+    kw.setdefault("temperature", 0)
+    return c.chat.completions.create(model=name, messages=msgs, max_tokens=n, **kw)
+
+
+def stream_text(c, name, msgs, n, **kw):
+    kw.setdefault("temperature", 0)
+    roles, text, finish = [], "", None
+    for ch in c.chat.completions.create(model=name, messages=msgs, max_tokens=n, stream=True, **kw):
+        assert ch.object == "chat.completion.chunk" and ch.id.startswith("chatcmpl-")
+        if ch.choices:
+            d = ch.choices[0].delta
+            if d.role:
+                roles.append(d.role)
+            text += d.content or ""
+            finish = ch.choices[0].finish_reason or finish
+    return roles, text, finish
+
+
+def test_chat_equals_completion_and_generate(chat_server, model_dir, prompts):
+    c = chat_server.client()
+    for msgs, n, ids in zip(CONVERSATIONS[:4], MAX_TOKENS, prompts):
+        assert ids[0] == 1 and ids[1] != 1  # <|bos|> once: the template writes it, nothing adds another
+        r = chat(c, chat_server.name, msgs, n)
+        ch = r.choices[0]
+        assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and ch.message.role == "assistant"
+        assert r.usage.prompt_tokens == len(ids)
+        ref = generate_cli(model_dir, ids, n)
+        comp = c.completions.create(model=chat_server.name, prompt=ids, max_tokens=n, temperature=0)
+        assert comp.choices[0].token_ids == ref
+        assert ch.message.content == comp.choices[0].text
+        assert r.usage.completion_tokens == len(ref)
+        assert ch.finish_reason == ("length" if len(ref) == n else "stop")
+
+
+def test_stream_equals_plain(chat_server):
+    c = chat_server.client()
+    for msgs, n in zip(CONVERSATIONS, MAX_TOKENS):
+        plain = chat(c, chat_server.name, msgs, n).choices[0]
+        roles, text, finish = stream_text(c, chat_server.name, msgs, n)
+        assert roles == ["assistant"] and text == plain.message.content and finish == plain.finish_reason
+    body = {"model": chat_server.name, "messages": CONVERSATIONS[0], "max_tokens": 4, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    r = requests.post(chat_server.url + "/v1/chat/completions", json=body, stream=True, timeout=TIMEOUT)
+    ev = list(sse_events(r))
+    assert ev[-1] == "[DONE]" and ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert ev[-2]["choices"] == [] and ev[-2]["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 1234, "top_p": 0.9}])
+def test_concurrent_equals_alone(chat_server, sampling):
+    c = chat_server.client()
+    alone = [chat(c, chat_server.name, m, n, **sampling).choices[0].message.content
+             for m, n in zip(CONVERSATIONS, MAX_TOKENS)]
+    together = [None] * len(CONVERSATIONS)
+
+    def one(i):
+        together[i] = chat(c, chat_server.name, CONVERSATIONS[i], MAX_TOKENS[i], **sampling).choices[0].message.content
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(CONVERSATIONS))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert together == alone
+
+
+BAD = [
+    ({"messages": "hi"}, "'messages' must be a non-empty list"),
+    ({"messages": []}, "'messages' must be a non-empty list"),
+    ({"messages": ["hi"]}, "messages[0] must be an object"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role must be a string"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": 3}]},
+     "messages[2].content must be a string or a list of text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0] must be {\"type\": \"text\""),
+    ({"messages": [{"role": "user"}]}, "messages[0].content must be a string or a list of text parts"),
+    ({}, "'messages' is required"),
+    ({"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, "'prompt' is not a field of chat completions"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "'logprobs' is not supported by chat completions"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+]
+
+
+def test_bad_messages(chat_server):
+    for body, want in BAD:
+        body = {"model": chat_server.name, **body}
+        r = requests.post(chat_server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        e = r.json()["error"]
+        assert r.status_code == 400 and want in e["message"] and "\n" not in e["message"], (body, e)
+    with pytest.raises(openai.BadRequestError):
+        chat_server.client().chat.completions.create(model=chat_server.name, messages=[{"role": "user", "content": 5}])
+
+
+def test_raise_exception_is_400(tmp, model_dir):
+    tpl = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System messages are not supported "
+           "by this template') }}{% endif %}<|{{ m.role }}|>{{ m.content }}{{ eos_token }}{% endfor %}<|assistant|>")
+    s = Server(model_copy(model_dir, os.path.join(tmp, "raising"), tpl), tmp)
+    try:
+        r = requests.post(s.url + "/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]})
+        assert r.status_code == 400 and r.json()["error"]["message"] == "System messages are not supported by this template"
+        ok = chat(s.client(), s.name, [{"role": "user", "content": "y"}], 3)
+        assert ok.choices[0].finish_reason in ("length", "stop")
+    finally:
+        assert s.stop() == 0
+
+
+def test_no_template_is_400(tmp, model_dir):
+    s = Server(model_copy(model_dir, os.path.join(tmp, "notemplate")), tmp)
+    try:
+        r = requests.post(s.url + "/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "ships no chat template" in r.json()["error"]["message"]
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("tpl,want", [
+    ("{% for m in messages %}\n{{ m.content | wordcount }}{% endfor %}", "line 2 col 16: unsupported filter 'wordcount'"),
+    ("{% include 'x.jinja' %}", "line 1 col 4: unsupported tag 'include'"),
+    ("{% if messages %}{{ messages[0] }", "'{{' is never closed"),
+])
+def test_unsupported_template_refused_at_start(tmp, model_dir, tpl, want):
+    d = model_copy(model_dir, os.path.join(tmp, "bad%d" % abs(hash(tpl))), tpl)
+    r = subprocess.run([SM_BIN, "serve", d, "--port", "0"], capture_output=True, timeout=TIMEOUT)
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and err.count("\n") == 0 and want in err and "tokenizer_config.json: chat_template" in err, err
+    r = subprocess.run([SM_BIN, "check", d], capture_output=True, timeout=TIMEOUT)
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and err.count("\n") == 0 and want in err, err
