@@ -5,19 +5,11 @@
 #ifndef SM_CHECK_H
 #define SM_CHECK_H
 #include <stdio.h>
+#include "check_core.h"
 
 static int t_pass, t_fail, t_cur;
 
-#define CHECK(cond, ...)                                                              \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            t_cur++;                                                                  \
-            printf("  check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
-            printf(__VA_ARGS__);                                                      \
-            printf("\n");                                                             \
-            fflush(stdout);                                                           \
-        }                                                                             \
-    } while (0)
+#define CHECK(cond, ...) SM_CHECK_COUNT(t_cur, cond, __VA_ARGS__)
 
 #define RUN(fn)                                                                       \
     do {                                                                              \

@@ -279,13 +279,8 @@ int main(void) {
     if (tm_mkdtemp(g_tmp, sizeof g_tmp, "sm_test_batch")) { printf("FAIL setup: mkdtemp\n"); return 1; }
     char dir[600];
     snprintf(dir, sizeof dir, "%s/tiny", g_tmp);
-    sm_config c;
     sm_err e = {{0}};
-    sm_make_opts mo = {0};
-    mo.experts = SM_EXP_MXFP4;
-    mo.seed = 1;
-    mo.shards = 1;
-    if (sm_config_preset("tiny", &c, &e) || sm_make_model(&c, &mo, dir, &e) || sparkmono_model_open(dir, NULL, &g_model)) {
+    if (tm_make_tiny(dir, SM_EXP_MXFP4, 1, 0, &e) || sparkmono_model_open(dir, NULL, &g_model)) {
         printf("FAIL setup: %s %s\n", e.msg, sparkmono_errmsg());
         tm_rmtree(g_tmp);
         return 1;

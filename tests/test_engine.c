@@ -523,16 +523,8 @@ int main(void) {
     if (tm_mkdtemp(g_tmp, sizeof g_tmp, "sm_test_engine")) { printf("FAIL setup: mkdtemp\n"); return 1; }
     snprintf(g_dir, sizeof g_dir, "%s/tiny", g_tmp);
     snprintf(g_dir_bf16, sizeof g_dir_bf16, "%s/tiny_bf16", g_tmp);
-    sm_config c;
     sm_err e = {{0}};
-    sm_make_opts mo = {0};
-    mo.experts = SM_EXP_MXFP4;
-    mo.seed = 1;
-    mo.shards = 1;
-    int ok = sm_config_preset("tiny", &c, &e) == 0 && sm_make_model(&c, &mo, g_dir, &e) == 0;
-    mo.experts = SM_EXP_BF16;
-    mo.seed = 3;
-    ok = ok && sm_make_model(&c, &mo, g_dir_bf16, &e) == 0;
+    int ok = tm_make_tiny(g_dir, SM_EXP_MXFP4, 1, 0, &e) == 0 && tm_make_tiny(g_dir_bf16, SM_EXP_BF16, 3, 0, &e) == 0;
     if (!ok || sparkmono_model_open(g_dir, NULL, &g_model) != SM_OK) {
         printf("FAIL setup: %s %s\n", e.msg, sparkmono_errmsg());
         tm_rmtree(g_tmp);

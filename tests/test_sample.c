@@ -629,16 +629,8 @@ int main(void) {
     char dc[600], dr[600];
     snprintf(dc, sizeof dc, "%s/cycle", g_tmp);
     snprintf(dr, sizeof dr, "%s/random", g_tmp);
-    sm_config c;
     sm_err e = {{0}};
-    sm_make_opts mo = {0};
-    mo.experts = SM_EXP_MXFP4;
-    mo.seed = 1;
-    mo.shards = 1;
-    mo.cycle = 16;
-    int ok = sm_config_preset("tiny", &c, &e) == 0 && sm_make_model(&c, &mo, dc, &e) == 0;
-    mo.cycle = 0;
-    ok = ok && sm_make_model(&c, &mo, dr, &e) == 0;
+    int ok = tm_make_tiny(dc, SM_EXP_MXFP4, 1, 16, &e) == 0 && tm_make_tiny(dr, SM_EXP_MXFP4, 1, 0, &e) == 0;
     if (!ok || sparkmono_model_open(dc, NULL, &g_cyc) || sparkmono_model_open(dr, NULL, &g_rnd)) {
         printf("FAIL setup: %s %s\n", e.msg, sparkmono_errmsg());
         tm_rmtree(g_tmp);

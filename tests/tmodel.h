@@ -41,6 +41,19 @@ static inline int tm_mkdtemp(char *out, size_t n, const char *prefix) {
     return mkdtemp(out) ? 0 : -1;
 }
 
+/* make-model's tiny preset into dir: experts in fmt, seed, one shard, cycle (sm_make_opts.cycle:
+ * 0 random, else the period of the cycle its logits follow).  0, or -1 with the reason in e. */
+static inline int tm_make_tiny(const char *dir, sm_expert_fmt fmt, uint64_t seed, int cycle, sm_err *e) {
+    sm_config c;
+    sm_make_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.experts = fmt;
+    mo.seed = seed;
+    mo.shards = 1;
+    mo.cycle = cycle;
+    return sm_config_preset("tiny", &c, e) || sm_make_model(&c, &mo, dir, e) ? -1 : 0;
+}
+
 typedef struct tmodel {
     char tmp[512];  /* the mkdtemp directory holding model/; "" when none was made */
     char dir[600];  /* the checkpoint directory, tmp/model */

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include "../check_core.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,16 +39,7 @@ void gh_reset(void);
 /* Checks inside a case that prints its own result line: GH_CHECK prints the failed condition
  * with its file:line and message and counts it in gh_case_fail (zeroed by the case). */
 extern int gh_case_fail;
-#define GH_CHECK(cond, ...)                                                      \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            gh_case_fail++;                                                      \
-            printf("  check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);  \
-            printf(__VA_ARGS__);                                                 \
-            printf("\n");                                                        \
-            fflush(stdout);                                                      \
-        }                                                                        \
-    } while (0)
+#define GH_CHECK(cond, ...) SM_CHECK_COUNT(gh_case_fail, cond, __VA_ARGS__)
 
 /* ---- the test generator (src/model/rng.h, seeded per run) ---- */
 extern uint64_t gh_rng;
