@@ -20,6 +20,7 @@
  */
 #include "serve/serve_http.h"
 #include "serve/serve_misc.h"
+#include "serve/serve_limits.h"
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -671,68 +672,9 @@ static void *watch_main(void *arg) {
 
 /* ---- start and stop --------------------------------------------------------------------- */
 
-/* libmicrohttpd's own messages: kept while starting (the caller's error line quotes the last
- * one), printed afterwards at most one a second (a thousand clients that hang up at once are
- * one line and a count, not a thousand lines).  Its own lock: libmicrohttpd may log holding
- * its locks. */
-static char g_last_log[256];
-static int g_log_live;
-static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
-static double g_log_t;  /* when the last line was printed */
-static int g_log_held;  /* messages left out since */
-static void on_log(void *cls, const char *fmt, va_list ap) {
-    const sm_server *s = cls;
-    char line[256];
-    vsnprintf(line, sizeof line, fmt, ap);
-    size_t n = strlen(line);
-    while (n && (line[n - 1] == '\n' || line[n - 1] == '.')) line[--n] = 0;
-    if (!g_log_live) {
-        memcpy(g_last_log, line, sizeof line);
-        return;
-    }
-    if (s->o->quiet) return;
-    pthread_mutex_lock(&g_log_mu);
-    double t = now_s();
-    if (t - g_log_t < 1.0) {
-        g_log_held++;
-    } else {
-        if (g_log_held) fprintf(stderr, "serve: http: %s (and %d more messages in the last %.0f s)\n", line, g_log_held, t - g_log_t);
-        else fprintf(stderr, "serve: http: %s\n", line);
-        g_log_t = t;
-        g_log_held = 0;
-    }
-    pthread_mutex_unlock(&g_log_mu);
-}
-
-/* Raise the open-file limit to its hard limit and set s->max_conns to what it leaves room
- * for (one line on stderr when that is less than --max-connections). */
-static int fit_open_files(sm_server *s, sm_err *e) {
-    s->max_conns = s->o->max_connections;
-    rlim_t need = (rlim_t)s->o->max_connections + SM_HTTP_SPARE_CONNECTIONS + SM_HTTP_FD_RESERVE;
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl)) return 0;
-    if (rl.rlim_cur < rl.rlim_max) { /* the hard limit, or as much as the kernel allows of it */
-        struct rlimit up = rl;
-        up.rlim_cur = rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
-        else if (need < rl.rlim_max && (up.rlim_cur = need, setrlimit(RLIMIT_NOFILE, &up) == 0)) rl = up;
-    }
-    if (rl.rlim_cur >= need) return 0;
-    long room = (long)rl.rlim_cur - SM_HTTP_SPARE_CONNECTIONS - SM_HTTP_FD_RESERVE;
-    if (room < 1)
-        return sm_errf(e, "serve: the open-file limit is %llu (ulimit -n), too low to serve; raise it above %d",
-                       (unsigned long long)rl.rlim_cur, SM_HTTP_SPARE_CONNECTIONS + SM_HTTP_FD_RESERVE);
-    s->max_conns = (int)room;
-    fprintf(stderr,
-            "serve: the open-file limit is %llu and cannot be raised (ulimit -Hn): at most %d connections, not "
-            "--max-connections %d\n",
-            (unsigned long long)rl.rlim_cur, s->max_conns, s->o->max_connections);
-    return 0;
-}
-
 int sm_http_start(sm_server *s, sm_err *e) {
     pthread_mutex_init(&s->mu, NULL);
-    if (fit_open_files(s, e)) return -1;
+    if (sm_http_fit_open_files(s, e)) return -1;
     /* the 408 the watch thread writes, whole */
     char msg[160];
     snprintf(msg, sizeof msg, "the request was not received whole within %d s (--request-timeout)", s->o->request_timeout_s);
@@ -760,18 +702,18 @@ int sm_http_start(sm_server *s, sm_err *e) {
     /* libmicrohttpd's inactivity timeout only cuts a stalled answer: the watch thread's deadlines come first */
     int t = s->o->request_timeout_s > s->o->idle_timeout_s ? s->o->request_timeout_s : s->o->idle_timeout_s;
     unsigned send_timeout = (unsigned)(t > SM_HTTP_SEND_TIMEOUT_S ? t : SM_HTTP_SEND_TIMEOUT_S) + 1;
-    g_last_log[0] = 0;
+    sm_http_log_begin();
     s->d = MHD_start_daemon(flags, (uint16_t)s->o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SM_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT, limit,
                             MHD_OPTION_CONNECTION_TIMEOUT, send_timeout,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SM_HTTP_CONN_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
-                            MHD_OPTION_EXTERNAL_LOGGER, on_log, s, MHD_OPTION_END);
+                            MHD_OPTION_EXTERNAL_LOGGER, sm_http_log, s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d)
         return sm_errf(e, "serve: cannot listen on %s port %d: %s", s->o->host, s->o->port,
-                       g_last_log[0] ? g_last_log : "libmicrohttpd refused to start");
-    g_log_live = 1;
+                       sm_http_log_last()[0] ? sm_http_log_last() : "libmicrohttpd refused to start");
+    sm_http_log_live();
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : s->o->port;
     rc = pthread_create(&s->watch, NULL, watch_main, s);
