@@ -632,7 +632,7 @@ static void t_engine_world(void) {
     sparkmono_engine_destroy(g);
     /* out of range, either side: the validator's one line, prefixed with the option's layer */
     for (int w = -1; w <= SM_MAX_WORLD + 1; w += SM_MAX_WORLD + 2) {
-        char want[64];
+        char want[128];
         snprintf(want, sizeof want, "engine option: world %d: the number of ranks must be in [1, %d]", w, SM_MAX_WORLD);
         bad.world = w;
         CHECK(sparkmono_engine_create(mo, &bad, &g) == SM_E_INVALID && !strcmp(sparkmono_errmsg(), want), "world %d: '%s'", w,
