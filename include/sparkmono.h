@@ -147,7 +147,8 @@ typedef struct sparkmono_sampling {
     int stop_ids[SPARKMONO_MAX_STOP_IDS];    /* [n_stop_ids] ids in [0, V) that end the request like eos */
     int logprobs;             /* 1: record each generated id's logprob: a log-softmax in double of the raw
                                  model logits of its position (before processors and temperature, vLLM's
-                                 default), read with sparkmono_logprobs */
+                                 default), made where the logits are (cuda: on the GPU), read with
+                                 sparkmono_logprobs */
     int top_logprobs;         /* [0, SPARKMONO_MAX_TOP_LOGPROBS]: with logprobs, also the most likely ids
                                  of each position and their logprobs (ties to the lowest id) */
 } sparkmono_sampling;

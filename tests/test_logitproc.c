@@ -5,6 +5,7 @@
 #include "check.h"
 #include "tmodel.h"
 #include "engine/logitproc.h"
+#include "cpu/ops.h"
 #include "sparkmono.h"
 
 static char g_tmp[512];
@@ -61,14 +62,50 @@ static void test_apply_reference(void) {
     row = sm_lp_apply(&ws, lg, NV, &s, hist, 6, 3, extra, 2, eos, 1);
     CHECK(row[2] == lg[2] && row[11] == lg[11], "min_tokens reached: eos %g stop %g", (double)row[2], (double)row[11]);
     CHECK(sm_lp_argmax(row, NV) == 9, "argmax %d, expected 9 (ties 11 at 3, the lowest id wins)", sm_lp_argmax(row, NV));
-    /* log-softmax: exp sums to 1, differences are the logits' */
-    double ls[NV], sum = 0;
-    CHECK(sm_lp_log_softmax(lg, NV, ls) == 0, "log_softmax failed");
-    for (int i = 0; i < NV; i++) sum += exp(ls[i]);
-    CHECK(fabs(sum - 1) < 1e-12 && fabs((ls[6] - ls[0]) - (4.0 - 1.5)) < 1e-12, "log_softmax: sum %.15g", sum);
     const float allinf[2] = {-INFINITY, -INFINITY};
-    CHECK(sm_lp_argmax(allinf, 2) == -1 && sm_lp_log_softmax(allinf, 2, ls) == -1, "an all -inf row is not refused");
+    CHECK(sm_lp_argmax(allinf, 2) == -1, "an all -inf row is not refused");
     sm_lp_ws_free(&ws);
+}
+
+/* ---- the logprob summary (ref_logprobs_row, what every backend hands back) ----------------- */
+
+/* The test's own log-softmax of row [n] in double (the oracle of the summaries). */
+static void log_softmax_d(const float *row, int n, double *out) {
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    for (int i = 0; i < n; i++) sum += exp(row[i] - mx);
+    for (int i = 0; i < n; i++) out[i] = row[i] - mx - log(sum);
+}
+
+static void test_summary(void) {
+    enum { NV = 12 };
+    const float lg[NV] = {1.5f, -0.5f, 3.0f, 0.25f, -3.0f, 0.0f, 4.0f, -1.0f, 0.75f, 1.0f, -2.5f, 3.0f};
+    double ls[NV];
+    log_softmax_d(lg, NV, ls);
+    sm_lp_sum s;
+    ref_logprobs_row(lg, NV, 5, &s);
+    /* the largest five, ties (3.0 at ids 2 and 11) to the lowest id */
+    const int want[5] = {6, 2, 11, 0, 9};
+    int bad = s.bad || s.n != 5 || s.lmax != 4.0f;
+    for (int j = 0; j < 5 && !bad; j++) bad |= s.top_ids[j] != want[j] || s.top_l[j] != lg[want[j]];
+    CHECK(!bad, "summary: n %d lmax %g, ids %d %d %d %d %d", s.n, (double)s.lmax, s.top_ids[0], s.top_ids[1], s.top_ids[2],
+          s.top_ids[3], s.top_ids[4]);
+    /* every id's logprob through the one formula equals the log-softmax */
+    double worst = 0, sum = 0;
+    for (int i = 0; i < NV; i++) {
+        double d = fabs(sm_lp_value(&s, lg[i]) - ls[i]);
+        worst = d > worst ? d : worst;
+        sum += exp(sm_lp_value(&s, lg[i]));
+    }
+    CHECK(worst < 1e-6 && fabs(sum - 1) < 1e-6, "summary: worst logprob error %g, probabilities sum to %.9g", worst, sum);
+    /* k above the ids: every id, in order; a NaN or Inf row is bad */
+    ref_logprobs_row(lg, 3, 20, &s);
+    CHECK(s.n == 3 && s.top_ids[0] == 2 && s.top_ids[1] == 0 && s.top_ids[2] == 1, "k > n: n %d", s.n);
+    float nanrow[3] = {0.0f, NAN, 1.0f}, infrow[3] = {0.0f, INFINITY, 1.0f};
+    ref_logprobs_row(nanrow, 3, 2, &s);
+    int b1 = s.bad;
+    ref_logprobs_row(infrow, 3, 2, &s);
+    CHECK(b1 && s.bad, "a NaN / Inf row is not bad (%d, %d)", b1, s.bad);
 }
 
 static void test_check(void) {
@@ -236,12 +273,17 @@ static void test_direction(void) {
 }
 
 /* Logprobs: each generated id's logprob and top k equal a log-softmax in double of the prefill
- * logits of its prefix (R = 1, alone), greedy and sampled, with and without processors; and
- * speculative == plain. */
+ * logits of its prefix (R = 1, alone, same world), greedy and sampled, with and without processors, on the
+ * cycle model (drafts accepted: several ids of one verify step), on a world of 2 ranks (the
+ * summaries of gathered rows) and with top_logprobs 0; speculative R = 8 throughout. */
 static void test_logprobs(void) {
-    enum { MT = 10, K = 5 };
-    for (int c = 0; c < 3; c++) {
-        sparkmono_sampling s = {.temperature = c == 1 ? 0.9f : 0, .seed = 17};
+    enum { MT = 10, NCASE = 6 };
+    static const char *const name[NCASE] = {"greedy", "sampled", "processed", "greedy, cycle model", "greedy, world 2",
+                                            "sampled, top 0"};
+    for (int c = 0; c < NCASE; c++) {
+        const int K = c == 5 ? 0 : 5, greedy = c != 1 && c != 5;
+        sparkmono_model *md = c == 3 ? g_cyc : g_rnd;
+        sparkmono_sampling s = {.temperature = greedy ? 0 : 0.9f, .seed = 17};
         if (c == 2) s.repetition_penalty = 0.5f; /* the logprobs stay those of the raw distribution */
         s.logprobs = 1;
         s.top_logprobs = K;
@@ -249,16 +291,20 @@ static void test_logprobs(void) {
         o.request_rows = 8;
         o.max_len = 8 + MT;
         o.threads = 2;
+        o.world = c == 4 ? 2 : 0;
         sparkmono_engine *g;
         int req, n, k;
         const int *ids;
         const float *lp, *tlp;
         const int *tid;
-        CHECK(sparkmono_engine_create(g_rnd, &o, &g) == SM_OK, "%s", sparkmono_errmsg());
+        CHECK(sparkmono_engine_create(md, &o, &g) == SM_OK, "%s", sparkmono_errmsg());
         CHECK(sparkmono_add_sampled(g, g_prompt, 8, MT, &s, &req) == SM_OK && sparkmono_generate(g) == SM_OK &&
                   sparkmono_output(g, req, &ids, &n) == SM_OK && sparkmono_logprobs(g, req, &lp, &tid, &tlp, &k) == SM_OK,
               "%s", sparkmono_errmsg());
         CHECK(n == MT && k == K, "n %d k %d", n, k);
+        sparkmono_request_info ri;
+        CHECK(sparkmono_request_get_info(g, req, &ri) == SM_OK, "%s", sparkmono_errmsg());
+        if (c == 3) CHECK(ri.accepted > 0, "the cycle model accepted no draft (steps %d)", ri.steps);
         int all[8 + MT];
         memcpy(all, g_prompt, sizeof g_prompt);
         memcpy(all + 8, ids, (size_t)n * sizeof(int));
@@ -268,13 +314,14 @@ static void test_logprobs(void) {
         o1.request_rows = 1;
         o1.max_len = 8 + MT;
         o1.threads = 2;
+        o1.world = o.world; /* W ranks sum in their own order: the reference runs the same world */
         sparkmono_engine *g1;
         int r1, bad = 0;
-        CHECK(sparkmono_engine_create(g_rnd, &o1, &g1) == SM_OK && sparkmono_add(g1, all, 8 + n - 1, 0, &r1) == SM_OK &&
+        CHECK(sparkmono_engine_create(md, &o1, &g1) == SM_OK && sparkmono_add(g1, all, 8 + n - 1, 0, &r1) == SM_OK &&
                   sparkmono_prefill(g1, r1, lg) == SM_OK, "%s", sparkmono_errmsg());
         for (int j = 0; j < n; j++) {
             /* the row of position 8 + j: the prefill row of its prefix's last token */
-            sm_lp_log_softmax(lg + (size_t)(8 + j - 1) * g_V, g_vu, ls);
+            log_softmax_d(lg + (size_t)(8 + j - 1) * g_V, g_vu, ls);
             if (fabs(ls[ids[j]] - lp[j]) > 1e-5) bad++;
             for (int t = 0; t < K; t++) {
                 if (fabs(ls[tid[j * K + t]] - tlp[j * K + t]) > 1e-5) bad++;
@@ -282,10 +329,10 @@ static void test_logprobs(void) {
             }
             double mx = -INFINITY; /* the first alternative is the row's most likely id */
             for (int i = 0; i < g_vu; i++) mx = ls[i] > mx ? ls[i] : mx;
-            if (fabs(mx - tlp[j * K]) > 1e-5) bad++;
-            if (c == 0 && tid[j * K] != ids[j]) bad++; /* greedy: the id itself comes first */
+            if (K && fabs(mx - tlp[j * K]) > 1e-5) bad++;
+            if (K && greedy && c != 2 && tid[j * K] != ids[j]) bad++; /* greedy: the id itself comes first */
         }
-        CHECK(bad == 0, "case %d: %d logprobs differ from the log-softmax of the prefill logits", c, bad);
+        CHECK(bad == 0, "case %s: %d logprobs differ from the log-softmax of the prefill logits", name[c], bad);
         sparkmono_engine_destroy(g1);
         sparkmono_engine_destroy(g);
         free(lg);
@@ -323,6 +370,7 @@ int main(void) {
     RUN(test_stop_rules);
     RUN(test_spec_equals_plain);
     RUN(test_direction);
+    RUN(test_summary);
     RUN(test_logprobs);
 
     sparkmono_model_close(g_cyc);

@@ -4,7 +4,7 @@
 # Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model)
 # and tests/gpu/cli_spec.sh (speculative == plain through the CLI, with the logit processors),
 # the per-op microbenchmarks (`gpu_test --bench all`: norm, router, attention, matmul, moe,
-# logits) and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full
+# logits, logprobs) and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full
 # log under $OUT (default ./out) and prints a short table last.  Environment knobs:
 #   BENCH_FORMATS  expert formats to bench, space separated (default "mxfp4")
 #   BENCH_ROWS     rows per verify step, bench --step-rows (default 8,16,32,64,128)

@@ -95,5 +95,6 @@ int bench_attention(bh_run *r, sm_err *e);
 int bench_matmul(bh_run *r, sm_err *e);
 int bench_moe(bh_run *r, sm_err *e);
 int bench_logits(bh_run *r, sm_err *e);
+int bench_logprobs(bh_run *r, sm_err *e);
 
 #endif

@@ -8,6 +8,10 @@
  * read; FLOPs 2 n H V (at 128 rows the FLOP floor is about 3/4 of the byte floor).  For
  * sm_k_logits "b2b" is the time per call of two calls back to back.  We rejected writing the
  * f32 logits here: a verify step asks for the argmax only.
+ *
+ * `--bench logprobs`: the logprob summaries of n rows of f32 logits [n, V] (sm_k_logprobs, top 20:
+ * what the rows of a request with logprobs cost on the device), floor = the rows read once;
+ * beside it the copy of the same rows to pinned host memory, what taking the rows back costs.
  */
 #include <stdio.h>
 #include <string.h>
@@ -79,5 +83,62 @@ int bench_logits(bh_run *r, sm_err *e) {
     if (c.lm) SM_CUDA_CHECK_PRINT(cudaFree(c.lm));
     if (c.h) SM_CUDA_CHECK_PRINT(cudaFree(c.h));
     if (c.am) SM_CUDA_CHECK_PRINT(cudaFree(c.am));
+    return rc;
+}
+
+/* ---- logprob summaries ---- */
+
+typedef struct lp_case {
+    int n;                   /* rows */
+    int d2h;                 /* 1: time the rows' copy to the host instead */
+    float *lg;               /* device [nsets][BH_MAX_ROWS][V] */
+    sm_lp_sum *out;          /* device [nsets][BH_MAX_ROWS] */
+    float *host;             /* pinned [BH_MAX_ROWS][V] */
+    int rows[BH_MAX_ROWS];   /* 0 .. n-1 */
+} lp_case;
+
+static int lp_call(bh_run *r, void *arg, int set, sm_err *e) {
+    const lp_case *c = (const lp_case *)arg;
+    const size_t V = (size_t)r->cfg.V;
+    const float *lg = c->lg + (size_t)set * BH_MAX_ROWS * V;
+    if (c->d2h) {
+        SM_CUDA_CHECK(cudaMemcpyAsync(c->host, lg, (size_t)c->n * V * 4, cudaMemcpyDeviceToHost, r->st));
+        return 0;
+    }
+    return sm_k_logprobs(&r->kc, lg, V, c->rows, c->n, r->cfg.vocab_used, SM_LP_MAX_TOP, c->out + (size_t)set * BH_MAX_ROWS, r->st, e);
+}
+
+static int lp_run(bh_run *r, lp_case *c, sm_err *e) {
+    const sm_config *f = &r->cfg;
+    const double set_bytes = (double)BH_MAX_ROWS * f->V * 4;
+    const int nsets = bh_sets(r, set_bytes);
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->lg, (size_t)nsets * BH_MAX_ROWS * f->V * 4));
+    SM_CUDA_CHECK(cudaMalloc((void **)&c->out, (size_t)nsets * BH_MAX_ROWS * sizeof(sm_lp_sum)));
+    SM_CUDA_CHECK(cudaMallocHost((void **)&c->host, (size_t)BH_MAX_ROWS * f->V * 4));
+    /* logits N(0, 3^2): a spread like the softcapped model's */
+    if (bh_normal_f32(r, c->lg, (size_t)nsets * BH_MAX_ROWS * f->V, "bench.logprobs.logits", 0.0f, 3.0f, e)) return -1;
+    SM_CUDA_CHECK(cudaStreamSynchronize(r->st));
+    for (int i = 0; i < BH_MAX_ROWS; i++) c->rows[i] = i;
+    for (int ri = 0; ri < BH_NROWS; ri++) {
+        c->n = r->rows[ri];
+        const double bytes = (double)c->n * f->vocab_used * 4;
+        for (c->d2h = 0; c->d2h < 2; c->d2h++) {
+            float us = 0;
+            if (bh_time(r, lp_call, c, nsets, 1, &us, e)) return sm_errprefix(e, "logprobs n=%d", c->n);
+            bh_row(r, "logprobs", c->d2h ? "rows to host" : "sm_k_logprobs", c->n, us, bytes, 0.0, NULL, !c->d2h);
+        }
+    }
+    return 0;
+}
+
+int bench_logprobs(bh_run *r, sm_err *e) {
+    bh_head("logprobs: summaries of n rows of f32 logits [n, V], top 20 (sm_k_logprobs); beside it the rows' copy to the host",
+            "the rows read once (ids < vocab_used); 'rows to host': the same bytes over PCIe to pinned memory");
+    lp_case c;
+    memset(&c, 0, sizeof c);
+    const int rc = lp_run(r, &c, e);
+    if (c.lg) SM_CUDA_CHECK_PRINT(cudaFree(c.lg));
+    if (c.out) SM_CUDA_CHECK_PRINT(cudaFree(c.out));
+    if (c.host) SM_CUDA_CHECK_PRINT(cudaFreeHost(c.host));
     return rc;
 }

@@ -17,6 +17,25 @@
 extern "C" {
 #endif
 
+/* The logprob summary of one logits row l over the ids < vocab_used (what a step hands back for a
+ * request that asked for logprobs, instead of the row): its largest logit, the log of the sum of
+ * exp(l_v - lmax) in double, and its k most likely ids, largest first, ties to the lowest id.
+ * The logprob of id v is sm_lp_value(sum, l_v): (l_v - lmax) - lse in double, rounded to f32
+ * (the one formula, every backend and the engine).  Reference: ref_logprobs_row (cpu/ops.h);
+ * kernel: sm_k_logprobs (cuda/ops/ops.h). */
+#define SM_LP_MAX_TOP 20     /* most ids of a summary (= SPARKMONO_MAX_TOP_LOGPROBS) */
+typedef struct sm_lp_sum {
+    float lmax;              /* the largest logit among ids < vocab_used */
+    int bad;                 /* 1: a logit there is NaN or +-Inf (the row has no distribution) */
+    double lse;              /* log(sum_v exp(l_v - lmax)) over ids < vocab_used */
+    int n;                   /* ids in top: min(k, vocab_used) */
+    int top_ids[SM_LP_MAX_TOP]; /* [n] the most likely ids, largest logit first, ties to the lowest id */
+    float top_l[SM_LP_MAX_TOP]; /* [n] their logits */
+} sm_lp_sum;
+
+/* The logprob of a logit x of the row summarised by s. */
+static inline float sm_lp_value(const sm_lp_sum *s, float x) { return (float)(((double)x - (double)s->lmax) - s->lse); }
+
 typedef struct sm_step {
     int nrows;               /* rows in the step, all requests together */
     const int *tokens;       /* [nrows] token ids (< V) */
@@ -29,6 +48,10 @@ typedef struct sm_step {
                                 the sampled requests of a verify step, packed) */
     int *argmax;             /* [nrows] greedy id among ids < vocab_used, ties to the lowest id;
                                 -1 when any of those logits is NaN or +-Inf (non-finite row) */
+    const int *lp_at;        /* NULL: no summaries; else [nrows]: row i's logprob summary goes to
+                                lp[lp_at[i]], none when -1 (the rows of requests with logprobs) */
+    int lp_k;                /* ids of each summary's top list, [1, SM_LP_MAX_TOP] (with lp_at) */
+    sm_lp_sum *lp;           /* [rows lp_at names] the summaries (lp_at) */
     int naux;                /* aux hidden states requested */
     const int *aux_layers;   /* [naux] layer ids j */
     float *aux;              /* [naux, nrows, H] f32 residual stream entering layer j, or NULL */

@@ -51,6 +51,13 @@ int sm_step_check(const sm_config *c, const sm_kv_shape *made, const sm_step *s,
             if (s->logits_at[i] < -1 || s->logits_at[i] >= s->nrows)
                 return sm_errf(e, "%s: row %d: logits_at %d outside [-1, %d)", who, i, s->logits_at[i], s->nrows);
     }
+    if (s->lp_at) {
+        if (!s->lp || s->lp_k < 1 || s->lp_k > SM_LP_MAX_TOP)
+            return sm_errf(e, "%s: lp_at needs a summary buffer and lp_k in [1, %d] (lp_k %d)", who, SM_LP_MAX_TOP, s->lp_k);
+        for (int i = 0; i < s->nrows; i++)
+            if (s->lp_at[i] < -1 || s->lp_at[i] >= s->nrows)
+                return sm_errf(e, "%s: row %d: lp_at %d outside [-1, %d)", who, i, s->lp_at[i], s->nrows);
+    }
     for (int i = 0; i < s->nrows; i++)
         if (check_row(c, s->kv, s, i, who, e)) return -1;
     return 0;

@@ -82,7 +82,7 @@ static void rank_free_rows(cpu_rank *r) {
 #define FREE(ptr) do { free(ptr); (ptr) = NULL; } while (0)
     FREE(r->s); FREE(r->x); FREE(r->a); FREE(r->xf); FREE(r->f); FREE(r->q); FREE(r->g); FREE(r->att); FREE(r->o);
     FREE(r->k); FREE(r->v); FREE(r->slot); FREE(r->rl); FREE(r->idx); FREE(r->rw); FREE(r->hp); FREE(r->h1);
-    FREE(r->mo); FREE(r->fp); FREE(r->ymine); FREE(r->mmine); FREE(r->lg); FREE(r->best); FREE(r->best_id);
+    FREE(r->mo); FREE(r->fp); FREE(r->ymine); FREE(r->mmine); FREE(r->lg); FREE(r->lrow); FREE(r->best); FREE(r->best_id);
     FREE(r->am); FREE(r->tr);
 #undef FREE
     r->cap = 0;
@@ -104,7 +104,7 @@ static int rank_reserve(cpu_rank *r, int n, sm_err *e) {
     ALLOC(r->rl, R * (size_t)c->E); ALLOC(r->idx, RK); ALLOC(r->rw, RK); ALLOC(r->hp, R * (size_t)sh->np);
     ALLOC(r->h1, R * Hm); ALLOC(r->mo, R * Hm); ALLOC(r->fp, R * (size_t)sh->nu);
     if (sh->moe == SM_MOE_TP) { ALLOC(r->ymine, RK * Hm); ALLOC(r->mmine, R * Hm); }
-    ALLOC(r->lg, R * (size_t)sh->nv); ALLOC(r->best, R); ALLOC(r->best_id, R); ALLOC(r->am, R); ALLOC(r->tr, RK);
+    ALLOC(r->lg, R * (size_t)sh->nv); ALLOC(r->lrow, (size_t)c->V); ALLOC(r->best, R); ALLOC(r->best_id, R); ALLOC(r->am, R); ALLOC(r->tr, RK);
 #undef ALLOC
     if (!ok) {
         rank_free_rows(r);
@@ -303,6 +303,17 @@ static int rank_logits(cpu_rank *r, const sm_step *st, sm_err *e) {
         if (st->logits_at[i] >= 0)
             COMM(r->comm->ops->vocab_gather(r->comm, lg + (int64_t)i * sh->nv, 1, sh->nv,
                                             r->rank == 0 ? st->logits + (int64_t)st->logits_at[i] * c->V : NULL, e));
+    /* logprob summaries of the rows lp_at asks for, on rank 0 from the whole row (gathered from
+     * the ranks' blocks unless this rank holds every id) */
+    for (int i = 0; st->lp_at && i < n; i++) {
+        if (st->lp_at[i] < 0) continue;
+        const float *row = lg + (int64_t)i * sh->nv;
+        if (sh->nv < c->V) {
+            COMM(r->comm->ops->vocab_gather(r->comm, row, 1, sh->nv, r->rank == 0 ? r->lrow : NULL, e));
+            row = r->lrow;
+        }
+        if (r->rank == 0) ref_logprobs_row(row, c->vocab_used, st->lp_k, &st->lp[st->lp_at[i]]);
+    }
     /* greedy: this rank's first maximum among ids < vocab_used, then the first over ranks */
     int vend = c->vocab_used - sh->v0 < sh->nv ? c->vocab_used - sh->v0 : sh->nv;
     for (int i = 0; i < n; i++) {

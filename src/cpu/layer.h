@@ -61,6 +61,7 @@ typedef struct cpu_rank {
     float *mmine;                /* [cap, Hm] token-sharded finalize (TP only): its rows of m */
     ref_moe_ws ws;               /* the expert ops' workspace (y by route id, slots) */
     float *lg;                   /* [cap, nv] logits of this rank's vocabulary rows */
+    float *lrow;                 /* [V] one row's logits gathered (sm_step.lp_at, nv < V) */
     float *best;                 /* [cap] this rank's best logit per row */
     int *best_id, *am;           /* [cap] its id (-1: none, -2: non-finite); the global argmax */
     float *tr;                   /* [cap*K] route ids / argmax as floats for the trace */

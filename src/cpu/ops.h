@@ -28,6 +28,7 @@
  *   sm_k_qk_rope_kv                        ref_qk_rope_kv
  *   sm_k_attention, _prefill               ref_attention (= ref_attention_items over all items)
  *   sm_k_logits, _path                     ref_logits_h (= ref_logits_rows + ref_argmax_row)
+ *   sm_k_logprobs                          ref_logprobs_row
  *   sm_cuda_moe_forward                    ref_moe_experts (= ref_moe_group, ref_moe_ffn,
  *                                          ref_expert_norm, ref_route_sum, ref_round)
  * The stock MoE branch (route, pooler, pre-expert norm, experts, unpooler) is ref_moe.
@@ -39,6 +40,7 @@
 #include <stdint.h>
 #include "parallel/shard.h"
 #include "model/weights.h"
+#include "backend/backend.h"
 
 struct sm_pool; /* thread pool (src/cpu/pool.h); NULL = run on the calling thread */
 
@@ -270,6 +272,10 @@ void ref_logits_rows(struct sm_pool *p, const sm_config *c, const float *h, int 
  * -1 when any l[v] is NaN or +-Inf, or n < 1.  The argmax of every backend answers -1 for such
  * a row (backend.h), and the engine turns it into an error naming the step. */
 int ref_argmax_row(const float *l, int n);
+/* The logprob summary (backend.h: sm_lp_sum) of one logits row l [n] (n = vocab_used): lmax, lse
+ * in double (the sum in id order) and the min(k, n) largest logits with their ids, ties to the
+ * lowest id (k <= SM_LP_MAX_TOP); out->bad = 1 and nothing else for a row ref_argmax_row refuses. */
+void ref_logprobs_row(const float *l, int n, int k, sm_lp_sum *out);
 /* sm_k_logits: ref_logits_rows over the whole vocabulary of m (logits [n, V]), then argmax [n]
  * (ref_argmax_row over ids < vocab_used) when non-NULL. */
 void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, float *logits, int *argmax);

@@ -9,7 +9,7 @@
  * answers -1 for any row with a NaN or +-Inf among ids < vocab_used, catches every bad row.
  * We rejected scanning the raw logits separately for the guard: the epilogue already sees
  * every raw value once, and a second pass over [n, V] would double the logits' memory
- * traffic.
+ * traffic.  ref_logprobs_row is the logprob summary a step hands back instead of a row.
  */
 #include "cpu/ops.h"
 #include "cpu/pool.h"
@@ -75,4 +75,32 @@ void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, f
     /* greedy id among ids < vocab_used, lowest id on ties; -1 for a non-finite row */
     if (argmax)
         for (int i = 0; i < n; i++) argmax[i] = ref_argmax_row(logits + (int64_t)i * c->V, c->vocab_used);
+}
+
+void ref_logprobs_row(const float *l, int n, int k, sm_lp_sum *out) {
+    memset(out, 0, sizeof *out);
+    const int am = ref_argmax_row(l, n);
+    if (am < 0) { /* NaN or +-Inf: no distribution */
+        out->bad = 1;
+        return;
+    }
+    out->lmax = l[am];
+    /* lse = log(sum_v exp(l_v - lmax)), the sum in double in id order */
+    double sum = 0;
+    for (int v = 0; v < n; v++) sum += exp((double)l[v] - (double)out->lmax);
+    out->lse = log(sum);
+    /* the k largest by insertion into a sorted list: strict > keeps the lowest id first */
+    if (k > SM_LP_MAX_TOP) k = SM_LP_MAX_TOP;
+    int m = 0;
+    for (int v = 0; v < n && k > 0; v++) {
+        if (m == k && !(l[v] > out->top_l[k - 1])) continue;
+        int j = m < k ? m++ : k - 1;
+        for (; j > 0 && l[v] > out->top_l[j - 1]; j--) {
+            out->top_l[j] = out->top_l[j - 1];
+            out->top_ids[j] = out->top_ids[j - 1];
+        }
+        out->top_l[j] = l[v];
+        out->top_ids[j] = v;
+    }
+    out->n = m;
 }

@@ -23,6 +23,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include "cpu/ops.h"
@@ -189,10 +190,12 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     g->rreq = malloc(rows * sizeof(int));
     g->argmax = malloc(rows * sizeof(int));
     g->logits_at = malloc(rows * sizeof(int));
+    g->lp_at = malloc(rows * sizeof(int));
+    g->lpsum = malloc(rows * sizeof(sm_lp_sum));
     g->draft = malloc((size_t)R * sizeof(int));
     g->aux_layers = malloc((size_t)(o->naux ? o->naux : 1) * sizeof(int));
     if (o->naux) g->aux = malloc((size_t)o->naux * rows * (size_t)c->H * sizeof(float));
-    if (!g->reqs || !g->tok || !g->pos || !g->rreq || !g->argmax || !g->logits_at || !g->draft || !g->aux_layers ||
+    if (!g->reqs || !g->tok || !g->pos || !g->rreq || !g->argmax || !g->logits_at || !g->lp_at || !g->lpsum || !g->draft || !g->aux_layers ||
         (o->naux && !g->aux)) {
         sparkmono_engine_destroy(g);
         return fail(SM_E_NOMEM, "sparkmono_engine_create: out of memory for %zu step rows", rows);
@@ -280,6 +283,8 @@ void sparkmono_engine_destroy(sparkmono_engine *g) {
     free(g->rreq);
     free(g->argmax);
     free(g->logits_at);
+    free(g->lp_at);
+    free(g->lpsum);
     free(g->slog);
     if (g->have_sws) sm_sample_ws_free(&g->sws);
     if (g->have_lws) sm_lp_ws_free(&g->lws);
@@ -349,7 +354,7 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
         g->have_sws = 1;
     }
     const int proc = smp && sm_lp_active(smp), want_lp = smp && smp->logprobs;
-    if ((proc || want_lp) && !g->have_lws) { /* the processors' scratch, once per engine */
+    if (proc && !g->have_lws) { /* the processors' scratch, once per engine */
         if (sm_lp_ws_init(&g->lws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
         g->have_lws = 1;
     }
@@ -377,7 +382,7 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
     r->nhist = n;
     r->sampled = sampled;
     r->proc = proc;
-    r->rows_back = sampled || proc || want_lp;
+    r->rows_back = sampled || proc;
     r->lp = lp;
     r->top_ids = top_ids;
     r->top_lp = top_lp;
@@ -400,8 +405,9 @@ sm_status sparkmono_remove(sparkmono_engine *g, int req) {
 }
 
 /* Run the rows staged in g->tok/pos/rreq [0, nrows) as one backend step; logits (NULL: none)
- * gets every row, or with logits_at (NULL: every row) the rows it maps. */
-static sm_status run_step(sparkmono_engine *g, int nrows, float *logits, const int *logits_at) {
+ * gets every row, or with logits_at (NULL: every row) the rows it maps; lp_k > 0: the rows
+ * g->lp_at names get their summaries in g->lpsum, with lp_k top ids. */
+static sm_status run_step(sparkmono_engine *g, int nrows, float *logits, const int *logits_at, int lp_k) {
     sm_step st = {0};
     st.nrows = nrows;
     st.tokens = g->tok;
@@ -410,6 +416,9 @@ static sm_status run_step(sparkmono_engine *g, int nrows, float *logits, const i
     st.kv = &g->kv;
     st.logits = logits;
     st.logits_at = logits_at;
+    st.lp_at = lp_k > 0 ? g->lp_at : NULL;
+    st.lp_k = lp_k;
+    st.lp = lp_k > 0 ? g->lpsum : NULL;
     st.argmax = g->argmax;
     st.naux = g->naux;
     st.aux_layers = g->naux ? g->aux_layers : NULL;
@@ -440,12 +449,41 @@ static sm_status slog_reserve(sparkmono_engine *g, int rows) {
     return SM_OK;
 }
 
+_Static_assert(SM_LP_MAX_TOP == SPARKMONO_MAX_TOP_LOGPROBS, "a step's summary holds every top id a request may ask");
+
+/* The top ids a request's rows ask of the step's logprob summaries: its top_logprobs, at least 1
+ * (the summary's first id is the greedy id). */
+static int lp_k_of(const sm_request *r) { return r->samp.top_logprobs > 1 ? r->samp.top_logprobs : 1; }
+
+/* The logprobs of id tok at position pos of r (generated index pos - prompt_len; a row past an
+ * eos is never read) from its row's summary ls: its value among ls's top ids, else from the raw
+ * row (NULL for a greedy request without processors, whose id is ls's first). */
+static sm_status lp_record(const sparkmono_engine *g, const sm_request *r, const sm_lp_sum *ls, const float *raw, int tok,
+                           int64_t pos) {
+    const int64_t gi = pos - r->prompt_len;
+    if (!r->lp || gi < 0 || gi >= r->max_tokens) return SM_OK;
+    if (ls->bad) return fail(SM_E_MODEL, "request at position %lld: its logits are NaN or Inf", (long long)pos);
+    int j = 0;
+    while (j < ls->n && ls->top_ids[j] != tok) j++;
+    if (j == ls->n && (!raw || tok < 0 || tok >= g->cfg->vocab_used))
+        return fail(SM_E_BACKEND, "request at position %lld: id %d is not in its logprob summary", (long long)pos, tok);
+    r->lp[gi] = sm_lp_value(ls, j < ls->n ? ls->top_l[j] : raw[tok]);
+    /* the request's top_logprobs most likely ids: the first of the step's lp_k >= that */
+    const int k = r->samp.top_logprobs;
+    for (int i = 0; i < k; i++) {
+        r->top_ids[gi * k + i] = i < ls->n ? ls->top_ids[i] : -1;
+        r->top_lp[gi * k + i] = i < ls->n ? sm_lp_value(ls, ls->top_l[i]) : -INFINITY;
+    }
+    return SM_OK;
+}
+
 /* The token at position pos of request r (sampled or with processors) from its raw logits row
  * lg [V]: processed (logitproc.h) with the history hist then extra [nextra] (the drafts
  * accepted before this row), then drawn (sampled) or its argmax (greedy); with draft >= 0,
- * *accepted says whether it is that draft (sampled: the speculative rule of sample.h). */
-static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float *lg, int64_t pos, const int *extra,
-                          int nextra, int draft, int *tok, int *accepted) {
+ * *accepted says whether it is that draft (sampled: the speculative rule of sample.h).  ls: the
+ * row's logprob summary (a request with logprobs), else NULL. */
+static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float *lg, const sm_lp_sum *ls, int64_t pos,
+                          const int *extra, int nextra, int draft, int *tok, int *accepted) {
     sm_err e = {{0}};
     const int nv = g->cfg->vocab_used;
     const float *raw = lg;
@@ -463,13 +501,8 @@ static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float 
         *accepted = 0;
         *tok = draft >= 0 ? sm_sample_accept(&g->sws, draft, u, accepted) : sm_sample_draw(&g->sws, u);
     }
-    /* logprobs of the raw row at generated index pos - prompt_len (a row past an eos is never read) */
-    const int64_t gi = pos - r->prompt_len;
-    if (r->lp && gi >= 0 && gi < r->max_tokens) {
-        const int k = r->samp.top_logprobs;
-        if (sm_lp_logprobs(&g->lws, raw, nv, *tok, k, &r->lp[gi], r->top_ids + gi * k, r->top_lp + gi * k))
-            s = fail(SM_E_MODEL, "request at position %lld: its logits are NaN or all -inf", (long long)pos);
-    }
+    /* logprobs of the raw row */
+    if (ls) s = lp_record(g, r, ls, raw, *tok, pos);
     return s;
 }
 
@@ -479,13 +512,13 @@ static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float 
  * history and out[0..j) (the drafts accepted so far); while it is the draft t[j + 1] (sampled:
  * accepted with probability p(draft)) the walk goes on; the first other token or the last
  * row's bonus token ends it.  Writes the tokens to out; *cnt = accepted drafts + 1. */
-static sm_status accept_rows(sparkmono_engine *g, const sm_request *r, const int *t, int nrows, const float *lg, int p0,
-                                int *out, int *cnt) {
+static sm_status accept_rows(sparkmono_engine *g, const sm_request *r, const int *t, int nrows, const float *lg,
+                             const sm_lp_sum *ls, int p0, int *out, int *cnt) {
     const size_t V = (size_t)g->cfg->V;
     for (int j = 0;; j++) {
         int acc;
-        sm_status s = token_at(g, r, lg + (size_t)j * V, (int64_t)p0 + 1 + j, out, j, j + 1 < nrows ? t[j + 1] : -1, &out[j],
-                               &acc);
+        sm_status s = token_at(g, r, lg + (size_t)j * V, ls ? ls + j : NULL, (int64_t)p0 + 1 + j, out, j,
+                               j + 1 < nrows ? t[j + 1] : -1, &out[j], &acc);
         if (s) return s;
         if (!acc) {
             *cnt = j + 1;
@@ -514,6 +547,8 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
         float *lg = logits ? logits + (size_t)a * (size_t)V : NULL;
         const int *at = NULL;
+        const int lp_k = r->lp && r->max_tokens > 0 && b == n ? lp_k_of(r) : 0; /* the last row's summary */
+        for (int i = 0; lp_k && i < b - a; i++) g->lp_at[i] = i == b - a - 1 ? i : -1;
         if (!lg && r->rows_back && r->max_tokens > 0 && b == n) {
             /* a sampled / processed request without the caller's logits: only its last row comes back */
             if ((s = slog_reserve(g, 1))) return s;
@@ -521,7 +556,7 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
             lg = g->slog;
             at = g->logits_at;
         }
-        if ((s = run_step(g, b - a, lg, at))) return s;
+        if ((s = run_step(g, b - a, lg, at, lp_k))) return s;
         /* a non-finite row fails the prefill: argmax -1, or a NaN / Inf in the logits handed out */
         for (int i = 0; i < b - a; i++)
             if (g->argmax[i] < 0 || (logits && ref_argmax_row(lg + (size_t)i * (size_t)V, g->cfg->vocab_used) < 0))
@@ -537,10 +572,14 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
     } else if (r->rows_back) {
         const float *last = logits ? logits + (size_t)(n - 1) * (size_t)V : g->slog;
         int t, acc;
-        if ((s = token_at(g, r, last, n, NULL, 0, -1, &t, &acc))) return s;
+        if ((s = token_at(g, r, last, r->lp ? &g->lpsum[g->last_nrows - 1] : NULL, n, NULL, 0, -1, &t, &acc))) return s;
         emit(g->cfg, r, &t, 1);
     } else {
-        emit(g->cfg, r, &g->argmax[g->last_nrows - 1], 1);
+        const int t = g->argmax[g->last_nrows - 1];
+        if (r->lp && (s = lp_record(g, r, &g->lpsum[g->last_nrows - 1], logits ? logits + (size_t)(n - 1) * (size_t)V : NULL,
+                                    t, n)))
+            return s;
+        emit(g->cfg, r, &t, 1);
     }
     return ok();
 }
@@ -562,7 +601,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
     }
     if (n == 0) return ok(); /* nothing to do; the last step's aux stays readable */
     /* stage rows: per request, its last token then R-1 drafts, at positions nhist-1 .. */
-    int nrows = 0, nsel = 0;
+    int nrows = 0, nsel = 0, lp_k = 0;
     for (int q = 0; q < g->max_req; q++) {
         sm_request *r = &g->reqs[q];
         r->nrows = 0;
@@ -583,7 +622,9 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
             g->pos[nrows + i] = p0 + i;
             g->rreq[nrows + i] = q;
             g->logits_at[nrows + i] = r->rows_back ? nsel + i : -1; /* their rows' logits, packed */
+            g->lp_at[nrows + i] = r->lp ? nrows + i : -1;         /* their rows' logprob summaries */
         }
+        if (r->lp && lp_k_of(r) > lp_k) lp_k = lp_k_of(r);
         r->row0 = nrows;
         r->nrows = rows;
         r->lrow0 = nsel;
@@ -592,7 +633,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
     }
     sm_status s;
     if (nsel && (s = slog_reserve(g, nsel))) return s;
-    if ((s = run_step(g, nrows, nsel ? g->slog : NULL, nsel ? g->logits_at : NULL))) return s;
+    if ((s = run_step(g, nrows, nsel ? g->slog : NULL, nsel ? g->logits_at : NULL, lp_k))) return s;
     /* a non-finite row fails the step before anything is emitted or committed */
     for (int q = 0; q < g->max_req; q++)
         for (int i = 0; i < g->reqs[q].nrows; i++)
@@ -602,11 +643,15 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         sm_request *r = &g->reqs[q];
         if (!r->nrows) continue;
         int p0 = r->nhist - 1, cnt;
-        if (!r->rows_back)
+        const sm_lp_sum *ls = r->lp ? g->lpsum + r->row0 : NULL;
+        if (!r->rows_back) {
             cnt = sm_accept_greedy(g->tok + r->row0, g->argmax + r->row0, r->nrows, g->draft);
-        else if ((s = accept_rows(g, r, g->tok + r->row0, r->nrows, g->slog + (size_t)r->lrow0 * (size_t)g->cfg->V, p0,
-                                     g->draft, &cnt)))
+            for (int j = 0; ls && j < cnt; j++) /* row j gave the token at p0 + 1 + j */
+                if ((s = lp_record(g, r, ls + j, NULL, g->draft[j], (int64_t)p0 + 1 + j))) return s;
+        } else if ((s = accept_rows(g, r, g->tok + r->row0, r->nrows, g->slog + (size_t)r->lrow0 * (size_t)g->cfg->V, ls,
+                                    p0, g->draft, &cnt))) {
             return s;
+        }
         int kept = emit(g->cfg, r, g->draft, cnt);
         r->steps++;
         r->accepted += kept < cnt - 1 ? kept : cnt - 1;

@@ -6,8 +6,9 @@
  * the first row of its next verify step, followed by R-1 n-gram drafts.  We rejected keeping
  * the drafts' K/V bookkeeping separate from the committed length: rejected rows are simply
  * overwritten by the next step, as in docs/model.md section 8.  The rows of a sampled request,
- * or one with logit processors or logprobs, also bring their logits back from the step
- * (sm_step.logits_at), packed into slog.
+ * or one with logit processors, also bring their logits back from the step (sm_step.logits_at),
+ * packed into slog; the rows of a request with logprobs bring back their logprob summaries
+ * (sm_step.lp_at: made where the logits are, on the GPU for the cuda backend), not the rows.
  */
 #ifndef SM_ENGINE_H
 #define SM_ENGINE_H
@@ -32,7 +33,7 @@ typedef struct sm_request {
     int row0, nrows;   /* its rows in the engine's last step; nrows = 0 if absent */
     int sampled;       /* 1: tokens drawn under samp (temperature > 0); 0: greedy */
     int proc;          /* 1: samp has logit processors (logitproc.h) */
-    int rows_back;     /* 1: its rows' logits come back (sampled, proc or logprobs) */
+    int rows_back;     /* 1: its rows' logits come back (sampled or proc) */
     float *lp;         /* [max_tokens] logprob of each generated id (samp.logprobs), else NULL */
     int *top_ids;      /* [max_tokens * samp.top_logprobs] the most likely ids of each position */
     float *top_lp;     /* [max_tokens * samp.top_logprobs] their logprobs */
@@ -63,13 +64,16 @@ struct sparkmono_engine {
     int *tok, *pos, *rreq; /* [max_rows] step inputs: token, position, request slot */
     int *argmax;           /* [max_rows] step output */
     int *logits_at;        /* [max_rows] step input: row of slog each row's logits go to, -1 */
+    int *lp_at;            /* [max_rows] step input: the row itself for the rows of a request with
+                              logprobs, else -1 */
+    sm_lp_sum *lpsum;      /* [max_rows] step output: their logprob summaries (by row) */
     float *slog;           /* [slog_rows, V] logits of the rows of sampled requests, or NULL */
     int slog_rows;         /* rows slog holds */
     sm_sample_ws sws;      /* the sampler's distribution of one row (allocated with the first
                               sampled request: have_sws) */
     int have_sws;
-    sm_lp_ws lws;          /* the logit processors' and logprobs' scratch (allocated with the first
-                              request that has processors or logprobs: have_lws) */
+    sm_lp_ws lws;          /* the logit processors' scratch (allocated with the first request that
+                              has processors: have_lws) */
     int have_lws;
     float *aux;            /* [naux, max_rows, H] step output, NULL when naux = 0 */
     int last_nrows;        /* rows of the last step (aux rows are strided by it) */

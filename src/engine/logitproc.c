@@ -19,8 +19,7 @@ int sm_lp_ws_init(sm_lp_ws *ws, int cap, sm_err *e) {
     ws->count = calloc((size_t)cap, sizeof(int));
     ws->seen = calloc((size_t)cap, 1);
     ws->row = malloc((size_t)cap * sizeof(float));
-    ws->ls = malloc((size_t)cap * sizeof(double));
-    if (!ws->count || !ws->seen || !ws->row || !ws->ls) {
+    if (!ws->count || !ws->seen || !ws->row) {
         sm_lp_ws_free(ws);
         return sm_errf(e, "logit processors: out of memory for %d ids", cap);
     }
@@ -31,7 +30,6 @@ void sm_lp_ws_free(sm_lp_ws *ws) {
     free(ws->count);
     free(ws->seen);
     free(ws->row);
-    free(ws->ls);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -141,37 +139,4 @@ int sm_lp_argmax(const float *row, int nv) {
         }
     }
     return best;
-}
-
-int sm_lp_log_softmax(const float *row, int nv, double *out) {
-    int m = sm_lp_argmax(row, nv);
-    if (m < 0) return -1;
-    /* log p_i = (l_i - l_max) - log(sum_j exp(l_j - l_max)), the sum in id order */
-    const double lmax = row[m];
-    double sum = 0;
-    for (int i = 0; i < nv; i++) sum += exp((double)row[i] - lmax);
-    const double lse = log(sum);
-    for (int i = 0; i < nv; i++) out[i] = ((double)row[i] - lmax) - lse;
-    return 0;
-}
-
-int sm_lp_logprobs(sm_lp_ws *ws, const float *row, int nv, int tok, int k, float *lp, int *top_ids, float *top_lp) {
-    double *ls = ws->ls, td[SPARKMONO_MAX_TOP_LOGPROBS];
-    if (k < 0 || k > SPARKMONO_MAX_TOP_LOGPROBS || sm_lp_log_softmax(row, nv, ls)) return -1;
-    *lp = tok >= 0 && tok < nv ? (float)ls[tok] : -INFINITY;
-    /* the k largest by insertion into a sorted list (k <= 20): strict > keeps the lowest id first */
-    int n = 0;
-    for (int i = 0; i < nv && k > 0; i++) {
-        if (n == k && !(ls[i] > td[k - 1])) continue;
-        int j = n < k ? n++ : k - 1;
-        for (; j > 0 && ls[i] > td[j - 1]; j--) {
-            td[j] = td[j - 1];
-            top_ids[j] = top_ids[j - 1];
-        }
-        td[j] = ls[i];
-        top_ids[j] = i;
-    }
-    for (int j = 0; j < k; j++) top_lp[j] = j < n ? (float)td[j] : -INFINITY;
-    for (int j = n; j < k; j++) top_ids[j] = -1; /* fewer ids than k */
-    return 0;
 }

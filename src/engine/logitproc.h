@@ -1,6 +1,7 @@
 /* logitproc.h: the logit processors of a request (include/sparkmono.h: the processor fields of
  * sparkmono_sampling): min_tokens, logit_bias, repetition / frequency / presence penalties,
- * and the stop rules (eos, ignore_eos, stop ids), plus the log-softmax of a row.
+ * and the stop rules (eos, ignore_eos, stop ids).  A row's logprobs are the step's summary
+ * (backend.h: sm_lp_sum, made where the logits are).
  *
  * A processor is a function of (raw row, history before the position): the engine calls
  * sm_lp_apply once per position with the request's history and the tokens accepted so far in
@@ -21,7 +22,6 @@ typedef struct sm_lp_ws {
     int *count;     /* [cap] occurrences of each id among the generated ids; 0 between calls */
     char *seen;     /* [cap] 1: id in the history (prompt or generated); 0 between calls */
     float *row;     /* [cap] the last processed row */
-    double *ls;     /* [cap] the last log-softmax (sm_lp_logprobs) */
 } sm_lp_ws;
 
 int sm_lp_ws_init(sm_lp_ws *ws, int cap, sm_err *e);
@@ -47,14 +47,5 @@ const float *sm_lp_apply(sm_lp_ws *ws, const float *lg, int nv, const sparkmono_
 /* The id of the largest logit of row [nv] (ties to the lowest id); -1 when a logit is NaN or
  * every one is -inf. */
 int sm_lp_argmax(const float *row, int nv);
-
-/* The logprob of id tok and the k most likely ids (ties to the lowest id) with theirs, from the
- * raw row [nv] (log-softmax in double, rounded to f32): *lp, top_ids [k], top_lp [k].  -1 on a
- * NaN or all -inf row. */
-int sm_lp_logprobs(sm_lp_ws *ws, const float *row, int nv, int tok, int k, float *lp, int *top_ids, float *top_lp);
-
-/* Log-softmax in double of row [nv] (ids order sums; -inf logits give -inf): out [nv].
- * -1 on a NaN logit or an all -inf row. */
-int sm_lp_log_softmax(const float *row, int nv, double *out);
 
 #endif

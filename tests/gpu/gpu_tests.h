@@ -11,7 +11,7 @@ int gpu_test_moe(void);      /* MoE expert stage vs the CPU reference (tests/gpu
 int gpu_test_model(void);    /* whole models vs the CPU backend, through the engine (tests/gpu/model.c, model_engine.c) */
 int gpu_test_comm(void);     /* cross-rank operations (cuda/comm/gcomm.h) vs a rank-order reference (tests/gpu/comm.cu) */
 /* Per-op microbenchmarks (bench/gpu/, `gpu_test --bench OP`): ops is a comma-separated list of
- * norm, router, attention, matmul, moe, logits or all.  Prints each op's table (median time,
+ * norm, router, attention, matmul, moe, logits, logprobs or all.  Prints each op's table (median time,
  * floor, % of floor at the real widths and 8..128 rows), then a summary table.  0; 1 on a CUDA
  * error; 2 (one line on stderr, nothing run) on an unknown op. */
 int gpu_bench(const char *ops);

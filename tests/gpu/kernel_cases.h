@@ -59,4 +59,6 @@ void case_attention_invariance(const char *label, int nh, int nkv, int window, i
 /* logits.cu: want_logits 0: the argmax only */
 void case_logits(int paths, int n, int H, int V, int vu, int want_logits);
 void case_logits_nonfinite(int paths, int n, int H, int V, int vu);
+/* k top ids of nsel random rows of n (n >= 4: a NaN row and an Inf row among them) */
+void case_logprobs(int n, int V, int vu, int k, int nsel, int ties);
 #endif

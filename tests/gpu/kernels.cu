@@ -372,6 +372,12 @@ int gpu_test_kernels(void) {
     case_logits_nonfinite(P_AUTO | P_ALL, 13, 256, 1000, 990);
     case_logits_nonfinite(P_AUTO | P_ALL, 128, 1024, 5000, 4990);
     case_logits_nonfinite(P_AUTO | P_ALL, 200, 256, 1000, 1000);
+    case_logprobs(8, 202048, 201818, 20, 8, 0);
+    case_logprobs(128, 202048, 201818, 5, 128, 0);
+    case_logprobs(16, 202048, 201818, 20, 16, 1);
+    case_logprobs(130, 1000, 990, 1, 300, 0); /* three launches */
+    case_logprobs(6, 3000, 15, 20, 6, 0);     /* fewer ids than k */
+    case_logprobs(4, 512, 512, 20, 4, 1);
 
     /* the launchers inside a captured CUDA graph */
     case_graph();

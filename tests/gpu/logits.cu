@@ -1,6 +1,8 @@
 /* logits.cu: lm_head + softcap + argmax (src/cuda/ops/logits.cu, every path) against
  * ref_logits_h (src/cpu/ops_logits.c), and the argmax's non-finite guard with planted NaN / Inf
- * values; benchmark: bench/gpu/logits.cu.  The `kernels` group (kernel_cases.h); bounds: the
+ * values; the logprob summaries (src/cuda/ops/logprobs.cu) against ref_logprobs_row: ids, top
+ * logits and lmax bit for bit, lse within 1e-12 relative (its sum's order), every logprob
+ * within one f32 ulp; benchmark: bench/gpu/logits.cu.  The `kernels` group (kernel_cases.h); bounds: the
  * f32 logits rel 1e-3, each element within GH_ELEM_FACTOR times that (harness.h), masked ids
  * -inf exactly, the argmax compared on rows that are no near-tie.  We rejected comparing the
  * argmax of near-ties: either id is right.
@@ -158,3 +160,67 @@ void case_logits_nonfinite(int paths, int n, int H, int V, int vu) {
     gh_case_end();
 }
 
+
+/* ------------------------------------------------------------------ logprob summaries */
+
+/* nsel summaries (rows drawn at random, repeats allowed) of n random rows [n, V] with ids >= vu
+ * at -inf, planted ties at the maximum and among the top, a NaN row and an Inf row (n >= 4);
+ * ties != 0: every logit one of three values (ties everywhere, across chunks). */
+void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
+    sm_err e = {""};
+    char name[160];
+    snprintf(name, sizeof name, "logprobs n=%d V=%d vocab_used=%d k=%d rows=%d%s", n, V, vu, k, nsel, ties ? " (three values)" : "");
+    float *hl = (float *)gh_halloc((size_t)n * V * 4);
+    for (int i = 0; i < n; i++) {
+        float *l = hl + (size_t)i * V;
+        for (int v = 0; v < V; v++) /* the softcapped range, or three values */
+            l[v] = v >= vu ? -INFINITY : ties ? (float)gh_rndi(3) : 20.0f * tanhf(gh_rnds(2.0f));
+        if (vu > 2) { /* ties: the maximum twice, and one more pair */
+            int am = ref_argmax_row(l, vu), t = gh_rndi(vu);
+            l[t] = l[am];
+            l[gh_rndi(vu)] = l[gh_rndi(vu)];
+        }
+    }
+    if (n >= 4) {
+        hl[(size_t)1 * V + gh_rndi(vu)] = NAN;
+        hl[(size_t)2 * V + gh_rndi(vu)] = INFINITY;
+    }
+    int *rows = (int *)gh_halloc((size_t)nsel * 4);
+    for (int i = 0; i < nsel; i++) rows[i] = gh_rndi(n);
+    float *dl = (float *)gh_dup_to_dev("logits", hl, 4, (size_t)n * V);
+    sm_lp_sum *dout = (sm_lp_sum *)gh_dalloc("summaries", sizeof(sm_lp_sum), nsel);
+    sm_lp_sum *got = (sm_lp_sum *)gh_halloc((size_t)nsel * sizeof(sm_lp_sum));
+    gh_case_fail = 0;
+    if (sm_k_logprobs(&g_ctx, dl, (size_t)V, rows, nsel, vu, k, dout, g_st, &e)) {
+        gh_fail_line(name, e.msg);
+        return;
+    }
+    if (!gh_sync(g_st)) {
+        gh_fail_line(name, "the launch failed");
+        return;
+    }
+    gh_to_host(got, dout, (size_t)nsel * sizeof(sm_lp_sum));
+    double worst_lse = 0;
+    int nbad = 0;
+    for (int i = 0; i < nsel && gh_case_fail < 4; i++) {
+        const float *l = hl + (size_t)rows[i] * V;
+        sm_lp_sum ref, *g = &got[i];
+        ref_logprobs_row(l, vu, k, &ref);
+        nbad += ref.bad;
+        GH_CHECK(g->bad == ref.bad, "entry %d (row %d): bad %d, reference %d", i, rows[i], g->bad, ref.bad);
+        if (ref.bad || g->bad) continue;
+        GH_CHECK(g->lmax == ref.lmax && g->n == ref.n, "entry %d: lmax %g n %d, reference %g %d", i, (double)g->lmax, g->n,
+                 (double)ref.lmax, ref.n);
+        for (int j = 0; j < ref.n && j < g->n; j++) {
+            GH_CHECK(g->top_ids[j] == ref.top_ids[j] && g->top_l[j] == ref.top_l[j], "entry %d top %d: id %d (%g), reference %d (%g)",
+                     i, j, g->top_ids[j], (double)g->top_l[j], ref.top_ids[j], (double)ref.top_l[j]);
+            const float a = sm_lp_value(g, g->top_l[j]), b = sm_lp_value(&ref, ref.top_l[j]);
+            GH_CHECK(fabsf(a - b) <= fabsf(b) * 1.2e-7f, "entry %d top %d: logprob %.9g, reference %.9g", i, j, (double)a, (double)b);
+        }
+        const double d = fabs(g->lse - ref.lse) / (fabs(ref.lse) + 1e-300);
+        worst_lse = d > worst_lse ? d : worst_lse;
+    }
+    GH_CHECK(worst_lse <= 1e-12, "lse relative error %.3g", worst_lse);
+    gh_result(gh_case_fail == 0 && gh_guards_ok(), "%s (lse rel %.2g, %d NaN / Inf rows)", name, worst_lse, nbad);
+    gh_case_end();
+}

@@ -95,7 +95,7 @@ static void run_group(group *g) {
 }
 
 /* `gpu_test` runs every group, `gpu_test GROUP` one of them; `gpu_test --bench OP[,OP..]` runs
- * per-op microbenchmarks only (bench/gpu/; OP norm, router, attention, matmul, moe, logits or
+ * per-op microbenchmarks only (bench/gpu/; OP norm, router, attention, matmul, moe, logits, logprobs or
  * all); `--bench-moe` and `--bench-dense` are the former names of `--bench moe` and
  * `--bench matmul,logits`. */
 int main(int argc, char **argv) {

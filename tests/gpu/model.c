@@ -500,6 +500,9 @@ int gpu_test_model(void) {
     fails += tm_spec_loop(root, 78, 0, 0);
     fails += tm_spec_loop(root, 80, 2, 0);
     fails += tm_spec_loop(root, 81, 2, 1);
+    fails += tm_logprobs_steps(root, 82, 0);
+    fails += tm_logprobs_steps(root, 83, 2);
+    fails += tm_logprobs_engine(root, 84);
     fails += tm_synth(root, 4242);
     fails += tm_mono_guards();
     tm_rm_rf(root);

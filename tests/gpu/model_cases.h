@@ -33,4 +33,7 @@ int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp);
 int tm_synth(const char *root, uint64_t seed);
 int tm_mono_guards(void);
 int tm_world_guards(const char *root, uint64_t seed);
+/* model_logprobs.c */
+int tm_logprobs_steps(const char *root, uint64_t seed, int world);
+int tm_logprobs_engine(const char *root, uint64_t seed);
 #endif

@@ -185,19 +185,21 @@ static int cb_world_logits(sm_cuda_rank *cr, const uint16_t *h, int c0, int nc, 
 static int cb_head(sm_cuda_rank *cr, const cb_run *r, sm_err *e) {
     const sm_config *cf = &cr->cfg;
     const int n = r->n, H = cf->H;
+    int ord = 0; /* eager: logprob summaries made so far (cr->lps, row order) */
     if (cr->gc) { /* world > 1: every rank takes part; rank 0 copies to the host */
         for (int c0 = 0; c0 < n; c0 += CB_LOGIT_ROWS) {
             int nc = n - c0 < CB_LOGIT_ROWS ? n - c0 : CB_LOGIT_ROWS;
-            float *out = r->logits_dev ? r->logits_dev + (size_t)c0 * cf->V : r->logits_host ? cr->logits : NULL;
+            float *out = r->logits_dev ? r->logits_dev + (size_t)c0 * cf->V : r->logits_host || r->lp_at ? cr->logits : NULL;
             if (cb_world_logits(cr, cr->x + (size_t)c0 * H, c0, nc, out, e)) return -1;
             if (r->logits_host && cr->rank == 0 &&
                 cb_logits_to_host(cr, cr->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
                                   r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
                 return -1;
+            if (r->lp_at && cr->rank == 0 && cb_logprobs(cr, r->lp_at + c0, nc, r->lp_k, &ord, e)) return -1;
         }
         return 0;
     }
-    if (!r->logits_host) {
+    if (!r->logits_host && !r->lp_at) {
         if (sm_k_logits(&cr->kc, cr->x, n, H, cr->lm_head, cf->V, cf->vocab_used, cf->out_mult, cf->softcap, r->logits_dev, cr->am,
                         cr->st, e))
             return sm_errprefix(e, "cuda step: logits");
@@ -208,9 +210,10 @@ static int cb_head(sm_cuda_rank *cr, const cb_run *r, sm_err *e) {
         if (sm_k_logits(&cr->kc, cr->x + (size_t)c0 * H, nc, H, cr->lm_head, cf->V, cf->vocab_used, cf->out_mult, cf->softcap,
                         cr->logits, cr->am + c0, cr->st, e))
             return sm_errprefix(e, "cuda step: logits");
-        if (cb_logits_to_host(cr, cr->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
-                              r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
+        if (r->logits_host && cb_logits_to_host(cr, cr->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
+                                                r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
             return -1;
+        if (r->lp_at && cb_logprobs(cr, r->lp_at + c0, nc, r->lp_k, &ord, e)) return -1;
     }
     return 0;
 }

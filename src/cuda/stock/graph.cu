@@ -43,7 +43,7 @@ void cb_graphs_drop(sm_cuda_rank *cr, int aux_only) {
         }
 }
 
-int cb_reserve_outputs(sm_cuda_rank *cr, int naux, int want_logits, sm_err *e) {
+int cb_reserve_outputs(sm_cuda_rank *cr, int naux, int want_logits, int want_lp, sm_err *e) {
     if (naux > cr->aux_cap) {
         SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
         cb_graphs_drop(cr, 1); /* they hold the old aux pointer */
@@ -53,7 +53,11 @@ int cb_reserve_outputs(sm_cuda_rank *cr, int naux, int want_logits, sm_err *e) {
         SM_CUDA_CHECK(cudaMalloc(&cr->aux, (size_t)naux * cr->cap * cr->cfg.H * 4));
         cr->aux_cap = naux;
     }
-    if (want_logits && !cr->logits) SM_CUDA_CHECK(cudaMalloc(&cr->logits, (size_t)CB_LOGIT_ROWS * cr->cfg.V * 4));
+    if ((want_logits || want_lp) && !cr->logits) SM_CUDA_CHECK(cudaMalloc(&cr->logits, (size_t)CB_LOGIT_ROWS * cr->cfg.V * 4));
+    if (want_lp && !cr->lps) {
+        SM_CUDA_CHECK(cudaMalloc(&cr->lps, (size_t)cr->cap * sizeof(sm_lp_sum)));
+        SM_CUDA_CHECK(cudaMallocHost((void **)&cr->h_lps, (size_t)cr->cap * sizeof(sm_lp_sum)));
+    }
     return 0;
 }
 
@@ -91,7 +95,7 @@ static int cb_same_aux(const cb_graph *g, const sm_step *s) {
 }
 
 int cb_launch_graph(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e) {
-    int bi = cb_bucket(nb), wl = s->logits != NULL;
+    int bi = cb_bucket(nb), wl = s->logits || s->lp_at; /* the graph keeps the logits on the device */
     cb_graph *G = &cr->graphs[bi][wl];
     *fresh = 0;
     if (G->exec && !cb_same_aux(G, s)) {
@@ -120,7 +124,7 @@ int cb_launch_graph(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, in
 int cb_launch_bucket_eager(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, sm_err *e) {
     SM_CUDA_CHECK(cudaMemcpyAsync(cr->meta_d, cr->meta_h, bytes, cudaMemcpyHostToDevice, cr->st));
     cb_run r = cb_run_step(cr, s, nb);
-    r.logits_dev = s->logits ? cr->logits : NULL;
+    r.logits_dev = s->logits || s->lp_at ? cr->logits : NULL;
     r.mono = cb_mono_bucket(cr, nb, e); /* plans the bucket's launches on first use */
     if (r.mono < 0) return -1;
     return cb_enqueue(cr, &r, e);

@@ -100,6 +100,8 @@ static int cb_launch_eager(sm_cuda_rank *cr, const sm_step *s, int r0, int n, cb
     cb_run r = cb_run_step(cr, s, n);
     r.logits_host = !s->logits ? NULL : s->logits_at ? s->logits : s->logits + (size_t)r0 * cr->cfg.V;
     r.logits_at = s->logits && s->logits_at ? s->logits_at + r0 : NULL;
+    r.lp_at = s->lp_at ? s->lp_at + r0 : NULL;
+    r.lp_k = s->lp_k;
     r.att = att;
     r.natt = na;
     return cb_enqueue(cr, &r, e);
@@ -122,16 +124,37 @@ int cb_logits_to_host(sm_cuda_rank *cr, const float *dev, int n, const int *at, 
     return 0;
 }
 
-/* Copy argmax (and aux, and graph logits: every row, or the rows logits_at asks for) of rows
- * [r0, r0 + n) back and wait for the step. */
-static int cb_collect(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int graph_logits, sm_err *e) {
+int cb_logprobs(sm_cuda_rank *cr, const int *at, int n, int k, int *ord, sm_err *e) {
+    int rows[CB_LOGIT_ROWS], m = 0;
+    for (int i = 0; i < n && i < CB_LOGIT_ROWS; i++)
+        if (at[i] >= 0) rows[m++] = i;
+    if (sm_k_logprobs(&cr->kc, cr->logits, (size_t)cr->cfg.V, rows, m, cr->cfg.vocab_used, k, cr->lps + *ord, cr->st, e))
+        return sm_errprefix(e, "cuda step: logprobs");
+    *ord += m;
+    return 0;
+}
+
+/* Copy argmax (and aux, and, graph form, the logits: every row, or the rows logits_at asks
+ * for; and the logprob summaries lp_at asks for) of rows [r0, r0 + n) back and wait for the
+ * step.  The eager form made its summaries in cb_head. */
+static int cb_collect(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int graph, sm_err *e) {
     const sm_config *cf = &cr->cfg;
     const int out = cr->rank == 0; /* world > 1: the replicated outputs go to the host from rank 0 */
     SM_CUDA_CHECK(cudaMemcpyAsync(cr->h_am, cr->am, (size_t)n * 4, cudaMemcpyDeviceToHost, cr->st));
-    if (graph_logits && out &&
+    if (graph && s->logits && out &&
         cb_logits_to_host(cr, cr->logits, n, s->logits_at ? s->logits_at + r0 : NULL,
                           s->logits_at ? s->logits : s->logits + (size_t)r0 * cf->V, e))
         return -1;
+    int nlp = 0; /* summaries of this run's rows, in row order in cr->lps */
+    if (s->lp_at && out) {
+        if (graph) {
+            if (cb_logprobs(cr, s->lp_at + r0, n, s->lp_k, &nlp, e)) return -1;
+        } else {
+            for (int i = 0; i < n; i++) nlp += s->lp_at[r0 + i] >= 0;
+        }
+        if (nlp)
+            SM_CUDA_CHECK(cudaMemcpyAsync(cr->h_lps, cr->lps, (size_t)nlp * sizeof(sm_lp_sum), cudaMemcpyDeviceToHost, cr->st));
+    }
     for (int a = 0; a < s->naux && out; a++)
         SM_CUDA_CHECK(cudaMemcpyAsync(s->aux + ((size_t)a * s->nrows + r0) * cf->H, cr->aux + (size_t)a * cr->cap * cf->H,
                                       (size_t)n * cf->H * 4, cudaMemcpyDeviceToHost, cr->st));
@@ -142,6 +165,8 @@ static int cb_collect(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int gra
     if (cb_mono_health_check(cr, e)) return sm_errprefix(e, "cuda step");
     if (cr->gc && sm_gcomm_health_check(cr->gc, e)) return sm_errprefix(e, "cuda step");
     if (s->argmax && out) memcpy(s->argmax + r0, cr->h_am, (size_t)n * 4);
+    for (int i = 0, j = 0; nlp && i < n; i++) /* the summaries to the slots lp_at names */
+        if (s->lp_at[r0 + i] >= 0) s->lp[s->lp_at[r0 + i]] = cr->h_lps[j++];
     return 0;
 }
 
@@ -153,7 +178,7 @@ static int cb_step_graphs(sm_cuda_rank *cr, const sm_step *s, int eager, sm_err 
         int nb = cb_bucket_rows(n), fresh;
         size_t bytes = cb_pack(cr, s, r0, n, nb);
         if ((eager ? cb_launch_bucket_eager(cr, s, bytes, nb, e) : cb_launch_graph(cr, s, bytes, nb, &fresh, e)) ||
-            cb_collect(cr, s, r0, n, s->logits != NULL, e))
+            cb_collect(cr, s, r0, n, 1, e))
             return -1;
         cr->last_nb = nb;
         cr->last_graph = !eager;
@@ -180,7 +205,7 @@ static int cb_step_eager(sm_cuda_rank *cr, const sm_step *s, sm_err *e) {
 
 int cb_step_run(sm_cuda_rank *cr, const sm_step *s, sm_err *e) {
     if (s->nrows == 0) return 0;
-    if (cb_enter(cr, e) || cb_reserve_outputs(cr, s->naux, s->logits != NULL, e)) return -1;
+    if (cb_enter(cr, e) || cb_reserve_outputs(cr, s->naux, s->logits != NULL, s->lp_at != NULL, e)) return -1;
     const int gf = cb_graph_form(s), graphs = gf && !cr->eager_only;
     /* virtual ranks: the bucket's run without a graph, the very launches a graph of distinct
      * devices replays (the prefill form would split the matmuls and the attention keys of the

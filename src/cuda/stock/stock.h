@@ -107,6 +107,8 @@ typedef struct sm_cuda_rank {
     uint16_t *f;               /* [cap, H] unpooler output */
     int *am;                   /* [cap] argmax */
     float *logits;             /* [CB_LOGIT_ROWS, V] f32, allocated on first use */
+    sm_lp_sum *lps, *h_lps;    /* [cap] logprob summaries of a run's rows (sm_step.lp_at), in row
+                                  order, and their pinned host staging; allocated on first use */
     float *aux;                /* [aux_cap, cap, H] f32, allocated on first use */
     int aux_cap;               /* aux entries aux holds */
     sm_cuda_moe_ws mws;        /* MoE workspace for cap rows */
@@ -164,6 +166,9 @@ typedef struct cb_run {
     float *logits_host;        /* head, eager: host logits [n, V] written in chunks, or NULL */
     const int *logits_at;      /* head, eager: NULL (row i to row i of logits_host), or [n] the row
                                   of logits_host each row's logits go to, -1 for none */
+    const int *lp_at;          /* head, eager: NULL, or [n]: the rows >= 0 get a logprob summary
+                                  (cr->lps, in row order) */
+    int lp_k;                  /* their top ids (sm_step.lp_k) */
     int naux;                  /* aux entries */
     const int *aux;            /* [naux] layer ids */
     const cb_att_item *att;    /* [natt] eager attention plan; NULL: one generic call */
@@ -258,7 +263,10 @@ int cb_bucket_rows(int n);
  * step: its chunks of CB_GRAPH_ROWS rows replay graphs); 0: a prefill (eager). */
 int cb_graph_form(const sm_step *s);
 /* Make room for naux aux entries and (if wanted) the logits buffer, before any capture. */
-int cb_reserve_outputs(sm_cuda_rank *cr, int naux, int want_logits, sm_err *e);
+int cb_reserve_outputs(sm_cuda_rank *cr, int naux, int want_logits, int want_lp, sm_err *e);
+/* The logprob summaries of the rows i < n of cr->logits with at[i] >= 0 into cr->lps from entry
+ * *ord on (rank 0), *ord advanced. */
+int cb_logprobs(sm_cuda_rank *cr, const int *at, int n, int k, int *ord, sm_err *e);
 /* Capture run r (on the metadata buffer) as a graph. */
 int cb_capture(sm_cuda_rank *cr, const cb_run *r, cudaGraphExec_t *out, sm_err *e);
 /* Enqueue a graph-form chunk already packed (bytes of metadata, nb padded rows): metadata
