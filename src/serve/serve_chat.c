@@ -223,23 +223,27 @@ static char *dump(json_t *v) {
     return s;
 }
 
-char *sm_chat_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
-                         const char *finish, int prompt_tokens, int completion_tokens) {
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s%}, s:n, s:s?}], s:{s:i, s:i, s:i}}", "id", id,
-                          "object", "chat.completion", "created", (json_int_t)created, "model", model, "choices",
-                          "index", 0, "message", "role", "assistant", "content", text ? text : "", text ? ntext : 0,
-                          "logprobs", "finish_reason", finish, "usage", "prompt_tokens", prompt_tokens,
-                          "completion_tokens", completion_tokens, "total_tokens", prompt_tokens + completion_tokens));
+char *sm_chat_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
+                         int prompt_tokens, int completion_tokens) {
+    json_t *choices = json_array();
+    for (int i = 0; choices && i < nc; i++)
+        json_array_append_new(choices, json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s?}", "index", c[i].index, "message",
+                                                 "role", "assistant", "content", c[i].text ? c[i].text : "",
+                                                 c[i].text ? c[i].ntext : 0, "logprobs", "finish_reason",
+                                                 c[i].finish));
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:o, s:{s:i, s:i, s:i}}", "id", id, "object", "chat.completion",
+                          "created", (json_int_t)created, "model", model, "choices", choices, "usage", "prompt_tokens",
+                          prompt_tokens, "completion_tokens", completion_tokens, "total_tokens",
+                          prompt_tokens + completion_tokens));
 }
 
-char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const char *text, size_t ntext,
-                    const char *finish) {
+char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const sm_api_choice *c) {
     json_t *delta = json_object();
     if (delta && role) json_object_set_new(delta, "role", json_string(role));
-    if (delta && (text || role)) json_object_set_new(delta, "content", json_stringn(text ? text : "", text ? ntext : 0));
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s?}]}", "id", id, "object", "chat.completion.chunk",
-                          "created", (json_int_t)created, "model", model, "choices", "index", 0, "delta", delta,
-                          "logprobs", "finish_reason", finish));
+    if (delta && (role || c->ntext)) json_object_set_new(delta, "content", json_stringn(c->text ? c->text : "", c->ntext));
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s?}]}", "id", id, "object",
+                          "chat.completion.chunk", "created", (json_int_t)created, "model", model, "choices", "index",
+                          c->index, "delta", delta, "logprobs", "finish_reason", c->finish));
 }
 
 char *sm_chat_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens) {

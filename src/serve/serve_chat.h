@@ -5,8 +5,8 @@
  * bos itself; no special token is added), and the chat-shaped answers.
  *
  * A chat request becomes a completions request: the body minus "messages", plus "prompt" as
- * the rendered ids, goes through sm_api_parse_completion, so every sampling field is checked
- * and runs once.  We rejected a second request parser for chat: the two would drift.
+ * the rendered ids, goes through sm_api_parse_completion, so every sampling field (n among
+ * them) is checked and runs once.  We rejected a second request parser for chat: the two would drift.
  */
 #ifndef SM_SERVE_CHAT_H
 #define SM_SERVE_CHAT_H
@@ -35,12 +35,12 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_genera
 int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
                   int *status, char *param, sm_err *e);
 
-/* The answers: a whole chat completion; a stream chunk (role: the first chunk's "assistant",
- * else NULL; finish NULL while running); the usage chunk. */
-char *sm_chat_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
-                         const char *finish, int prompt_tokens, int completion_tokens);
-char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const char *text, size_t ntext,
-                    const char *finish);
+/* The answers: a whole chat completion (choices c [nc] in index order: text, finish); a stream
+ * chunk of one choice (role: a choice's first chunk "assistant", else NULL; its news: text,
+ * finish NULL while it runs); the usage chunk. */
+char *sm_chat_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
+                         int prompt_tokens, int completion_tokens);
+char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const sm_api_choice *c);
 char *sm_chat_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens);
 
 #endif

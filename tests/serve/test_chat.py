@@ -2,9 +2,9 @@
 client: the make-model template rendered as Jinja2 renders it, the prompt tokenized without a
 second bos, the answer equal to a completion of those ids (and to `sparkmono generate`),
 streaming equal to the plain answer, 8 concurrent chats equal to each alone (greedy and
-seeded), bad messages (400 naming the field), a template's raise_exception (400 with its
-message), a directory without a template (400) and one whose template is outside the
-supported subset (the server refuses to start: exit 2, one line)."""
+seeded), n choices (plain and streamed), bad messages (400 naming the field), a template's raise_exception (400 with its message), a directory without a
+template (400) and one whose template is outside the supported subset (the server refuses to
+start: exit 2, one line)."""
 import json
 import os
 import shutil
@@ -81,9 +81,9 @@ def prompts(model_dir, hf_tok):
     return out
 
 
-def chat(c, name, msgs, n, **kw):
+def chat(c, name, msgs, max_tokens, **kw):
     kw.setdefault("temperature", 0)
-    return c.chat.completions.create(model=name, messages=msgs, max_tokens=n, **kw)
+    return c.chat.completions.create(model=name, messages=msgs, max_tokens=max_tokens, **kw)
 
 
 def stream_text(c, name, msgs, n, **kw):
@@ -148,32 +148,60 @@ def test_concurrent_equals_alone(chat_server, sampling):
     assert together == alone
 
 
-BAD = [
-    ({"messages": "hi"}, "'messages' must be a non-empty list"),
-    ({"messages": []}, "'messages' must be a non-empty list"),
-    ({"messages": ["hi"]}, "messages[0] must be an object"),
-    ({"messages": [{"content": "hi"}]}, "messages[0].role must be a string"),
+HI = [{"role": "user", "content": "hi"}]
+BAD = [  # (body, the error's param, words of its message)
+    ({"messages": "hi"}, "messages", "'messages' must be a non-empty list"),
+    ({"messages": []}, "messages", "'messages' must be a non-empty list"),
+    ({"messages": ["hi"]}, "messages", "messages[0] must be an object"),
+    ({"messages": [{"content": "hi"}]}, "messages", "messages[0].role must be a string"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": 3}]},
-     "messages[2].content must be a string or a list of text parts"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages", "messages[2].content must be a string or a list of text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages",
      "messages[0].content[0] must be {\"type\": \"text\""),
-    ({"messages": [{"role": "user"}]}, "messages[0].content must be a string or a list of text parts"),
-    ({}, "'messages' is required"),
-    ({"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, "'prompt' is not a field of chat completions"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
-    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "'logprobs' is not supported by chat completions"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user"}]}, "messages", "messages[0].content must be a string or a list of text parts"),
+    ({}, "messages", "'messages' is required"),
+    ({"messages": HI, "prompt": "x"}, "prompt", "'prompt' is not a field of chat completions"),
+    ({"messages": HI, "temperature": -1}, "temperature", "temperature"),
+    ({"messages": HI, "logprobs": True}, "logprobs", "'logprobs' is not supported by chat completions"),
+    ({"messages": HI, "echo": True}, "echo", "'echo' is not supported by chat completions"),
+    ({"messages": HI, "n": 100}, "n", "'n' is 100; this server takes at most 72 choices"),
+    ({"messages": HI, "max_tokens": 0}, "max_tokens", "max_tokens"),
 ]
 
 
 def test_bad_messages(chat_server):
-    for body, want in BAD:
+    for body, param, want in BAD:
         body = {"model": chat_server.name, **body}
         r = requests.post(chat_server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
         e = r.json()["error"]
-        assert r.status_code == 400 and want in e["message"] and "\n" not in e["message"], (body, e)
+        assert r.status_code == 400 and e["param"] == param and want in e["message"], (body, e)
+        assert "\n" not in e["message"], e
     with pytest.raises(openai.BadRequestError):
         chat_server.client().chat.completions.create(model=chat_server.name, messages=[{"role": "user", "content": 5}])
+
+
+def test_chat_n(chat_server):
+    """n choices of a chat: greedy all equal to n = 1; seeded reproducible, choice i == n = 1 with
+    seed + i; a stream's text a choice == the plain answer's."""
+    c = chat_server.client()
+    msgs = CONVERSATIONS[1]
+    one = chat(c, chat_server.name, msgs, 8).choices[0].message.content
+    r = chat(c, chat_server.name, msgs, 8, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2] and all(ch.message.content == one for ch in r.choices)
+    kw = dict(n=3, temperature=1.0, seed=77)
+    r = chat(c, chat_server.name, msgs, 8, **kw)
+    texts = [ch.message.content for ch in r.choices]
+    assert texts == [ch.message.content for ch in chat(c, chat_server.name, msgs, 8, **kw).choices]
+    assert texts == [chat(c, chat_server.name, msgs, 8, temperature=1.0, seed=77 + i).choices[0].message.content
+                     for i in range(3)]
+    assert len(set(texts)) > 1, texts
+    got, roles, fins = [""] * 3, [0] * 3, [0] * 3
+    for ch in c.chat.completions.create(model=chat_server.name, messages=msgs, max_tokens=8, stream=True, **kw):
+        for x in ch.choices:
+            got[x.index] += x.delta.content or ""
+            roles[x.index] += x.delta.role == "assistant"
+            fins[x.index] += x.finish_reason is not None
+    assert got == texts and roles == [1, 1, 1] and fins == [1, 1, 1]
 
 
 def test_raise_exception_is_400(tmp, model_dir):
