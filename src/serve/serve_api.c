@@ -404,6 +404,29 @@ static json_t *logprobs_obj(const sm_api_lp *lp, const int *ids, int n) {
                      "text_offset", off);
 }
 
+/* One entry of the chat shape: {token, logprob, bytes}, bytes those of the token's text. */
+static json_t *chat_token(const sm_tokenizer *tok, int t, float x) {
+    json_t *text = token_text(tok, t), *bytes = json_array();
+    const unsigned char *p = text ? (const unsigned char *)json_string_value(text) : NULL;
+    for (size_t i = 0; p && bytes && i < json_string_length(text); i++) json_array_append_new(bytes, json_integer(p[i]));
+    return json_pack("{s:o, s:o, s:o}", "token", text, "logprob", lp_value(x), "bytes", bytes);
+}
+
+json_t *sm_api_chat_logprobs(const sm_api_lp *lp, const int *ids, int n) {
+    json_t *content = json_array();
+    for (int i = 0; content && i < n; i++) {
+        json_t *top = json_array(), *e = chat_token(lp->tok, ids[i], lp->lp[i]);
+        for (int j = 0; top && j < lp->k; j++) { /* the k most likely, in order (an id of -1: fewer ids than k) */
+            const int a = lp->top_ids[(size_t)i * lp->k + j];
+            if (a >= 0) json_array_append_new(top, chat_token(lp->tok, a, lp->top_lp[(size_t)i * lp->k + j]));
+        }
+        if (e) json_object_set_new(e, "top_logprobs", top);
+        else json_decref(top);
+        json_array_append_new(content, e);
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
 /* One choice: text, index, logprobs (null without lp), finish_reason (null while streaming), token_ids. */
 static json_t *choice(const sm_api_choice *c) {
     return json_pack("{s:s%, s:i, s:o, s:s?, s:o}", "text", c->text ? c->text : "", c->text ? c->ntext : 0, "index",

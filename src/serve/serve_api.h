@@ -11,7 +11,8 @@
  * (choice index = prompt index * n + i, as OpenAI orders them), at most max_choices (every one
  * of them must fit in the server's slots and queue at once).  echo puts the prompt's text first
  * (a 400 with logprobs: the prompt's logprobs are not computed).  logprobs (0..20) asks for
- * each generated id's logprob and the top alternatives (OpenAI's completions shape, sm_api_lp).  An unknown field is accepted and named once in the server's log (vLLM's
+ * each generated id's logprob and the top alternatives (OpenAI's completions shape, or the chat
+ * shape: sm_api_lp).  An unknown field is accepted and named once in the server's log (vLLM's
  * rule: clients written for vLLM send its extensions); we rejected the 400 we had before: such
  * clients broke on every request.  Error bodies have OpenAI's shape {"error": {"message",
  * "type", "param", "code"}}.
@@ -65,16 +66,18 @@ void sm_api_req_free(sm_api_req *r);
  * tokenizer, a non-empty text and ids in the vocabulary, or one line in e. */
 int sm_api_encode(const sm_api_model *m, const char *text, size_t len, int **ids, int *n, sm_err *e);
 
-/* The logprobs of a choice's ids (OpenAI completions: tokens, token_logprobs, top_logprobs,
- * text_offset).  A token's text is its id decoded alone (UTF-8 repaired), or "token_id:N"
- * without a tokenizer; text_offset counts those texts' bytes from *off. */
+/* The logprobs of a choice's ids.  A token's text is its id decoded alone (UTF-8 repaired), or
+ * "token_id:N" without a tokenizer.  Completions: tokens, token_logprobs, top_logprobs (a map of
+ * the id and its k alternatives), text_offset (those texts' bytes counted from *off).  Chat:
+ * {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}] x k}]}, bytes
+ * the UTF-8 bytes of the token's text (as vLLM gives them: a piece of a character is U+FFFD). */
 typedef struct sm_api_lp {
     const sm_tokenizer *tok;   /* NULL: tokens as "token_id:N" */
     const float *lp;           /* [nids] each id's logprob */
     const int *top_ids;        /* [nids * k] the most likely ids of each position */
     const float *top_lp;       /* [nids * k] their logprobs */
     int k;                     /* alternatives a position */
-    size_t *off;               /* in: text_offset of the first id; out: past the last */
+    size_t *off;               /* completions: in, text_offset of the first id; out, past the last */
 } sm_api_lp;
 
 /* One choice of an answer, or of a stream chunk (its news since the last chunk). */
@@ -87,6 +90,9 @@ typedef struct sm_api_choice {
     const char *finish;        /* "stop" / "length"; NULL while it runs */
     const sm_api_lp *lp;       /* the ids' logprobs; NULL: "logprobs": null */
 } sm_api_choice;
+
+/* The chat shape of lp over ids [n] ({"content": [...]}; NULL when out of memory). */
+json_t *sm_api_chat_logprobs(const sm_api_lp *lp, const int *ids, int n);
 
 /* A response body (malloc'd JSON text) for an error: type is OpenAI's error type
  * ("invalid_request_error", ...), param and code may be NULL. */

@@ -159,6 +159,29 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_genera
     return rc;
 }
 
+/* Chat's logprobs (true / false) and top_logprobs (0..20, only with logprobs true) made the
+ * completions field they mean: "logprobs": top_logprobs (0 when left out), or none.  0, or -1
+ * with param and e. */
+static int chat_logprobs(json_t *root, char *param, sm_err *e) {
+    json_t *lp = json_object_get(root, "logprobs"), *top = json_object_get(root, "top_logprobs");
+    if (lp && !json_is_null(lp) && !json_is_boolean(lp)) {
+        snprintf(param, SM_API_PARAM, "logprobs");
+        return sm_errf(e, "'logprobs' must be true or false (chat completions; top_logprobs gives the alternatives)");
+    }
+    if (top && !json_is_null(top)) {
+        snprintf(param, SM_API_PARAM, "top_logprobs");
+        if (!json_is_true(lp)) return sm_errf(e, "'top_logprobs' needs 'logprobs': true");
+        if (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > SPARKMONO_MAX_TOP_LOGPROBS)
+            return sm_errf(e, "'top_logprobs' must be an integer in [0, %d]", SPARKMONO_MAX_TOP_LOGPROBS);
+        param[0] = 0;
+    }
+    json_t *k = json_is_true(lp) ? json_integer(top && !json_is_null(top) ? json_integer_value(top) : 0) : NULL;
+    json_object_del(root, "top_logprobs");
+    json_object_del(root, "logprobs");
+    if (k && json_object_set_new(root, "logprobs", k)) return sm_errf(e, "out of memory");
+    return 0;
+}
+
 int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
                   int *status, char *param, sm_err *e) {
     memset(out, 0, sizeof *out);
@@ -176,7 +199,7 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
         sm_errf(e, "'prompt' is not a field of chat completions; send 'messages' (or use /v1/completions)");
         goto out;
     }
-    static const char *const completion_only[] = {"logprobs", "top_logprobs", "echo", "suffix", "best_of"};
+    static const char *const completion_only[] = {"echo", "suffix", "best_of"};
     for (size_t i = 0; i < sizeof completion_only / sizeof completion_only[0]; i++) {
         json_t *v = json_object_get(root, completion_only[i]); /* chat shapes of these are not built: refuse, not drop */
         if (v && !json_is_null(v) && !json_is_false(v)) {
@@ -185,6 +208,7 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
             goto out;
         }
     }
+    if (chat_logprobs(root, param, e)) goto out;
     json_t *msgs = json_object_get(root, "messages");
     if (!msgs) { snprintf(param, SM_API_PARAM, "messages"); sm_errf(e, "'messages' is required"); goto out; }
     if (!m->tok) { sm_errf(e, "this model directory has no tokenizer.json, which chat needs"); goto out; }
@@ -223,14 +247,19 @@ static char *dump(json_t *v) {
     return s;
 }
 
+/* A choice's logprobs in the chat shape, or null. */
+static json_t *chat_lp(const sm_api_choice *c) {
+    return c->lp ? sm_api_chat_logprobs(c->lp, c->ids, c->nids) : json_null();
+}
+
 char *sm_chat_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
                          int prompt_tokens, int completion_tokens) {
     json_t *choices = json_array();
     for (int i = 0; choices && i < nc; i++)
-        json_array_append_new(choices, json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s?}", "index", c[i].index, "message",
+        json_array_append_new(choices, json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s?}", "index", c[i].index, "message",
                                                  "role", "assistant", "content", c[i].text ? c[i].text : "",
-                                                 c[i].text ? c[i].ntext : 0, "logprobs", "finish_reason",
-                                                 c[i].finish));
+                                                 c[i].text ? c[i].ntext : 0, "logprobs", chat_lp(&c[i]),
+                                                 "finish_reason", c[i].finish));
     return dump(json_pack("{s:s, s:s, s:I, s:s, s:o, s:{s:i, s:i, s:i}}", "id", id, "object", "chat.completion",
                           "created", (json_int_t)created, "model", model, "choices", choices, "usage", "prompt_tokens",
                           prompt_tokens, "completion_tokens", completion_tokens, "total_tokens",
@@ -240,10 +269,11 @@ char *sm_chat_completion(const char *id, long created, const char *model, const 
 char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const sm_api_choice *c) {
     json_t *delta = json_object();
     if (delta && role) json_object_set_new(delta, "role", json_string(role));
-    if (delta && (role || c->ntext)) json_object_set_new(delta, "content", json_stringn(c->text ? c->text : "", c->ntext));
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s?}]}", "id", id, "object",
+    if (delta && (role || c->ntext || c->lp)) /* the content these logprobs are of, "" while held back */
+        json_object_set_new(delta, "content", json_stringn(c->text ? c->text : "", c->text ? c->ntext : 0));
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:o, s:s?}]}", "id", id, "object",
                           "chat.completion.chunk", "created", (json_int_t)created, "model", model, "choices", "index",
-                          c->index, "delta", delta, "logprobs", "finish_reason", c->finish));
+                          c->index, "delta", delta, "logprobs", chat_lp(c), "finish_reason", c->finish));
 }
 
 char *sm_chat_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens) {

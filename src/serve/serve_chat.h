@@ -6,7 +6,9 @@
  *
  * A chat request becomes a completions request: the body minus "messages", plus "prompt" as
  * the rendered ids, goes through sm_api_parse_completion, so every sampling field (n among
- * them) is checked and runs once.  We rejected a second request parser for chat: the two would drift.
+ * them) is checked and runs once; chat's "logprobs": true with "top_logprobs": k becomes the
+ * completions field "logprobs": k, and the answers give them in the chat shape
+ * (sm_api_chat_logprobs).  We rejected a second request parser for chat: the two would drift.
  */
 #ifndef SM_SERVE_CHAT_H
 #define SM_SERVE_CHAT_H
@@ -35,9 +37,9 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_genera
 int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
                   int *status, char *param, sm_err *e);
 
-/* The answers: a whole chat completion (choices c [nc] in index order: text, finish); a stream
- * chunk of one choice (role: a choice's first chunk "assistant", else NULL; its news: text,
- * finish NULL while it runs); the usage chunk. */
+/* The answers: a whole chat completion (choices c [nc] in index order: text, finish, logprobs);
+ * a stream chunk of one choice (role: a choice's first chunk "assistant", else NULL; its news:
+ * text, finish NULL while it runs, the new ids' logprobs); the usage chunk. */
 char *sm_chat_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
                          int prompt_tokens, int completion_tokens);
 char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const sm_api_choice *c);

@@ -195,8 +195,8 @@ int sm_job_stream(sm_job *j, int st) {
         if (c->finish && !c->finish_sent) a.finish = c->finish;
         if (!c->text.n && !a.nids && !a.finish) continue;
         if (a.nids) a.lp = choice_lp(j, c, c->sent_ids, &lp);
-        /* a chat chunk carries text (ids held back by the decoder wait) */
-        if (j->chat && (c->text.n || a.finish))
+        /* a chat chunk carries text; ids the decoder holds back wait for it, unless logprobs are asked */
+        if (j->chat && (c->text.n || a.finish || a.lp))
             rc |= sse(j, sm_chat_chunk(j->id, s->created, s->api.name, NULL, &a));
         else if (!j->chat)
             rc |= sse(j, sm_api_chunk(j->id, s->created, s->api.name, &a));

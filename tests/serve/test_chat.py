@@ -2,7 +2,9 @@
 client: the make-model template rendered as Jinja2 renders it, the prompt tokenized without a
 second bos, the answer equal to a completion of those ids (and to `sparkmono generate`),
 streaming equal to the plain answer, 8 concurrent chats equal to each alone (greedy and
-seeded), n choices (plain and streamed), bad messages (400 naming the field), a template's raise_exception (400 with its message), a directory without a
+seeded), n choices (plain and streamed), logprobs in the chat shape equal to the completions
+logprobs of the same ids and to a numpy log-softmax of `sparkmono logits`, bad messages (400
+naming the field), a template's raise_exception (400 with its message), a directory without a
 template (400) and one whose template is outside the supported subset (the server refuses to
 start: exit 2, one line)."""
 import json
@@ -12,13 +14,14 @@ import subprocess
 import threading
 
 import jinja2
+import numpy as np
 import openai
 import pytest
 import requests
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from conftest import TIMEOUT, Server, sse_events
-from smtest import SM_BIN, generate_cli
+from smtest import SM_BIN, generate_cli, log_softmax, raw_logits
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello there"}],
@@ -162,7 +165,10 @@ BAD = [  # (body, the error's param, words of its message)
     ({}, "messages", "'messages' is required"),
     ({"messages": HI, "prompt": "x"}, "prompt", "'prompt' is not a field of chat completions"),
     ({"messages": HI, "temperature": -1}, "temperature", "temperature"),
-    ({"messages": HI, "logprobs": True}, "logprobs", "'logprobs' is not supported by chat completions"),
+    ({"messages": HI, "top_logprobs": 2}, "top_logprobs", "'top_logprobs' needs 'logprobs': true"),
+    ({"messages": HI, "logprobs": False, "top_logprobs": 0}, "top_logprobs", "'top_logprobs' needs 'logprobs': true"),
+    ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "'top_logprobs' must be an integer in [0, 20]"),
+    ({"messages": HI, "logprobs": 3}, "logprobs", "'logprobs' must be true or false"),
     ({"messages": HI, "echo": True}, "echo", "'echo' is not supported by chat completions"),
     ({"messages": HI, "n": 100}, "n", "'n' is 100; this server takes at most 72 choices"),
     ({"messages": HI, "max_tokens": 0}, "max_tokens", "max_tokens"),
@@ -178,6 +184,47 @@ def test_bad_messages(chat_server):
         assert "\n" not in e["message"], e
     with pytest.raises(openai.BadRequestError):
         chat_server.client().chat.completions.create(model=chat_server.name, messages=[{"role": "user", "content": 5}])
+
+
+def chat_lp_entries(content):
+    """The chat shape's logprobs entries as plain tuples (token, logprob, bytes, [(token, logprob, bytes)])."""
+    return [(t.token, t.logprob, t.bytes, [(a.token, a.logprob, a.bytes) for a in t.top_logprobs]) for t in content]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 4}])
+def test_chat_logprobs(chat_server, model_dir, prompts, tmp, sampling):
+    """logprobs / top_logprobs in OpenAI's chat shape: the same numbers as the completions logprobs
+    of the rendered ids (and the same token texts), a numpy log-softmax of the raw logits of each
+    prefix, the alternatives in order; bytes are the token text's UTF-8; a stream's chunks carry
+    the same entries, in order."""
+    K, N = 3, 6
+    c = chat_server.client()
+    msgs, ids = CONVERSATIONS[0], prompts[0]
+    r = c.chat.completions.create(model=chat_server.name, messages=msgs, max_tokens=N, logprobs=True, top_logprobs=K,
+                                  **sampling)
+    content = r.choices[0].logprobs.content
+    comp = c.completions.create(model=chat_server.name, prompt=ids, max_tokens=N, logprobs=K, **sampling).choices[0]
+    gen = comp.token_ids
+    assert r.choices[0].message.content == comp.text and len(content) == len(gen)
+    assert [t.token for t in content] == comp.logprobs.tokens
+    assert [t.logprob for t in content] == comp.logprobs.token_logprobs
+    for j, t in enumerate(content):
+        assert t.bytes == list(t.token.encode()) and len(t.top_logprobs) == K
+        assert {a.token for a in t.top_logprobs} <= set(comp.logprobs.top_logprobs[j])
+        ref = log_softmax(raw_logits(model_dir, tmp, ids + gen[:j]).astype(np.float32).astype(np.float64))
+        assert abs(t.logprob - ref[gen[j]]) < 1e-4, (j, t.logprob, ref[gen[j]])
+        best = np.argsort(-ref, kind="stable")[:K]
+        assert np.allclose([a.logprob for a in t.top_logprobs], ref[best], atol=1e-4), j
+    got = []
+    for ch in c.chat.completions.create(model=chat_server.name, messages=msgs, max_tokens=N, logprobs=True,
+                                        top_logprobs=K, stream=True, **sampling):
+        if ch.choices and ch.choices[0].logprobs:
+            got += chat_lp_entries(ch.choices[0].logprobs.content)
+    assert got == chat_lp_entries(content)
+    plain = c.chat.completions.create(model=chat_server.name, messages=msgs, max_tokens=N, logprobs=True, **sampling)
+    assert [(t.token, t.logprob, t.top_logprobs) for t in plain.choices[0].logprobs.content] == \
+        [(t.token, t.logprob, []) for t in content]  # top_logprobs 0 (left out): the ids alone
+    assert chat(c, chat_server.name, msgs, N, **sampling).choices[0].logprobs is None
 
 
 def test_chat_n(chat_server):
