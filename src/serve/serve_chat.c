@@ -97,12 +97,62 @@ void sm_chat_free(sm_chat_tmpl *t) {
     t->special = NULL;
 }
 
-static int bad_msg(char *param, sm_err *e, const char *field, size_t i, const char *what) {
-    snprintf(param, SM_API_PARAM, "messages");
-    return sm_errf(e, "messages[%zu]%s%s", i, field, what);
+/* A 400 naming field path ("messages[2].content[0].type": param too) with the rest of the line what; -1. */
+static int bad_at(char *param, sm_err *e, const char *path, const char *what) {
+    snprintf(param, SM_API_PARAM, "%.63s", path);
+    return sm_errf(e, "%s%s", path, what);
 }
 
-/* The messages checked, each content made a string (text parts joined): a new list. */
+/* Message i's content as the template sees it: a string as it is; a list of parts joined with
+ * "\n" in order (vLLM's rule for a text-only model); null (or none) for an assistant message, as
+ * OpenAI allows (one that only called tools), the empty string.  NULL with param and e set on
+ * anything else. */
+static json_t *content_text(const json_t *m, int i, char *param, sm_err *e) {
+    const json_t *content = json_object_get(m, "content"), *role = json_object_get(m, "role");
+    char path[80];
+    if (json_is_string(content)) return json_incref((json_t *)content);
+    if ((!content || json_is_null(content)) && !strcmp(json_string_value(role), "assistant")) return json_string("");
+    if (!json_is_array(content)) {
+        snprintf(path, sizeof path, "messages[%d].content", i);
+        bad_at(param, e, path, " must be a string or a list of text parts (null only for an assistant message)");
+        return NULL;
+    }
+    sm_sbuf b = {0};
+    size_t k;
+    json_t *part;
+    json_array_foreach(content, k, part) {
+        const json_t *ty = json_object_get(part, "type"), *tx = json_object_get(part, "text");
+        int bad = 1;
+        if (!json_is_object(part)) {
+            snprintf(path, sizeof path, "messages[%d].content[%d]", i, (int)k);
+            bad_at(param, e, path, " must be an object {\"type\": \"text\", \"text\": string}");
+        } else if (!json_is_string(ty)) {
+            snprintf(path, sizeof path, "messages[%d].content[%d].type", i, (int)k);
+            bad_at(param, e, path, " must be a string (\"text\")");
+        } else if (strcmp(json_string_value(ty), "text")) {
+            snprintf(path, sizeof path, "messages[%d].content[%d].type", i, (int)k);
+            bad_at(param, e, path, "");
+            sm_errf(e, "%s is '%.40s'; this model takes text only (parts of \"type\": \"text\")", path,
+                    json_string_value(ty));
+        } else if (!json_is_string(tx)) {
+            snprintf(path, sizeof path, "messages[%d].content[%d].text", i, (int)k);
+            bad_at(param, e, path, " must be a string");
+        } else {
+            bad = (k > 0 && sm_sbuf_add(&b, "\n", 1)) || sm_sbuf_add(&b, json_string_value(tx), json_string_length(tx));
+            if (bad) sm_errf(e, "out of memory");
+        }
+        if (bad) {
+            sm_sbuf_free(&b);
+            return NULL;
+        }
+    }
+    json_t *out = json_stringn(b.p ? b.p : "", b.n);
+    sm_sbuf_free(&b);
+    return out;
+}
+
+/* The messages checked, each content made a string: a new list (every other key kept, "name"
+ * and "tool_calls" included, for the template). */
 static json_t *normalize(const json_t *messages, char *param, sm_err *e) {
     if (!json_is_array(messages) || !json_array_size(messages)) {
         snprintf(param, SM_API_PARAM, "messages");
@@ -113,29 +163,24 @@ static json_t *normalize(const json_t *messages, char *param, sm_err *e) {
     size_t i;
     json_t *m;
     json_array_foreach(messages, i, m) {
-        if (!json_is_object(m)) { bad_msg(param, e, "", i, " must be an object with 'role' and 'content'"); goto bad; }
-        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        if (!json_is_string(role)) { bad_msg(param, e, ".role", i, " must be a string"); goto bad; }
-        json_t *c = json_copy(m);
-        json_array_append_new(out, c);
-        if (json_is_string(content)) continue;
-        if (!json_is_array(content)) { bad_msg(param, e, ".content", i, " must be a string or a list of text parts"); goto bad; }
-        sm_sbuf b = {0};
-        size_t k;
-        json_t *part;
-        json_array_foreach(content, k, part) {
-            json_t *ty = json_object_get(part, "type"), *tx = json_object_get(part, "text");
-            if (!json_is_string(ty) || strcmp(json_string_value(ty), "text") || !json_is_string(tx)) {
-                sm_sbuf_free(&b);
-                snprintf(param, SM_API_PARAM, "messages");
-                sm_errf(e, "messages[%zu].content[%zu] must be {\"type\": \"text\", \"text\": string} "
-                           "(only text parts are supported)", i, k);
-                goto bad;
-            }
-            sm_sbuf_add(&b, json_string_value(tx), json_string_length(tx));
+        char path[64];
+        snprintf(path, sizeof path, "messages[%d]", (int)i);
+        if (!json_is_object(m)) { bad_at(param, e, path, " must be an object with 'role' and 'content'"); goto bad; }
+        const json_t *name = json_object_get(m, "name");
+        if (!json_is_string(json_object_get(m, "role"))) {
+            bad_at(param, e, strcat(path, ".role"), " must be a string");
+            goto bad;
         }
-        json_object_set_new(c, "content", json_stringn(b.p ? b.p : "", b.n));
-        sm_sbuf_free(&b);
+        if (name && !json_is_string(name)) { bad_at(param, e, strcat(path, ".name"), " must be a string"); goto bad; }
+        json_t *text = content_text(m, (int)i, param, e), *c = NULL;
+        if (!text) goto bad;
+        if (!(c = json_copy(m))) {
+            json_decref(text);
+            sm_errf(e, "out of memory");
+            goto bad;
+        }
+        json_object_set_new(c, "content", text);
+        json_array_append_new(out, c);
     }
     return out;
 bad:

@@ -27,9 +27,12 @@ typedef struct sm_chat_tmpl {
  * filter 'foo'"). */
 int sm_chat_load(const char *dir, sm_chat_tmpl *t, sm_err *e);
 void sm_chat_free(sm_chat_tmpl *t);
-/* Render messages (checked: a non-empty list of {role: string, content: string or a list of
- * {type: "text", text} parts}) with add_generation_prompt.  0, or -1 with one line in e and
- * param the offending field ("messages"); *raised when it is the template's raise_exception. */
+/* Render messages (checked: a non-empty list of {role: string, content, name?: string}; content
+ * a string, a list of {type: "text", text} parts (joined with "\n", as vLLM joins them for a
+ * text-only model) or, for an assistant message, null or none (the empty string)) with
+ * add_generation_prompt; every other key of a message goes to the template as it is.  0, or -1
+ * with one line in e and param the offending field ("messages[2].content[0].type"); *raised
+ * when it is the template's raise_exception. */
 int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_generation_prompt, sm_sbuf *out,
                    char *param, int *raised, sm_err *e);
 /* A /v1/chat/completions body into a completions request (prompt: the rendered ids).  As

@@ -3,8 +3,9 @@ client: the make-model template rendered as Jinja2 renders it, the prompt tokeni
 second bos, the answer equal to a completion of those ids (and to `sparkmono generate`),
 streaming equal to the plain answer, 8 concurrent chats equal to each alone (greedy and
 seeded), n choices (plain and streamed), logprobs in the chat shape equal to the completions
-logprobs of the same ids and to a numpy log-softmax of `sparkmono logits`, bad messages (400
-naming the field), a template's raise_exception (400 with its message), a directory without a
+logprobs of the same ids and to a numpy log-softmax of `sparkmono logits`, content as a string,
+a list of text parts or null, a message's name reaching the template, bad messages (400 naming
+the field), a template's raise_exception (400 with its message), a directory without a
 template (400) and one whose template is outside the supported subset (the server refuses to
 start: exit 2, one line)."""
 import json
@@ -50,9 +51,10 @@ def model_copy(src, d, template=None):
 
 
 def flat(msgs):
-    """The messages as transformers would see them after our part joining (content strings)."""
-    return [{**m, "content": m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])}
-            for m in msgs]
+    """The messages as the template sees them: text parts joined with "\\n" (vLLM's rule), a null
+    content empty."""
+    return [{**m, "content": m["content"] if isinstance(m.get("content"), str) else
+             "\n".join(p["text"] for p in m["content"]) if m.get("content") is not None else ""} for m in msgs]
 
 
 def render_jinja2(model_dir, msgs):
@@ -155,13 +157,19 @@ HI = [{"role": "user", "content": "hi"}]
 BAD = [  # (body, the error's param, words of its message)
     ({"messages": "hi"}, "messages", "'messages' must be a non-empty list"),
     ({"messages": []}, "messages", "'messages' must be a non-empty list"),
-    ({"messages": ["hi"]}, "messages", "messages[0] must be an object"),
-    ({"messages": [{"content": "hi"}]}, "messages", "messages[0].role must be a string"),
+    ({"messages": ["hi"]}, "messages[0]", "messages[0] must be an object"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role", "messages[0].role must be a string"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": 3}]},
-     "messages", "messages[2].content must be a string or a list of text parts"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages",
-     "messages[0].content[0] must be {\"type\": \"text\""),
-    ({"messages": [{"role": "user"}]}, "messages", "messages[0].content must be a string or a list of text parts"),
+     "messages[2].content", "messages[2].content must be a string or a list of text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[1].type", "messages[0].content[1].type is 'image_url'; this model takes text only"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text",
+     "messages[0].content[0].text must be a string"),
+    ({"messages": [{"role": "user", "content": ["a"]}]}, "messages[0].content[0]", "messages[0].content[0] must be an object"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content",
+     "messages[0].content must be a string or a list of text parts (null only for an assistant message)"),
+    ({"messages": [{"role": "user", "content": "a", "name": 3}]}, "messages[0].name", "messages[0].name must be a string"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content", "messages[0].content must be a string or a list of text parts"),
     ({}, "messages", "'messages' is required"),
     ({"messages": HI, "prompt": "x"}, "prompt", "'prompt' is not a field of chat completions"),
     ({"messages": HI, "temperature": -1}, "temperature", "temperature"),
@@ -249,6 +257,35 @@ def test_chat_n(chat_server):
             roles[x.index] += x.delta.role == "assistant"
             fins[x.index] += x.finish_reason is not None
     assert got == texts and roles == [1, 1, 1] and fins == [1, 1, 1]
+
+
+def test_content_forms(tmp, model_dir, hf_tok):
+    """A list of text parts is the same conversation as its texts joined with "\\n"; an assistant's
+    null content is the empty string; a message's name reaches the template (rendered as Jinja2
+    renders it)."""
+    tpl = ("{% for m in messages %}<|{{ m.role }}|>{% if m.name %}({{ m.name }}){% endif %}{{ m.content }}"
+           "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    d = model_copy(model_dir, os.path.join(tmp, "named"), tpl)
+    s = Server(d, tmp)
+    try:
+        c = s.client()
+        parts = [{"role": "user", "content": [{"type": "text", "text": "The quiet"}, {"type": "text", "text": "harbour"}]}]
+        joined = [{"role": "user", "content": "The quiet\nharbour"}]
+        a, b = chat(c, s.name, parts, 6), chat(c, s.name, joined, 6)
+        assert a.choices[0].message.content == b.choices[0].message.content
+        assert a.usage.prompt_tokens == b.usage.prompt_tokens
+        for msgs in [parts, [{"role": "user", "content": "hi", "name": "ada"}],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, {"role": "user", "content": "x"}],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "user", "content": "x", "name": "bo"}]]:
+            ids = hf_tok.encode(render_jinja2(d, msgs), add_special_tokens=False).ids
+            r = chat(c, s.name, msgs, 6)
+            assert r.usage.prompt_tokens == len(ids), msgs
+            comp = c.completions.create(model=s.name, prompt=ids, max_tokens=6, temperature=0)
+            assert r.choices[0].message.content == comp.choices[0].text, msgs
+        named = chat(c, s.name, [{"role": "user", "content": "hi", "name": "ada"}], 1)
+        assert named.usage.prompt_tokens > chat(c, s.name, [{"role": "user", "content": "hi"}], 1).usage.prompt_tokens
+    finally:
+        assert s.stop() == 0
 
 
 def test_raise_exception_is_400(tmp, model_dir):
