@@ -89,7 +89,8 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     s.api.vocab = info.vocab_size;
     s.api.max_len = o->max_len;
     /* a request's choices are queued all at once: no more than the slots and the queue hold */
-    s.api.max_choices = o->max_requests + o->queue < SM_API_MAX_CHOICES ? o->max_requests + o->queue : SM_API_MAX_CHOICES;
+    s.api.max_choices = o->max_requests + o->queue;
+    if (s.api.max_choices > SM_API_MAX_CHOICES) s.api.max_choices = SM_API_MAX_CHOICES;
     s.created = (long)time(NULL);
     if (sm_sched_start(&s.sched, g, o->max_requests, o->queue, e)) goto out;
     if (sm_http_start(&s, e)) goto stop_sched;

@@ -20,7 +20,8 @@ static const sm_api_lp *choice_lp(const sm_job *j, sm_choice *c, int i, sm_api_l
     return lp;
 }
 
-/* Choice i of prompt p: its engine request (a copy of the prompt), decoder and echo text.  0, or -1 when out of memory. */
+/* Choice i of prompt p: its engine request (a copy of the prompt), decoder and echo text.  0,
+ * or -1 when out of memory. */
 static int choice_init(sm_job *j, sm_choice *c, int p, int i, unsigned long long serial, void (*notify)(void *)) {
     const sm_api_req *q = &j->req;
     sparkmono_sampling samp = q->samp;
@@ -105,8 +106,8 @@ int sm_job_submit(sm_job *j) {
     if (rc == SM_SCHED_FULL) {
         const sm_serve_opts *o = j->s->o;
         if (j->nch > 1)
-            snprintf(j->err, sizeof j->err, "the server is busy: this request's %d choices do not all fit in the "
-                     "free places (%d requests running, %d queued at most); retry later", j->nch, o->max_requests,
+            snprintf(j->err, sizeof j->err, "the server is busy: this request's %d choices do not all fit in its "
+                     "free places now (%d request slots and a queue of %d); retry later", j->nch, o->max_requests,
                      o->queue);
         else
             snprintf(j->err, sizeof j->err, "the server is busy (%d requests running, %d queued); retry later",

@@ -4,7 +4,8 @@
  *
  * A connection thread builds an sm_sreq (prompt ids, budget, sampling) for each choice of its
  * HTTP request and submits them into the batch together, all or none (a request whose choices
- * do not all fit in the free slots and the queue is refused whole, so no half of one waits); the engine thread admits waiting requests (sparkmono_batch_admit: add + prefill, the
+ * do not all fit in the free slots and the queue is refused whole, so no half of one waits);
+ * the engine thread admits waiting requests (sparkmono_batch_admit: add + prefill, the
  * first token published before the verify step), runs one verify step (sparkmono_batch_verify),
  * appends each event's ids to its sm_sreq and wakes the waiting connection.  A request is shared
  * by the two threads and freed by whichever releases it last (refs).  The consumer cancels a

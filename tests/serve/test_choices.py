@@ -199,7 +199,7 @@ def test_disconnect_frees_every_choice(tmp, ids_dir, stream):
     at once (the queue empty, the slots free, no more tokens)."""
     s = Server(ids_dir, tmp, "--max-requests", "2", "--queue", "4")
     try:
-        sk = raw_completion(s, {"model": s.name, "prompt": LONG, "max_tokens": 4000, "temperature": 0.5, "n": 4,
+        sk = raw_completion(s, {"model": s.name, "prompt": LONG, "max_tokens": 4000, "temperature": 0, "n": 4,
                                 "stream": stream})
         h = wait_health(s, lambda h: h["running"] == 2 and h["queued"] == 2 and h["tokens"] > 0)
         assert h["running"] == 2 and h["queued"] == 2, h
