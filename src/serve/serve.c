@@ -88,8 +88,11 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     s.api.tok = tok;
     s.api.vocab = info.vocab_size;
     s.api.max_len = o->max_len;
+    /* a request's choices are queued all at once: no more than the slots and the queue hold */
+    s.api.max_choices = o->max_requests + o->queue;
+    if (s.api.max_choices > SM_API_MAX_CHOICES) s.api.max_choices = SM_API_MAX_CHOICES;
     s.created = (long)time(NULL);
-    if (sm_sched_start(&s.sched, g, o->queue, e)) goto out;
+    if (sm_sched_start(&s.sched, g, o->max_requests, o->queue, e)) goto out;
     if (sm_http_start(&s, e)) goto stop_sched;
     const char *v6 = strchr(o->host, ':') ? "[" : "";
     printf("serve: listening on http://%s%s%s:%d/v1 (model '%s', %s, tokenizer %s; %d requests a step of %d rows each, "

@@ -54,12 +54,13 @@ static int get_int(parse_ctx *c, const char *name, const json_t *v, long long lo
     return 0;
 }
 
-/* ids from a JSON array of integers in [0, V). */
-static int get_ids(parse_ctx *c, const json_t *a) {
+/* The ids of prompt a (a JSON array of integers in [0, V)) into *ids [*n]; where names the
+ * prompt in messages ("'prompt'", or "'prompt' entry 2" of a list). */
+static int get_ids(parse_ctx *c, const json_t *a, const char *where, int **out, int *nout) {
     size_t n = json_array_size(a);
-    if (n == 0) return bad(c, "prompt", "'prompt' is an empty list");
+    if (n == 0) return bad(c, "prompt", "%s is an empty list", where);
     if (n > (size_t)c->m->max_len)
-        return bad(c, "prompt", "the prompt has %zu tokens, more than the model's maximum context length of %d", n,
+        return bad(c, "prompt", "%s has %zu tokens, more than the model's maximum context length of %d", where, n,
                    c->m->max_len);
     int *ids = malloc(n * sizeof(int));
     if (!ids) return bad(c, "prompt", "out of memory for a prompt of %zu tokens", n);
@@ -67,18 +68,18 @@ static int get_ids(parse_ctx *c, const json_t *a) {
         const json_t *v = json_array_get(a, i);
         if (!json_is_integer(v)) {
             free(ids);
-            return bad(c, "prompt", "'prompt' token index %zu is not an integer", i);
+            return bad(c, "prompt", "%s token index %zu is not an integer", where, i);
         }
         long long x = json_integer_value(v);
         if (x < 0 || x >= c->m->vocab) {
             free(ids);
-            return bad(c, "prompt", "'prompt' token index %zu is %lld, outside the vocabulary [0, %d)", i, x,
+            return bad(c, "prompt", "%s token index %zu is %lld, outside the vocabulary [0, %d)", where, i, x,
                        c->m->vocab);
         }
         ids[i] = (int)x;
     }
-    c->r->prompt = ids;
-    c->r->n = (int)n;
+    *out = ids;
+    *nout = (int)n;
     return 0;
 }
 
@@ -105,26 +106,44 @@ int sm_api_encode(const sm_api_model *m, const char *text, size_t len, int **ids
     return 0;
 }
 
-/* ids of a text prompt, through the model's tokenizer. */
-static int get_text(parse_ctx *c, const json_t *s) {
+/* The ids of text prompt s through the model's tokenizer into *ids [*n] (where: as get_ids). */
+static int get_text(parse_ctx *c, const json_t *s, const char *where, int **ids, int *n) {
     sm_err te = {{0}};
-    if (sm_api_encode(c->m, json_string_value(s), json_string_length(s), &c->r->prompt, &c->r->n, &te))
-        return bad(c, "prompt", "%s", te.msg);
+    if (sm_api_encode(c->m, json_string_value(s), json_string_length(s), ids, n, &te))
+        return strcmp(where, "'prompt'") ? bad(c, "prompt", "%s: %s", where, te.msg) : bad(c, "prompt", "%s", te.msg);
     return 0;
 }
 
-/* prompt: a string, a list of ids, or a list holding one string or one list of ids. */
+/* prompt: a string or a list of ids (one prompt), or a list of strings or of lists of ids (a
+ * prompt each, as OpenAI takes them). */
 static int get_prompt(parse_ctx *c, const json_t *v) {
-    if (json_is_string(v)) return get_text(c, v);
-    if (!json_is_array(v)) return bad(c, "prompt", "'prompt' must be a string or a list of token ids");
+    sm_api_req *r = c->r;
+    if (!json_is_string(v) && !json_is_array(v))
+        return bad(c, "prompt", "'prompt' must be a string, a list of token ids, or a list of those");
     const json_t *first = json_array_get(v, 0);
-    if (json_is_string(first) || json_is_array(first)) {
-        if (json_array_size(v) != 1)
-            return bad(c, "prompt", "'prompt' holds %zu prompts; this server takes one prompt a request",
-                       json_array_size(v));
-        return json_is_string(first) ? get_text(c, first) : get_ids(c, first);
+    const int list = json_is_string(first) || json_is_array(first);
+    size_t np = list ? json_array_size(v) : 1;
+    if (np > SM_API_MAX_CHOICES) /* the choices' limit, checked with n below; this bounds the tables */
+        return bad(c, "prompt", "'prompt' holds %zu prompts; this server takes at most %d choices a request", np,
+                   c->m->max_choices);
+    r->prompt = calloc(np, sizeof *r->prompt);
+    r->plen = calloc(np, sizeof *r->plen);
+    if (!r->prompt || !r->plen) return bad(c, "prompt", "out of memory for %zu prompts", np);
+    r->nprompt = (int)np;
+    if (!list) return json_is_string(v) ? get_text(c, v, "'prompt'", &r->prompt[0], &r->plen[0])
+                                        : get_ids(c, v, "'prompt'", &r->prompt[0], &r->plen[0]);
+    for (size_t p = 0; p < np; p++) {
+        const json_t *x = json_array_get(v, p);
+        char where[48];
+        snprintf(where, sizeof where, "'prompt' entry %zu", p);
+        if (json_is_string(first) ? !json_is_string(x) : !json_is_array(x))
+            return bad(c, "prompt", "%s is not a %s like entry 0 (a list of prompts holds only strings or only lists "
+                       "of token ids)", where, json_is_string(first) ? "string" : "list of token ids");
+        if (json_is_string(x) ? get_text(c, x, where, &r->prompt[p], &r->plen[p])
+                              : get_ids(c, x, where, &r->prompt[p], &r->plen[p]))
+            return -1;
     }
-    return get_ids(c, v);
+    return 0;
 }
 
 static int get_stop(parse_ctx *c, const json_t *v) {
@@ -150,13 +169,48 @@ static int get_stop(parse_ctx *c, const json_t *v) {
 /* A field we know but do not implement: accepted only at its neutral value. */
 static int neutral(parse_ctx *c, const char *name, const json_t *v) {
     int ok = json_is_null(v);
-    if (!strcmp(name, "n") || !strcmp(name, "best_of")) ok |= json_is_integer(v) && json_integer_value(v) == 1;
-    else if (!strcmp(name, "suffix")) ok |= json_is_string(v) && json_string_length(v) == 0;
+    if (!strcmp(name, "suffix")) ok |= json_is_string(v) && json_string_length(v) == 0;
     else if (!strcmp(name, "user")) ok |= json_is_string(v); /* an end-user id: only for logs */
     return ok ? 0 : bad(c, name, "'%s' is not supported by this server (only its default value is accepted)", name);
 }
 
-static const char *const NEUTRAL_FIELDS[] = {"n", "best_of", "suffix", "user"};
+static const char *const NEUTRAL_FIELDS[] = {"suffix", "user"};
+
+/* The checks across fields, once every field is read: the choices' count, each prompt's room
+ * for max_tokens, echo with logprobs, min_tokens. */
+static int check_request(parse_ctx *c, long long max_tokens, long long best_of) {
+    const sm_api_req *r = c->r;
+    const int cap = c->m->max_choices > 0 && c->m->max_choices < SM_API_MAX_CHOICES ? c->m->max_choices
+                                                                                  : SM_API_MAX_CHOICES;
+    if ((long long)r->nprompt * r->n > cap) { /* every choice must fit in the slots and the queue at once */
+        if (r->nprompt == 1)
+            return bad(c, "n", "'n' is %d; this server takes at most %d choices a request (its request slots and "
+                       "queue)", r->n, cap);
+        return bad(c, r->n > 1 ? "n" : "prompt", "%d prompts x 'n' %d is %lld choices; this server takes at most %d "
+                   "a request (its request slots and queue)", r->nprompt, r->n, (long long)r->nprompt * r->n, cap);
+    }
+    if (best_of && best_of != r->n) /* best_of == n returns every choice made: n itself */
+        return bad(c, "best_of", "'best_of' is %lld; this server takes only best_of equal to n (%d): it returns every "
+                   "choice it generates", best_of, r->n);
+    for (int p = 0; p < r->nprompt; p++) {
+        const int n = r->plen[p], room = c->m->max_len - n;
+        char which[40] = "this prompt";
+        if (r->nprompt > 1) snprintf(which, sizeof which, "prompt %d", p);
+        if (room < 1) /* no room for one generated token: the prompt's fault */
+            return bad(c, "prompt", "%s%s has %d tokens; this model's maximum context length is %d tokens (prompt + "
+                       "max_tokens), so a prompt may have at most %d", r->nprompt > 1 ? "" : "the prompt",
+                       r->nprompt > 1 ? which : "", n, c->m->max_len, c->m->max_len - 1);
+        if (max_tokens < 1 || max_tokens > room)
+            return bad(c, "max_tokens", "'max_tokens' is %lld; with %s of %d tokens it must be in [1, %d] (the model's "
+                       "maximum context length is %d tokens)", max_tokens, which, n, room, c->m->max_len);
+    }
+    if (r->echo && r->samp.logprobs) /* the prompt's logprobs would need its prefill logits */
+        return bad(c, "echo", "'echo' together with 'logprobs' is not supported by this server (no prompt logprobs)");
+    if (r->samp.min_tokens > max_tokens)
+        return bad(c, "min_tokens", "'min_tokens' is %d; it must be in [0, max_tokens = %lld]", r->samp.min_tokens,
+                   max_tokens);
+    return 0;
+}
 
 int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m, sm_api_req *out, int *status,
                             char *param, sm_err *e) {
@@ -173,7 +227,7 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
     int rc = -1, have_prompt = 0;
     long long max_tokens = SM_API_DEFAULT_MAX_TOKENS;
     double temperature = 1.0, top_p = 1.0; /* OpenAI's defaults */
-    long long top_k = 0, seed = 0;
+    long long top_k = 0, seed = 0, n = 1, best_of = 0;
     if (!json_is_object(root)) {
         bad(&c, "", "the body must be a JSON object");
         goto out;
@@ -235,6 +289,10 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
             out->echo = json_is_true(v);
         } else if (!strcmp(k, "stop")) {
             if (get_stop(&c, v)) goto out;
+        } else if (!strcmp(k, "n")) { /* choices a prompt; their count is checked below */
+            if (!json_is_null(v) && get_int(&c, k, v, 1, SM_API_MAX_CHOICES, &n)) goto out;
+        } else if (!strcmp(k, "best_of")) {
+            if (!json_is_null(v) && get_int(&c, k, v, 1, SM_API_MAX_CHOICES, &best_of)) goto out;
         } else if ((known = sm_fields_sampling(k, v, m->vocab, m->max_len, &out->samp, param, e)) != 0) {
             if (known < 0) { *status = 400; goto out; }
         } else {
@@ -251,24 +309,8 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
         bad(&c, "stream_options", "'stream_options' is only allowed with 'stream': true");
         goto out;
     }
-    if (out->n >= m->max_len) { /* no room for one generated token: the prompt's fault */
-        bad(&c, "prompt", "the prompt has %d tokens; this model's maximum context length is %d tokens (prompt + max_tokens), "
-            "so a prompt may have at most %d", out->n, m->max_len, m->max_len - 1);
-        goto out;
-    }
-    if (max_tokens < 1 || max_tokens > (long long)(m->max_len - out->n)) {
-        bad(&c, "max_tokens", "'max_tokens' is %lld; with this prompt of %d tokens it must be in [1, %d] (the model's "
-            "maximum context length is %d tokens)", max_tokens, out->n, m->max_len - out->n, m->max_len);
-        goto out;
-    }
-    if (out->echo && out->samp.logprobs) { /* the prompt's logprobs would need its prefill logits */
-        bad(&c, "echo", "'echo' together with 'logprobs' is not supported by this server (no prompt logprobs)");
-        goto out;
-    }
-    if (out->samp.min_tokens > max_tokens) {
-        bad(&c, "min_tokens", "'min_tokens' is %d; it must be in [0, max_tokens = %lld]", out->samp.min_tokens, max_tokens);
-        goto out;
-    }
+    out->n = (int)n;
+    if (check_request(&c, max_tokens, best_of)) goto out;
     out->max_tokens = (int)max_tokens;
     out->samp.temperature = (float)temperature;
     out->samp.top_p = (float)top_p;
@@ -282,7 +324,9 @@ out:
 }
 
 void sm_api_req_free(sm_api_req *r) {
+    for (int p = 0; r->prompt && p < r->nprompt; p++) free(r->prompt[p]);
     free(r->prompt);
+    free(r->plen);
     for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }
@@ -300,6 +344,12 @@ static json_t *ids_array(const int *ids, int n) {
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer(ids[i]));
     return a;
+}
+
+const char *sm_api_error_type(unsigned status) {
+    if (status == 404) return "not_found_error";
+    if (status >= 500) return "server_error";
+    return "invalid_request_error";
 }
 
 char *sm_api_error(const char *msg, const char *type, const char *param, const char *code) {
@@ -354,35 +404,49 @@ static json_t *logprobs_obj(const sm_api_lp *lp, const int *ids, int n) {
                      "text_offset", off);
 }
 
-/* One choice: text, index 0, logprobs (null without lp), finish_reason (null while streaming), token_ids. */
-static json_t *choice(const char *text, size_t ntext, const int *ids, int nids, const char *finish, const sm_api_lp *lp) {
-    return json_pack("{s:s%, s:i, s:o, s:s?, s:o}", "text", text ? text : "", text ? ntext : 0, "index", 0,
-                     "logprobs", lp ? logprobs_obj(lp, ids, nids) : json_null(), "finish_reason", finish, "token_ids",
-                     ids_array(ids, nids));
+/* One entry of the chat shape: {token, logprob, bytes}, bytes those of the token's text. */
+static json_t *chat_token(const sm_tokenizer *tok, int t, float x) {
+    json_t *text = token_text(tok, t), *bytes = json_array();
+    const unsigned char *p = text ? (const unsigned char *)json_string_value(text) : NULL;
+    for (size_t i = 0; p && bytes && i < json_string_length(text); i++) json_array_append_new(bytes, json_integer(p[i]));
+    return json_pack("{s:o, s:o, s:o}", "token", text, "logprob", lp_value(x), "bytes", bytes);
 }
 
-char *sm_api_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
-                        const int *ids, int nids, const char *finish, int prompt_tokens) {
-    return sm_api_completion_lp(id, created, model, text, ntext, ids, nids, finish, prompt_tokens, NULL);
+json_t *sm_api_chat_logprobs(const sm_api_lp *lp, const int *ids, int n) {
+    json_t *content = json_array();
+    for (int i = 0; content && i < n; i++) {
+        json_t *top = json_array(), *e = chat_token(lp->tok, ids[i], lp->lp[i]);
+        for (int j = 0; top && j < lp->k; j++) { /* the k most likely, in order (an id of -1: fewer ids than k) */
+            const int a = lp->top_ids[(size_t)i * lp->k + j];
+            if (a >= 0) json_array_append_new(top, chat_token(lp->tok, a, lp->top_lp[(size_t)i * lp->k + j]));
+        }
+        if (e) json_object_set_new(e, "top_logprobs", top);
+        else json_decref(top);
+        json_array_append_new(content, e);
+    }
+    return json_pack("{s:o}", "content", content);
 }
 
-char *sm_api_chunk(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
-                   int nids, const char *finish) {
-    return sm_api_chunk_lp(id, created, model, text, ntext, ids, nids, finish, NULL);
+/* One choice: text, index, logprobs (null without lp), finish_reason (null while streaming), token_ids. */
+static json_t *choice(const sm_api_choice *c) {
+    return json_pack("{s:s%, s:i, s:o, s:s?, s:o}", "text", c->text ? c->text : "", c->text ? c->ntext : 0, "index",
+                     c->index, "logprobs", c->lp ? logprobs_obj(c->lp, c->ids, c->nids) : json_null(), "finish_reason",
+                     c->finish, "token_ids", ids_array(c->ids, c->nids));
 }
 
-char *sm_api_completion_lp(const char *id, long created, const char *model, const char *text, size_t ntext,
-                           const int *ids, int nids, const char *finish, int prompt_tokens, const sm_api_lp *lp) {
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:i, s:i, s:i}}", "id", id, "object", "text_completion",
-                          "created", (json_int_t)created, "model", model, "choices",
-                          choice(text, ntext, ids, nids, finish, lp), "usage", "prompt_tokens", prompt_tokens,
-                          "completion_tokens", nids, "total_tokens", prompt_tokens + nids));
+char *sm_api_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
+                        int prompt_tokens, int completion_tokens) {
+    json_t *choices = json_array();
+    for (int i = 0; choices && i < nc; i++) json_array_append_new(choices, choice(&c[i]));
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:o, s:{s:i, s:i, s:i}}", "id", id, "object", "text_completion",
+                          "created", (json_int_t)created, "model", model, "choices", choices, "usage", "prompt_tokens",
+                          prompt_tokens, "completion_tokens", completion_tokens, "total_tokens",
+                          prompt_tokens + completion_tokens));
 }
 
-char *sm_api_chunk_lp(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
-                      int nids, const char *finish, const sm_api_lp *lp) {
+char *sm_api_chunk(const char *id, long created, const char *model, const sm_api_choice *c) {
     return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object", "text_completion", "created",
-                          (json_int_t)created, "model", model, "choices", choice(text, ntext, ids, nids, finish, lp)));
+                          (json_int_t)created, "model", model, "choices", choice(c)));
 }
 
 char *sm_api_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens) {

@@ -4,17 +4,22 @@
  *
  * Every field of the request is checked against the fields we know: the sampling and logit
  * processor fields (penalties, logit_bias, min_tokens, ignore_eos, stop_token_ids) are parsed
- * by serve_fields.c, shared with the chat endpoint; a known field we do not implement (n > 1,
- * best_of, suffix) is a 400 naming it unless at its neutral value (n: 1, best_of: 1, ...),
- * since clients send those by default.  echo puts the prompt's text first (a 400 with logprobs:
- * the prompt's logprobs are not computed).  logprobs (0..20) asks for each generated id's
- * logprob and the top alternatives (OpenAI's completions shape, sm_api_lp).  An unknown field is accepted and
- * named once in the server's log (vLLM's rule: clients written for vLLM send its extensions);
- * we rejected the 400 we had before: such clients broke on every request.  Error bodies have
- * OpenAI's shape {"error": {"message", "type", "param", "code"}}.
+ * by serve_fields.c, shared with the chat endpoint; a known field we do not implement
+ * (best_of other than n, suffix) is a 400 naming it unless at its neutral value, since clients
+ * send those by default.  A request holds one prompt or a list of them (strings, or lists of
+ * token ids) and asks for n choices of each: nprompt * n choices, indexed prompt-major
+ * (choice index = prompt index * n + i, as OpenAI orders them), at most max_choices (every one
+ * of them must fit in the server's slots and queue at once).  echo puts the prompt's text first
+ * (a 400 with logprobs: the prompt's logprobs are not computed).  logprobs (0..20) asks for
+ * each generated id's logprob and the top alternatives (OpenAI's completions shape, or the chat
+ * shape: sm_api_lp).  An unknown field is accepted and named once in the server's log (vLLM's
+ * rule: clients written for vLLM send its extensions); we rejected the 400 we had before: such
+ * clients broke on every request.  Error bodies have OpenAI's shape {"error": {"message",
+ * "type", "param", "code"}}.
  */
 #ifndef SM_SERVE_API_H
 #define SM_SERVE_API_H
+#include <jansson.h>
 #include "base/err.h"
 #include "serve/serve_fields.h"
 #include "serve/serve_text.h"
@@ -29,12 +34,17 @@ typedef struct sm_api_model {
     const sm_tokenizer *tok;   /* NULL: prompts must be token ids, no text out */
     int vocab;                 /* V: prompt ids in [0, V) */
     int max_len;               /* prompt + max_tokens <= max_len */
+    int max_choices;           /* prompts x n of one request at most (the slots and queue, <= SM_API_MAX_CHOICES) */
 } sm_api_model;
+
+#define SM_API_MAX_CHOICES 128 /* prompts x n of one request, whatever the server's size (OpenAI's n limit) */
 
 /* A parsed /v1/completions request. */
 typedef struct sm_api_req {
-    int *prompt;               /* [n] ids (malloc'd; the caller owns it) */
-    int n;
+    int **prompt;              /* [nprompt] each prompt's ids (malloc'd) */
+    int *plen;                 /* [nprompt] their lengths, each in [1, max_len) */
+    int nprompt;               /* prompts: 1, or the length of a list of prompts */
+    int n;                     /* choices a prompt ("n" >= 1; nprompt * n <= max_choices) */
     int max_tokens;            /* >= 1 */
     sparkmono_sampling samp;   /* temperature 0: greedy */
     int has_seed;              /* 0: no seed given (the server picks one) */
@@ -46,7 +56,7 @@ typedef struct sm_api_req {
     char ignored[SM_FIELDS_IGNORED]; /* unknown fields accepted ("'a', 'b'", "" when none): the server logs them */
 } sm_api_req;
 
-#define SM_API_PARAM 32 /* bytes of the name of an offending field */
+#define SM_API_PARAM 64 /* bytes of the name of an offending field ("messages[3].content[1].type") */
 /* Parse body [len].  0 on success; otherwise *status is the HTTP status (400, or 404 for an
  * unknown model), param [SM_API_PARAM] the offending field ("" when none) and e one line. */
 int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m, sm_api_req *out, int *status,
@@ -56,33 +66,45 @@ void sm_api_req_free(sm_api_req *r);
  * tokenizer, a non-empty text and ids in the vocabulary, or one line in e. */
 int sm_api_encode(const sm_api_model *m, const char *text, size_t len, int **ids, int *n, sm_err *e);
 
-/* The logprobs of a choice's ids (OpenAI completions: tokens, token_logprobs, top_logprobs,
- * text_offset).  A token's text is its id decoded alone (UTF-8 repaired), or "token_id:N"
- * without a tokenizer; text_offset counts those texts' bytes from *off. */
+/* The logprobs of a choice's ids.  A token's text is its id decoded alone (UTF-8 repaired), or
+ * "token_id:N" without a tokenizer.  Completions: tokens, token_logprobs, top_logprobs (a map of
+ * the id and its k alternatives), text_offset (those texts' bytes counted from *off).  Chat:
+ * {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}] x k}]}, bytes
+ * the UTF-8 bytes of the token's text (as vLLM gives them: a piece of a character is U+FFFD). */
 typedef struct sm_api_lp {
     const sm_tokenizer *tok;   /* NULL: tokens as "token_id:N" */
     const float *lp;           /* [nids] each id's logprob */
     const int *top_ids;        /* [nids * k] the most likely ids of each position */
     const float *top_lp;       /* [nids * k] their logprobs */
     int k;                     /* alternatives a position */
-    size_t *off;               /* in: text_offset of the first id; out: past the last */
+    size_t *off;               /* completions: in, text_offset of the first id; out, past the last */
 } sm_api_lp;
 
-/* sm_api_completion / sm_api_chunk with the ids' logprobs (lp NULL: "logprobs": null). */
-char *sm_api_completion_lp(const char *id, long created, const char *model, const char *text, size_t ntext,
-                           const int *ids, int nids, const char *finish, int prompt_tokens, const sm_api_lp *lp);
-char *sm_api_chunk_lp(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
-                      int nids, const char *finish, const sm_api_lp *lp);
+/* One choice of an answer, or of a stream chunk (its news since the last chunk). */
+typedef struct sm_api_choice {
+    int index;                 /* choices[].index: prompt index * n + its number among the prompt's */
+    const char *text;          /* [ntext] its text (NULL: none) */
+    size_t ntext;
+    const int *ids;            /* [nids] its ids (token_ids, and the positions of lp) */
+    int nids;
+    const char *finish;        /* "stop" / "length"; NULL while it runs */
+    const sm_api_lp *lp;       /* the ids' logprobs; NULL: "logprobs": null */
+} sm_api_choice;
+
+/* The chat shape of lp over ids [n] ({"content": [...]}; NULL when out of memory). */
+json_t *sm_api_chat_logprobs(const sm_api_lp *lp, const int *ids, int n);
 
 /* A response body (malloc'd JSON text) for an error: type is OpenAI's error type
  * ("invalid_request_error", ...), param and code may be NULL. */
 char *sm_api_error(const char *msg, const char *type, const char *param, const char *code);
-/* The body of a finished completion. finish: "stop" / "length". */
-char *sm_api_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
-                        const int *ids, int nids, const char *finish, int prompt_tokens);
-/* One stream chunk (the JSON after "data: "): new text and ids, finish NULL while running. */
-char *sm_api_chunk(const char *id, long created, const char *model, const char *text, size_t ntext, const int *ids,
-                   int nids, const char *finish);
+/* OpenAI's error type of an HTTP status ("invalid_request_error", "not_found_error", "server_error"). */
+const char *sm_api_error_type(unsigned status);
+/* The body of a finished completion: choices c [nc] in index order and the usage (prompt_tokens:
+ * every prompt's once; completion_tokens: every choice's). */
+char *sm_api_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
+                        int prompt_tokens, int completion_tokens);
+/* One stream chunk (the JSON after "data: "): one choice's news. */
+char *sm_api_chunk(const char *id, long created, const char *model, const sm_api_choice *c);
 /* The last stream chunk when usage was asked for: no choices, the token counts. */
 char *sm_api_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens);
 /* GET /v1/models (one entry) or /v1/models/NAME (list 0: the entry alone). */

@@ -97,12 +97,62 @@ void sm_chat_free(sm_chat_tmpl *t) {
     t->special = NULL;
 }
 
-static int bad_msg(char *param, sm_err *e, const char *field, size_t i, const char *what) {
-    snprintf(param, SM_API_PARAM, "messages");
-    return sm_errf(e, "messages[%zu]%s%s", i, field, what);
+/* A 400 naming field path ("messages[2].content[0].type": param too) with the rest of the line what; -1. */
+static int bad_at(char *param, sm_err *e, const char *path, const char *what) {
+    snprintf(param, SM_API_PARAM, "%.63s", path);
+    return sm_errf(e, "%s%s", path, what);
 }
 
-/* The messages checked, each content made a string (text parts joined): a new list. */
+/* Message i's content as the template sees it: a string as it is; a list of parts joined with
+ * "\n" in order (vLLM's rule for a text-only model); null (or none) for an assistant message, as
+ * OpenAI allows (one that only called tools), the empty string.  NULL with param and e set on
+ * anything else. */
+static json_t *content_text(const json_t *m, int i, char *param, sm_err *e) {
+    const json_t *content = json_object_get(m, "content"), *role = json_object_get(m, "role");
+    char path[80];
+    if (json_is_string(content)) return json_incref((json_t *)content);
+    if ((!content || json_is_null(content)) && !strcmp(json_string_value(role), "assistant")) return json_string("");
+    if (!json_is_array(content)) {
+        snprintf(path, sizeof path, "messages[%d].content", i);
+        bad_at(param, e, path, " must be a string or a list of text parts (null only for an assistant message)");
+        return NULL;
+    }
+    sm_sbuf b = {0};
+    size_t k;
+    json_t *part;
+    json_array_foreach(content, k, part) {
+        const json_t *ty = json_object_get(part, "type"), *tx = json_object_get(part, "text");
+        int bad = 1;
+        if (!json_is_object(part)) {
+            snprintf(path, sizeof path, "messages[%d].content[%d]", i, (int)k);
+            bad_at(param, e, path, " must be an object {\"type\": \"text\", \"text\": string}");
+        } else if (!json_is_string(ty)) {
+            snprintf(path, sizeof path, "messages[%d].content[%d].type", i, (int)k);
+            bad_at(param, e, path, " must be a string (\"text\")");
+        } else if (strcmp(json_string_value(ty), "text")) {
+            snprintf(path, sizeof path, "messages[%d].content[%d].type", i, (int)k);
+            bad_at(param, e, path, "");
+            sm_errf(e, "%s is '%.40s'; this model takes text only (parts of \"type\": \"text\")", path,
+                    json_string_value(ty));
+        } else if (!json_is_string(tx)) {
+            snprintf(path, sizeof path, "messages[%d].content[%d].text", i, (int)k);
+            bad_at(param, e, path, " must be a string");
+        } else {
+            bad = (k > 0 && sm_sbuf_add(&b, "\n", 1)) || sm_sbuf_add(&b, json_string_value(tx), json_string_length(tx));
+            if (bad) sm_errf(e, "out of memory");
+        }
+        if (bad) {
+            sm_sbuf_free(&b);
+            return NULL;
+        }
+    }
+    json_t *out = json_stringn(b.p ? b.p : "", b.n);
+    sm_sbuf_free(&b);
+    return out;
+}
+
+/* The messages checked, each content made a string: a new list (every other key kept, "name"
+ * and "tool_calls" included, for the template). */
 static json_t *normalize(const json_t *messages, char *param, sm_err *e) {
     if (!json_is_array(messages) || !json_array_size(messages)) {
         snprintf(param, SM_API_PARAM, "messages");
@@ -113,29 +163,24 @@ static json_t *normalize(const json_t *messages, char *param, sm_err *e) {
     size_t i;
     json_t *m;
     json_array_foreach(messages, i, m) {
-        if (!json_is_object(m)) { bad_msg(param, e, "", i, " must be an object with 'role' and 'content'"); goto bad; }
-        json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        if (!json_is_string(role)) { bad_msg(param, e, ".role", i, " must be a string"); goto bad; }
-        json_t *c = json_copy(m);
-        json_array_append_new(out, c);
-        if (json_is_string(content)) continue;
-        if (!json_is_array(content)) { bad_msg(param, e, ".content", i, " must be a string or a list of text parts"); goto bad; }
-        sm_sbuf b = {0};
-        size_t k;
-        json_t *part;
-        json_array_foreach(content, k, part) {
-            json_t *ty = json_object_get(part, "type"), *tx = json_object_get(part, "text");
-            if (!json_is_string(ty) || strcmp(json_string_value(ty), "text") || !json_is_string(tx)) {
-                sm_sbuf_free(&b);
-                snprintf(param, SM_API_PARAM, "messages");
-                sm_errf(e, "messages[%zu].content[%zu] must be {\"type\": \"text\", \"text\": string} "
-                           "(only text parts are supported)", i, k);
-                goto bad;
-            }
-            sm_sbuf_add(&b, json_string_value(tx), json_string_length(tx));
+        char path[64];
+        snprintf(path, sizeof path, "messages[%d]", (int)i);
+        if (!json_is_object(m)) { bad_at(param, e, path, " must be an object with 'role' and 'content'"); goto bad; }
+        const json_t *name = json_object_get(m, "name");
+        if (!json_is_string(json_object_get(m, "role"))) {
+            bad_at(param, e, strcat(path, ".role"), " must be a string");
+            goto bad;
         }
-        json_object_set_new(c, "content", json_stringn(b.p ? b.p : "", b.n));
-        sm_sbuf_free(&b);
+        if (name && !json_is_string(name)) { bad_at(param, e, strcat(path, ".name"), " must be a string"); goto bad; }
+        json_t *text = content_text(m, (int)i, param, e), *c = NULL;
+        if (!text) goto bad;
+        if (!(c = json_copy(m))) {
+            json_decref(text);
+            sm_errf(e, "out of memory");
+            goto bad;
+        }
+        json_object_set_new(c, "content", text);
+        json_array_append_new(out, c);
     }
     return out;
 bad:
@@ -159,6 +204,29 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_genera
     return rc;
 }
 
+/* Chat's logprobs (true / false) and top_logprobs (0..20, only with logprobs true) made the
+ * completions field they mean: "logprobs": top_logprobs (0 when left out), or none.  0, or -1
+ * with param and e. */
+static int chat_logprobs(json_t *root, char *param, sm_err *e) {
+    json_t *lp = json_object_get(root, "logprobs"), *top = json_object_get(root, "top_logprobs");
+    if (lp && !json_is_null(lp) && !json_is_boolean(lp)) {
+        snprintf(param, SM_API_PARAM, "logprobs");
+        return sm_errf(e, "'logprobs' must be true or false (chat completions; top_logprobs gives the alternatives)");
+    }
+    if (top && !json_is_null(top)) {
+        snprintf(param, SM_API_PARAM, "top_logprobs");
+        if (!json_is_true(lp)) return sm_errf(e, "'top_logprobs' needs 'logprobs': true");
+        if (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > SPARKMONO_MAX_TOP_LOGPROBS)
+            return sm_errf(e, "'top_logprobs' must be an integer in [0, %d]", SPARKMONO_MAX_TOP_LOGPROBS);
+        param[0] = 0;
+    }
+    json_t *k = json_is_true(lp) ? json_integer(top && !json_is_null(top) ? json_integer_value(top) : 0) : NULL;
+    json_object_del(root, "top_logprobs");
+    json_object_del(root, "logprobs");
+    if (k && json_object_set_new(root, "logprobs", k)) return sm_errf(e, "out of memory");
+    return 0;
+}
+
 int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
                   int *status, char *param, sm_err *e) {
     memset(out, 0, sizeof *out);
@@ -176,7 +244,7 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
         sm_errf(e, "'prompt' is not a field of chat completions; send 'messages' (or use /v1/completions)");
         goto out;
     }
-    static const char *const completion_only[] = {"logprobs", "top_logprobs", "echo", "suffix", "best_of"};
+    static const char *const completion_only[] = {"echo", "suffix", "best_of"};
     for (size_t i = 0; i < sizeof completion_only / sizeof completion_only[0]; i++) {
         json_t *v = json_object_get(root, completion_only[i]); /* chat shapes of these are not built: refuse, not drop */
         if (v && !json_is_null(v) && !json_is_false(v)) {
@@ -185,6 +253,7 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
             goto out;
         }
     }
+    if (chat_logprobs(root, param, e)) goto out;
     json_t *msgs = json_object_get(root, "messages");
     if (!msgs) { snprintf(param, SM_API_PARAM, "messages"); sm_errf(e, "'messages' is required"); goto out; }
     if (!m->tok) { sm_errf(e, "this model directory has no tokenizer.json, which chat needs"); goto out; }
@@ -223,23 +292,33 @@ static char *dump(json_t *v) {
     return s;
 }
 
-char *sm_chat_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
-                         const char *finish, int prompt_tokens, int completion_tokens) {
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:{s:s, s:s%}, s:n, s:s?}], s:{s:i, s:i, s:i}}", "id", id,
-                          "object", "chat.completion", "created", (json_int_t)created, "model", model, "choices",
-                          "index", 0, "message", "role", "assistant", "content", text ? text : "", text ? ntext : 0,
-                          "logprobs", "finish_reason", finish, "usage", "prompt_tokens", prompt_tokens,
-                          "completion_tokens", completion_tokens, "total_tokens", prompt_tokens + completion_tokens));
+/* A choice's logprobs in the chat shape, or null. */
+static json_t *chat_lp(const sm_api_choice *c) {
+    return c->lp ? sm_api_chat_logprobs(c->lp, c->ids, c->nids) : json_null();
 }
 
-char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const char *text, size_t ntext,
-                    const char *finish) {
+char *sm_chat_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
+                         int prompt_tokens, int completion_tokens) {
+    json_t *choices = json_array();
+    for (int i = 0; choices && i < nc; i++)
+        json_array_append_new(choices, json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s?}", "index", c[i].index, "message",
+                                                 "role", "assistant", "content", c[i].text ? c[i].text : "",
+                                                 c[i].text ? c[i].ntext : 0, "logprobs", chat_lp(&c[i]),
+                                                 "finish_reason", c[i].finish));
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:o, s:{s:i, s:i, s:i}}", "id", id, "object", "chat.completion",
+                          "created", (json_int_t)created, "model", model, "choices", choices, "usage", "prompt_tokens",
+                          prompt_tokens, "completion_tokens", completion_tokens, "total_tokens",
+                          prompt_tokens + completion_tokens));
+}
+
+char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const sm_api_choice *c) {
     json_t *delta = json_object();
     if (delta && role) json_object_set_new(delta, "role", json_string(role));
-    if (delta && (text || role)) json_object_set_new(delta, "content", json_stringn(text ? text : "", text ? ntext : 0));
-    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:s?}]}", "id", id, "object", "chat.completion.chunk",
-                          "created", (json_int_t)created, "model", model, "choices", "index", 0, "delta", delta,
-                          "logprobs", "finish_reason", finish));
+    if (delta && (role || c->ntext || c->lp)) /* the content these logprobs are of, "" while held back */
+        json_object_set_new(delta, "content", json_stringn(c->text ? c->text : "", c->text ? c->ntext : 0));
+    return dump(json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:o, s:s?}]}", "id", id, "object",
+                          "chat.completion.chunk", "created", (json_int_t)created, "model", model, "choices", "index",
+                          c->index, "delta", delta, "logprobs", chat_lp(c), "finish_reason", c->finish));
 }
 
 char *sm_chat_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens) {

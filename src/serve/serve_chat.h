@@ -5,8 +5,10 @@
  * bos itself; no special token is added), and the chat-shaped answers.
  *
  * A chat request becomes a completions request: the body minus "messages", plus "prompt" as
- * the rendered ids, goes through sm_api_parse_completion, so every sampling field is checked
- * and runs once.  We rejected a second request parser for chat: the two would drift.
+ * the rendered ids, goes through sm_api_parse_completion, so every sampling field (n among
+ * them) is checked and runs once; chat's "logprobs": true with "top_logprobs": k becomes the
+ * completions field "logprobs": k, and the answers give them in the chat shape
+ * (sm_api_chat_logprobs).  We rejected a second request parser for chat: the two would drift.
  */
 #ifndef SM_SERVE_CHAT_H
 #define SM_SERVE_CHAT_H
@@ -25,9 +27,12 @@ typedef struct sm_chat_tmpl {
  * filter 'foo'"). */
 int sm_chat_load(const char *dir, sm_chat_tmpl *t, sm_err *e);
 void sm_chat_free(sm_chat_tmpl *t);
-/* Render messages (checked: a non-empty list of {role: string, content: string or a list of
- * {type: "text", text} parts}) with add_generation_prompt.  0, or -1 with one line in e and
- * param the offending field ("messages"); *raised when it is the template's raise_exception. */
+/* Render messages (checked: a non-empty list of {role: string, content, name?: string}; content
+ * a string, a list of {type: "text", text} parts (joined with "\n", as vLLM joins them for a
+ * text-only model) or, for an assistant message, null or none (the empty string)) with
+ * add_generation_prompt; every other key of a message goes to the template as it is.  0, or -1
+ * with one line in e and param the offending field ("messages[2].content[0].type"); *raised
+ * when it is the template's raise_exception. */
 int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_generation_prompt, sm_sbuf *out,
                    char *param, int *raised, sm_err *e);
 /* A /v1/chat/completions body into a completions request (prompt: the rendered ids).  As
@@ -35,12 +40,12 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_genera
 int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
                   int *status, char *param, sm_err *e);
 
-/* The answers: a whole chat completion; a stream chunk (role: the first chunk's "assistant",
- * else NULL; finish NULL while running); the usage chunk. */
-char *sm_chat_completion(const char *id, long created, const char *model, const char *text, size_t ntext,
-                         const char *finish, int prompt_tokens, int completion_tokens);
-char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const char *text, size_t ntext,
-                    const char *finish);
+/* The answers: a whole chat completion (choices c [nc] in index order: text, finish, logprobs);
+ * a stream chunk of one choice (role: a choice's first chunk "assistant", else NULL; its news:
+ * text, finish NULL while it runs, the new ids' logprobs); the usage chunk. */
+char *sm_chat_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
+                         int prompt_tokens, int completion_tokens);
+char *sm_chat_chunk(const char *id, long created, const char *model, const char *role, const sm_api_choice *c);
 char *sm_chat_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens);
 
 #endif

@@ -9,16 +9,18 @@
  * a /v1/ request without it is a 401 before it is routed.  A body longer than max_body is
  * a 413: at once when Content-Length says so, else once it has been read up to the limit
  * (the rest is discarded; a client that keeps sending far past it is disconnected).  A
- * "job" is one completion on its way out: the ids received so far, the text decoder and the
- * bytes not yet written; the plain answer and the stream share it.  A "peer" is one open
- * connection: its socket and its deadline, seen by the watch thread.  We rejected writing the
- * stream from the engine thread: a slow client would stall every request's next step.
+ * "job" is one completion request on its way out, its choices and the bytes not yet written
+ * (serve_job.c); the plain answer and the stream share it, and here it is parked and resumed.
+ * A "peer" is one open connection: its socket and its deadline, seen by the watch thread.  We
+ * rejected writing the stream from the engine thread: a slow client would stall every
+ * request's next step.
  *
  * Locks: the scheduler's mutex, then s->mu, then libmicrohttpd's own.  The engine thread calls
  * on_news holding the scheduler's mutex; nothing here calls the scheduler holding s->mu, and
  * libmicrohttpd calls none of our callbacks holding its lock.
  */
 #include "serve/serve_http.h"
+#include "serve/serve_job.h"
 #include "serve/serve_misc.h"
 #include "serve/serve_limits.h"
 #include <errno.h>
@@ -55,51 +57,10 @@ typedef struct conn {
     sm_sbuf body;              /* the request body read so far */
     size_t seen;               /* body bytes received, kept or not */
     int too_big;               /* the body passed max_body */
-    struct job *job;           /* a plain completion under way (its connection parks between news) */
+    sm_job *job;               /* a plain completion under way (its connection parks between news) */
 } conn;
 
-/* One completion on its way to the client. */
-typedef struct job {
-    sm_server *s;
-    sm_sreq *r;                /* the scheduler's request (one reference held here) */
-    sm_api_req req;            /* parsed request: stop strings, stream flags (prompt moved to r) */
-    int prompt_len;            /* tokens of the prompt */
-    double t0;                 /* monotonic seconds: the body was read whole (time to first token) */
-    struct MHD_Connection *mc; /* its connection, suspended while the job is parked */
-    int fd;                    /* the client's socket, polled for a hang-up while parked */
-    char id[48];               /* "cmpl-..." */
-    int *ids;                  /* [max_tokens] ids received */
-    int nids;                  /* ids received */
-    int sent_ids;              /* ids already put in a chunk */
-    size_t lp_off;             /* logprobs: text_offset of the next id (the bytes of the ids' texts before it) */
-    sm_detok dt;               /* ids -> text */
-    sm_sbuf text;              /* text not yet put in a chunk (all of it for a plain answer) */
-    const char *finish;        /* "stop" / "length" once ended normally */
-    char err[256];             /* the reason once ended by a failure or cancellation */
-    int err_status;            /* HTTP status of that reason (500 or 503) */
-    int ended;                 /* the request is over (finish or err set) */
-    sm_sbuf out;               /* stream bytes not yet handed to libmicrohttpd */
-    size_t off;                /* of out, already handed */
-    int closed;                /* stream: [DONE] written */
-    int chat;                  /* a chat completion: chat-shaped answers */
-    int role_sent;             /* chat stream: the first chunk (role "assistant") written */
-    /* under s->mu */
-    int news;                  /* the request changed since the job last parked */
-    int parked;                /* in s->parked, its connection suspended */
-    int gone;                  /* the client hung up while parked (read atomically) */
-    struct job *pprev, *pnext; /* s->parked */
-} job;
-
 static double now_s(void) { return sm_sched_now(); }
-
-/* The logprobs of j's ids from index i (NULL when it asked for none), in *lp. */
-static const sm_api_lp *job_lp(job *j, int i, sm_api_lp *lp) {
-    if (!j->r->lp) return NULL;
-    const int k = j->r->samp.top_logprobs;
-    *lp = (sm_api_lp){j->s->api.tok, j->r->lp + i, j->r->top_ids + (size_t)i * k, j->r->top_lp + (size_t)i * k, k,
-                      &j->lp_off};
-    return lp;
-}
 
 /* The peer of a connection (NULL when its allocation failed). */
 static peer *peer_of(struct MHD_Connection *mc) {
@@ -151,22 +112,15 @@ static enum MHD_Result reply(sm_server *s, struct MHD_Connection *mc, unsigned s
     return reply_as(s, mc, status, json, "application/json");
 }
 
-/* OpenAI's error type of an HTTP status. */
-static const char *error_type(unsigned status) {
-    if (status == 404) return "not_found_error";
-    if (status >= 500) return "server_error";
-    return "invalid_request_error";
-}
-
 static enum MHD_Result reply_error(sm_server *s, struct MHD_Connection *mc, unsigned status, const char *msg,
                                    const char *param, const char *code) {
-    return reply(s, mc, status, sm_api_error(msg, error_type(status), param, code));
+    return reply(s, mc, status, sm_api_error(msg, sm_api_error_type(status), param, code));
 }
 
 /* ---- parking ---------------------------------------------------------------------------- */
 
 /* Take j out of s->parked and resume its connection.  Under s->mu. */
-static void unpark_locked(sm_server *s, job *j) {
+static void unpark_locked(sm_server *s, sm_job *j) {
     if (!j->parked) return;
     if (j->pprev) j->pprev->pnext = j->pnext;
     else s->parked = j->pnext;
@@ -179,7 +133,7 @@ static void unpark_locked(sm_server *s, job *j) {
 /* The scheduler's notify callback: j's request has new ids or ended.  Engine thread (or the
  * shutdown), scheduler mutex held. */
 static void on_news(void *arg) {
-    job *j = arg;
+    sm_job *j = arg;
     sm_server *s = j->s;
     pthread_mutex_lock(&s->mu);
     if (j->parked) unpark_locked(s, j);
@@ -189,7 +143,7 @@ static void on_news(void *arg) {
 
 /* Suspend j's connection until news (called from a libmicrohttpd callback of it).  1 parked:
  * return and wait; 0 news came meanwhile: look again; -1 the server is stopping: end. */
-static int park(job *j) {
+static int park(sm_job *j) {
     sm_server *s = j->s;
     int rc = 1;
     pthread_mutex_lock(&s->mu);
@@ -211,107 +165,22 @@ static int park(job *j) {
 
 /* ---- jobs ------------------------------------------------------------------------------- */
 
-static void job_free(job *j) {
-    if (!j) return;
-    if (j->r) {
-        if (!j->ended) sm_sched_cancel(&j->s->sched, j->r); /* the client left first */
-        sm_sreq_release(&j->s->sched, j->r);                /* no on_news after this */
-        if (!j->s->o->quiet)
-            fprintf(stderr, "serve: %s: prompt %d tokens, %d generated, %s\n", j->id, j->prompt_len, j->nids,
-                    j->finish ? j->finish : j->err[0] ? j->err : "client disconnected");
-    }
-    sm_detok_free(&j->dt);
-    sm_api_req_free(&j->req);
-    sm_sbuf_free(&j->text);
-    sm_sbuf_free(&j->out);
-    free(j->ids);
-    __atomic_sub_fetch(&j->s->jobs, 1, __ATOMIC_RELAXED);
-    free(j);
-}
-
-/* Take the news of j's request without waiting: new ids and their text go to j->ids and
- * j->text.  1 when the request is over (j->finish or j->err set), 0 when it goes on, -1 when
- * the client hung up. */
-static int job_pump(job *j) {
-    if (__atomic_load_n(&j->gone, __ATOMIC_ACQUIRE)) return -1;
-    int done;
-    int k = sm_sched_poll(&j->s->sched, j->r, j->nids, j->ids + j->nids, j->req.max_tokens - j->nids, &done);
-    if (k > 0 && j->nids == 0) sm_hist_add(&j->s->met.ttft, now_s() - j->t0);
-    j->nids += k;
-    if (k == 0 && done == SM_SREQ_RUNNING) return 0;
-    sm_err e = {{0}};
-    int st = sm_detok_push(&j->dt, j->ids, j->nids, done != SM_SREQ_RUNNING, &j->text, &e);
-    j->ended = 1;
-    if (st < 0) {
-        sm_sched_cancel(&j->s->sched, j->r);
-        snprintf(j->err, sizeof j->err, "%.255s", e.msg);
-        j->err_status = 500;
-    } else if (st == 1) { /* a stop string: the text ends before it, generation stops */
-        sm_sched_cancel(&j->s->sched, j->r);
-        j->finish = "stop";
-    } else if (done == SM_SREQ_EOS) {
-        j->finish = "stop";
-    } else if (done == SM_SREQ_LENGTH) {
-        j->finish = "length";
-    } else if (done == SM_SREQ_RUNNING) {
-        j->ended = 0;
-    } else { /* failed in the engine, or cancelled by a shutdown */
-        snprintf(j->err, sizeof j->err, "%s", j->r->err[0] ? j->r->err : "request failed");
-        j->err_status = done == SM_SREQ_CANCELLED ? 503 : 500;
-    }
-    return j->ended;
-}
-
-/* Append one SSE event "data: <json>\n\n" (json freed) to j->out. */
-static int sse(job *j, char *json) {
-    int rc = !json || sm_sbuf_str(&j->out, "data: ") || sm_sbuf_str(&j->out, json) || sm_sbuf_str(&j->out, "\n\n");
-    free(json);
-    return rc ? -1 : 0;
-}
-
 /* The stream's reader: bytes when it has some, else it parks the connection and returns 0
  * (libmicrohttpd calls it again once on_news resumes the connection). */
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
-    job *j = cls;
-    const sm_server *s = j->s;
+    sm_job *j = cls;
     (void)pos;
-    if (j->chat && !j->role_sent) { /* a chat stream opens with the role */
-        j->role_sent = 1;
-        if (sse(j, sm_chat_chunk(j->id, s->created, s->api.name, "assistant", "", 0, NULL)))
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
     while (j->off == j->out.n) {
         if (j->closed) return MHD_CONTENT_READER_END_OF_STREAM;
         j->out.n = j->off = 0;
-        int st = job_pump(j);
+        int st = sm_job_pump(j);
         if (st < 0) return MHD_CONTENT_READER_END_WITH_ERROR; /* the free callback cancels */
-        if (st == 0 && !j->text.n && j->nids == j->sent_ids) { /* nothing new: wait for news */
+        if (sm_job_stream(j, st)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (j->out.n == 0) { /* nothing new: wait for news */
             int p = park(j);
             if (p > 0) return 0;
             if (p < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
-            continue;
         }
-        int rc = 0;
-        if (j->text.n || j->nids > j->sent_ids || (st == 1 && j->finish)) {
-            const char *fin = st == 1 ? j->finish : NULL;
-            sm_api_lp lp;
-            if (j->chat && (j->text.n || fin)) /* a chat chunk carries text (ids held back by the decoder wait) */
-                rc |= sse(j, sm_chat_chunk(j->id, s->created, s->api.name, NULL, j->text.p, j->text.n, fin));
-            else if (!j->chat)
-                rc |= sse(j, sm_api_chunk_lp(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids + j->sent_ids,
-                                             j->nids - j->sent_ids, fin, job_lp(j, j->sent_ids, &lp)));
-            j->text.n = 0;
-            j->sent_ids = j->nids;
-        }
-        if (st == 1) {
-            if (j->err[0]) rc |= sse(j, sm_api_error(j->err, error_type((unsigned)j->err_status), NULL, NULL));
-            if (j->req.include_usage)
-                rc |= sse(j, (j->chat ? sm_chat_usage_chunk : sm_api_usage_chunk)(j->id, s->created, s->api.name,
-                                                                                   j->prompt_len, j->nids));
-            rc |= sm_sbuf_str(&j->out, "data: [DONE]\n\n");
-            j->closed = 1;
-        }
-        if (rc) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = j->out.n - j->off < max ? j->out.n - j->off : max;
     memcpy(buf, j->out.p + j->off, n);
@@ -319,108 +188,49 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
-static void stream_free(void *cls) { job_free(cls); }
+static void stream_free(void *cls) { sm_job_free(cls); }
 
 /* A plain completion under way on c: answer once its request is over, else park.  Called
  * when the request is in and again each time the connection is resumed. */
 static enum MHD_Result plain_next(sm_server *s, struct MHD_Connection *mc, conn *c) {
-    job *j = c->job;
+    sm_job *j = c->job;
     int st;
-    while ((st = job_pump(j)) == 0) {
+    while ((st = sm_job_pump(j)) == 0) {
         int p = park(j);
         if (p > 0) return MHD_YES;
         if (p < 0) return MHD_NO;
     }
     if (st < 0) return MHD_NO; /* hung up: on_completed frees the job, which cancels */
-    enum MHD_Result qr;
-    if (j->err[0]) qr = reply_error(s, mc, (unsigned)j->err_status, j->err, NULL, NULL);
-    else if (j->chat)
-        qr = reply(s, mc, 200, sm_chat_completion(j->id, s->created, s->api.name, j->text.p, j->text.n, j->finish,
-                                                  j->prompt_len, j->nids));
-    else {
-        sm_api_lp lp;
-        qr = reply(s, mc, 200, sm_api_completion_lp(j->id, s->created, s->api.name, j->text.p, j->text.n, j->ids, j->nids,
-                                                    j->finish, j->prompt_len, job_lp(j, 0, &lp)));
-    }
+    enum MHD_Result qr = j->err[0] ? reply_error(s, mc, (unsigned)j->err_status, j->err, NULL, NULL)
+                                   : reply(s, mc, 200, sm_job_answer(j));
     c->job = NULL;
-    job_free(j);
+    sm_job_free(j);
     return qr;
 }
 
 /* POST /v1/completions or /v1/chat/completions with the whole body in c. */
 static enum MHD_Result completions(sm_server *s, struct MHD_Connection *mc, conn *c) {
-    job *j = calloc(1, sizeof *j);
-    if (!j) return reply(s, mc, 500, NULL);
-    j->s = s;
-    j->t0 = now_s();
-    __atomic_add_fetch(&s->jobs, 1, __ATOMIC_RELAXED);
     int status = 400;
     char param[SM_API_PARAM];
     sm_err e = {{0}};
-    j->chat = c->route == R_CHAT;
-    if (j->chat && !s->chat.t) {
-        job_free(j);
+    if (c->route == R_CHAT && !s->chat.t)
         return reply_error(s, mc, 400, "this model ships no chat template (tokenizer_config.json \"chat_template\" or "
                            "chat_template.jinja); use /v1/completions with a prompt", NULL, "chat_template_unavailable");
-    }
-    if (j->chat ? sm_chat_parse(&s->chat, c->body.p ? c->body.p : "", c->body.n, &s->api, &j->req, &status, param, &e)
-                : sm_api_parse_completion(c->body.p ? c->body.p : "", c->body.n, &s->api, &j->req, &status, param, &e)) {
-        job_free(j);
-        return reply_error(s, mc, (unsigned)status, e.msg, param, status == 404 ? "model_not_found" : NULL);
-    }
-    unsigned long long serial = __atomic_add_fetch(&s->serial, 1, __ATOMIC_RELAXED);
-    snprintf(j->id, sizeof j->id, "%s-%lx%06llx", j->chat ? "chatcmpl" : "cmpl", (unsigned long)s->created, serial);
-    if (j->req.ignored[0]) /* accepted as vLLM does; named once so a misspelt field is found */
-        fprintf(stderr, "serve: %s: ignored unknown field%s %s\n", j->id, strchr(j->req.ignored, ',') ? "s" : "",
-                j->req.ignored);
-    if (!j->req.has_seed && j->req.samp.temperature > 0) /* a seed of its own: distinct draws per request */
-        j->req.samp.seed = (unsigned long long)s->created * 0x9E3779B97F4A7C15ull ^ serial;
-    j->prompt_len = j->req.n;
-    j->ids = malloc((size_t)j->req.max_tokens * sizeof(int));
-    j->r = j->ids ? sm_sreq_new(j->req.prompt, j->req.n, j->req.max_tokens, &j->req.samp) : NULL;
-    if (!j->r) {
-        job_free(j);
-        return reply(s, mc, 500, NULL);
-    }
-    j->r->serial = serial;
-    j->r->notify = on_news;
-    j->r->notify_arg = j;
-    j->req.prompt = NULL; /* now the request's */
-    j->dt.tok = s->api.tok;
-    for (int i = 0; i < j->req.nstop; i++) j->dt.stop[i] = j->req.stop[i];
-    j->dt.nstop = j->req.nstop;
-    if (j->req.echo && s->api.tok) { /* echo: the prompt's text first (decoded from its ids, UTF-8 repaired) */
-        char *pt = NULL;
-        size_t pn = 0;
-        sm_err te = {{0}};
-        int bad = sm_tokenizer_decode(s->api.tok, j->r->prompt, j->r->n, &pt, &pn, &te) || sm_utf8_sanitize(&j->text, pt, pn);
-        free(pt);
-        if (bad) {
-            job_free(j);
-            return reply(s, mc, 500, NULL);
-        }
-    }
+    sm_job *j = sm_job_new(s, c->route == R_CHAT, c->body.p, c->body.n, on_news, &status, param, &e);
+    if (!j) return reply_error(s, mc, (unsigned)status, e.msg, param, status == 404 ? "model_not_found" : NULL);
     j->mc = mc;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
-    int rc = sm_sched_submit(&s->sched, j->r);
+    int rc = sm_job_submit(j); /* all choices or none */
     if (rc) {
-        char msg[160];
-        if (rc == SM_SCHED_FULL)
-            snprintf(msg, sizeof msg, "the server is busy (%d requests running, %d queued); retry later",
-                     s->o->max_requests, s->o->queue);
-        else
-            snprintf(msg, sizeof msg, "the server is shutting down");
-        j->ended = 1; /* never ran */
-        snprintf(j->err, sizeof j->err, "%s", msg);
-        job_free(j);
-        return reply_error(s, mc, 503, msg, NULL, rc == SM_SCHED_FULL ? "overloaded" : "shutting_down");
+        enum MHD_Result qr = reply_error(s, mc, 503, j->err, NULL, rc == SM_SCHED_FULL ? "overloaded" : "shutting_down");
+        sm_job_free(j);
+        return qr;
     }
-    __atomic_add_fetch(&s->met.prompt_tokens, j->prompt_len, __ATOMIC_RELAXED);
     if (j->req.stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j, stream_free);
         if (!resp) {
-            job_free(j);
+            sm_job_free(j);
             return MHD_NO;
         }
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
@@ -572,7 +382,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
         pthread_mutex_unlock(&s->mu);
     }
     if (!c) return;
-    job_free(c->job); /* a plain completion whose client left */
+    sm_job_free(c->job); /* a plain completion whose client left */
     sm_sbuf_free(&c->body);
     free(c);
     *con_cls = NULL;
@@ -622,19 +432,19 @@ static void cut_locked(sm_server *s, peer *p) {
 static void *watch_main(void *arg) {
     sm_server *s = arg;
     struct pollfd *pf = NULL;
-    job **pj = NULL;
+    sm_job **pj = NULL;
     size_t cap = 0;
     struct timespec tick = {0, SM_HTTP_POLL_MS * 1000000L};
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         /* hang-ups of parked connections (libmicrohttpd does not watch a suspended socket) */
         size_t n = 0;
-        for (job *j = s->parked; j; j = j->pnext) {
+        for (sm_job *j = s->parked; j; j = j->pnext) {
             if (n == cap) {
                 size_t nc = cap ? 2 * cap : 64;
                 struct pollfd *npf = realloc(pf, nc * sizeof *pf);
                 if (npf) pf = npf;
-                job **npj = npf ? realloc(pj, nc * sizeof *pj) : NULL;
+                sm_job **npj = npf ? realloc(pj, nc * sizeof *pj) : NULL;
                 if (!npj) break; /* out of memory: watch the first cap this tick */
                 pj = npj;
                 cap = nc;

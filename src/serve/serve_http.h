@@ -47,7 +47,7 @@
 
 struct MHD_Daemon;
 struct peer;
-struct job;
+struct sm_job;
 
 typedef struct sm_server {
     const sm_serve_opts *o;
@@ -67,7 +67,7 @@ typedef struct sm_server {
     pthread_mutex_t mu;        /* guards the fields below and every peer's and job's parking fields */
     struct peer *peers;        /* open connections (a list) */
     int npeers;                /* open connections */
-    struct job *parked;        /* completions whose connection is suspended (a list) */
+    struct sm_job *parked;     /* completions whose connection is suspended (a list) */
     int stopping;              /* sm_http_stop: nothing parks any more, the watch thread ends */
     pthread_t watch;           /* the watch thread: hang-ups of parked connections, deadlines */
     int watching;              /* the watch thread runs */

@@ -16,8 +16,7 @@
 
 /* The error body of status (400, 404 or 500): msg names the field. */
 static int fail(char **out, int status, const char *msg, const char *param) {
-    *out = sm_api_error(msg, status == 404 ? "not_found_error" : status >= 500 ? "server_error" : "invalid_request_error",
-                        param, status == 404 ? "model_not_found" : NULL);
+    *out = sm_api_error(msg, sm_api_error_type((unsigned)status), param, status == 404 ? "model_not_found" : NULL);
     return status;
 }
 

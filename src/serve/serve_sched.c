@@ -177,8 +177,10 @@ static void *engine_main(void *arg) {
     return NULL;
 }
 
-int sm_sched_start(sm_sched *s, sparkmono_engine *g, int queue_cap, sm_err *e) {
+int sm_sched_start(sm_sched *s, sparkmono_engine *g, int slots, int queue_cap, sm_err *e) {
     memset(s, 0, sizeof *s);
+    s->slots = slots;
+    s->queue_cap = queue_cap;
     if (sparkmono_batch_create(g, queue_cap, &s->b)) return sm_errf(e, "serve: %s", sparkmono_errmsg());
     pthread_mutex_init(&s->mu, NULL);
     int rc = cond_init(&s->work) || cond_init(&s->idle) ? -1 : pthread_create(&s->th, NULL, engine_main, s);
@@ -192,24 +194,37 @@ int sm_sched_start(sm_sched *s, sparkmono_engine *g, int queue_cap, sm_err *e) {
     return 0;
 }
 
-int sm_sched_submit(sm_sched *s, sm_sreq *r) {
-    pthread_mutex_lock(&s->mu);
-    int rc = 0;
+/* Queue r: 0, SM_SCHED_FULL, or 0 with r ended FAILED when the engine refuses it.  Under the mutex. */
+static int submit_locked(sm_sched *s, sm_sreq *r) {
     const sparkmono_sampling *sp = &r->samp; /* greedy too: its processors and stop ids */
-    sm_status st = SM_OK;
-    if (s->closed) rc = SM_SCHED_CLOSED;
-    else if ((st = sparkmono_batch_submit(s->b, r->prompt, r->n, r->max_tokens, sp, r, &r->bid)) == SM_E_CACHE)
-        rc = SM_SCHED_FULL; /* every slot and queue place taken */
-    else if (st != SM_OK) /* refused by the engine's checks: it ends failed, as it would at admission */
+    sm_status st = sparkmono_batch_submit(s->b, r->prompt, r->n, r->max_tokens, sp, r, &r->bid);
+    if (st == SM_E_CACHE) return SM_SCHED_FULL; /* every slot and queue place taken */
+    if (st != SM_OK) { /* refused by the engine's checks: it ends failed, as it would at admission */
         finish_locked(r, SM_SREQ_FAILED, sparkmono_errmsg());
-    else {
-        r->refs++; /* the engine thread's */
-        r->t_submit = sm_sched_now();
-        r->next = s->inflight;
-        if (s->inflight) s->inflight->prev = r;
-        s->inflight = r;
-        pthread_cond_signal(&s->work);
+        return 0;
     }
+    r->refs++; /* the engine thread's */
+    r->t_submit = sm_sched_now();
+    r->next = s->inflight;
+    if (s->inflight) s->inflight->prev = r;
+    s->inflight = r;
+    return 0;
+}
+
+static void cancel_locked(sm_sched *s, sm_sreq *r, const char *why);
+
+int sm_sched_submit(sm_sched *s, sm_sreq **r, int n) {
+    pthread_mutex_lock(&s->mu);
+    int rc = 0, live, queued;
+    sparkmono_batch_counts(s->b, &live, &queued);
+    /* only this mutex's holders submit and the engine thread only lowers live + queued, so n
+     * places free now stay free while the n go in */
+    if (s->closed) rc = SM_SCHED_CLOSED;
+    else if (s->queue_cap >= 0 && live + queued + n > s->slots + s->queue_cap) rc = SM_SCHED_FULL;
+    for (int k = 0; !rc && k < n; k++)
+        if ((rc = submit_locked(s, r[k])) != 0) /* not expected after the count above: take back the others */
+            for (int q = 0; q < k; q++) cancel_locked(s, r[q], "the server is busy");
+    if (!rc) pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->mu);
     return rc;
 }

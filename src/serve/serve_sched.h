@@ -2,8 +2,10 @@
  * the engine's batch (sparkmono_batch_*, src/engine/batch.c: the FIFO, admission, one verify
  * step over every live request, cancellation), and hands generated ids to the connections.
  *
- * A connection thread builds an sm_sreq (prompt ids, budget, sampling) and submits it into the
- * batch; the engine thread admits waiting requests (sparkmono_batch_admit: add + prefill, the
+ * A connection thread builds an sm_sreq (prompt ids, budget, sampling) for each choice of its
+ * HTTP request and submits them into the batch together, all or none (a request whose choices
+ * do not all fit in the free slots and the queue is refused whole, so no half of one waits);
+ * the engine thread admits waiting requests (sparkmono_batch_admit: add + prefill, the
  * first token published before the verify step), runs one verify step (sparkmono_batch_verify),
  * appends each event's ids to its sm_sreq and wakes the waiting connection.  A request is shared
  * by the two threads and freed by whichever releases it last (refs).  The consumer cancels a
@@ -61,6 +63,7 @@ enum { SM_SCHED_FULL = 1, SM_SCHED_CLOSED = 2 };
 
 typedef struct sm_sched {
     sparkmono_batch *b;        /* the engine's batch (FIFO, slots, steps: src/engine/batch.c), stepped by the engine thread */
+    int slots, queue_cap;      /* the batch's request slots and the requests that may wait beyond them */
     pthread_mutex_t mu;        /* guards everything below and every sm_sreq's shared fields */
     pthread_cond_t work;       /* engine thread: a submission, a cancel or a stop */
     pthread_cond_t idle;       /* signalled when nothing is live or queued */
@@ -80,11 +83,13 @@ sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_samplin
  * frees the request. */
 void sm_sreq_release(sm_sched *s, sm_sreq *r);
 
-/* Start the engine thread over g with a queue of queue_cap requests beyond its slots. */
-int sm_sched_start(sm_sched *s, sparkmono_engine *g, int queue_cap, sm_err *e);
-/* Queue r (the engine thread takes a second reference).  0, SM_SCHED_FULL (max_req requests
- * live or about to be, and queue_cap more waiting) or SM_SCHED_CLOSED (shutting down). */
-int sm_sched_submit(sm_sched *s, sm_sreq *r);
+/* Start the engine thread over g (slots request slots) with a queue of queue_cap requests
+ * beyond its slots. */
+int sm_sched_start(sm_sched *s, sparkmono_engine *g, int slots, int queue_cap, sm_err *e);
+/* Queue r [n], all or none (the engine thread takes a second reference of each).  0,
+ * SM_SCHED_FULL (the live and waiting requests and these n would pass slots + queue_cap: none
+ * is queued) or SM_SCHED_CLOSED (shutting down).  One the engine refuses ends FAILED at once. */
+int sm_sched_submit(sm_sched *s, sm_sreq **r, int n);
 /* Copies r's ids [have, nids) to out [cap] (as many as fit) without waiting; returns how
  * many, and *done the state (SM_SREQ_RUNNING until every id has been taken). */
 int sm_sched_poll(sm_sched *s, sm_sreq *r, int have, int *out, int cap, int *done);

@@ -2,9 +2,12 @@
 client: the make-model template rendered as Jinja2 renders it, the prompt tokenized without a
 second bos, the answer equal to a completion of those ids (and to `sparkmono generate`),
 streaming equal to the plain answer, 8 concurrent chats equal to each alone (greedy and
-seeded), bad messages (400 naming the field), a template's raise_exception (400 with its
-message), a directory without a template (400) and one whose template is outside the
-supported subset (the server refuses to start: exit 2, one line)."""
+seeded), n choices (plain and streamed), logprobs in the chat shape equal to the completions
+logprobs of the same ids and to a numpy log-softmax of `sparkmono logits`, content as a string,
+a list of text parts or null, a message's name reaching the template, bad messages (400 naming
+the field), a template's raise_exception (400 with its message), a directory without a
+template (400) and one whose template is outside the supported subset (the server refuses to
+start: exit 2, one line)."""
 import json
 import os
 import shutil
@@ -12,13 +15,14 @@ import subprocess
 import threading
 
 import jinja2
+import numpy as np
 import openai
 import pytest
 import requests
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from conftest import TIMEOUT, Server, sse_events
-from smtest import SM_BIN, generate_cli
+from smtest import SM_BIN, generate_cli, log_softmax, raw_logits
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello there"}],
@@ -47,9 +51,10 @@ def model_copy(src, d, template=None):
 
 
 def flat(msgs):
-    """The messages as transformers would see them after our part joining (content strings)."""
-    return [{**m, "content": m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])}
-            for m in msgs]
+    """The messages as the template sees them: text parts joined with "\\n" (vLLM's rule), a null
+    content empty."""
+    return [{**m, "content": m["content"] if isinstance(m.get("content"), str) else
+             "\n".join(p["text"] for p in m["content"]) if m.get("content") is not None else ""} for m in msgs]
 
 
 def render_jinja2(model_dir, msgs):
@@ -81,9 +86,9 @@ def prompts(model_dir, hf_tok):
     return out
 
 
-def chat(c, name, msgs, n, **kw):
+def chat(c, name, msgs, max_tokens, **kw):
     kw.setdefault("temperature", 0)
-    return c.chat.completions.create(model=name, messages=msgs, max_tokens=n, **kw)
+    return c.chat.completions.create(model=name, messages=msgs, max_tokens=max_tokens, **kw)
 
 
 def stream_text(c, name, msgs, n, **kw):
@@ -148,32 +153,139 @@ def test_concurrent_equals_alone(chat_server, sampling):
     assert together == alone
 
 
-BAD = [
-    ({"messages": "hi"}, "'messages' must be a non-empty list"),
-    ({"messages": []}, "'messages' must be a non-empty list"),
-    ({"messages": ["hi"]}, "messages[0] must be an object"),
-    ({"messages": [{"content": "hi"}]}, "messages[0].role must be a string"),
+HI = [{"role": "user", "content": "hi"}]
+BAD = [  # (body, the error's param, words of its message)
+    ({"messages": "hi"}, "messages", "'messages' must be a non-empty list"),
+    ({"messages": []}, "messages", "'messages' must be a non-empty list"),
+    ({"messages": ["hi"]}, "messages[0]", "messages[0] must be an object"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role", "messages[0].role must be a string"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": 3}]},
-     "messages[2].content must be a string or a list of text parts"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages[0].content[0] must be {\"type\": \"text\""),
-    ({"messages": [{"role": "user"}]}, "messages[0].content must be a string or a list of text parts"),
-    ({}, "'messages' is required"),
-    ({"messages": [{"role": "user", "content": "hi"}], "prompt": "x"}, "'prompt' is not a field of chat completions"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
-    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "'logprobs' is not supported by chat completions"),
-    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+     "messages[2].content", "messages[2].content must be a string or a list of text parts"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[1].type", "messages[0].content[1].type is 'image_url'; this model takes text only"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text",
+     "messages[0].content[0].text must be a string"),
+    ({"messages": [{"role": "user", "content": ["a"]}]}, "messages[0].content[0]", "messages[0].content[0] must be an object"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content",
+     "messages[0].content must be a string or a list of text parts (null only for an assistant message)"),
+    ({"messages": [{"role": "user", "content": "a", "name": 3}]}, "messages[0].name", "messages[0].name must be a string"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content", "messages[0].content must be a string or a list of text parts"),
+    ({}, "messages", "'messages' is required"),
+    ({"messages": HI, "prompt": "x"}, "prompt", "'prompt' is not a field of chat completions"),
+    ({"messages": HI, "temperature": -1}, "temperature", "temperature"),
+    ({"messages": HI, "top_logprobs": 2}, "top_logprobs", "'top_logprobs' needs 'logprobs': true"),
+    ({"messages": HI, "logprobs": False, "top_logprobs": 0}, "top_logprobs", "'top_logprobs' needs 'logprobs': true"),
+    ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "'top_logprobs' must be an integer in [0, 20]"),
+    ({"messages": HI, "logprobs": 3}, "logprobs", "'logprobs' must be true or false"),
+    ({"messages": HI, "echo": True}, "echo", "'echo' is not supported by chat completions"),
+    ({"messages": HI, "n": 100}, "n", "'n' is 100; this server takes at most 72 choices"),
+    ({"messages": HI, "max_tokens": 0}, "max_tokens", "max_tokens"),
 ]
 
 
 def test_bad_messages(chat_server):
-    for body, want in BAD:
+    for body, param, want in BAD:
         body = {"model": chat_server.name, **body}
         r = requests.post(chat_server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
         e = r.json()["error"]
-        assert r.status_code == 400 and want in e["message"] and "\n" not in e["message"], (body, e)
+        assert r.status_code == 400 and e["param"] == param and want in e["message"], (body, e)
+        assert "\n" not in e["message"], e
     with pytest.raises(openai.BadRequestError):
         chat_server.client().chat.completions.create(model=chat_server.name, messages=[{"role": "user", "content": 5}])
+
+
+def chat_lp_entries(content):
+    """The chat shape's logprobs entries as plain tuples (token, logprob, bytes, [(token, logprob, bytes)])."""
+    return [(t.token, t.logprob, t.bytes, [(a.token, a.logprob, a.bytes) for a in t.top_logprobs]) for t in content]
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 4}])
+def test_chat_logprobs(chat_server, model_dir, prompts, tmp, sampling):
+    """logprobs / top_logprobs in OpenAI's chat shape: the same numbers as the completions logprobs
+    of the rendered ids (and the same token texts), a numpy log-softmax of the raw logits of each
+    prefix, the alternatives in order; bytes are the token text's UTF-8; a stream's chunks carry
+    the same entries, in order."""
+    K, N = 3, 6
+    c = chat_server.client()
+    msgs, ids = CONVERSATIONS[0], prompts[0]
+    r = c.chat.completions.create(model=chat_server.name, messages=msgs, max_tokens=N, logprobs=True, top_logprobs=K,
+                                  **sampling)
+    content = r.choices[0].logprobs.content
+    comp = c.completions.create(model=chat_server.name, prompt=ids, max_tokens=N, logprobs=K, **sampling).choices[0]
+    gen = comp.token_ids
+    assert r.choices[0].message.content == comp.text and len(content) == len(gen)
+    assert [t.token for t in content] == comp.logprobs.tokens
+    assert [t.logprob for t in content] == comp.logprobs.token_logprobs
+    for j, t in enumerate(content):
+        assert t.bytes == list(t.token.encode()) and len(t.top_logprobs) == K
+        assert {a.token for a in t.top_logprobs} <= set(comp.logprobs.top_logprobs[j])
+        ref = log_softmax(raw_logits(model_dir, tmp, ids + gen[:j]).astype(np.float32).astype(np.float64))
+        assert abs(t.logprob - ref[gen[j]]) < 1e-4, (j, t.logprob, ref[gen[j]])
+        best = np.argsort(-ref, kind="stable")[:K]
+        assert np.allclose([a.logprob for a in t.top_logprobs], ref[best], atol=1e-4), j
+    got = []
+    for ch in c.chat.completions.create(model=chat_server.name, messages=msgs, max_tokens=N, logprobs=True,
+                                        top_logprobs=K, stream=True, **sampling):
+        if ch.choices and ch.choices[0].logprobs:
+            got += chat_lp_entries(ch.choices[0].logprobs.content)
+    assert got == chat_lp_entries(content)
+    plain = c.chat.completions.create(model=chat_server.name, messages=msgs, max_tokens=N, logprobs=True, **sampling)
+    assert [(t.token, t.logprob, t.top_logprobs) for t in plain.choices[0].logprobs.content] == \
+        [(t.token, t.logprob, []) for t in content]  # top_logprobs 0 (left out): the ids alone
+    assert chat(c, chat_server.name, msgs, N, **sampling).choices[0].logprobs is None
+
+
+def test_chat_n(chat_server):
+    """n choices of a chat: greedy all equal to n = 1; seeded reproducible, choice i == n = 1 with
+    seed + i; a stream's text a choice == the plain answer's."""
+    c = chat_server.client()
+    msgs = CONVERSATIONS[1]
+    one = chat(c, chat_server.name, msgs, 8).choices[0].message.content
+    r = chat(c, chat_server.name, msgs, 8, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2] and all(ch.message.content == one for ch in r.choices)
+    kw = dict(n=3, temperature=1.0, seed=77)
+    r = chat(c, chat_server.name, msgs, 8, **kw)
+    texts = [ch.message.content for ch in r.choices]
+    assert texts == [ch.message.content for ch in chat(c, chat_server.name, msgs, 8, **kw).choices]
+    assert texts == [chat(c, chat_server.name, msgs, 8, temperature=1.0, seed=77 + i).choices[0].message.content
+                     for i in range(3)]
+    assert len(set(texts)) > 1, texts
+    got, roles, fins = [""] * 3, [0] * 3, [0] * 3
+    for ch in c.chat.completions.create(model=chat_server.name, messages=msgs, max_tokens=8, stream=True, **kw):
+        for x in ch.choices:
+            got[x.index] += x.delta.content or ""
+            roles[x.index] += x.delta.role == "assistant"
+            fins[x.index] += x.finish_reason is not None
+    assert got == texts and roles == [1, 1, 1] and fins == [1, 1, 1]
+
+
+def test_content_forms(tmp, model_dir, hf_tok):
+    """A list of text parts is the same conversation as its texts joined with "\\n"; an assistant's
+    null content is the empty string; a message's name reaches the template (rendered as Jinja2
+    renders it)."""
+    tpl = ("{% for m in messages %}<|{{ m.role }}|>{% if m.name %}({{ m.name }}){% endif %}{{ m.content }}"
+           "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    d = model_copy(model_dir, os.path.join(tmp, "named"), tpl)
+    s = Server(d, tmp)
+    try:
+        c = s.client()
+        parts = [{"role": "user", "content": [{"type": "text", "text": "The quiet"}, {"type": "text", "text": "harbour"}]}]
+        joined = [{"role": "user", "content": "The quiet\nharbour"}]
+        a, b = chat(c, s.name, parts, 6), chat(c, s.name, joined, 6)
+        assert a.choices[0].message.content == b.choices[0].message.content
+        assert a.usage.prompt_tokens == b.usage.prompt_tokens
+        for msgs in [parts, [{"role": "user", "content": "hi", "name": "ada"}],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}, {"role": "user", "content": "x"}],
+                     [{"role": "user", "content": "hi"}, {"role": "assistant"}, {"role": "user", "content": "x", "name": "bo"}]]:
+            ids = hf_tok.encode(render_jinja2(d, msgs), add_special_tokens=False).ids
+            r = chat(c, s.name, msgs, 6)
+            assert r.usage.prompt_tokens == len(ids), msgs
+            comp = c.completions.create(model=s.name, prompt=ids, max_tokens=6, temperature=0)
+            assert r.choices[0].message.content == comp.choices[0].text, msgs
+        named = chat(c, s.name, [{"role": "user", "content": "hi", "name": "ada"}], 1)
+        assert named.usage.prompt_tokens > chat(c, s.name, [{"role": "user", "content": "hi"}], 1).usage.prompt_tokens
+    finally:
+        assert s.stop() == 0
 
 
 def test_raise_exception_is_400(tmp, model_dir):

@@ -5,15 +5,13 @@ tokens equal a numpy reference of the processed distribution built from the logi
 token what a plain one (--request-rows 1) does, greedy and seeded, with each processor; unknown
 fields are accepted with one log line; every bad value is a 400 naming the field and its range."""
 import json
-import os
-import subprocess
 
 import numpy as np
 import pytest
 import requests
 
 from conftest import TIMEOUT, Server
-from smtest import SM_BIN
+from smtest import log_softmax, raw_logits
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
 
@@ -33,14 +31,6 @@ def complete(server, **kw):
     assert r.status_code == 200, r.text
     c = r.json()["choices"][0]
     return c["token_ids"], c["finish_reason"]
-
-
-def raw_logits(model_dir, tmp, ids):
-    """The raw f32 logits of the last row of prefix ids (the CLI's logits command), as float64."""
-    out = os.path.join(tmp, "lg.npy")
-    subprocess.run([SM_BIN, "logits", "--model", model_dir, "--prompt-ids", ",".join(map(str, ids)), "--out", out,
-                    "--threads", "2"], check=True, capture_output=True)
-    return np.load(out)[-1].astype(np.float64)
 
 
 def processed(row, prompt, gen, rep=1.0, pres=0.0, freq=0.0, bias=None):
@@ -148,12 +138,6 @@ def test_bad_values(server, fields, param, msg):
     assert r.status_code == 400, r.text
     e = r.json()["error"]
     assert e["param"] == param and msg in e["message"], e
-
-
-def log_softmax(row):
-    row = row[np.isfinite(row)]
-    m = row.max()
-    return row - m - np.log(np.exp(row - m).sum())
 
 
 @pytest.mark.parametrize("extra", [dict(temperature=0), dict(temperature=0.9, seed=5),

@@ -150,7 +150,8 @@ def test_malformed_json(server):
     ({"prompt": [1, -1]}, "prompt"),
     ({"prompt": [1, 2.5]}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": [[1, 2], [3]]}, "prompt"),                  # two prompts
+    ({"prompt": [[1, 2], []]}, "prompt"),                   # a list of prompts with an empty one
+    ({"prompt": [[1, 2], "a"]}, "prompt"),                  # ids and text mixed
     ({"prompt": {"a": 1}}, "prompt"),
     ({"prompt": "text"}, "prompt"),                         # this model has no tokenizer.json
     ({"max_tokens": 0}, "max_tokens"),
@@ -165,7 +166,9 @@ def test_malformed_json(server):
     ({"seed": 1.5}, "seed"),
     ({"stream": "yes"}, "stream"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
-    ({"n": 2}, "n"),
+    ({"n": 9}, "n"),                                        # past --max-requests 4 + --queue 4
+    ({"n": 0}, "n"),
+    ({"best_of": 2}, "best_of"),                            # only best_of == n
     ({"logprobs": 21}, "logprobs"),
     ({"echo": True, "logprobs": 2}, "echo"),
     ({"echo": "yes"}, "echo"),
