@@ -3,6 +3,7 @@
 #
 # Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model)
 # and tests/gpu/cli_spec.sh (speculative == plain through the CLI, with the logit processors),
+# tests/gpu/serve_cuda.py (the server on the GPU: logprobs made there vs the CPU server, n),
 # the per-op microbenchmarks (`gpu_test --bench all`: norm, router, attention, matmul, moe,
 # logits, logprobs) and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full
 # log under $OUT (default ./out) and prints a short table last.  Environment knobs:
@@ -61,6 +62,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     # speculative == plain on the GPU through the CLI, with the logit processors
     sh tests/gpu/cli_spec.sh build >"$OUT/cli_spec.log" 2>&1 || { status=1; trc=1; }
     tail -n 1 "$OUT/cli_spec.log"
+    # the server on the GPU (logprobs made on the device) against the CPU server
+    python3 tests/gpu/serve_cuda.py build >"$OUT/serve_cuda.log" 2>&1 || { status=1; trc=1; }
+    tail -n 1 "$OUT/serve_cuda.log"
 fi
 
 # the SM clock and power through the run (power throttling moves the numbers by 10%)
@@ -152,8 +156,9 @@ echo "===================== summary ====================="
 if [ "$trc" != skipped ]; then
     grep -E '^FAIL ' "$OUT/gpu_test.log" | head -n 30
     sed -n '/^group /,$p' "$OUT/gpu_test.log" | tail -n 7
-    grep -E '^FAIL ' "$OUT/cli_spec.log" | head -n 10
+    grep -E '^FAIL ' "$OUT/cli_spec.log" "$OUT/serve_cuda.log" | head -n 10
     echo "cli_spec: $(tail -n 1 "$OUT/cli_spec.log")"
+    echo "serve_cuda: $(tail -n 1 "$OUT/serve_cuda.log")"
     grep -q '^group ' "$OUT/gpu_test.log" || { echo "gpu_test did not finish (exit $trc); last lines:"; tail -n 15 "$OUT/gpu_test.log"; }
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
