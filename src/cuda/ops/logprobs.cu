@@ -7,11 +7,11 @@
  *     and the sum s_w of exp(l - m_w) in double (each lane in id order, lanes by butterfly).
  *     This is the one full read of the row.
  *  2. lp_row_kernel, one block per row: lmax = max m_w; lse = log(sum_w s_w exp(m_w - lmax)) in
- *     a fixed order; T = the k-th largest slice maximum (k rounds of a block argmax).  Every
+ *     a fixed order; T = the k-th largest slice maximum (k rounds of a warp argmax).  Every
  *     one of the row's k largest logits is >= T (k slices hold a value >= T), and only the
  *     slices with m_w >= T can hold one, so only those (k of them, more on ties) are read
  *     again: their ids with a logit >= T become candidates in shared memory, and k rounds of a
- *     block argmax over the candidates give the top k.  When more than LP_CAND ids tie at
+ *     warp argmax over the candidates give the top k.  When more than LP_CAND ids tie at
  *     or above T (a flat row), the rounds run over the selected slices themselves instead.
  * Every argmax is common.cuh's order (larger value, then lower id), so the ids, their logits
  * and lmax are the reference's bit for bit; lse differs from the reference's id-order sum only
@@ -79,10 +79,8 @@ lp_slice_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int v
     }
 }
 
-/* The block's best (value, id) by common.cuh's order; every thread gets it.  red_v / red_i:
- * __shared__ [LP_WARPS]. */
-__device__ __forceinline__ void lp_block_best(float &v, int &i, float *red_v, int *red_i) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+/* The better of (v, i) over the warp by butterfly: every lane ends with the best. */
+__device__ __forceinline__ void lp_warp_best(float &v, int &i) {
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) {
         const float ov = __shfl_xor_sync(0xFFFFFFFFu, v, d);
@@ -92,6 +90,45 @@ __device__ __forceinline__ void lp_block_best(float &v, int &i, float *red_v, in
             i = oi;
         }
     }
+}
+
+/* One warp: k rounds of an argmax over v [n] / id [n] in shared memory (distinct ids; LP_NONE:
+ * none), each winner struck out (its id set to LP_NONE); lane 0 writes the winners to ov / oid
+ * when they are not NULL.  Returns the winners found and *last the last one's value (every
+ * lane).  We rejected the block for these rounds: two barriers a round cost more than the
+ * warp's scan of a few hundred entries. */
+__device__ int lp_warp_rounds(const float *v, int *id, int n, int k, float *ov, int *oid, float *last) {
+    const int lane = threadIdx.x & 31;
+    int found = 0;
+    for (int r = 0; r < k; r++) {
+        float bv = -INFINITY;
+        int bi = LP_NONE, bq = -1;
+        for (int q = lane; q < n; q += 32)
+            if (sm_better(v[q], id[q], bv, bi)) {
+                bv = v[q];
+                bi = id[q];
+                bq = q;
+            }
+        const int mine = bi;
+        lp_warp_best(bv, bi);
+        if (bi == LP_NONE) break; /* fewer entries than k */
+        if (bq >= 0 && mine == bi) id[bq] = LP_NONE;
+        __syncwarp();
+        if (lane == 0 && ov) {
+            ov[r] = bv;
+            oid[r] = bi;
+        }
+        *last = bv;
+        found++;
+    }
+    return found;
+}
+
+/* The block's best (value, id) by common.cuh's order; every thread gets it.  red_v / red_i:
+ * __shared__ [LP_WARPS]. */
+__device__ __forceinline__ void lp_block_best(float &v, int &i, float *red_v, int *red_i) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    lp_warp_best(v, i);
     __syncthreads(); /* the previous call's red_v / red_i are read */
     if (lane == 0) {
         red_v[w] = v;
@@ -123,6 +160,7 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     __shared__ int ci[LP_CAND];
     __shared__ int sel[LP_THREADS * LP_MAXW_T];
     __shared__ int nsel, ncand;
+    __shared__ float T_s;
     const int t = threadIdx.x, lane = t & 31, w = t >> 5;
     const float *l = logits + (size_t)rows.row[blockIdx.x] * ld;
     const lp_part *p = parts + (size_t)blockIdx.x * nw;
@@ -162,32 +200,24 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, d);
     if (lane == 0) red_d[w] = s;
-    /* T = the k-th largest slice maximum (slice index: the tie order), -inf with fewer slices */
-    float T = -INFINITY;
-    {
-        int wid[LP_MAXW_T];
+    /* T = the k-th largest slice maximum (slice index: the tie order), -inf with fewer slices:
+     * warp 0's rounds over the maxima, staged in cv / sel (free until the candidates) */
 #pragma unroll
-        for (int j = 0; j < LP_MAXW_T; j++) wid[j] = t + j * LP_THREADS < nw ? t + j * LP_THREADS : LP_NONE;
-        for (int r = 0; r < k; r++) {
-            float bv = -INFINITY;
-            int bi = LP_NONE;
-#pragma unroll
-            for (int j = 0; j < LP_MAXW_T; j++)
-                if (sm_better(wm[j], wid[j], bv, bi)) {
-                    bv = wm[j];
-                    bi = wid[j];
-                }
-            lp_block_best(bv, bi, red_v, red_i);
-            if (bi == LP_NONE) { /* fewer slices than k: every slice */
-                T = -INFINITY;
-                break;
-            }
-            T = bv;
-#pragma unroll
-            for (int j = 0; j < LP_MAXW_T; j++)
-                if (wid[j] == bi) wid[j] = LP_NONE;
+    for (int j = 0; j < LP_MAXW_T; j++) {
+        const int q = t + j * LP_THREADS;
+        if (q < nw) {
+            cv[q] = wm[j];
+            sel[q] = q;
         }
     }
+    __syncthreads();
+    if (w == 0) {
+        float last = -INFINITY;
+        const int f = lp_warp_rounds(cv, sel, nw, k, NULL, NULL, &last);
+        if (lane == 0) T_s = f == k ? last : -INFINITY;
+    }
+    __syncthreads();
+    const float T = T_s;
     /* the slices that can hold a top-k logit: m_w >= T */
     if (t == 0) nsel = ncand = 0;
     __syncthreads();
@@ -215,18 +245,15 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     __syncthreads();
     const int nc = ncand, flat = nc > LP_CAND; /* flat: too many ties to keep, read the slices */
     int n = 0;
-    float last_v = INFINITY;
-    int last_i = LP_NONE;
-    for (int r = 0; r < k; r++) {
-        float bv = -INFINITY;
-        int bi = LP_NONE;
-        if (!flat) {
-            for (int c = t; c < nc; c += LP_THREADS)
-                if (sm_better(cv[c], ci[c], bv, bi)) {
-                    bv = cv[c];
-                    bi = ci[c];
-                }
-        } else { /* the best id after (last_v, last_i) in the order, over the selected slices */
+    if (!flat) { /* warp 0's rounds over the candidates */
+        float last;
+        if (w == 0) n = lp_warp_rounds(cv, ci, nc, k, o->top_l, o->top_ids, &last);
+    } else { /* block rounds: the best id after the last winner in the order, over the slices */
+        float last_v = INFINITY;
+        int last_i = LP_NONE;
+        for (int r = 0; r < k; r++) {
+            float bv = -INFINITY;
+            int bi = LP_NONE;
             for (int a = 0; a < nsel; a++) {
                 const int q = sel[a], n2 = vu - q * LP_SLICE < LP_SLICE ? vu - q * LP_SLICE : LP_SLICE;
                 for (int j = t; j < n2; j += LP_THREADS) {
@@ -238,19 +265,16 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
                     }
                 }
             }
+            lp_block_best(bv, bi, red_v, red_i);
+            if (bi == LP_NONE) break; /* fewer ids than k (the same in every thread) */
+            last_v = bv;
+            last_i = bi;
+            if (t == 0) {
+                o->top_ids[r] = bi;
+                o->top_l[r] = bv;
+            }
+            n++;
         }
-        lp_block_best(bv, bi, red_v, red_i);
-        if (bi == LP_NONE) break; /* fewer ids than k (the same in every thread) */
-        if (!flat)
-            for (int c = t; c < nc; c += LP_THREADS)
-                if (ci[c] == bi) ci[c] = LP_NONE; /* struck out; ids are distinct */
-        last_v = bv;
-        last_i = bi;
-        if (t == 0) {
-            o->top_ids[r] = bi;
-            o->top_l[r] = bv;
-        }
-        n++;
     }
     if (t == 0) {
         double sum = 0.0;
