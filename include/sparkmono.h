@@ -21,6 +21,7 @@
  */
 #ifndef SPARKMONO_H
 #define SPARKMONO_H
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -149,8 +150,12 @@ typedef struct sparkmono_sampling {
                                  model logits of its position (before processors and temperature, vLLM's
                                  default), made where the logits are (cuda: on the GPU), read with
                                  sparkmono_logprobs */
-    int top_logprobs;         /* [0, SPARKMONO_MAX_TOP_LOGPROBS]: with logprobs, also the most likely ids
-                                 of each position and their logprobs (ties to the lowest id) */
+    int top_logprobs;         /* [0, SPARKMONO_MAX_TOP_LOGPROBS]: with logprobs (or prompt_logprobs), also the
+                                 most likely ids of each position and their logprobs (ties to the lowest id) */
+    int prompt_logprobs;      /* 1: also record the logprob of each prompt id after the first (the
+                                 distribution of its position given the ids before it: what scoring a
+                                 text needs), with top_logprobs alternatives; made by the prefill, read
+                                 with sparkmono_prompt_logprobs */
 } sparkmono_sampling;
 
 /* sparkmono_add with sampling parameters (s NULL: greedy). */
@@ -196,6 +201,12 @@ sm_status sparkmono_output(const sparkmono_engine *g, int req, const int **ids, 
  * top_logprobs); n = the ids sparkmono_output gives.  Owned by the engine like those ids. */
 sm_status sparkmono_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
                              const float **top_lp, int *k);
+/* Logprobs of req's prompt ids (a request added with prompt_logprobs = 1, once prefilled): *lp
+ * [prompt_len] (entry 0, the first id, has no distribution: NaN), *top_ids / *top_lp
+ * [prompt_len * *k] each position's k most likely ids and theirs (entry 0's: -1 / NaN).  Owned by
+ * the engine like its ids. */
+sm_status sparkmono_prompt_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
+                                    const float **top_lp, int *k);
 /* Auxiliary hidden states of req's rows in the last step that carried them (the last prefill
  * chunk or a verify step): out [naux, *nrows, H] f32 with *nrows <= max(R, prefill_chunk).
  * Error when the engine has no aux layers or req was not in the last step. */
@@ -232,6 +243,10 @@ typedef struct sparkmono_batch_event {
     const int *top_ids;      /* [n * top] each new id's position's most likely ids (sparkmono_logprobs) */
     const float *top_lp;     /* [n * top] their logprobs */
     int top;                 /* top_logprobs of the request (0 without logprobs) */
+    const float *prompt_lp;  /* its first event with ids, a request with prompt_logprobs: [prompt_len]
+                                sparkmono_prompt_logprobs' values (entry 0 NaN), else NULL; owned like ids */
+    const int *prompt_top_ids; /* [prompt_len * top] */
+    const float *prompt_top_lp; /* [prompt_len * top] */
 } sparkmono_batch_event;
 
 /* A batch over g's request slots (g must outlive it) with at most queue_cap requests waiting
@@ -263,6 +278,10 @@ void sparkmono_batch_counts(sparkmono_batch *b, int *live, int *queued);
  * the Python package's __version__ and its metadata read it). */
 #define SPARKMONO_VERSION "0.2.0"
 const char *sparkmono_version(void);
+/* sizeof the public struct `name` ("sparkmono_sampling", "sparkmono_batch_event", ...: every
+ * struct of this header), 0 for another name: a binding that mirrors the structs (the Python
+ * package) checks its layout against the library it loaded. */
+size_t sparkmono_struct_size(const char *name);
 
 #ifdef __cplusplus
 }

@@ -83,10 +83,10 @@ static void test_summary(void) {
     double ls[NV];
     log_softmax_d(lg, NV, ls);
     sm_lp_sum s;
-    ref_logprobs_row(lg, NV, 5, &s);
+    ref_logprobs_row(lg, NV, 5, 3, &s);
     /* the largest five, ties (3.0 at ids 2 and 11) to the lowest id */
     const int want[5] = {6, 2, 11, 0, 9};
-    int bad = s.bad || s.n != 5 || s.lmax != 4.0f;
+    int bad = s.bad || s.n != 5 || s.lmax != 4.0f || s.tok_l != lg[3];
     for (int j = 0; j < 5 && !bad; j++) bad |= s.top_ids[j] != want[j] || s.top_l[j] != lg[want[j]];
     CHECK(!bad, "summary: n %d lmax %g, ids %d %d %d %d %d", s.n, (double)s.lmax, s.top_ids[0], s.top_ids[1], s.top_ids[2],
           s.top_ids[3], s.top_ids[4]);
@@ -99,12 +99,12 @@ static void test_summary(void) {
     }
     CHECK(worst < 1e-6 && fabs(sum - 1) < 1e-6, "summary: worst logprob error %g, probabilities sum to %.9g", worst, sum);
     /* k above the ids: every id, in order; a NaN or Inf row is bad */
-    ref_logprobs_row(lg, 3, 20, &s);
-    CHECK(s.n == 3 && s.top_ids[0] == 2 && s.top_ids[1] == 0 && s.top_ids[2] == 1, "k > n: n %d", s.n);
+    ref_logprobs_row(lg, 3, 20, -1, &s);
+    CHECK(s.n == 3 && s.top_ids[0] == 2 && s.top_ids[1] == 0 && s.top_ids[2] == 1 && s.tok_l == -INFINITY, "k > n: n %d", s.n);
     float nanrow[3] = {0.0f, NAN, 1.0f}, infrow[3] = {0.0f, INFINITY, 1.0f};
-    ref_logprobs_row(nanrow, 3, 2, &s);
+    ref_logprobs_row(nanrow, 3, 2, -1, &s);
     int b1 = s.bad;
-    ref_logprobs_row(infrow, 3, 2, &s);
+    ref_logprobs_row(infrow, 3, 2, -1, &s);
     CHECK(b1 && s.bad, "a NaN / Inf row is not bad (%d, %d)", b1, s.bad);
 }
 
@@ -348,6 +348,73 @@ static void test_logprobs(void) {
           "top_logprobs 21: '%s'", sparkmono_errmsg());
 }
 
+/* Prompt logprobs: each prompt id's logprob (from the second) and its position's top k equal a
+ * log-softmax of the prefill logits of the row before it, over chunked prefills (chunk 3) and a
+ * world of 2; the same numbers reach the batch's first event. */
+static void test_prompt_logprobs(void) {
+    enum { PL = 8, K = 3 };
+    for (int c = 0; c < 3; c++) {
+        sparkmono_sampling s = {.temperature = 0};
+        s.prompt_logprobs = 1;
+        s.logprobs = c != 1;
+        s.top_logprobs = K;
+        sparkmono_engine_opts o = {0};
+        o.request_rows = 8;
+        o.max_len = 32;
+        o.threads = 2;
+        o.prefill_chunk = c == 0 ? 3 : 0;
+        o.world = c == 2 ? 2 : 0;
+        sparkmono_engine *g, *g1;
+        int req, r1, k = 0, bad = 0;
+        const float *lp, *tlp;
+        const int *tid;
+        float *lg = malloc((size_t)PL * g_V * sizeof(float));
+        double *ls = malloc((size_t)g_V * sizeof(double));
+        CHECK(sparkmono_engine_create(g_rnd, &o, &g) == SM_OK && sparkmono_add_sampled(g, g_prompt, PL, 4, &s, &req) == SM_OK &&
+                  sparkmono_prefill(g, req, NULL) == SM_OK && sparkmono_prompt_logprobs(g, req, &lp, &tid, &tlp, &k) == SM_OK,
+              "%s", sparkmono_errmsg());
+        sparkmono_engine_opts o1 = {0};
+        o1.max_len = 32;
+        o1.threads = 2;
+        o1.world = o.world;
+        CHECK(sparkmono_engine_create(g_rnd, &o1, &g1) == SM_OK && sparkmono_add(g1, g_prompt, PL, 0, &r1) == SM_OK &&
+                  sparkmono_prefill(g1, r1, lg) == SM_OK, "%s", sparkmono_errmsg());
+        CHECK(k == K && isnan(lp[0]) && tid[0] == -1, "k %d, entry 0: %g %d", k, (double)lp[0], tid[0]);
+        for (int j = 1; j < PL; j++) {
+            log_softmax_d(lg + (size_t)(j - 1) * g_V, g_vu, ls);
+            if (fabs(ls[g_prompt[j]] - lp[j]) > 1e-5) bad++;
+            for (int t = 0; t < K; t++) bad += fabs(ls[tid[j * K + t]] - tlp[j * K + t]) > 1e-5;
+        }
+        CHECK(bad == 0, "case %d: %d prompt logprobs differ from the log-softmax of the prefill logits", c, bad);
+        /* through the batch: the first event with ids carries them */
+        float first[PL];
+        memcpy(first, lp, sizeof first);
+        sparkmono_engine_destroy(g);
+        sparkmono_batch *bt;
+        long long id;
+        const sparkmono_batch_event *ev;
+        int nev, seen = 0;
+        CHECK(sparkmono_engine_create(g_rnd, &o, &g) == SM_OK && sparkmono_batch_create(g, -1, &bt) == SM_OK &&
+                  sparkmono_batch_submit(bt, g_prompt, PL, 4, &s, NULL, &id) == SM_OK,
+              "%s", sparkmono_errmsg());
+        for (int step = 0; step < 8 && !seen; step++) {
+            CHECK(sparkmono_batch_step(bt, &ev, &nev) == SM_OK, "%s", sparkmono_errmsg());
+            for (int i = 0; i < nev; i++)
+                if (ev[i].prompt_lp) {
+                    seen = 1;
+                    CHECK(ev[i].prompt_len == PL && memcmp(ev[i].prompt_lp + 1, first + 1, (PL - 1) * sizeof(float)) == 0,
+                          "the batch event's prompt logprobs differ");
+                }
+        }
+        CHECK(seen, "case %d: no batch event carried the prompt logprobs", c);
+        sparkmono_batch_destroy(bt);
+        sparkmono_engine_destroy(g);
+        sparkmono_engine_destroy(g1);
+        free(lg);
+        free(ls);
+    }
+}
+
 int main(void) {
     if (tm_mkdtemp(g_tmp, sizeof g_tmp, "sm_test_logitproc")) { printf("FAIL setup: mkdtemp\n"); return 1; }
     char dc[600], dr[600];
@@ -372,6 +439,7 @@ int main(void) {
     RUN(test_direction);
     RUN(test_summary);
     RUN(test_logprobs);
+    RUN(test_prompt_logprobs);
 
     sparkmono_model_close(g_cyc);
     sparkmono_model_close(g_rnd);

@@ -63,7 +63,7 @@ class Sampling(ctypes.Structure):
                 ("frequency_penalty", ctypes.c_float), ("repetition_penalty", ctypes.c_float),
                 ("min_tokens", ctypes.c_int), ("ignore_eos", ctypes.c_int), ("n_bias", ctypes.c_int),
                 ("bias", Bias * MAX_BIAS), ("n_stop_ids", ctypes.c_int), ("stop_ids", ctypes.c_int * MAX_STOP_IDS),
-                ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int)]
+                ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int), ("prompt_logprobs", ctypes.c_int)]
 
 
 class RequestInfo(ctypes.Structure):
@@ -77,7 +77,9 @@ class BatchEvent(ctypes.Structure):
     _fields_ = [("id", ctypes.c_longlong), ("user", ctypes.c_void_p), ("ids", c_int_p), ("n", ctypes.c_int),
                 ("ngen", ctypes.c_int), ("done", ctypes.c_int), ("prompt_len", ctypes.c_int), ("steps", ctypes.c_int),
                 ("accepted", ctypes.c_int), ("err", ctypes.c_char_p), ("logprobs", ctypes.POINTER(ctypes.c_float)),
-                ("top_ids", c_int_p), ("top_lp", ctypes.POINTER(ctypes.c_float)), ("top", ctypes.c_int)]
+                ("top_ids", c_int_p), ("top_lp", ctypes.POINTER(ctypes.c_float)), ("top", ctypes.c_int),
+                ("prompt_lp", ctypes.POINTER(ctypes.c_float)), ("prompt_top_ids", c_int_p),
+                ("prompt_top_lp", ctypes.POINTER(ctypes.c_float))]
 
 
 class Err(ctypes.Structure):
@@ -108,6 +110,20 @@ verify = _fn("sparkmono_verify", ctypes.c_int, vp, c_int_p, c_int_p, c_int_p)
 request_get_info = _fn("sparkmono_request_get_info", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(RequestInfo))
 output = _fn("sparkmono_output", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(c_int_p), c_int_p)
 version = _fn("sparkmono_version", ctypes.c_char_p)
+try:
+    struct_size = _fn("sparkmono_struct_size", ctypes.c_size_t, ctypes.c_char_p)
+except AttributeError:
+    raise ImportError("sparkmono: the library %s does not export sparkmono_struct_size: it is older than this "
+                      "package (rebuild it with `make shared`)" % path) from None
+# the structs above mirror include/sparkmono.h: a library whose layout differs is refused here,
+# not misread later
+for _name, _cls in (("sparkmono_model_opts", ModelOpts), ("sparkmono_model_info", ModelInfo),
+                    ("sparkmono_engine_opts", EngineOpts), ("sparkmono_bias", Bias), ("sparkmono_sampling", Sampling),
+                    ("sparkmono_request_info", RequestInfo), ("sparkmono_batch_event", BatchEvent)):
+    if struct_size(_name.encode()) != ctypes.sizeof(_cls):
+        raise ImportError("sparkmono: the library %s has %s of %d bytes, this package expects %d: the library and "
+                          "the package are of different versions" % (path, _name, struct_size(_name.encode()),
+                                                                     ctypes.sizeof(_cls)))
 batch_create = _fn("sparkmono_batch_create", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(vp))
 batch_destroy = _fn("sparkmono_batch_destroy", None, vp)
 batch_submit = _fn("sparkmono_batch_submit", ctypes.c_int, vp, c_int_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(Sampling),

@@ -31,6 +31,8 @@ typedef struct sm_lp_sum {
     int n;                   /* ids in top: min(k, vocab_used) */
     int top_ids[SM_LP_MAX_TOP]; /* [n] the most likely ids, largest logit first, ties to the lowest id */
     float top_l[SM_LP_MAX_TOP]; /* [n] their logits */
+    float tok_l;             /* the logit of the id the step named for this row (sm_step.lp_tok: a
+                                prompt's next id), -inf when none */
 } sm_lp_sum;
 
 /* The logprob of a logit x of the row summarised by s. */
@@ -51,6 +53,8 @@ typedef struct sm_step {
     const int *lp_at;        /* NULL: no summaries; else [nrows]: row i's logprob summary goes to
                                 lp[lp_at[i]], none when -1 (the rows of requests with logprobs) */
     int lp_k;                /* ids of each summary's top list, [1, SM_LP_MAX_TOP] (with lp_at) */
+    const int *lp_tok;       /* NULL, or [nrows]: an id in [0, V) whose logit row i's summary also
+                                carries (tok_l), -1 for none (with lp_at) */
     sm_lp_sum *lp;           /* [rows lp_at names] the summaries (lp_at) */
     int naux;                /* aux hidden states requested */
     const int *aux_layers;   /* [naux] layer ids j */

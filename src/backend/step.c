@@ -57,6 +57,9 @@ int sm_step_check(const sm_config *c, const sm_kv_shape *made, const sm_step *s,
         for (int i = 0; i < s->nrows; i++)
             if (s->lp_at[i] < -1 || s->lp_at[i] >= s->nrows)
                 return sm_errf(e, "%s: row %d: lp_at %d outside [-1, %d)", who, i, s->lp_at[i], s->nrows);
+        for (int i = 0; s->lp_tok && i < s->nrows; i++)
+            if (s->lp_tok[i] < -1 || s->lp_tok[i] >= c->V)
+                return sm_errf(e, "%s: row %d: lp_tok %d outside [-1, %d)", who, i, s->lp_tok[i], c->V);
     }
     for (int i = 0; i < s->nrows; i++)
         if (check_row(c, s->kv, s, i, who, e)) return -1;

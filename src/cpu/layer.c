@@ -312,7 +312,7 @@ static int rank_logits(cpu_rank *r, const sm_step *st, sm_err *e) {
             COMM(r->comm->ops->vocab_gather(r->comm, row, 1, sh->nv, r->rank == 0 ? r->lrow : NULL, e));
             row = r->lrow;
         }
-        if (r->rank == 0) ref_logprobs_row(row, c->vocab_used, st->lp_k, &st->lp[st->lp_at[i]]);
+        if (r->rank == 0) ref_logprobs_row(row, c->vocab_used, st->lp_k, st->lp_tok ? st->lp_tok[i] : -1, &st->lp[st->lp_at[i]]);
     }
     /* greedy: this rank's first maximum among ids < vocab_used, then the first over ranks */
     int vend = c->vocab_used - sh->v0 < sh->nv ? c->vocab_used - sh->v0 : sh->nv;

@@ -273,9 +273,10 @@ void ref_logits_rows(struct sm_pool *p, const sm_config *c, const float *h, int 
  * a row (backend.h), and the engine turns it into an error naming the step. */
 int ref_argmax_row(const float *l, int n);
 /* The logprob summary (backend.h: sm_lp_sum) of one logits row l [n] (n = vocab_used): lmax, lse
- * in double (the sum in id order) and the min(k, n) largest logits with their ids, ties to the
- * lowest id (k <= SM_LP_MAX_TOP); out->bad = 1 and nothing else for a row ref_argmax_row refuses. */
-void ref_logprobs_row(const float *l, int n, int k, sm_lp_sum *out);
+ * in double (the sum in id order), the min(k, n) largest logits with their ids, ties to the
+ * lowest id (k <= SM_LP_MAX_TOP), and tok_l = l[tok] (-inf for tok outside [0, n)); out->bad = 1
+ * and tok_l for a row ref_argmax_row refuses. */
+void ref_logprobs_row(const float *l, int n, int k, int tok, sm_lp_sum *out);
 /* sm_k_logits: ref_logits_rows over the whole vocabulary of m (logits [n, V]), then argmax [n]
  * (ref_argmax_row over ids < vocab_used) when non-NULL. */
 void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, float *logits, int *argmax);

@@ -77,8 +77,9 @@ void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, f
         for (int i = 0; i < n; i++) argmax[i] = ref_argmax_row(logits + (int64_t)i * c->V, c->vocab_used);
 }
 
-void ref_logprobs_row(const float *l, int n, int k, sm_lp_sum *out) {
+void ref_logprobs_row(const float *l, int n, int k, int tok, sm_lp_sum *out) {
     memset(out, 0, sizeof *out);
+    out->tok_l = tok >= 0 && tok < n ? l[tok] : -INFINITY; /* the named id's logit */
     const int am = ref_argmax_row(l, n);
     if (am < 0) { /* NaN or +-Inf: no distribution */
         out->bad = 1;

@@ -60,6 +60,8 @@ struct sparkmono_batch {
     int *idbuf;                /* [idcap] this call's ids */
     size_t nid, idcap;
     size_t *evlp;              /* [evcap] offset of each event's logprobs in lpbuf (SIZE_MAX: none) */
+    size_t *evplp;             /* [evcap] offset of each event's prompt logprobs in lpbuf (SIZE_MAX: none):
+                                  prompt_len of them, then prompt_len * top of top_lp */
     float *lpbuf;              /* [lpcap] this call's logprobs: per event n, then n * top of top_lp */
     int *topbuf;               /* [lpcap] the same offsets: n unused, then n * top of top_ids */
     size_t nlp, lpcap;
@@ -104,6 +106,7 @@ void sparkmono_batch_destroy(sparkmono_batch *b) {
     free(b->everr);
     free(b->idbuf);
     free(b->evlp);
+    free(b->evplp);
     free(b->lpbuf);
     free(b->topbuf);
     free(b);
@@ -204,8 +207,10 @@ static sparkmono_batch_event *ev_add(sparkmono_batch *b, long long id, void *use
         char(*nr)[256] = no ? realloc(b->everr, (size_t)nc * sizeof *nr) : NULL;
         if (nr) b->everr = nr;
         size_t *nl = nr ? realloc(b->evlp, (size_t)nc * sizeof *nl) : NULL;
-        if (!nl) return NULL;
-        b->evlp = nl;
+        if (nl) b->evlp = nl;
+        size_t *np = nl ? realloc(b->evplp, (size_t)nc * sizeof *np) : NULL;
+        if (!np) return NULL;
+        b->evplp = np;
         b->evcap = nc;
     }
     if (b->nid + (size_t)n > b->idcap) {
@@ -227,7 +232,22 @@ static sparkmono_batch_event *ev_add(sparkmono_batch *b, long long id, void *use
     b->nid += (size_t)n;
     b->everr[k][0] = 0;
     b->evlp[k] = SIZE_MAX;
+    b->evplp[k] = SIZE_MAX;
     return e;
+}
+
+/* Room for need more entries in lpbuf / topbuf.  0, or -1 when out of memory. */
+static int lp_reserve(sparkmono_batch *b, size_t need) {
+    if (b->nlp + need <= b->lpcap) return 0;
+    size_t nc = b->lpcap ? 2 * b->lpcap : 1024;
+    while (nc < b->nlp + need) nc *= 2;
+    float *nf = realloc(b->lpbuf, nc * sizeof *nf);
+    if (nf) b->lpbuf = nf;
+    int *ni = nf ? realloc(b->topbuf, nc * sizeof *ni) : NULL;
+    if (!ni) return -1;
+    b->topbuf = ni;
+    b->lpcap = nc;
+    return 0;
 }
 
 /* Copy the logprobs of slot q's generated ids [from, from + e->n) into event e (a request
@@ -238,21 +258,31 @@ static int ev_logprobs(sparkmono_batch *b, sparkmono_batch_event *e, int q, int 
     int k;
     if (!e->n || sparkmono_logprobs(b->g, q, &lp, &tid, &tlp, &k) != SM_OK) return 0;
     const size_t need = (size_t)e->n * (size_t)(1 + k);
-    if (b->nlp + need > b->lpcap) {
-        size_t nc = b->lpcap ? 2 * b->lpcap : 1024;
-        while (nc < b->nlp + need) nc *= 2;
-        float *nf = realloc(b->lpbuf, nc * sizeof *nf);
-        if (nf) b->lpbuf = nf;
-        int *ni = nf ? realloc(b->topbuf, nc * sizeof *ni) : NULL;
-        if (!ni) return -1;
-        b->topbuf = ni;
-        b->lpcap = nc;
-    }
+    if (lp_reserve(b, need)) return -1;
     float *o = b->lpbuf + b->nlp;
     memcpy(o, lp + from, (size_t)e->n * sizeof(float));
     memcpy(o + e->n, tlp + (size_t)from * k, (size_t)e->n * (size_t)k * sizeof(float));
     memcpy(b->topbuf + b->nlp + e->n, tid + (size_t)from * k, (size_t)e->n * (size_t)k * sizeof(int));
     b->evlp[e - b->ev] = b->nlp;
+    e->top = k;
+    b->nlp += need;
+    return 0;
+}
+
+/* Copy the prompt logprobs of slot q into event e, its first with ids (from 0; a request with
+ * prompt_logprobs; others keep none).  0, or -1 when out of memory. */
+static int ev_prompt_logprobs(sparkmono_batch *b, sparkmono_batch_event *e, int q, int from) {
+    const float *lp, *tlp;
+    const int *tid;
+    int k;
+    if (from || !e->n || sparkmono_prompt_logprobs(b->g, q, &lp, &tid, &tlp, &k) != SM_OK) return 0;
+    const size_t P = (size_t)e->prompt_len, need = P * (size_t)(1 + k);
+    if (lp_reserve(b, need)) return -1;
+    float *o = b->lpbuf + b->nlp;
+    memcpy(o, lp, P * sizeof(float));
+    memcpy(o + P, tlp, P * (size_t)k * sizeof(float));
+    memcpy(b->topbuf + b->nlp + P, tid, P * (size_t)k * sizeof(int));
+    b->evplp[e - b->ev] = b->nlp;
     e->top = k;
     b->nlp += need;
     return 0;
@@ -303,12 +333,12 @@ static sm_status report(sparkmono_batch *b) {
         if (sparkmono_request_get_info(b->g, q, &in) || sparkmono_output(b->g, q, &ids, &n)) return SM_E_STATE;
         if (n == sl->reported && !in.done) continue;
         sparkmono_batch_event *e = ev_add(b, sl->id, sl->user, ids + sl->reported, n - sl->reported);
-        if (!e || ev_logprobs(b, e, q, sl->reported))
+        if (e) e->prompt_len = in.prompt_len;
+        if (!e || ev_logprobs(b, e, q, sl->reported) || ev_prompt_logprobs(b, e, q, sl->reported))
             return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
         sl->reported = n;
         e->ngen = n;
         e->done = in.done; /* 1 eos, 2 max_tokens: SM_BATCH_EOS, SM_BATCH_LENGTH */
-        e->prompt_len = in.prompt_len;
         e->steps = in.steps;
         e->accepted = in.accepted;
         if (in.done) slot_free(b, q);
@@ -401,6 +431,12 @@ static sm_status hand_out(sparkmono_batch *b, sm_status st, const sparkmono_batc
             b->ev[k].logprobs = b->lpbuf + b->evlp[k];
             b->ev[k].top_lp = b->lpbuf + b->evlp[k] + b->ev[k].n;
             b->ev[k].top_ids = b->topbuf + b->evlp[k] + b->ev[k].n;
+        }
+        if (b->evplp[k] != SIZE_MAX) { /* prompt logprobs: prompt_len, then prompt_len * top */
+            const size_t P = (size_t)b->ev[k].prompt_len;
+            b->ev[k].prompt_lp = b->lpbuf + b->evplp[k];
+            b->ev[k].prompt_top_lp = b->lpbuf + b->evplp[k] + P;
+            b->ev[k].prompt_top_ids = b->topbuf + b->evplp[k] + P;
         }
     }
     *ev = b->ev;

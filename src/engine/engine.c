@@ -41,6 +41,18 @@ const char *sparkmono_errmsg(void) { return g_err.msg; }
 
 const char *sparkmono_version(void) { return SPARKMONO_VERSION; }
 
+size_t sparkmono_struct_size(const char *name) {
+    static const struct { const char *name; size_t size; } tab[] = {
+        {"sparkmono_model_opts", sizeof(sparkmono_model_opts)}, {"sparkmono_model_info", sizeof(sparkmono_model_info)},
+        {"sparkmono_engine_opts", sizeof(sparkmono_engine_opts)}, {"sparkmono_bias", sizeof(sparkmono_bias)},
+        {"sparkmono_sampling", sizeof(sparkmono_sampling)}, {"sparkmono_request_info", sizeof(sparkmono_request_info)},
+        {"sparkmono_batch_event", sizeof(sparkmono_batch_event)},
+    };
+    for (size_t i = 0; name && i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(name, tab[i].name)) return tab[i].size;
+    return 0;
+}
+
 const char *sparkmono_status_str(sm_status s) {
     switch (s) {
     case SM_OK: return "ok";
@@ -191,11 +203,12 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     g->argmax = malloc(rows * sizeof(int));
     g->logits_at = malloc(rows * sizeof(int));
     g->lp_at = malloc(rows * sizeof(int));
+    g->lp_tok = malloc(rows * sizeof(int));
     g->lpsum = malloc(rows * sizeof(sm_lp_sum));
     g->draft = malloc((size_t)R * sizeof(int));
     g->aux_layers = malloc((size_t)(o->naux ? o->naux : 1) * sizeof(int));
     if (o->naux) g->aux = malloc((size_t)o->naux * rows * (size_t)c->H * sizeof(float));
-    if (!g->reqs || !g->tok || !g->pos || !g->rreq || !g->argmax || !g->logits_at || !g->lp_at || !g->lpsum || !g->draft || !g->aux_layers ||
+    if (!g->reqs || !g->tok || !g->pos || !g->rreq || !g->argmax || !g->logits_at || !g->lp_at || !g->lp_tok || !g->lpsum || !g->draft || !g->aux_layers ||
         (o->naux && !g->aux)) {
         sparkmono_engine_destroy(g);
         return fail(SM_E_NOMEM, "sparkmono_engine_create: out of memory for %zu step rows", rows);
@@ -284,6 +297,7 @@ void sparkmono_engine_destroy(sparkmono_engine *g) {
     free(g->argmax);
     free(g->logits_at);
     free(g->lp_at);
+    free(g->lp_tok);
     free(g->lpsum);
     free(g->slog);
     if (g->have_sws) sm_sample_ws_free(&g->sws);
@@ -363,13 +377,18 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
     float *lp = want_lp ? malloc(((size_t)max_tokens + 1) * sizeof(float)) : NULL;
     int *top_ids = want_lp ? malloc(ntop * sizeof(int)) : NULL;
     float *top_lp = want_lp ? malloc(ntop * sizeof(float)) : NULL;
-    if (!hist || (want_lp && (!lp || !top_ids || !top_lp))) {
-        free(hist), free(lp), free(top_ids), free(top_lp);
+    const int want_plp = smp && smp->prompt_logprobs;
+    const size_t nptop = want_plp ? (size_t)n * (size_t)smp->top_logprobs + 1 : 0;
+    float *plp = want_plp ? malloc((size_t)n * sizeof(float)) : NULL;
+    int *ptop_ids = want_plp ? malloc(nptop * sizeof(int)) : NULL;
+    float *ptop_lp = want_plp ? malloc(nptop * sizeof(float)) : NULL;
+    if (!hist || (want_lp && (!lp || !top_ids || !top_lp)) || (want_plp && (!plp || !ptop_ids || !ptop_lp))) {
+        free(hist), free(lp), free(top_ids), free(top_lp), free(plp), free(ptop_ids), free(ptop_lp);
         return fail(SM_E_NOMEM, "sparkmono_add: out of memory for %d tokens", n + max_tokens);
     }
     int slot;
     if (sm_kv_add(&g->kv, &slot, &e) != 0) {
-        free(hist), free(lp), free(top_ids), free(top_lp);
+        free(hist), free(lp), free(top_ids), free(top_lp), free(plp), free(ptop_ids), free(ptop_lp);
         return fail_err(SM_E_CACHE, &e);
     }
     sm_request *r = &g->reqs[slot];
@@ -386,6 +405,14 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
     r->lp = lp;
     r->top_ids = top_ids;
     r->top_lp = top_lp;
+    r->plp = plp;
+    r->ptop_ids = ptop_ids;
+    r->ptop_lp = ptop_lp;
+    if (want_plp) { /* the first prompt id has no distribution */
+        const int k = smp->top_logprobs;
+        plp[0] = NAN;
+        for (int i = 0; i < k; i++) ptop_ids[i] = -1, ptop_lp[i] = NAN;
+    }
     if (smp) r->samp = *smp; /* else all zero: greedy, eos ends it */
     *req = slot;
     return ok();
@@ -400,6 +427,9 @@ sm_status sparkmono_remove(sparkmono_engine *g, int req) {
     free(r->lp);
     free(r->top_ids);
     free(r->top_lp);
+    free(r->plp);
+    free(r->ptop_ids);
+    free(r->ptop_lp);
     memset(r, 0, sizeof *r);
     return ok();
 }
@@ -418,6 +448,7 @@ static sm_status run_step(sparkmono_engine *g, int nrows, float *logits, const i
     st.logits_at = logits_at;
     st.lp_at = lp_k > 0 ? g->lp_at : NULL;
     st.lp_k = lp_k;
+    st.lp_tok = lp_k > 0 ? g->lp_tok : NULL;
     st.lp = lp_k > 0 ? g->lpsum : NULL;
     st.argmax = g->argmax;
     st.naux = g->naux;
@@ -473,6 +504,20 @@ static sm_status lp_record(const sparkmono_engine *g, const sm_request *r, const
     for (int i = 0; i < k; i++) {
         r->top_ids[gi * k + i] = i < ls->n ? ls->top_ids[i] : -1;
         r->top_lp[gi * k + i] = i < ls->n ? sm_lp_value(ls, ls->top_l[i]) : -INFINITY;
+    }
+    return SM_OK;
+}
+
+/* The logprobs of prompt id j >= 1 of r (its position's summary ls, whose tok_l is that id's
+ * logit) and its position's top alternatives. */
+static sm_status plp_record(const sparkmono_engine *g, const sm_request *r, const sm_lp_sum *ls, int j) {
+    (void)g;
+    if (ls->bad) return fail(SM_E_MODEL, "request prompt position %d: its logits are NaN or Inf", j);
+    r->plp[j] = sm_lp_value(ls, ls->tok_l);
+    const int k = r->samp.top_logprobs;
+    for (int i = 0; i < k; i++) {
+        r->ptop_ids[(size_t)j * k + i] = i < ls->n ? ls->top_ids[i] : -1;
+        r->ptop_lp[(size_t)j * k + i] = i < ls->n ? sm_lp_value(ls, ls->top_l[i]) : -INFINITY;
     }
     return SM_OK;
 }
@@ -547,8 +592,13 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
         float *lg = logits ? logits + (size_t)a * (size_t)V : NULL;
         const int *at = NULL;
-        const int lp_k = r->lp && r->max_tokens > 0 && b == n ? lp_k_of(r) : 0; /* the last row's summary */
-        for (int i = 0; lp_k && i < b - a; i++) g->lp_at[i] = i == b - a - 1 ? i : -1;
+        /* summaries: each prompt row's (prompt logprobs: the logit of the next prompt id too),
+         * and the last row's (the first generated id's logprobs) */
+        const int last_lp = r->lp && r->max_tokens > 0 && b == n, lp_k = r->plp || last_lp ? lp_k_of(r) : 0;
+        for (int i = 0; lp_k && i < b - a; i++) {
+            g->lp_at[i] = (r->plp && a + i + 1 < n) || (last_lp && a + i == n - 1) ? i : -1;
+            g->lp_tok[i] = a + i + 1 < n ? r->hist[a + i + 1] : -1;
+        }
         if (!lg && r->rows_back && r->max_tokens > 0 && b == n) {
             /* a sampled / processed request without the caller's logits: only its last row comes back */
             if ((s = slog_reserve(g, 1))) return s;
@@ -557,6 +607,8 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
             at = g->logits_at;
         }
         if ((s = run_step(g, b - a, lg, at, lp_k))) return s;
+        for (int i = 0; r->plp && i < b - a && a + i + 1 < n; i++)
+            if ((s = plp_record(g, r, &g->lpsum[i], a + i + 1))) return s;
         /* a non-finite row fails the prefill: argmax -1, or a NaN / Inf in the logits handed out */
         for (int i = 0; i < b - a; i++)
             if (g->argmax[i] < 0 || (logits && ref_argmax_row(lg + (size_t)i * (size_t)V, g->cfg->vocab_used) < 0))
@@ -623,6 +675,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
             g->rreq[nrows + i] = q;
             g->logits_at[nrows + i] = r->rows_back ? nsel + i : -1; /* their rows' logits, packed */
             g->lp_at[nrows + i] = r->lp ? nrows + i : -1;         /* their rows' logprob summaries */
+            g->lp_tok[nrows + i] = -1;
         }
         if (r->lp && lp_k_of(r) > lp_k) lp_k = lp_k_of(r);
         r->row0 = nrows;
@@ -713,6 +766,21 @@ sm_status sparkmono_logprobs(const sparkmono_engine *g, int req, const float **l
     *lp = r->lp;
     *top_ids = r->top_ids;
     *top_lp = r->top_lp;
+    *k = r->samp.top_logprobs;
+    return ok();
+}
+
+sm_status sparkmono_prompt_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
+                                    const float **top_lp, int *k) {
+    sm_status s;
+    const sm_request *r = get_req(g, req, "sparkmono_prompt_logprobs", &s);
+    if (!r) return s;
+    if (!lp || !top_ids || !top_lp || !k) return fail(SM_E_INVALID, "sparkmono_prompt_logprobs: NULL argument");
+    if (!r->plp) return fail(SM_E_STATE, "sparkmono_prompt_logprobs: request %d was added without prompt_logprobs", req);
+    if (!r->prefilled) return fail(SM_E_STATE, "sparkmono_prompt_logprobs: request %d is not prefilled", req);
+    *lp = r->plp;
+    *top_ids = r->ptop_ids;
+    *top_lp = r->ptop_lp;
     *k = r->samp.top_logprobs;
     return ok();
 }

@@ -37,6 +37,9 @@ typedef struct sm_request {
     float *lp;         /* [max_tokens] logprob of each generated id (samp.logprobs), else NULL */
     int *top_ids;      /* [max_tokens * samp.top_logprobs] the most likely ids of each position */
     float *top_lp;     /* [max_tokens * samp.top_logprobs] their logprobs */
+    float *plp;        /* [prompt_len] logprob of each prompt id (samp.prompt_logprobs; [0] NaN), else NULL */
+    int *ptop_ids;     /* [prompt_len * samp.top_logprobs] each prompt position's most likely ids */
+    float *ptop_lp;    /* [prompt_len * samp.top_logprobs] their logprobs */
     sparkmono_sampling samp; /* its sampling parameters and processors (all zero: plain greedy) */
     int lrow0;         /* sampled or proc: its first row in the last verify step's logits (slog) */
 } sm_request;
@@ -67,6 +70,8 @@ struct sparkmono_engine {
     int *lp_at;            /* [max_rows] step input: the row itself for the rows of a request with
                               logprobs, else -1 */
     sm_lp_sum *lpsum;      /* [max_rows] step output: their logprob summaries (by row) */
+    int *lp_tok;           /* [max_rows] step input: the id whose logit a summary also carries (a
+                              prompt row's next id, for prompt logprobs), -1 */
     float *slog;           /* [slog_rows, V] logits of the rows of sampled requests, or NULL */
     int slog_rows;         /* rows slog holds */
     sm_sample_ws sws;      /* the sampler's distribution of one row (allocated with the first

@@ -55,9 +55,12 @@ int sm_lp_check(const sparkmono_sampling *s, int V, sm_err *e) {
             return sm_errf(e, "sampling: logit_bias of id %d is %g, not in [-100, 100]", s->bias[i].id, (double)s->bias[i].bias);
     }
     if (s->logprobs != 0 && s->logprobs != 1) return sm_errf(e, "sampling: logprobs %d is not 0 or 1", s->logprobs);
-    if (s->top_logprobs < 0 || s->top_logprobs > SPARKMONO_MAX_TOP_LOGPROBS || (s->top_logprobs && !s->logprobs))
-        return sm_errf(e, "sampling: top_logprobs %d is not in [0, %d] (and needs logprobs)", s->top_logprobs,
-                       SPARKMONO_MAX_TOP_LOGPROBS);
+    if (s->prompt_logprobs != 0 && s->prompt_logprobs != 1)
+        return sm_errf(e, "sampling: prompt_logprobs %d is not 0 or 1", s->prompt_logprobs);
+    if (s->top_logprobs < 0 || s->top_logprobs > SPARKMONO_MAX_TOP_LOGPROBS ||
+        (s->top_logprobs && !s->logprobs && !s->prompt_logprobs))
+        return sm_errf(e, "sampling: top_logprobs %d is not in [0, %d] (and needs logprobs or prompt_logprobs)",
+                       s->top_logprobs, SPARKMONO_MAX_TOP_LOGPROBS);
     if (s->n_stop_ids < 0 || s->n_stop_ids > SPARKMONO_MAX_STOP_IDS)
         return sm_errf(e, "sampling: %d stop ids, not in [0, %d]", s->n_stop_ids, SPARKMONO_MAX_STOP_IDS);
     for (int i = 0; i < s->n_stop_ids; i++)

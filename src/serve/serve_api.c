@@ -177,7 +177,7 @@ static int neutral(parse_ctx *c, const char *name, const json_t *v) {
 static const char *const NEUTRAL_FIELDS[] = {"suffix", "user"};
 
 /* The checks across fields, once every field is read: the choices' count, each prompt's room
- * for max_tokens, echo with logprobs, min_tokens. */
+ * for max_tokens, min_tokens. */
 static int check_request(parse_ctx *c, long long max_tokens, long long best_of) {
     const sm_api_req *r = c->r;
     const int cap = c->m->max_choices > 0 && c->m->max_choices < SM_API_MAX_CHOICES ? c->m->max_choices
@@ -204,8 +204,6 @@ static int check_request(parse_ctx *c, long long max_tokens, long long best_of) 
             return bad(c, "max_tokens", "'max_tokens' is %lld; with %s of %d tokens it must be in [1, %d] (the model's "
                        "maximum context length is %d tokens)", max_tokens, which, n, room, c->m->max_len);
     }
-    if (r->echo && r->samp.logprobs) /* the prompt's logprobs would need its prefill logits */
-        return bad(c, "echo", "'echo' together with 'logprobs' is not supported by this server (no prompt logprobs)");
     if (r->samp.min_tokens > max_tokens)
         return bad(c, "min_tokens", "'min_tokens' is %d; it must be in [0, max_tokens = %lld]", r->samp.min_tokens,
                    max_tokens);
@@ -311,6 +309,7 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
     }
     out->n = (int)n;
     if (check_request(&c, max_tokens, best_of)) goto out;
+    if (out->echo && out->samp.logprobs) out->samp.prompt_logprobs = 1; /* echo's prompt ids come with their logprobs */
     out->max_tokens = (int)max_tokens;
     out->samp.temperature = (float)temperature;
     out->samp.top_p = (float)top_p;
@@ -378,27 +377,33 @@ static json_t *token_text(const sm_tokenizer *tok, int t) {
     return j;
 }
 
-/* A logprob as JSON: -inf (an id the model cannot pick) is -9999.0 as vLLM writes it. */
-static json_t *lp_value(float x) { return json_real(isfinite(x) ? (double)x : -9999.0); }
+/* A logprob as JSON: -inf (an id the model cannot pick) is -9999.0 as vLLM writes it; NaN (the
+ * first prompt id's, which has no distribution) is null. */
+static json_t *lp_value(float x) { return isnan(x) ? json_null() : json_real(isfinite(x) ? (double)x : -9999.0); }
 
 /* OpenAI completions logprobs of ids [n]: tokens, token_logprobs, top_logprobs (a map token text ->
  * logprob a position: the id itself and its k alternatives), text_offset. */
 static json_t *logprobs_obj(const sm_api_lp *lp, const int *ids, int n) {
     json_t *tokens = json_array(), *tlp = json_array(), *top = json_array(), *off = json_array();
-    for (int i = 0; i < n; i++) {
-        json_t *t = token_text(lp->tok, ids[i]), *m = json_object();
+    /* the echoed prompt's ids first (lp->pre), then the choice's */
+    for (int i = 0; i < lp->npre + n; i++) {
+        const int pre = i < lp->npre, at_i = pre ? i : i - lp->npre, id = pre ? lp->pre->ids[at_i] : ids[at_i];
+        const float x = pre ? lp->pre->lp[at_i] : lp->lp[at_i];
+        const int *tid = pre ? lp->pre->top_ids : lp->top_ids;
+        const float *tlpv = pre ? lp->pre->top_lp : lp->top_lp;
+        json_t *t = token_text(lp->tok, id), *m = isnan(x) ? NULL : json_object();
         json_array_append_new(off, json_integer((json_int_t)*lp->off));
         *lp->off += t ? json_string_length(t) : 0;
-        json_object_set_new(m, t ? json_string_value(t) : "", lp_value(lp->lp[i]));
-        for (int j = 0; j < lp->k; j++) {
-            const int a = lp->top_ids[(size_t)i * lp->k + j];
+        if (m) json_object_set_new(m, t ? json_string_value(t) : "", lp_value(x));
+        for (int j = 0; m && j < lp->k; j++) {
+            const int a = tid[(size_t)at_i * lp->k + j];
             json_t *at = a >= 0 ? token_text(lp->tok, a) : NULL;
-            if (at) json_object_set_new(m, json_string_value(at), lp_value(lp->top_lp[(size_t)i * lp->k + j]));
+            if (at) json_object_set_new(m, json_string_value(at), lp_value(tlpv[(size_t)at_i * lp->k + j]));
             json_decref(at);
         }
         json_array_append_new(tokens, t);
-        json_array_append_new(tlp, lp_value(lp->lp[i]));
-        json_array_append_new(top, m);
+        json_array_append_new(tlp, lp_value(x));
+        json_array_append_new(top, m ? m : json_null()); /* the first prompt id: null, as OpenAI */
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", tlp, "top_logprobs", top,
                      "text_offset", off);

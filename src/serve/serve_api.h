@@ -10,7 +10,7 @@
  * token ids) and asks for n choices of each: nprompt * n choices, indexed prompt-major
  * (choice index = prompt index * n + i, as OpenAI orders them), at most max_choices (every one
  * of them must fit in the server's slots and queue at once).  echo puts the prompt's text first
- * (a 400 with logprobs: the prompt's logprobs are not computed).  logprobs (0..20) asks for
+ * (with logprobs, the prompt's ids and their logprobs too: sparkmono_sampling.prompt_logprobs).  logprobs (0..20) asks for
  * each generated id's logprob and the top alternatives (OpenAI's completions shape, or the chat
  * shape: sm_api_lp).  An unknown field is accepted and named once in the server's log (vLLM's
  * rule: clients written for vLLM send its extensions); we rejected the 400 we had before: such
@@ -50,7 +50,7 @@ typedef struct sm_api_req {
     int has_seed;              /* 0: no seed given (the server picks one) */
     int stream;                /* server-sent events */
     int include_usage;         /* stream_options.include_usage: a last chunk with usage */
-    int echo;                  /* the prompt's text before the completion's (not with logprobs) */
+    int echo;                  /* the prompt's text before the completion's (with logprobs: its ids' too) */
     char *stop[SM_MAX_STOP];   /* [nstop] non-empty stop strings (malloc'd) */
     int nstop;
     char ignored[SM_FIELDS_IGNORED]; /* unknown fields accepted ("'a', 'b'", "" when none): the server logs them */
@@ -70,7 +70,15 @@ int sm_api_encode(const sm_api_model *m, const char *text, size_t len, int **ids
  * "token_id:N" without a tokenizer.  Completions: tokens, token_logprobs, top_logprobs (a map of
  * the id and its k alternatives), text_offset (those texts' bytes counted from *off).  Chat:
  * {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}] x k}]}, bytes
- * the UTF-8 bytes of the token's text (as vLLM gives them: a piece of a character is U+FFFD). */
+ * the UTF-8 bytes of the token's text (as vLLM gives them: a piece of a character is U+FFFD).
+ * With echo (completions) the prompt's ids come first with their logprobs, the first one's
+ * logprob and top_logprobs null (OpenAI's and vLLM's shape). */
+typedef struct sm_api_lp_pre {
+    const int *ids;            /* [n] the echoed prompt's ids */
+    const float *lp;           /* [n] their logprobs ([0] NaN: null) */
+    const int *top_ids;        /* [n * k] */
+    const float *top_lp;       /* [n * k] */
+} sm_api_lp_pre;
 typedef struct sm_api_lp {
     const sm_tokenizer *tok;   /* NULL: tokens as "token_id:N" */
     const float *lp;           /* [nids] each id's logprob */
@@ -78,6 +86,9 @@ typedef struct sm_api_lp {
     const float *top_lp;       /* [nids * k] their logprobs */
     int k;                     /* alternatives a position */
     size_t *off;               /* completions: in, text_offset of the first id; out, past the last */
+    const sm_api_lp_pre *pre;  /* completions with echo: the prompt's ids and logprobs, before the ids
+                                  (their first null); NULL or npre 0: none */
+    int npre;
 } sm_api_lp;
 
 /* One choice of an answer, or of a stream chunk (its news since the last chunk). */

@@ -11,12 +11,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The logprobs of c's ids from index i (NULL when the request asked for none), in *lp. */
-static const sm_api_lp *choice_lp(const sm_job *j, sm_choice *c, int i, sm_api_lp *lp) {
+/* The logprobs of c's ids from index i (NULL when the request asked for none), in *lp; from
+ * index 0 with echo, the prompt's first (pre). */
+static const sm_api_lp *choice_lp(const sm_job *j, sm_choice *c, int i, sm_api_lp *lp, sm_api_lp_pre *pre) {
     if (!c->r->lp) return NULL;
     const int k = c->r->samp.top_logprobs;
     *lp = (sm_api_lp){j->s->api.tok, c->r->lp + i, c->r->top_ids + (size_t)i * k, c->r->top_lp + (size_t)i * k, k,
-                      &c->lp_off};
+                      &c->lp_off, NULL, 0};
+    if (i == 0 && c->r->plp && c->nids > 0) { /* the prompt's logprobs came with the first ids */
+        *pre = (sm_api_lp_pre){c->r->prompt, c->r->plp, c->r->ptop_ids, c->r->ptop_lp};
+        lp->pre = pre;
+        lp->npre = c->r->n;
+    }
     return lp;
 }
 
@@ -187,6 +193,7 @@ int sm_job_stream(sm_job *j, int st) {
     for (int i = 0; i < j->nch; i++) {
         sm_choice *c = &j->ch[i];
         sm_api_lp lp;
+        sm_api_lp_pre pre;
         sm_api_choice a = {c->index, c->text.p, c->text.n, c->ids + c->sent_ids, c->nids - c->sent_ids, NULL, NULL};
         if (j->chat && !c->role_sent) { /* a chat choice opens with its role */
             sm_api_choice role = {c->index, "", 0, NULL, 0, NULL, NULL};
@@ -195,7 +202,7 @@ int sm_job_stream(sm_job *j, int st) {
         }
         if (c->finish && !c->finish_sent) a.finish = c->finish;
         if (!c->text.n && !a.nids && !a.finish) continue;
-        if (a.nids) a.lp = choice_lp(j, c, c->sent_ids, &lp);
+        if (a.nids) a.lp = choice_lp(j, c, c->sent_ids, &lp, &pre);
         /* a chat chunk carries text; ids the decoder holds back wait for it, unless logprobs are asked */
         if (j->chat && (c->text.n || a.finish || a.lp))
             rc |= sse(j, sm_chat_chunk(j->id, s->created, s->api.name, NULL, &a));
@@ -219,11 +226,13 @@ int sm_job_stream(sm_job *j, int st) {
 char *sm_job_answer(sm_job *j) {
     sm_api_choice *a = calloc((size_t)j->nch, sizeof *a);
     sm_api_lp *lp = calloc((size_t)j->nch, sizeof *lp);
+    sm_api_lp_pre *pre = calloc((size_t)j->nch, sizeof *pre);
     char *out = NULL;
-    if (a && lp) {
+    if (a && lp && pre) {
         for (int i = 0; i < j->nch; i++) {
             sm_choice *c = &j->ch[i];
-            a[i] = (sm_api_choice){c->index, c->text.p, c->text.n, c->ids, c->nids, c->finish, choice_lp(j, c, 0, &lp[i])};
+            a[i] = (sm_api_choice){c->index, c->text.p, c->text.n, c->ids, c->nids, c->finish,
+                                   choice_lp(j, c, 0, &lp[i], &pre[i])};
         }
         const sm_server *s = j->s;
         out = (j->chat ? sm_chat_completion : sm_api_completion)(j->id, s->created, s->api.name, a, j->nch,
@@ -231,6 +240,7 @@ char *sm_job_answer(sm_job *j) {
     }
     free(a);
     free(lp);
+    free(pre);
     return out;
 }
 

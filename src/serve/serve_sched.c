@@ -69,6 +69,17 @@ sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_samplin
             return NULL;
         }
     }
+    if (r->samp.prompt_logprobs) { /* the prompt ids' logprobs (echo with logprobs) */
+        const size_t k = (size_t)r->samp.top_logprobs;
+        r->plp = malloc((size_t)n * sizeof(float));
+        r->ptop_ids = malloc((size_t)n * k * sizeof(int) + 1);
+        r->ptop_lp = malloc((size_t)n * k * sizeof(float) + 1);
+        if (!r->plp || !r->ptop_ids || !r->ptop_lp) {
+            free(r->plp), free(r->ptop_ids), free(r->ptop_lp);
+            free(r->lp), free(r->top_ids), free(r->top_lp), free(r->ids), free(r);
+            return NULL;
+        }
+    }
     r->refs = 1;
     return r;
 }
@@ -80,6 +91,9 @@ static void release_locked(sm_sreq *r) {
     free(r->lp);
     free(r->top_ids);
     free(r->top_lp);
+    free(r->plp);
+    free(r->ptop_ids);
+    free(r->ptop_lp);
     free(r);
 }
 
@@ -121,6 +135,12 @@ static void publish_locked(sm_sched *s, const sparkmono_batch_event *ev, int nev
         sm_sreq *r = ev[k].user;
         int n = ev[k].n < r->cap - r->nids ? ev[k].n : r->cap - r->nids; /* the engine stops at max_tokens */
         if (n > 0) {
+            if (r->plp && ev[k].prompt_lp && ev[k].prompt_len == r->n) { /* with the first ids */
+                const size_t tk = (size_t)ev[k].top, P = (size_t)r->n;
+                memcpy(r->plp, ev[k].prompt_lp, P * sizeof(float));
+                memcpy(r->ptop_ids, ev[k].prompt_top_ids, P * tk * sizeof(int));
+                memcpy(r->ptop_lp, ev[k].prompt_top_lp, P * tk * sizeof(float));
+            }
             memcpy(r->ids + r->nids, ev[k].ids, (size_t)n * sizeof(int));
             if (r->lp && ev[k].logprobs) { /* their logprobs, at the same places */
                 const size_t tk = (size_t)ev[k].top;

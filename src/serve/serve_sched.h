@@ -46,6 +46,10 @@ typedef struct sm_sreq {
                                   is never written again, so a consumer reads it after sm_sched_poll */
     int *top_ids;              /* [cap * samp.top_logprobs] the most likely ids of each position */
     float *top_lp;             /* [cap * samp.top_logprobs] their logprobs */
+    float *plp;                /* [n] the prompt ids' logprobs (samp.prompt_logprobs; [0] NaN), else NULL;
+                                  written once, with the first ids (nids > 0 means they are there) */
+    int *ptop_ids;             /* [n * samp.top_logprobs] each prompt position's most likely ids */
+    float *ptop_lp;            /* [n * samp.top_logprobs] their logprobs */
     int done;                  /* SM_SREQ_* */
     int cancel;                /* set by the consumer: stop and free the engine slot */
     int refs;                  /* holders: the submitter and, once submitted, the engine thread */

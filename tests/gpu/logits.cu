@@ -1,7 +1,7 @@
 /* logits.cu: lm_head + softcap + argmax (src/cuda/ops/logits.cu, every path) against
  * ref_logits_h (src/cpu/ops_logits.c), and the argmax's non-finite guard with planted NaN / Inf
  * values; the logprob summaries (src/cuda/ops/logprobs.cu) against ref_logprobs_row: ids, top
- * logits and lmax bit for bit, lse within 1e-12 relative (its sum's order), every logprob
+ * logits, the named id's logit and lmax bit for bit, lse within 1e-12 relative (its sum's order), every logprob
  * within one f32 ulp; benchmark: bench/gpu/logits.cu.  The `kernels` group (kernel_cases.h); bounds: the
  * f32 logits rel 1e-3, each element within GH_ELEM_FACTOR times that (harness.h), masked ids
  * -inf exactly, the argmax compared on rows that are no near-tie.  We rejected comparing the
@@ -185,13 +185,16 @@ void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
         hl[(size_t)1 * V + gh_rndi(vu)] = NAN;
         hl[(size_t)2 * V + gh_rndi(vu)] = INFINITY;
     }
-    int *rows = (int *)gh_halloc((size_t)nsel * 4);
-    for (int i = 0; i < nsel; i++) rows[i] = gh_rndi(n);
+    int *rows = (int *)gh_halloc((size_t)nsel * 4), *toks = (int *)gh_halloc((size_t)nsel * 4);
+    for (int i = 0; i < nsel; i++) {
+        rows[i] = gh_rndi(n);
+        toks[i] = gh_rndi(4) == 0 ? -1 : gh_rndi(V); /* a named id (a masked one sometimes), or none */
+    }
     float *dl = (float *)gh_dup_to_dev("logits", hl, 4, (size_t)n * V);
     sm_lp_sum *dout = (sm_lp_sum *)gh_dalloc("summaries", sizeof(sm_lp_sum), nsel);
     sm_lp_sum *got = (sm_lp_sum *)gh_halloc((size_t)nsel * sizeof(sm_lp_sum));
     gh_case_fail = 0;
-    if (sm_k_logprobs(&g_ctx, dl, (size_t)V, rows, nsel, vu, k, dout, g_st, &e)) {
+    if (sm_k_logprobs(&g_ctx, dl, (size_t)V, rows, toks, nsel, vu, k, dout, g_st, &e)) {
         gh_fail_line(name, e.msg);
         return;
     }
@@ -205,9 +208,11 @@ void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
     for (int i = 0; i < nsel && gh_case_fail < 4; i++) {
         const float *l = hl + (size_t)rows[i] * V;
         sm_lp_sum ref, *g = &got[i];
-        ref_logprobs_row(l, vu, k, &ref);
+        ref_logprobs_row(l, vu, k, toks[i], &ref);
         nbad += ref.bad;
         GH_CHECK(g->bad == ref.bad, "entry %d (row %d): bad %d, reference %d", i, rows[i], g->bad, ref.bad);
+        GH_CHECK(memcmp(&g->tok_l, &ref.tok_l, sizeof(float)) == 0, "entry %d: logit of id %d %g, reference %g", i, toks[i],
+                 (double)g->tok_l, (double)ref.tok_l);
         if (ref.bad || g->bad) continue;
         GH_CHECK(g->lmax == ref.lmax && g->n == ref.n, "entry %d: lmax %g n %d, reference %g %d", i, (double)g->lmax, g->n,
                  (double)ref.lmax, ref.n);

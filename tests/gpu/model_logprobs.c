@@ -22,16 +22,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Summaries got [n] of the rows `at` names against the reference of logits [*, V] (row i of the
- * step at row i); argmax [n] of the step.  Returns the worst lse relative error. */
-static double tl_compare(const char *what, const sm_config *c, int n, const int *at, const sm_lp_sum *got,
+/* Summaries got [n] of the rows `at` names (tok: NULL or each row's named id) against the
+ * reference of logits [*, V] (row i of the step at row i); argmax [n] of the step.  Returns the
+ * worst lse relative error. */
+static double tl_compare(const char *what, const sm_config *c, int n, const int *at, const int *tok, const sm_lp_sum *got,
                          const float *logits, const int *am, int k) {
     double worst = 0;
     for (int i = 0; i < n; i++) {
         if (at[i] < 0) continue;
         sm_lp_sum ref;
         const sm_lp_sum *g = &got[at[i]];
-        ref_logprobs_row(logits + (size_t)i * c->V, c->vocab_used, k, &ref);
+        ref_logprobs_row(logits + (size_t)i * c->V, c->vocab_used, k, tok ? tok[i] : -1, &ref);
+        GH_CHECK(g->tok_l == ref.tok_l, "%s row %d: logit of id %d %g, reference %g", what, i, tok ? tok[i] : -1,
+                 (double)g->tok_l, (double)ref.tok_l);
         GH_CHECK(!g->bad && !ref.bad && g->n == ref.n && g->n == k && g->lmax == ref.lmax,
                  "%s row %d: bad %d / %d, n %d / %d, lmax %g / %g", what, i, g->bad, ref.bad, g->n, ref.n, (double)g->lmax,
                  (double)ref.lmax);
@@ -59,7 +62,7 @@ int tm_logprobs_steps(const char *root, uint64_t seed, int world) {
     memset(&kv, 0, sizeof kv);
     sm_backend b;
     int have_b = 0, have_m = 0, slot[NR];
-    int tok[64], pos[64], req[64], am[64], at[64], am2[64];
+    int tok[64], pos[64], req[64], am[64], at[64], am2[64], nxt[64];
     float *lg = NULL;
     sm_lp_sum sums[64], sums2[64];
     uint64_t rng = seed;
@@ -101,11 +104,12 @@ int tm_logprobs_steps(const char *root, uint64_t seed, int world) {
         }
     for (int i = 0, q = nsum; i < n; i++)
         if (at[i] > 0) at[i] = --q;
+    for (int i = 0; i < n; i++) nxt[i] = i + 1 < n && req[i + 1] == req[i] ? tok[i + 1] : -1; /* a prompt's next id */
     memset(&s, 0, sizeof s);
     s.nrows = n; s.tokens = tok; s.pos = pos; s.req = req; s.kv = &kv; s.argmax = am; s.logits = lg;
-    s.lp_at = at; s.lp_k = 20; s.lp = sums;
+    s.lp_at = at; s.lp_k = 20; s.lp = sums; s.lp_tok = nxt;
     if (b.step(b.ctx, &s, &e)) { GH_CHECK(0, "prefill step: %s", e.msg); goto out; }
-    w1 = tl_compare("prefill", &c, n, at, sums, lg, am, 20);
+    w1 = tl_compare("prefill", &c, n, at, nxt, sums, lg, am, 20);
     /* verify form: R rows a request at the next positions; summaries of requests 0 and 2, top 5 */
     n = 0;
     for (int r = 0; r < NR; r++)
@@ -119,7 +123,7 @@ int tm_logprobs_steps(const char *root, uint64_t seed, int world) {
     s.nrows = n; s.tokens = tok; s.pos = pos; s.req = req; s.kv = &kv; s.argmax = am; s.logits = lg;
     s.lp_at = at; s.lp_k = 5; s.lp = sums;
     if (b.step(b.ctx, &s, &e)) { GH_CHECK(0, "verify step: %s", e.msg); goto out; }
-    w2 = tl_compare("verify", &c, n, at, sums, lg, am, 5);
+    w2 = tl_compare("verify", &c, n, at, NULL, sums, lg, am, 5);
     /* the same step again with the summaries alone (no logits back): the same bits */
     s.logits = NULL; s.argmax = am2; s.lp = sums2;
     if (b.step(b.ctx, &s, &e)) { GH_CHECK(0, "verify step without logits: %s", e.msg); goto out; }

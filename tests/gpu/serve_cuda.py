@@ -2,7 +2,8 @@
 standard library only (the machine has no virtual environment): on a cycle model (drafts are
 accepted, greedy ids are far from ties), greedy completions with logprobs (made on the GPU)
 equal the CPU server's ids, and their logprobs agree within 1e-2 (GPU vs CPU logits,
-docs/model.md section 10); each id's logprob is its position's most likely one; a seeded n = 2
+docs/model.md section 10); each id's logprob is its position's most likely one; echo with
+logprobs (scoring a prompt) agrees with the CPU server's; a seeded n = 2
 request is reproducible and its choice 0 equals the same request with n = 1; a chat request
 with logprobs gives the completion's numbers.  Prints one PASS / FAIL line a check and
 "N passed, N failed".  Run by tools/gpu_run.sh."""
@@ -64,6 +65,12 @@ with tempfile.TemporaryDirectory() as tmp:
         ids = lambda r: [ch["token_ids"] for ch in r["choices"]]
         check("seeded n = 2 reproducible", ids(a) == ids(b))
         check("choice 0 == n = 1", ids(a)[0] == ids(one)[0])
+        eb = {"model": "cycle", "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": True}
+        ge, ce = post(gurl, "/completions", eb)["choices"][0]["logprobs"], post(curl, "/completions", eb)["choices"][0]["logprobs"]
+        ew = max(abs(a - b) for a, b in zip(ge["token_logprobs"][1:], ce["token_logprobs"][1:]))
+        check("echo logprobs (prompt scoring) ~ cpu (worst %.2g)" % ew,
+              ge["token_logprobs"][0] is None and len(ge["token_logprobs"]) == len(prompt) + 1 and ew <= 1e-2,
+              "worst %.3g, %s" % (ew, ge["token_logprobs"][:3]))
         chat = post(gurl, "/chat/completions", {"model": "cycle", "messages": [{"role": "user", "content": "hi"}],
                                                 "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2})
         content = chat["choices"][0]["logprobs"]["content"]

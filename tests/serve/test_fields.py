@@ -5,13 +5,15 @@ tokens equal a numpy reference of the processed distribution built from the logi
 token what a plain one (--request-rows 1) does, greedy and seeded, with each processor; unknown
 fields are accepted with one log line; every bad value is a 400 naming the field and its range."""
 import json
+import os
+import subprocess
 
 import numpy as np
 import pytest
 import requests
 
 from conftest import TIMEOUT, Server
-from smtest import log_softmax, raw_logits
+from smtest import SM_BIN, log_softmax, raw_logits
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
 
@@ -186,6 +188,44 @@ def test_echo(text_server):
     chunks = c.completions.create(model=text_server.name, prompt="hello world", max_tokens=5, temperature=0, echo=True,
                                   stream=True)
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == echo.choices[0].text
-    r = requests.post(text_server.url + "/v1/completions", timeout=TIMEOUT, data=json.dumps(
-        {"model": text_server.name, "prompt": "hi", "echo": True, "logprobs": 1}))
-    assert r.status_code == 400 and "'echo' together with 'logprobs' is not supported" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_logprobs(server, ids_dir, tmp, stream):
+    """echo with logprobs (how evaluation harnesses score a text: max_tokens 1, logprobs 1): the
+    prompt's ids come first, the first with a null logprob and null alternatives, each other one's
+    logprob a numpy log-softmax of the prefill logits of the row before it; then the generated
+    ids' logprobs, the same as without echo; streamed, the first chunk carries the prompt's."""
+    K = 2
+    body = {"model": server.name, "prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logprobs": K, "echo": True}
+    if stream:
+        tokens, tlp, tops = [], [], []
+        with requests.post(server.url + "/v1/completions", data=json.dumps(dict(body, stream=True)), stream=True,
+                           timeout=TIMEOUT) as resp:
+            for line in resp.iter_lines():
+                if line.startswith(b"data: {"):
+                    ch = json.loads(line[6:])["choices"][0]
+                    if ch["logprobs"]:
+                        tokens += ch["logprobs"]["tokens"]
+                        tlp += ch["logprobs"]["token_logprobs"]
+                        tops += ch["logprobs"]["top_logprobs"]
+    else:
+        r = requests.post(server.url + "/v1/completions", data=json.dumps(body), timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        lp = r.json()["choices"][0]["logprobs"]
+        tokens, tlp, tops = lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]
+        assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    P = len(PROMPT)
+    assert tokens[:P] == ["token_id:%d" % t for t in PROMPT] and len(tokens) == P + 3
+    assert tlp[0] is None and tops[0] is None
+    out = os.path.join(tmp, "echo_lg.npy")  # every prefix row of the prompt in one prefill
+    subprocess.run([SM_BIN, "logits", "--model", ids_dir, "--prompt-ids", ",".join(map(str, PROMPT)), "--out", out,
+                    "--threads", "2"], check=True, capture_output=True)
+    rows = np.load(out).astype(np.float64)
+    for j in range(1, P):
+        ref = log_softmax(rows[j - 1])
+        assert abs(tlp[j] - ref[PROMPT[j]]) < 1e-4, (j, tlp[j], ref[PROMPT[j]])
+        best = np.argsort(-ref, kind="stable")[:K]
+        assert set(tops[j]) == {"token_id:%d" % a for a in best} | {"token_id:%d" % PROMPT[j]}
+    plain = requests.post(server.url + "/v1/completions", timeout=TIMEOUT, data=json.dumps(dict(body, echo=False))).json()
+    assert tlp[P:] == plain["choices"][0]["logprobs"]["token_logprobs"]

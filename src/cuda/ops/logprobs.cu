@@ -43,7 +43,8 @@ typedef struct lp_part {
 
 /* The rows of one launch (kernel parameter, by value: capturable, no metadata copy). */
 typedef struct lp_rows {
-    int row[SM_LP_ROWS];
+    int row[SM_LP_ROWS];                  /* the logits row of each entry */
+    int tok[SM_LP_ROWS];                  /* the id whose logit it also carries, -1: none */
 } lp_rows;
 
 /* Warp (slice blockIdx.x * LP_SLICE_WARPS + warp, entry blockIdx.y of rows): its partials. */
@@ -165,6 +166,8 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     const float *l = logits + (size_t)rows.row[blockIdx.x] * ld;
     const lp_part *p = parts + (size_t)blockIdx.x * nw;
     sm_lp_sum *o = out + blockIdx.x;
+    const int tok = rows.tok[blockIdx.x];
+    if (t == 0) o->tok_l = tok >= 0 && tok < vu ? l[tok] : -INFINITY; /* the named id's logit */
     /* this thread's slices t, t + LP_THREADS, ..: their maxima, the non-finite flag */
     float wm[LP_MAXW_T];
     int bad = 0;
@@ -286,8 +289,8 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     }
 }
 
-int sm_k_logprobs(sm_kernel_ctx *kc, const float *logits, size_t ld, const int *rows, int nsel, int vocab_used, int k,
-                  sm_lp_sum *out, cudaStream_t st, sm_err *e) {
+int sm_k_logprobs(sm_kernel_ctx *kc, const float *logits, size_t ld, const int *rows, const int *toks, int nsel, int vocab_used,
+                  int k, sm_lp_sum *out, cudaStream_t st, sm_err *e) {
     if (nsel < 0 || vocab_used < 1 || (size_t)vocab_used > ld)
         return sm_errf(e, "sm_k_logprobs: bad shape nsel=%d vocab_used=%d ld=%zu", nsel, vocab_used, ld);
     if (k < 1 || k > SM_LP_MAX_TOP) return sm_errf(e, "sm_k_logprobs: k=%d outside [1, %d]", k, SM_LP_MAX_TOP);
@@ -307,6 +310,7 @@ int sm_k_logprobs(sm_kernel_ctx *kc, const float *logits, size_t ld, const int *
         for (int i = 0; i < nb; i++) {
             if (rows[i0 + i] < 0) return sm_errf(e, "sm_k_logprobs: row entry %d is %d", i0 + i, rows[i0 + i]);
             rs.row[i] = rows[i0 + i];
+            rs.tok[i] = toks ? toks[i0 + i] : -1;
         }
         lp_slice_kernel<<<dim3(sm_cdiv(nw, LP_SLICE_WARPS), nb), 32 * LP_SLICE_WARPS, 0, st>>>(logits, ld, rs, vocab_used, nw, parts);
         SM_LAUNCH_CHECK("lp_slice_kernel");

@@ -211,11 +211,12 @@ int sm_k_logits(sm_kernel_ctx *kc, const uint16_t *h, int n, int H, const uint16
 /* ---- logprob summaries (ops/logprobs.cu) ---- */
 #define SM_LP_ROWS 128 /* rows of one sm_k_logprobs launch (more run in several) */
 /* out [nsel] (device sm_lp_sum, backend.h) = the summary of row rows[i] of logits [*, ld] (f32)
- * over its ids < vocab_used, with the k largest (1 <= k <= SM_LP_MAX_TOP): ref_logprobs_row,
- * but for the order of the double sum lse (its last bits).  rows: HOST ints [nsel].  Uses kc->ws
- * for the partials of the row's chunks. */
-int sm_k_logprobs(sm_kernel_ctx *kc, const float *logits, size_t ld, const int *rows, int nsel, int vocab_used, int k, sm_lp_sum *out,
-                  cudaStream_t st, sm_err *e);
+ * over its ids < vocab_used, with the k largest (1 <= k <= SM_LP_MAX_TOP) and the logit of id
+ * toks[i] (toks NULL or -1: none): ref_logprobs_row, but for the order of the double sum lse
+ * (its last bits).  rows, toks: HOST ints [nsel].  Uses kc->ws for the partials of the row's
+ * slices. */
+int sm_k_logprobs(sm_kernel_ctx *kc, const float *logits, size_t ld, const int *rows, const int *toks, int nsel, int vocab_used,
+                  int k, sm_lp_sum *out, cudaStream_t st, sm_err *e);
 /* sm_k_logits with the path forced (SM_PATH_*), for tests and benchmarks. */
 int sm_k_logits_path(sm_kernel_ctx *kc, int path, const uint16_t *h, int n, int H, const uint16_t *lm_head,
                      int V, int vocab_used, float m_o, float softcap, float *logits, int *argmax,

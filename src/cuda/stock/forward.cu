@@ -195,7 +195,9 @@ static int cb_head(sm_cuda_rank *cr, const cb_run *r, sm_err *e) {
                 cb_logits_to_host(cr, cr->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
                                   r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
                 return -1;
-            if (r->lp_at && cr->rank == 0 && cb_logprobs(cr, r->lp_at + c0, nc, r->lp_k, &ord, e)) return -1;
+            if (r->lp_at && cr->rank == 0 &&
+                cb_logprobs(cr, r->lp_at + c0, r->lp_tok ? r->lp_tok + c0 : NULL, nc, r->lp_k, &ord, e))
+                return -1;
         }
         return 0;
     }
@@ -213,7 +215,7 @@ static int cb_head(sm_cuda_rank *cr, const cb_run *r, sm_err *e) {
         if (r->logits_host && cb_logits_to_host(cr, cr->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
                                                 r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
             return -1;
-        if (r->lp_at && cb_logprobs(cr, r->lp_at + c0, nc, r->lp_k, &ord, e)) return -1;
+        if (r->lp_at && cb_logprobs(cr, r->lp_at + c0, r->lp_tok ? r->lp_tok + c0 : NULL, nc, r->lp_k, &ord, e)) return -1;
     }
     return 0;
 }

@@ -102,6 +102,7 @@ static int cb_launch_eager(sm_cuda_rank *cr, const sm_step *s, int r0, int n, cb
     r.logits_at = s->logits && s->logits_at ? s->logits_at + r0 : NULL;
     r.lp_at = s->lp_at ? s->lp_at + r0 : NULL;
     r.lp_k = s->lp_k;
+    r.lp_tok = s->lp_tok ? s->lp_tok + r0 : NULL;
     r.att = att;
     r.natt = na;
     return cb_enqueue(cr, &r, e);
@@ -124,11 +125,14 @@ int cb_logits_to_host(sm_cuda_rank *cr, const float *dev, int n, const int *at, 
     return 0;
 }
 
-int cb_logprobs(sm_cuda_rank *cr, const int *at, int n, int k, int *ord, sm_err *e) {
-    int rows[CB_LOGIT_ROWS], m = 0;
+int cb_logprobs(sm_cuda_rank *cr, const int *at, const int *tok, int n, int k, int *ord, sm_err *e) {
+    int rows[CB_LOGIT_ROWS], toks[CB_LOGIT_ROWS], m = 0;
     for (int i = 0; i < n && i < CB_LOGIT_ROWS; i++)
-        if (at[i] >= 0) rows[m++] = i;
-    if (sm_k_logprobs(&cr->kc, cr->logits, (size_t)cr->cfg.V, rows, m, cr->cfg.vocab_used, k, cr->lps + *ord, cr->st, e))
+        if (at[i] >= 0) {
+            toks[m] = tok ? tok[i] : -1;
+            rows[m++] = i;
+        }
+    if (sm_k_logprobs(&cr->kc, cr->logits, (size_t)cr->cfg.V, rows, toks, m, cr->cfg.vocab_used, k, cr->lps + *ord, cr->st, e))
         return sm_errprefix(e, "cuda step: logprobs");
     *ord += m;
     return 0;
@@ -148,7 +152,7 @@ static int cb_collect(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int gra
     int nlp = 0; /* summaries of this run's rows, in row order in cr->lps */
     if (s->lp_at && out) {
         if (graph) {
-            if (cb_logprobs(cr, s->lp_at + r0, n, s->lp_k, &nlp, e)) return -1;
+            if (cb_logprobs(cr, s->lp_at + r0, s->lp_tok ? s->lp_tok + r0 : NULL, n, s->lp_k, &nlp, e)) return -1;
         } else {
             for (int i = 0; i < n; i++) nlp += s->lp_at[r0 + i] >= 0;
         }

@@ -169,6 +169,7 @@ typedef struct cb_run {
     const int *lp_at;          /* head, eager: NULL, or [n]: the rows >= 0 get a logprob summary
                                   (cr->lps, in row order) */
     int lp_k;                  /* their top ids (sm_step.lp_k) */
+    const int *lp_tok;         /* head, eager: NULL, or [n] sm_step.lp_tok of the rows */
     int naux;                  /* aux entries */
     const int *aux;            /* [naux] layer ids */
     const cb_att_item *att;    /* [natt] eager attention plan; NULL: one generic call */
@@ -264,9 +265,9 @@ int cb_bucket_rows(int n);
 int cb_graph_form(const sm_step *s);
 /* Make room for naux aux entries and (if wanted) the logits buffer, before any capture. */
 int cb_reserve_outputs(sm_cuda_rank *cr, int naux, int want_logits, int want_lp, sm_err *e);
-/* The logprob summaries of the rows i < n of cr->logits with at[i] >= 0 into cr->lps from entry
- * *ord on (rank 0), *ord advanced. */
-int cb_logprobs(sm_cuda_rank *cr, const int *at, int n, int k, int *ord, sm_err *e);
+/* The logprob summaries of the rows i < n of cr->logits with at[i] >= 0 (tok: NULL, or [n] the id
+ * whose logit each also carries) into cr->lps from entry *ord on (rank 0), *ord advanced. */
+int cb_logprobs(sm_cuda_rank *cr, const int *at, const int *tok, int n, int k, int *ord, sm_err *e);
 /* Capture run r (on the metadata buffer) as a graph. */
 int cb_capture(sm_cuda_rank *cr, const cb_run *r, cudaGraphExec_t *out, sm_err *e);
 /* Enqueue a graph-form chunk already packed (bytes of metadata, nb padded rows): metadata
