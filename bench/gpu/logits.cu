@@ -105,7 +105,7 @@ static int lp_call(bh_run *r, void *arg, int set, sm_err *e) {
         SM_CUDA_CHECK(cudaMemcpyAsync(c->host, lg, (size_t)c->n * V * 4, cudaMemcpyDeviceToHost, r->st));
         return 0;
     }
-    return sm_k_logprobs(&r->kc, lg, V, c->rows, c->n, r->cfg.vocab_used, SM_LP_MAX_TOP, c->out + (size_t)set * BH_MAX_ROWS, r->st, e);
+    return sm_k_logprobs(&r->kc, lg, V, c->rows, NULL, c->n, r->cfg.vocab_used, SM_LP_MAX_TOP, c->out + (size_t)set * BH_MAX_ROWS, r->st, e);
 }
 
 static int lp_run(bh_run *r, lp_case *c, sm_err *e) {
