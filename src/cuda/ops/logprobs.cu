@@ -125,6 +125,45 @@ __device__ int lp_warp_rounds(const float *v, int *id, int n, int k, float *ov, 
     return found;
 }
 
+/* lp_warp_rounds with the entries in registers when they fit (n <= 32 LP_REG: LP_REG a lane,
+ * no shared-memory load in a round), else from shared memory; the same winners either way. */
+#define LP_REG 16
+__device__ int lp_warp_rounds_fast(const float *v, int *id, int n, int k, float *ov, int *oid, float *last) {
+    if (n > 32 * LP_REG) return lp_warp_rounds(v, id, n, k, ov, oid, last);
+    const int lane = threadIdx.x & 31;
+    float x[LP_REG];
+    int xi[LP_REG];
+#pragma unroll
+    for (int j = 0; j < LP_REG; j++) {
+        const int q = lane + 32 * j;
+        x[j] = q < n ? v[q] : -INFINITY;
+        xi[j] = q < n ? id[q] : LP_NONE;
+    }
+    int found = 0;
+    for (int r = 0; r < k; r++) {
+        float bv = -INFINITY;
+        int bi = LP_NONE;
+#pragma unroll
+        for (int j = 0; j < LP_REG; j++)
+            if (sm_better(x[j], xi[j], bv, bi)) {
+                bv = x[j];
+                bi = xi[j];
+            }
+        lp_warp_best(bv, bi);
+        if (bi == LP_NONE) break; /* fewer entries than k */
+#pragma unroll
+        for (int j = 0; j < LP_REG; j++)
+            if (xi[j] == bi) xi[j] = LP_NONE; /* struck out (ids are distinct) */
+        if (lane == 0 && ov) {
+            ov[r] = bv;
+            oid[r] = bi;
+        }
+        *last = bv;
+        found++;
+    }
+    return found;
+}
+
 /* The block's best (value, id) by common.cuh's order; every thread gets it.  red_v / red_i:
  * __shared__ [LP_WARPS]. */
 __device__ __forceinline__ void lp_block_best(float &v, int &i, float *red_v, int *red_i) {
@@ -216,7 +255,7 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     __syncthreads();
     if (w == 0) {
         float last = -INFINITY;
-        const int f = lp_warp_rounds(cv, sel, nw, k, NULL, NULL, &last);
+        const int f = lp_warp_rounds_fast(cv, sel, nw, k, NULL, NULL, &last);
         if (lane == 0) T_s = f == k ? last : -INFINITY;
     }
     __syncthreads();
@@ -234,23 +273,26 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     for (int a = w; a < nsel; a += LP_WARPS) {
         const int q = sel[a];
         const int n = vu - q * LP_SLICE < LP_SLICE ? vu - q * LP_SLICE : LP_SLICE;
-        for (int j = lane; j < n; j += 32) {
-            const float x = l[(size_t)q * LP_SLICE + j];
-            if (x >= T) {
+        float x[LP_EPT];
+#pragma unroll
+        for (int j = 0; j < LP_EPT; j++) /* every load in flight at once */
+            x[j] = j * 32 + lane < n ? l[(size_t)q * LP_SLICE + j * 32 + lane] : -INFINITY;
+#pragma unroll
+        for (int j = 0; j < LP_EPT; j++)
+            if (j * 32 + lane < n && x[j] >= T) {
                 const int c = atomicAdd(&ncand, 1);
                 if (c < LP_CAND) {
-                    cv[c] = x;
-                    ci[c] = q * LP_SLICE + j;
+                    cv[c] = x[j];
+                    ci[c] = q * LP_SLICE + j * 32 + lane;
                 }
             }
-        }
     }
     __syncthreads();
     const int nc = ncand, flat = nc > LP_CAND; /* flat: too many ties to keep, read the slices */
     int n = 0;
     if (!flat) { /* warp 0's rounds over the candidates */
         float last;
-        if (w == 0) n = lp_warp_rounds(cv, ci, nc, k, o->top_l, o->top_ids, &last);
+        if (w == 0) n = lp_warp_rounds_fast(cv, ci, nc, k, o->top_l, o->top_ids, &last);
     } else { /* block rounds: the best id after the last winner in the order, over the slices */
         float last_v = INFINITY;
         int last_i = LP_NONE;
