@@ -98,7 +98,7 @@ __device__ __forceinline__ void lp_warp_best(float &v, int &i) {
  * when they are not NULL.  Returns the winners found and *last the last one's value (every
  * lane).  We rejected the block for these rounds: two barriers a round cost more than the
  * warp's scan of a few hundred entries. */
-__device__ int lp_warp_rounds(const float *v, int *id, int n, int k, float *ov, int *oid, float *last) {
+__device__ __forceinline__ int lp_warp_rounds(const float *v, int *id, int n, int k, float *ov, int *oid, float *last) {
     const int lane = threadIdx.x & 31;
     int found = 0;
     for (int r = 0; r < k; r++) {
@@ -128,7 +128,7 @@ __device__ int lp_warp_rounds(const float *v, int *id, int n, int k, float *ov, 
 /* lp_warp_rounds with the entries in registers when they fit (n <= 32 LP_REG: LP_REG a lane,
  * no shared-memory load in a round), else from shared memory; the same winners either way. */
 #define LP_REG 16
-__device__ int lp_warp_rounds_fast(const float *v, int *id, int n, int k, float *ov, int *oid, float *last) {
+__device__ __forceinline__ int lp_warp_rounds_fast(const float *v, int *id, int n, int k, float *ov, int *oid, float *last) {
     if (n > 32 * LP_REG) return lp_warp_rounds(v, id, n, k, ov, oid, last);
     const int lane = threadIdx.x & 31;
     float x[LP_REG];
