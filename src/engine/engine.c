@@ -279,16 +279,22 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     return ok();
 }
 
+/* Free what request r owns and zero it (a free slot). */
+static void req_free(sm_request *r) {
+    free(r->hist);
+    free(r->lp);
+    free(r->top_ids);
+    free(r->top_lp);
+    free(r->plp);
+    free(r->ptop_ids);
+    free(r->ptop_lp);
+    memset(r, 0, sizeof *r);
+}
+
 void sparkmono_engine_destroy(sparkmono_engine *g) {
     if (!g) return;
     if (g->have_be && g->be.destroy) g->be.destroy(g->be.ctx);
-    if (g->reqs)
-        for (int i = 0; i < g->max_req; i++) {
-            free(g->reqs[i].hist);
-            free(g->reqs[i].lp);
-            free(g->reqs[i].top_ids);
-            free(g->reqs[i].top_lp);
-        }
+    for (int i = 0; g->reqs && i < g->max_req; i++) req_free(&g->reqs[i]);
     if (g->have_kv) sm_kv_free(&g->kv);
     free(g->reqs);
     free(g->tok);
@@ -423,14 +429,7 @@ sm_status sparkmono_remove(sparkmono_engine *g, int req) {
     sm_request *r = get_req(g, req, "sparkmono_remove", &s);
     if (!r) return s;
     sm_kv_release(&g->kv, req);
-    free(r->hist);
-    free(r->lp);
-    free(r->top_ids);
-    free(r->top_lp);
-    free(r->plp);
-    free(r->ptop_ids);
-    free(r->ptop_lp);
-    memset(r, 0, sizeof *r);
+    req_free(r);
     return ok();
 }
 
