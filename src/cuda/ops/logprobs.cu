@@ -125,40 +125,52 @@ __device__ __forceinline__ int lp_warp_rounds(const float *v, int *id, int n, in
     return found;
 }
 
-/* lp_warp_rounds with the entries in registers when they fit (n <= 32 LP_REG: LP_REG a lane,
- * no shared-memory load in a round), else from shared memory; the same winners either way. */
+/* (value, id) as one 64-bit key whose unsigned order is common.cuh's argmax order: the float
+ * made monotone in the high word (-0 taken as +0, equal to it), ~id in the low word (the lower
+ * id the larger); 0: none.  A round's argmax is then a max without branches. */
+__device__ __forceinline__ unsigned long long lp_key(float v, int id) {
+    unsigned u = __float_as_uint(v + 0.0f);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return id < 0 ? 0ull : ((unsigned long long)u << 32) | (unsigned)~id;
+}
+__device__ __forceinline__ float lp_key_v(unsigned long long k) {
+    unsigned u = (unsigned)(k >> 32);
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u);
+}
+__device__ __forceinline__ int lp_key_id(unsigned long long k) { return k ? (int)~(unsigned)k : LP_NONE; }
+
+/* lp_warp_rounds with the entries in registers as keys when they fit (n <= 32 LP_REG: LP_REG a
+ * lane), else from shared memory; the same winners either way.  We rejected sm_better's
+ * compare-and-select here: it compiles to a branch and a reconvergence per entry, and a round
+ * took 0.6-0.8 us (bench/results.md). */
 #define LP_REG 16
 __device__ __forceinline__ int lp_warp_rounds_fast(const float *v, int *id, int n, int k, float *ov, int *oid, float *last) {
     if (n > 32 * LP_REG) return lp_warp_rounds(v, id, n, k, ov, oid, last);
     const int lane = threadIdx.x & 31;
-    float x[LP_REG];
-    int xi[LP_REG];
+    unsigned long long x[LP_REG];
 #pragma unroll
     for (int j = 0; j < LP_REG; j++) {
         const int q = lane + 32 * j;
-        x[j] = q < n ? v[q] : -INFINITY;
-        xi[j] = q < n ? id[q] : LP_NONE;
+        x[j] = q < n ? lp_key(v[q], id[q]) : 0ull;
     }
     int found = 0;
     for (int r = 0; r < k; r++) {
-        float bv = -INFINITY;
-        int bi = LP_NONE;
+        unsigned long long b = 0;
 #pragma unroll
-        for (int j = 0; j < LP_REG; j++)
-            if (sm_better(x[j], xi[j], bv, bi)) {
-                bv = x[j];
-                bi = xi[j];
-            }
-        lp_warp_best(bv, bi);
-        if (bi == LP_NONE) break; /* fewer entries than k */
+        for (int j = 0; j < LP_REG; j++) b = x[j] > b ? x[j] : b;
 #pragma unroll
-        for (int j = 0; j < LP_REG; j++)
-            if (xi[j] == bi) xi[j] = LP_NONE; /* struck out (ids are distinct) */
-        if (lane == 0 && ov) {
-            ov[r] = bv;
-            oid[r] = bi;
+        for (int d = 16; d > 0; d >>= 1) {
+            const unsigned long long o = __shfl_xor_sync(0xFFFFFFFFu, b, d);
+            b = o > b ? o : b;
         }
-        *last = bv;
+        if (!b) break; /* fewer entries than k */
+#pragma unroll
+        for (int j = 0; j < LP_REG; j++) x[j] = x[j] == b ? 0ull : x[j]; /* struck out (keys are distinct) */
+        if (lane == 0 && ov) {
+            ov[r] = lp_key_v(b);
+            oid[r] = lp_key_id(b);
+        }
+        *last = lp_key_v(b);
         found++;
     }
     return found;
