@@ -625,21 +625,7 @@ static void test_bad_sampling(void) {
 }
 
 int main(void) {
-    if (tm_mkdtemp(g_tmp, sizeof g_tmp, "sm_test_sample")) { printf("FAIL setup: mkdtemp\n"); return 1; }
-    char dc[600], dr[600];
-    snprintf(dc, sizeof dc, "%s/cycle", g_tmp);
-    snprintf(dr, sizeof dr, "%s/random", g_tmp);
-    sm_err e = {{0}};
-    int ok = tm_make_tiny(dc, SM_EXP_MXFP4, 1, 16, &e) == 0 && tm_make_tiny(dr, SM_EXP_MXFP4, 1, 0, &e) == 0;
-    if (!ok || sparkmono_model_open(dc, NULL, &g_cyc) || sparkmono_model_open(dr, NULL, &g_rnd)) {
-        printf("FAIL setup: %s %s\n", e.msg, sparkmono_errmsg());
-        tm_rmtree(g_tmp);
-        return 1;
-    }
-    sparkmono_model_info info;
-    sparkmono_model_get_info(g_cyc, &info);
-    g_V = info.vocab_size;
-    g_vu = info.vocab_used;
+    if (tm_open_tiny_pair(g_tmp, sizeof g_tmp, "sm_test_sample", &g_cyc, &g_rnd, &g_V, &g_vu)) return 1;
 
     RUN(test_check);
     RUN(test_dist_reference);

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "testing/makemodel.h"
 #include "model/weights.h"
+#include "sparkmono.h"
 #include <ftw.h>
 #include <math.h>
 #include <stdint.h>
@@ -52,6 +53,33 @@ static inline int tm_make_tiny(const char *dir, sm_expert_fmt fmt, uint64_t seed
     mo.shards = 1;
     mo.cycle = cycle;
     return sm_config_preset("tiny", &c, e) || sm_make_model(&c, &mo, dir, e) ? -1 : 0;
+}
+
+/* The two tiny models of the engine-level tests (sampling, logit processors), made in a fresh
+ * temp directory tmp [n] named after prefix and opened: *cyc a cycle model (period 16: drafts
+ * are accepted), *rnd a random one; both MXFP4, seed 1.  *V, *vu: their vocabulary size and
+ * vocab_used.  0, or -1 after one "FAIL setup" line (the directory removed). */
+static inline int tm_open_tiny_pair(char *tmp, size_t n, const char *prefix, sparkmono_model **cyc, sparkmono_model **rnd,
+                                    int *V, int *vu) {
+    if (tm_mkdtemp(tmp, n, prefix)) {
+        printf("FAIL setup: mkdtemp\n");
+        return -1;
+    }
+    char dc[600], dr[600];
+    snprintf(dc, sizeof dc, "%s/cycle", tmp);
+    snprintf(dr, sizeof dr, "%s/random", tmp);
+    sm_err e = {{0}};
+    int ok = tm_make_tiny(dc, SM_EXP_MXFP4, 1, 16, &e) == 0 && tm_make_tiny(dr, SM_EXP_MXFP4, 1, 0, &e) == 0;
+    if (!ok || sparkmono_model_open(dc, NULL, cyc) || sparkmono_model_open(dr, NULL, rnd)) {
+        printf("FAIL setup: %s %s\n", e.msg, sparkmono_errmsg());
+        tm_rmtree(tmp);
+        return -1;
+    }
+    sparkmono_model_info info;
+    sparkmono_model_get_info(*cyc, &info);
+    *V = info.vocab_size;
+    *vu = info.vocab_used;
+    return 0;
 }
 
 typedef struct tmodel {
