@@ -7,6 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "model/config.h"
+#include "model/weights.h"
+#include "backend/backend.h"
+#include "backend/kvcache.h"
 
 #define TM_BOUND 2e-2       /* GPU vs CPU logits, docs/model.md section 10 */
 #define TM_WORLD_BOUND 1e-2 /* W ranks vs one rank, both on the GPU (docs/model.md section 10) */
@@ -26,6 +29,21 @@ int tm_make(const char *root, const char *name, const sm_config *c, int fmt, uin
 /* The devices of a world of w ranks (SPARKMONO_TEST_DEVICES, else virtual ranks on device 0);
  * returns the comm kind. */
 int tm_world_devices(int w, int *devs);
+
+/* A backend-level rig (model_engine.c): make-model's tiny preset (MXFP4, seed) as root/name,
+ * loaded; a cache of nslot request slots of ml positions, each added and reserved whole (slot
+ * ids in slots [nslot]); the CUDA backend on it, max_rows 64, world 0 or 1: one rank, else
+ * that many virtual ranks (tm_world_devices), layout moe_tp.  0, or -1 after a GH_CHECK naming
+ * the failure; tm_rig_free frees what was made either way. */
+typedef struct tm_rig {
+    sm_model m;
+    sm_kv kv;
+    sm_backend b;
+    int have_m, have_b;
+} tm_rig;
+int tm_rig_make(tm_rig *g, const char *root, const char *name, uint64_t seed, int world, int moe_tp, int nslot, int ml,
+                int *slots);
+void tm_rig_free(tm_rig *g);
 
 /* model_engine.c (each returns its failures, printing PASS / FAIL lines) */
 int tm_spec(const char *root, uint64_t seed);

@@ -128,6 +128,50 @@ int tm_spec(const char *root, uint64_t seed) {
 
 /* ---- speculative == greedy with our own loop and an oracle drafter ---- */
 
+int tm_rig_make(tm_rig *g, const char *root, const char *name, uint64_t seed, int world, int moe_tp, int nslot, int ml,
+                int *slots) {
+    memset(g, 0, sizeof *g);
+    sm_err e = {{0}};
+    sm_config c;
+    char dir[512];
+    if (sm_config_preset("tiny", &c, &e) || tm_make(root, name, &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
+        sm_model_load(dir, NULL, &g->m, &e)) {
+        GH_CHECK(0, "model: %s", e.msg);
+        return -1;
+    }
+    g->have_m = 1;
+    if (sm_kv_init(&g->kv, nslot * (ml / SM_KV_BLOCK), nslot, ml, seed, &e)) {
+        GH_CHECK(0, "kv: %s", e.msg);
+        return -1;
+    }
+    for (int r = 0; r < nslot; r++)
+        if (sm_kv_add(&g->kv, &slots[r], &e) || sm_kv_reserve(&g->kv, slots[r], ml, &e)) {
+            GH_CHECK(0, "kv: %s", e.msg);
+            return -1;
+        }
+    sm_backend_opts bo;
+    memset(&bo, 0, sizeof bo);
+    bo.world = world > 1 ? world : 1;
+    bo.max_rows = 64;
+    int devs[8] = {0};
+    bo.devices = world > 1 ? devs : NULL;
+    if (world > 1) bo.comm = tm_world_devices(world, devs);
+    bo.moe_tp = moe_tp;
+    if (sm_cuda_backend_create(&g->m, &g->kv, &bo, &g->b, &e)) {
+        GH_CHECK(0, "%s", e.msg);
+        return -1;
+    }
+    g->have_b = 1;
+    return 0;
+}
+
+void tm_rig_free(tm_rig *g) {
+    if (g->have_b) g->b.destroy(g->b.ctx);
+    sm_kv_free(&g->kv);
+    if (g->have_m) sm_model_free(&g->m);
+    memset(g, 0, sizeof *g);
+}
+
 /* One step of n rows (argmax only) on backend b; 0 or -1 (check failed). */
 static int tm_run(sm_backend *b, sm_kv *kv, int n, const int *tok, const int *pos, const int *req, int *am) {
     sm_err e = {{0}};
@@ -145,49 +189,27 @@ static int tm_run(sm_backend *b, sm_kv *kv, int n, const int *tok, const int *po
 int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp) {
     gh_case_fail = 0;
     enum { NG = 40, R = 8, ML = 128 };
-    sm_err e = {{0}};
-    sm_config c;
-    sm_model m;
-    memset(&m, 0, sizeof m);
-    sm_kv kv;
-    memset(&kv, 0, sizeof kv);
-    sm_backend b;
-    int have_b = 0, have_m = 0, accepted = 0, steps = 0;
-    char dir[512];
+    tm_rig rig;
+    int accepted = 0, steps = 0;
     static const int plen[TM_NREQ] = {12, 23, 7};
     int prompt[TM_NREQ][32], g[TM_NREQ][NG], sp[TM_NREQ][NG + R], ns[TM_NREQ], slot[2][TM_NREQ];
     int tok[128], pos[128], req[128], am[128];
     uint64_t rng = seed;
     char name[64];
     snprintf(name, sizeof name, "spec_loop_tiny_w%d_%s", world > 1 ? world : 1, moe_tp ? "tp" : "ep");
-    if (sm_config_preset("tiny", &c, &e) || tm_make(root, name, &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
-        sm_model_load(dir, NULL, &m, &e)) {
-        GH_CHECK(0, "model: %s", e.msg);
-        goto out;
-    }
-    have_m = 1;
-    if (sm_kv_init(&kv, 2 * TM_NREQ * (ML / SM_KV_BLOCK), 2 * TM_NREQ, ML, seed, &e)) { GH_CHECK(0, "kv: %s", e.msg); goto out; }
-    for (int k = 0; k < 2; k++)
-        for (int r = 0; r < TM_NREQ; r++)
-            if (sm_kv_add(&kv, &slot[k][r], &e) || sm_kv_reserve(&kv, slot[k][r], ML, &e)) { GH_CHECK(0, "kv: %s", e.msg); goto out; }
-    sm_backend_opts bo;
-    memset(&bo, 0, sizeof bo);
-    bo.world = world > 1 ? world : 1;
-    bo.max_rows = 64;
-    int devs[8] = {0};
-    bo.devices = world > 1 ? devs : NULL;
-    if (world > 1) bo.comm = tm_world_devices(world, devs);
-    bo.moe_tp = moe_tp;
-    if (sm_cuda_backend_create(&m, &kv, &bo, &b, &e)) { GH_CHECK(0, "%s", e.msg); goto out; }
-    have_b = 1;
+    /* two copies of every request: greedy (slot[0]) and speculative (slot[1]) */
+    if (tm_rig_make(&rig, root, name, seed, world, moe_tp, 2 * TM_NREQ, ML, &slot[0][0])) goto out;
+    sm_backend *b = &rig.b;
+    sm_kv *kv = &rig.kv;
+    const int vu = rig.m.cfg.vocab_used;
     for (int r = 0; r < TM_NREQ; r++)
-        for (int i = 0; i < plen[r]; i++) prompt[r][i] = 3 + (int)(sm_rng_next(&rng) % (uint64_t)(m.cfg.vocab_used - 3));
+        for (int i = 0; i < plen[r]; i++) prompt[r][i] = 3 + (int)(sm_rng_next(&rng) % (uint64_t)(vu - 3));
     /* prefill both copies of every prompt in one step; the last row's argmax is token 0 */
     for (int k = 0, n = 0; k < 2; k++) {
         for (int r = 0; r < TM_NREQ; r++)
             for (int i = 0; i < plen[r]; i++, n++) { tok[n] = prompt[r][i]; pos[n] = i; req[n] = slot[k][r]; }
         if (k == 1) {
-            if (tm_run(&b, &kv, n, tok, pos, req, am)) goto out;
+            if (tm_run(b, kv, n, tok, pos, req, am)) goto out;
             for (int r = 0, at = 0; r < 2 * TM_NREQ; r++) {
                 at += plen[r % TM_NREQ];
                 if (r < TM_NREQ) g[r][0] = am[at - 1];
@@ -198,7 +220,7 @@ int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp) {
     /* greedy: one row per request per step */
     for (int t = 1; t < NG; t++) {
         for (int r = 0; r < TM_NREQ; r++) { tok[r] = g[r][t - 1]; pos[r] = plen[r] + t - 1; req[r] = slot[0][r]; }
-        if (tm_run(&b, &kv, TM_NREQ, tok, pos, req, am)) goto out;
+        if (tm_run(b, kv, TM_NREQ, tok, pos, req, am)) goto out;
         for (int r = 0; r < TM_NREQ; r++) g[r][t] = am[r];
     }
     /* speculative: R rows per unfinished request: last token + R-1 (partly corrupted) drafts */
@@ -210,14 +232,14 @@ int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp) {
             for (int j = 0; j < R; j++, n++) {
                 int e0 = ns[r] - 1 + j; /* index in g the row's token stands for */
                 int d = j == 0 ? sp[r][ns[r] - 1] : (e0 < NG ? g[r][e0] : 5);
-                if (j > 0 && sm_rng_next(&rng) % 3 == 0) d = 3 + (int)(sm_rng_next(&rng) % (uint64_t)(m.cfg.vocab_used - 3));
+                if (j > 0 && sm_rng_next(&rng) % 3 == 0) d = 3 + (int)(sm_rng_next(&rng) % (uint64_t)(vu - 3));
                 tok[n] = d;
                 pos[n] = plen[r] + ns[r] - 1 + j;
                 req[n] = slot[1][r];
             }
         }
         if (!nw) break;
-        if (tm_run(&b, &kv, n, tok, pos, req, am)) goto out;
+        if (tm_run(b, kv, n, tok, pos, req, am)) goto out;
         steps++;
         for (int w = 0; w < nw; w++) {
             int r = who[w], *t = tok + w * R, *a = am + w * R, k = 0;
@@ -235,9 +257,7 @@ int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp) {
     printf("  %d verify steps, %d drafts accepted for %d tokens\n", steps, accepted, TM_NREQ * NG);
     GH_CHECK(accepted > 0, "no draft was ever accepted");
 out:
-    if (have_b) b.destroy(b.ctx);
-    sm_kv_free(&kv);
-    if (have_m) sm_model_free(&m);
+    tm_rig_free(&rig);
     if (world > 1) printf("%s spec_loop_equals_greedy (world %d, %s)\n", gh_case_fail ? "FAIL" : "PASS", world, moe_tp ? "tp" : "ep");
     else printf("%s spec_loop_equals_greedy\n", gh_case_fail ? "FAIL" : "PASS");
     fflush(stdout);

@@ -55,39 +55,19 @@ int tm_logprobs_steps(const char *root, uint64_t seed, int world) {
     enum { R = 8, ML = 128, NR = TM_NREQ };
     static const int plen[NR] = {12, 23, 7};
     sm_err e = {{0}};
-    sm_config c;
-    sm_model m;
-    memset(&m, 0, sizeof m);
-    sm_kv kv;
-    memset(&kv, 0, sizeof kv);
-    sm_backend b;
-    int have_b = 0, have_m = 0, slot[NR];
+    tm_rig rig;
+    int slot[NR];
     int tok[64], pos[64], req[64], am[64], at[64], am2[64], nxt[64];
     float *lg = NULL;
     sm_lp_sum sums[64], sums2[64];
     uint64_t rng = seed;
     double w1 = 0, w2 = 0;
-    char name[64], dir[512];
+    char name[64];
     snprintf(name, sizeof name, "logprobs_steps_tiny_w%d", world > 1 ? world : 1);
-    if (sm_config_preset("tiny", &c, &e) || tm_make(root, name, &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
-        sm_model_load(dir, NULL, &m, &e)) {
-        GH_CHECK(0, "model: %s", e.msg);
-        goto out;
-    }
-    have_m = 1;
-    c = m.cfg;
-    if (sm_kv_init(&kv, NR * (ML / SM_KV_BLOCK), NR, ML, seed, &e)) { GH_CHECK(0, "kv: %s", e.msg); goto out; }
-    for (int r = 0; r < NR; r++)
-        if (sm_kv_add(&kv, &slot[r], &e) || sm_kv_reserve(&kv, slot[r], ML, &e)) { GH_CHECK(0, "kv: %s", e.msg); goto out; }
-    sm_backend_opts bo;
-    memset(&bo, 0, sizeof bo);
-    bo.world = world > 1 ? world : 1;
-    bo.max_rows = 64;
-    int devs[8] = {0};
-    bo.devices = world > 1 ? devs : NULL;
-    if (world > 1) bo.comm = tm_world_devices(world, devs);
-    if (sm_cuda_backend_create(&m, &kv, &bo, &b, &e)) { GH_CHECK(0, "%s", e.msg); goto out; }
-    have_b = 1;
+    if (tm_rig_make(&rig, root, name, seed, world, 0, NR, ML, slot)) goto out;
+    const sm_config c = rig.m.cfg;
+    sm_backend b = rig.b;
+    sm_kv *kv = &rig.kv;
     lg = malloc((size_t)64 * c.V * sizeof(float));
     if (!lg) { GH_CHECK(0, "out of memory"); goto out; }
     sm_step s;
@@ -106,7 +86,7 @@ int tm_logprobs_steps(const char *root, uint64_t seed, int world) {
         if (at[i] > 0) at[i] = --q;
     for (int i = 0; i < n; i++) nxt[i] = i + 1 < n && req[i + 1] == req[i] ? tok[i + 1] : -1; /* a prompt's next id */
     memset(&s, 0, sizeof s);
-    s.nrows = n; s.tokens = tok; s.pos = pos; s.req = req; s.kv = &kv; s.argmax = am; s.logits = lg;
+    s.nrows = n; s.tokens = tok; s.pos = pos; s.req = req; s.kv = kv; s.argmax = am; s.logits = lg;
     s.lp_at = at; s.lp_k = 20; s.lp = sums; s.lp_tok = nxt;
     if (b.step(b.ctx, &s, &e)) { GH_CHECK(0, "prefill step: %s", e.msg); goto out; }
     w1 = tl_compare("prefill", &c, n, at, nxt, sums, lg, am, 20);
@@ -120,7 +100,7 @@ int tm_logprobs_steps(const char *root, uint64_t seed, int world) {
             at[n] = r == 1 ? -1 : n;
         }
     memset(&s, 0, sizeof s);
-    s.nrows = n; s.tokens = tok; s.pos = pos; s.req = req; s.kv = &kv; s.argmax = am; s.logits = lg;
+    s.nrows = n; s.tokens = tok; s.pos = pos; s.req = req; s.kv = kv; s.argmax = am; s.logits = lg;
     s.lp_at = at; s.lp_k = 5; s.lp = sums;
     if (b.step(b.ctx, &s, &e)) { GH_CHECK(0, "verify step: %s", e.msg); goto out; }
     w2 = tl_compare("verify", &c, n, at, NULL, sums, lg, am, 5);
@@ -136,9 +116,7 @@ int tm_logprobs_steps(const char *root, uint64_t seed, int world) {
     }
 out:
     free(lg);
-    if (have_b) b.destroy(b.ctx);
-    sm_kv_free(&kv);
-    if (have_m) sm_model_free(&m);
+    tm_rig_free(&rig);
     printf("%s logprobs_steps (world %d: prefill and verify forms, lse rel %.2g / %.2g)\n", gh_case_fail ? "FAIL" : "PASS",
            world > 1 ? world : 1, w1, w2);
     fflush(stdout);
