@@ -303,12 +303,16 @@ static int rank_logits(cpu_rank *r, const sm_step *st, sm_err *e) {
         if (st->logits_at[i] >= 0)
             COMM(r->comm->ops->vocab_gather(r->comm, lg + (int64_t)i * sh->nv, 1, sh->nv,
                                             r->rank == 0 ? st->logits + (int64_t)st->logits_at[i] * c->V : NULL, e));
-    /* logprob summaries of the rows lp_at asks for, on rank 0 from the whole row (gathered from
-     * the ranks' blocks unless this rank holds every id) */
+    /* logprob summaries of the rows lp_at asks for, on rank 0 from the whole row: the one just
+     * handed out when the caller takes it, else this rank's when it holds every id, else gathered
+     * from the ranks' blocks (every rank decides alike: the same step) */
     for (int i = 0; st->lp_at && i < n; i++) {
         if (st->lp_at[i] < 0) continue;
         const float *row = lg + (int64_t)i * sh->nv;
-        if (sh->nv < c->V) {
+        const int out = st->logits && (!st->logits_at || st->logits_at[i] >= 0); /* row i is in st->logits */
+        if (out) {
+            row = r->rank == 0 ? st->logits + (int64_t)(st->logits_at ? st->logits_at[i] : i) * c->V : NULL;
+        } else if (sh->nv < c->V) {
             COMM(r->comm->ops->vocab_gather(r->comm, row, 1, sh->nv, r->rank == 0 ? r->lrow : NULL, e));
             row = r->lrow;
         }
