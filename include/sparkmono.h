@@ -243,8 +243,9 @@ typedef struct sparkmono_batch_event {
     const int *top_ids;      /* [n * top] each new id's position's most likely ids (sparkmono_logprobs) */
     const float *top_lp;     /* [n * top] their logprobs */
     int top;                 /* top_logprobs of the request (0 without logprobs) */
-    const float *prompt_lp;  /* its first event with ids, a request with prompt_logprobs: [prompt_len]
-                                sparkmono_prompt_logprobs' values (entry 0 NaN), else NULL; owned like ids */
+    const float *prompt_lp;  /* its first event with ids (max_tokens 0: its end), a request with
+                                prompt_logprobs: [prompt_len] sparkmono_prompt_logprobs' values (entry
+                                0 NaN), else NULL; owned like ids */
     const int *prompt_top_ids; /* [prompt_len * top] */
     const float *prompt_top_lp; /* [prompt_len * top] */
 } sparkmono_batch_event;
@@ -254,8 +255,9 @@ typedef struct sparkmono_batch_event {
 sm_status sparkmono_batch_create(sparkmono_engine *g, int queue_cap, sparkmono_batch **out);
 /* Destroy a batch: waiting requests are dropped, live ones removed from the engine (no events). */
 void sparkmono_batch_destroy(sparkmono_batch *b);
-/* Queue a request (prompt [n] copied; max_tokens >= 1; s NULL: greedy) after checking it as
- * sparkmono_add would; *id numbers it (1, 2, ... over the batch's life).  SM_E_CACHE when
+/* Queue a request (prompt [n] copied; s NULL: greedy) after checking it as sparkmono_add
+ * would; *id numbers it (1, 2, ... over the batch's life).  max_tokens 0 prefills the prompt
+ * only: its one event ends it LENGTH without ids (with its prompt logprobs, when asked).  SM_E_CACHE when
  * every slot is taken and queue_cap requests wait already. */
 sm_status sparkmono_batch_submit(sparkmono_batch *b, const int *prompt, int n, int max_tokens, const sparkmono_sampling *s,
                                  void *user, long long *id);

@@ -246,7 +246,7 @@ static void test_bad_input(void) {
     long long id = -1;
     int p[3] = {5, 6, 7}, bad_id[2] = {5, g_V};
     struct { const int *prompt; int n, mt; const char *says; } cases[] = {
-        {p, 3, 0, "max tokens 0 is less than 1"},
+        {p, 3, -1, "max tokens -1 is negative"},
         {p, 0, 4, "prompt is empty"},
         {NULL, 3, 4, "prompt is empty"},
         {bad_id, 2, 4, "out of range"},

@@ -350,7 +350,7 @@ static void test_logprobs(void) {
 
 /* Prompt logprobs: each prompt id's logprob (from the second) and its position's top k equal a
  * log-softmax of the prefill logits of the row before it, over chunked prefills (chunk 3) and a
- * world of 2; the same numbers reach the batch's first event. */
+ * world of 2; the same numbers reach the batch's first event, and the one event of max_tokens 0. */
 static void test_prompt_logprobs(void) {
     enum { PL = 8, K = 3 };
     for (int c = 0; c < 3; c++) {
@@ -386,27 +386,39 @@ static void test_prompt_logprobs(void) {
             for (int t = 0; t < K; t++) bad += fabs(ls[tid[j * K + t]] - tlp[j * K + t]) > 1e-5;
         }
         CHECK(bad == 0, "case %d: %d prompt logprobs differ from the log-softmax of the prefill logits", c, bad);
-        /* through the batch: the first event with ids carries them */
+        /* through the batch: the first event with ids carries them; max_tokens 0 (the prompt
+         * alone, as echo scores a text), its one event, an end without ids */
         float first[PL];
         memcpy(first, lp, sizeof first);
         sparkmono_engine_destroy(g);
         sparkmono_batch *bt;
-        long long id;
+        long long id[2];
         const sparkmono_batch_event *ev;
-        int nev, seen = 0;
+        int nev, seen[2] = {0, 0}, ends0 = 0, tag[2];
         CHECK(sparkmono_engine_create(g_rnd, &o, &g) == SM_OK && sparkmono_batch_create(g, -1, &bt) == SM_OK &&
-                  sparkmono_batch_submit(bt, g_prompt, PL, 4, &s, NULL, &id) == SM_OK,
+                  sparkmono_batch_submit(bt, g_prompt, PL, 4, &s, &tag[0], &id[0]) == SM_OK &&
+                  sparkmono_batch_submit(bt, g_prompt, PL, 0, &s, &tag[1], &id[1]) == SM_OK,
               "%s", sparkmono_errmsg());
-        for (int step = 0; step < 8 && !seen; step++) {
+        for (int step = 0; step < 8 && !(seen[0] && seen[1]); step++) {
             CHECK(sparkmono_batch_step(bt, &ev, &nev) == SM_OK, "%s", sparkmono_errmsg());
-            for (int i = 0; i < nev; i++)
-                if (ev[i].prompt_lp) {
-                    seen = 1;
-                    CHECK(ev[i].prompt_len == PL && memcmp(ev[i].prompt_lp + 1, first + 1, (PL - 1) * sizeof(float)) == 0,
-                          "the batch event's prompt logprobs differ");
+            for (int i = 0; i < nev; i++) {
+                const int w = ev[i].user == &tag[1];
+                if (w) {
+                    ends0++;
+                    CHECK(ev[i].n == 0 && ev[i].ngen == 0 && ev[i].done == SM_BATCH_LENGTH,
+                          "max_tokens 0: an event with %d ids, done %d", ev[i].n, ev[i].done);
                 }
+                if (ev[i].prompt_lp) {
+                    seen[w]++;
+                    CHECK(ev[i].prompt_len == PL && ev[i].top == K &&
+                              memcmp(ev[i].prompt_lp + 1, first + 1, (PL - 1) * sizeof(float)) == 0,
+                          "the batch event's prompt logprobs differ (max_tokens %d)", w ? 0 : 4);
+                }
+            }
         }
-        CHECK(seen, "case %d: no batch event carried the prompt logprobs", c);
+        CHECK(seen[0] == 1 && seen[1] == 1 && ends0 == 1,
+              "case %d: prompt logprobs in %d / %d events (max_tokens 4 / 0), max_tokens 0 ended %d times", c, seen[0],
+              seen[1], ends0);
         sparkmono_batch_destroy(bt);
         sparkmono_engine_destroy(g);
         sparkmono_engine_destroy(g1);

@@ -26,7 +26,7 @@ typedef struct bwait {
     void *user;                /* the submitter's pointer, handed back in events */
     int *prompt;               /* [n] prompt ids (owned) */
     int n;                     /* prompt length >= 1 */
-    int max_tokens;            /* >= 1 */
+    int max_tokens;            /* >= 0 (0: the prompt only) */
     int sampled;               /* 1: s applies; 0: greedy, no processors */
     sparkmono_sampling s;      /* its sampling and logit processors when sampled */
     struct bwait *next;        /* the FIFO's link */
@@ -116,11 +116,6 @@ sm_status sparkmono_batch_submit(sparkmono_batch *b, const int *prompt, int n, i
                                  void *user, long long *id) {
     if (!b || !id) return sm_engine_fail(SM_E_INVALID, "sparkmono_batch_submit: NULL argument");
     *id = 0;
-    if (max_tokens < 1) {
-        char m[128];
-        snprintf(m, sizeof m, "sparkmono_batch_submit: max tokens %d is less than 1", max_tokens);
-        return sm_engine_fail(SM_E_INVALID, m);
-    }
     sm_status st = sm_engine_check_request(b->g, prompt, n, max_tokens, s);
     if (st != SM_OK) return st;
     bwait *w = calloc(1, sizeof *w);
@@ -269,13 +264,14 @@ static int ev_logprobs(sparkmono_batch *b, sparkmono_batch_event *e, int q, int 
     return 0;
 }
 
-/* Copy the prompt logprobs of slot q into event e, its first with ids (from 0; a request with
- * prompt_logprobs; others keep none).  0, or -1 when out of memory. */
-static int ev_prompt_logprobs(sparkmono_batch *b, sparkmono_batch_event *e, int q, int from) {
+/* Copy the prompt logprobs of slot q into event e, its first with ids (from 0), or its end
+ * without any (done: max_tokens 0); a request with prompt_logprobs, others keep none.  0, or
+ * -1 when out of memory. */
+static int ev_prompt_logprobs(sparkmono_batch *b, sparkmono_batch_event *e, int q, int from, int done) {
     const float *lp, *tlp;
     const int *tid;
     int k;
-    if (from || !e->n || sparkmono_prompt_logprobs(b->g, q, &lp, &tid, &tlp, &k) != SM_OK) return 0;
+    if (from || (!e->n && !done) || sparkmono_prompt_logprobs(b->g, q, &lp, &tid, &tlp, &k) != SM_OK) return 0;
     const size_t P = (size_t)e->prompt_len, need = P * (size_t)(1 + k);
     if (lp_reserve(b, need)) return -1;
     float *o = b->lpbuf + b->nlp;
@@ -334,7 +330,7 @@ static sm_status report(sparkmono_batch *b) {
         if (n == sl->reported && !in.done) continue;
         sparkmono_batch_event *e = ev_add(b, sl->id, sl->user, ids + sl->reported, n - sl->reported);
         if (e) e->prompt_len = in.prompt_len;
-        if (!e || ev_logprobs(b, e, q, sl->reported) || ev_prompt_logprobs(b, e, q, sl->reported))
+        if (!e || ev_logprobs(b, e, q, sl->reported) || ev_prompt_logprobs(b, e, q, sl->reported, in.done))
             return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
         sl->reported = n;
         e->ngen = n;

@@ -196,13 +196,16 @@ static int check_request(parse_ctx *c, long long max_tokens, long long best_of) 
         const int n = r->plen[p], room = c->m->max_len - n;
         char which[40] = "this prompt";
         if (r->nprompt > 1) snprintf(which, sizeof which, "prompt %d", p);
-        if (room < 1) /* no room for one generated token: the prompt's fault */
+        const int least = r->echo ? 0 : 1; /* echo: max_tokens 0 is the prompt alone (with its logprobs) */
+        if (room < least) /* no room for one generated token: the prompt's fault */
             return bad(c, "prompt", "%s%s has %d tokens; this model's maximum context length is %d tokens (prompt + "
                        "max_tokens), so a prompt may have at most %d", r->nprompt > 1 ? "" : "the prompt",
-                       r->nprompt > 1 ? which : "", n, c->m->max_len, c->m->max_len - 1);
+                       r->nprompt > 1 ? which : "", n, c->m->max_len, c->m->max_len - least);
+        if (max_tokens == 0 && !least) continue;
         if (max_tokens < 1 || max_tokens > room)
             return bad(c, "max_tokens", "'max_tokens' is %lld; with %s of %d tokens it must be in [1, %d] (the model's "
-                       "maximum context length is %d tokens)", max_tokens, which, n, room, c->m->max_len);
+                       "maximum context length is %d tokens)%s", max_tokens, which, n, room, c->m->max_len,
+                       max_tokens == 0 ? ", or 0 with 'echo': true (the prompt alone)" : "");
     }
     if (r->samp.min_tokens > max_tokens)
         return bad(c, "min_tokens", "'min_tokens' is %d; it must be in [0, max_tokens = %lld]", r->samp.min_tokens,

@@ -18,7 +18,7 @@ static const sm_api_lp *choice_lp(const sm_job *j, sm_choice *c, int i, sm_api_l
     const int k = c->r->samp.top_logprobs;
     *lp = (sm_api_lp){j->s->api.tok, c->r->lp + i, c->r->top_ids + (size_t)i * k, c->r->top_lp + (size_t)i * k, k,
                       &c->lp_off, NULL, 0};
-    if (i == 0 && c->r->plp && c->nids > 0) { /* the prompt's logprobs came with the first ids */
+    if (i == 0 && c->r->plp && (c->nids > 0 || c->finish)) { /* they came with the first ids (or the end) */
         *pre = (sm_api_lp_pre){c->r->prompt, c->r->plp, c->r->ptop_ids, c->r->ptop_lp};
         lp->pre = pre;
         lp->npre = c->r->n;
@@ -37,7 +37,7 @@ static int choice_init(sm_job *j, sm_choice *c, int p, int i, unsigned long long
     else samp.seed = ((unsigned long long)j->s->created * 0x9E3779B97F4A7C15ull ^ serial) +
                      (unsigned long long)c->index * 0xD1B54A32D192ED03ull;
     int *prompt = malloc((size_t)q->plen[p] * sizeof(int));
-    c->ids = malloc((size_t)q->max_tokens * sizeof(int));
+    c->ids = malloc((size_t)(q->max_tokens > 0 ? q->max_tokens : 1) * sizeof(int)); /* max_tokens 0: echo alone */
     if (!prompt || !c->ids) {
         free(prompt);
         return -1;
@@ -202,7 +202,7 @@ int sm_job_stream(sm_job *j, int st) {
         }
         if (c->finish && !c->finish_sent) a.finish = c->finish;
         if (!c->text.n && !a.nids && !a.finish) continue;
-        if (a.nids) a.lp = choice_lp(j, c, c->sent_ids, &lp, &pre);
+        if (a.nids || (a.finish && !c->nids)) a.lp = choice_lp(j, c, c->sent_ids, &lp, &pre); /* ids, or the echo alone */
         /* a chat chunk carries text; ids the decoder holds back wait for it, unless logprobs are asked */
         if (j->chat && (c->text.n || a.finish || a.lp))
             rc |= sse(j, sm_chat_chunk(j->id, s->created, s->api.name, NULL, &a));

@@ -134,13 +134,13 @@ static void publish_locked(sm_sched *s, const sparkmono_batch_event *ev, int nev
     for (int k = 0; k < nev; k++) {
         sm_sreq *r = ev[k].user;
         int n = ev[k].n < r->cap - r->nids ? ev[k].n : r->cap - r->nids; /* the engine stops at max_tokens */
+        if (r->plp && ev[k].prompt_lp && ev[k].prompt_len == r->n) { /* with the first ids, or the end */
+            const size_t tk = (size_t)ev[k].top, P = (size_t)r->n;
+            memcpy(r->plp, ev[k].prompt_lp, P * sizeof(float));
+            memcpy(r->ptop_ids, ev[k].prompt_top_ids, P * tk * sizeof(int));
+            memcpy(r->ptop_lp, ev[k].prompt_top_lp, P * tk * sizeof(float));
+        }
         if (n > 0) {
-            if (r->plp && ev[k].prompt_lp && ev[k].prompt_len == r->n) { /* with the first ids */
-                const size_t tk = (size_t)ev[k].top, P = (size_t)r->n;
-                memcpy(r->plp, ev[k].prompt_lp, P * sizeof(float));
-                memcpy(r->ptop_ids, ev[k].prompt_top_ids, P * tk * sizeof(int));
-                memcpy(r->ptop_lp, ev[k].prompt_top_lp, P * tk * sizeof(float));
-            }
             memcpy(r->ids + r->nids, ev[k].ids, (size_t)n * sizeof(int));
             if (r->lp && ev[k].logprobs) { /* their logprobs, at the same places */
                 const size_t tk = (size_t)ev[k].top;

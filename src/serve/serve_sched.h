@@ -36,7 +36,7 @@ typedef struct sm_sreq {
     /* set by the submitter, read-only once submitted */
     int *prompt;               /* [n] prompt ids in [0, V) (owned: freed with the request) */
     int n;                     /* prompt length >= 1 */
-    int max_tokens;            /* >= 1 */
+    int max_tokens;            /* >= 0 (0: the prompt only, for its logprobs) */
     sparkmono_sampling samp;   /* temperature 0: greedy */
     unsigned long long serial; /* request number, for the log */
     /* shared, under the scheduler's mutex */
@@ -47,7 +47,8 @@ typedef struct sm_sreq {
     int *top_ids;              /* [cap * samp.top_logprobs] the most likely ids of each position */
     float *top_lp;             /* [cap * samp.top_logprobs] their logprobs */
     float *plp;                /* [n] the prompt ids' logprobs (samp.prompt_logprobs; [0] NaN), else NULL;
-                                  written once, with the first ids (nids > 0 means they are there) */
+                                  written once, with the first ids (nids > 0 means they are there)
+                                  or, max_tokens 0, with the end (done LENGTH) */
     int *ptop_ids;             /* [n * samp.top_logprobs] each prompt position's most likely ids */
     float *ptop_lp;            /* [n * samp.top_logprobs] their logprobs */
     int done;                  /* SM_SREQ_* */

@@ -180,7 +180,8 @@ def test_logprobs(server, plain, ids_dir, tmp, extra):
 
 
 def test_echo(text_server):
-    """echo: the prompt's text, then the completion's (the same completion as without echo), plain and streamed."""
+    """echo: the prompt's text, then the completion's (the same completion as without echo), plain and
+    streamed; with max_tokens 0 the prompt's text alone."""
     c = text_server.client()
     plain = c.completions.create(model=text_server.name, prompt="hello world", max_tokens=5, temperature=0)
     echo = c.completions.create(model=text_server.name, prompt="hello world", max_tokens=5, temperature=0, echo=True)
@@ -188,6 +189,8 @@ def test_echo(text_server):
     chunks = c.completions.create(model=text_server.name, prompt="hello world", max_tokens=5, temperature=0, echo=True,
                                   stream=True)
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == echo.choices[0].text
+    alone = c.completions.create(model=text_server.name, prompt="hello world", max_tokens=0, echo=True)
+    assert alone.choices[0].text == "hello world" and alone.choices[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -229,3 +232,41 @@ def test_echo_logprobs(server, ids_dir, tmp, stream):
         assert set(tops[j]) == {"token_id:%d" % a for a in best} | {"token_id:%d" % PROMPT[j]}
     plain = requests.post(server.url + "/v1/completions", timeout=TIMEOUT, data=json.dumps(dict(body, echo=False))).json()
     assert tlp[P:] == plain["choices"][0]["logprobs"]["token_logprobs"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_alone(server, stream):
+    """max_tokens 0 with echo (how lm-evaluation-harness scores a whole text): the prompt alone,
+    its ids' logprobs and alternatives exactly those of the same request with ids generated
+    after it, finish_reason length and no completion tokens, plain and streamed (one chunk);
+    without logprobs the prompt alone too; without echo max_tokens 0 stays a 400."""
+    K = 2
+    body = {"model": server.name, "prompt": PROMPT, "max_tokens": 0, "temperature": 0, "logprobs": K, "echo": True}
+    P = len(PROMPT)
+    ref = requests.post(server.url + "/v1/completions", data=json.dumps(dict(body, max_tokens=3)), timeout=TIMEOUT)
+    assert ref.status_code == 200, ref.text
+    ref = ref.json()["choices"][0]["logprobs"]
+    if stream:
+        chunks = []
+        with requests.post(server.url + "/v1/completions", data=json.dumps(dict(body, stream=True)), stream=True,
+                           timeout=TIMEOUT) as resp:
+            assert resp.status_code == 200, resp.text
+            for line in resp.iter_lines():
+                if line.startswith(b"data: {"):
+                    chunks.append(json.loads(line[6:])["choices"][0])
+        assert len(chunks) == 1, chunks
+        ch = chunks[0]
+    else:
+        r = requests.post(server.url + "/v1/completions", data=json.dumps(body), timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"] == {"prompt_tokens": P, "completion_tokens": 0, "total_tokens": P}
+        ch = r.json()["choices"][0]
+    assert ch["finish_reason"] == "length" and ch["token_ids"] == []
+    lp = ch["logprobs"]
+    for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert lp[f] == ref[f][:P], (f, lp[f], ref[f][:P])
+    assert lp["token_logprobs"][0] is None and all(x is not None for x in lp["token_logprobs"][1:])
+    no_lp = requests.post(server.url + "/v1/completions", data=json.dumps(dict(body, logprobs=None)), timeout=TIMEOUT)
+    assert no_lp.status_code == 200 and no_lp.json()["choices"][0]["logprobs"] is None, no_lp.text
+    no_echo = requests.post(server.url + "/v1/completions", data=json.dumps(dict(body, echo=False)), timeout=TIMEOUT)
+    assert no_echo.status_code == 400 and "or 0 with 'echo': true" in no_echo.json()["error"]["message"], no_echo.text
