@@ -54,6 +54,13 @@ else
 fi
 printf '{"eos_token": "<E>", "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ messages[0].content }}"}]}' >"$T/named/tokenizer_config.json"
 if [ "$("$SM" template "$T/named" --messages "$T/one.json")" = 'Dhi' ]; then pass named_default_template; else fail named_default_template; fi
+printf '{"eos_token": "<E>", "chat_template": "{%% for t in tools or [] %%}{{ t.function.name }};{%% endfor %%}{{ messages[0].content }}"}' >"$T/named/tokenizer_config.json"
+printf '[{"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "f-2"}}]' >"$T/tools.json"
+if [ "$("$SM" template "$T/named" --messages "$T/one.json" --tools "$T/tools.json")" = 'get_weather;f-2;hi' ] &&
+    [ "$("$SM" template "$T/named" --messages "$T/one.json")" = 'hi' ]; then pass tools_reach_template; else fail tools_reach_template; fi
+printf '[{"type": "function", "function": {"name": "no spaces"}}]' >"$T/badtools.json"
+bad_msg bad_tools "badtools.json: tools[0].function.name must be 1 to 64 of a-z" template "$T/named" --messages "$T/one.json" --tools "$T/badtools.json"
+bad_msg tools_without_messages "--tools goes with a model directory and --messages" template "$T/named" --tools "$T/tools.json"
 printf '{"chat_template": [{"name": "tool_use", "template": "T"}]}' >"$T/named/tokenizer_config.json"
 bad_msg named_without_default "chat_template is a list of named templates without one named \"default\"" template "$T/named"
 printf '{"chat_template": 5' >"$T/named/tokenizer_config.json"

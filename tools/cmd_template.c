@@ -16,11 +16,12 @@
 const cli_cmd cli_help_template = {
     "template",
     "render a chat template (a model directory's, or a file) as the server does",
-    "(DIR | --template FILE) [--messages FILE | --vars FILE | --batch FILE] [--no-generation-prompt]",
+    "(DIR | --template FILE) [--messages FILE [--tools FILE] | --vars FILE | --batch FILE] [--no-generation-prompt]",
     "sparkmono template build/models/tiny --messages conversation.json",
     "DIR: the template of tokenizer_config.json (or chat_template.jinja) with its bos_token and\n"
     "eos_token; --messages is a JSON list of {role, content}, rendered with add_generation_prompt\n"
-    "(unless --no-generation-prompt).  --template FILE: a template file rendered with the JSON\n"
+    "(unless --no-generation-prompt) and the JSON list of --tools as the server renders a request's\n"
+    "tools.  --template FILE: a template file rendered with the JSON\n"
     "object of --vars as its variables; --batch: JSON lines of such objects, one JSON line out per\n"
     "line ({\"text\": ...}, or {\"error\": ..., \"raised\": true|false}).  Without an input the\n"
     "template is only parsed.  Exit 2 names a template outside the supported subset (line, column).",
@@ -84,6 +85,7 @@ int cmd_template(int argc, char **argv) {
     cli_opt opts[] = {
         CLI_OPT("template", "FILE", NULL, "a template file (instead of a model directory's template)"),
         CLI_OPT("messages", "FILE", NULL, "JSON list of messages to render with the model directory's template"),
+        CLI_OPT("tools", "FILE", NULL, "with --messages: JSON list of tools (OpenAI's shape) for the template"),
         CLI_OPT("vars", "FILE", NULL, "with --template: a JSON object of the template's variables"),
         CLI_OPT("batch", "FILE", NULL, "with --template: JSON lines of variable objects, one result line each"),
         CLI_SWITCH("no-generation-prompt", "render with add_generation_prompt false"),
@@ -95,7 +97,7 @@ int cmd_template(int argc, char **argv) {
     sm_chat_tmpl ct = {0};
     sm_jinja *t = NULL;
     sm_sbuf src = {0}, out = {0};
-    json_t *in = NULL;
+    json_t *in = NULL, *tools = NULL;
     int r = cli_parse(&cli_help_template, argc, argv, opts, no, pos, 1, &npos, &e);
     if (r > 0) return 0;
     if (r < 0) goto bad;
@@ -105,6 +107,10 @@ int cmd_template(int argc, char **argv) {
     if (mf->present + vf->present + bf->present > 1) { sm_errf(&e, "%s: give one of --messages, --vars, --batch", cmd); goto bad; }
     if (npos && (vf->present || bf->present)) {
         sm_errf(&e, "%s: --vars and --batch go with --template; a directory takes --messages", cmd);
+        goto bad;
+    }
+    if (cli_find(opts, no, "tools")->present && !mf->present) {
+        sm_errf(&e, "%s: --tools goes with a model directory and --messages", cmd);
         goto bad;
     }
     if (tf->present && mf->present) { sm_errf(&e, "%s: --messages goes with a model directory; --template takes --vars", cmd); goto bad; }
@@ -117,7 +123,13 @@ int cmd_template(int argc, char **argv) {
         if (!mf->present) { printf("%s: chat template (%s) ok\n", pos[0], ct.source); goto done; }
         char param[SM_API_PARAM];
         if (load_json(mf->value, &in, &e)) goto bad;
-        if (sm_chat_render(&ct, in, !cli_find(opts, no, "no-generation-prompt")->present, &out, param, &raised, &e)) {
+        cli_opt *tl = cli_find(opts, no, "tools");
+        if (tl->present && load_json(tl->value, &tools, &e)) goto bad;
+        if (sm_chat_tools(tools, param, &e)) {
+            sm_errprefix(&e, "%s", tl->value);
+            goto bad;
+        }
+        if (sm_chat_render(&ct, in, tools, !cli_find(opts, no, "no-generation-prompt")->present, &out, param, &raised, &e)) {
             sm_errprefix(&e, "%s", mf->value);
             goto bad;
         }
@@ -138,6 +150,7 @@ done:
     sm_sbuf_free(&out);
     sm_sbuf_free(&src);
     json_decref(in);
+    json_decref(tools);
     sm_jinja_free(t);
     sm_chat_free(&ct);
     return 0;
@@ -146,6 +159,7 @@ bad:
     sm_sbuf_free(&out);
     sm_sbuf_free(&src);
     json_decref(in);
+    json_decref(tools);
     sm_jinja_free(t);
     if (ct.special || ct.t) sm_chat_free(&ct);
     return 2;

@@ -4,7 +4,7 @@
  * The template is parsed once at server start (a template outside the supported subset stops
  * the server with its line) and rendered per request with the variables transformers'
  * apply_chat_template passes: messages, add_generation_prompt, bos_token and eos_token, tools
- * and documents (none).  We rejected rendering in the engine thread: a render is a few
+ * (the request's, with tool_choice "none": no tool calls are parsed) and documents (none).  We rejected rendering in the engine thread: a render is a few
  * microseconds of the connection's own thread and needs no lock (the tree is read-only).
  */
 #include "serve/serve_chat.h"
@@ -188,15 +188,102 @@ bad:
     return NULL;
 }
 
-int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_generation_prompt, sm_sbuf *out,
-                   char *param, int *raised, sm_err *e) {
+/* A function name as OpenAI takes it: 1..64 of a-z, A-Z, 0-9, '_' and '-'. */
+static int tool_name_ok(const json_t *v) {
+    if (!json_is_string(v) || json_string_length(v) < 1 || json_string_length(v) > 64) return 0;
+    for (const char *c = json_string_value(v); *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-'))
+            return 0;
+    return 1;
+}
+
+int sm_chat_tools(const json_t *tools, char *param, sm_err *e) {
+    if (!tools || json_is_null(tools)) return 0;
+    if (!json_is_array(tools)) return bad_at(param, e, "tools", " must be a list of {\"type\": \"function\", \"function\": {...}}");
+    size_t i;
+    json_t *x;
+    json_array_foreach(tools, i, x) {
+        char path[80];
+        const json_t *ty = json_object_get(x, "type"), *fn = json_object_get(x, "function");
+        snprintf(path, sizeof path, "tools[%d]", (int)i);
+        if (!json_is_object(x)) return bad_at(param, e, path, " must be an object {\"type\": \"function\", \"function\": {...}}");
+        if (!json_is_string(ty) || strcmp(json_string_value(ty), "function"))
+            return bad_at(param, e, strcat(path, ".type"), " must be \"function\" (the only kind of tool)");
+        if (!json_is_object(fn)) return bad_at(param, e, strcat(path, ".function"), " must be an object with a 'name'");
+        const json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description"),
+                     *par = json_object_get(fn, "parameters"), *strict = json_object_get(fn, "strict");
+        if (!tool_name_ok(name))
+            return bad_at(param, e, strcat(path, ".function.name"), " must be 1 to 64 of a-z, A-Z, 0-9, '_' and '-'");
+        if (desc && !json_is_null(desc) && !json_is_string(desc))
+            return bad_at(param, e, strcat(path, ".function.description"), " must be a string");
+        if (par && !json_is_null(par) && !json_is_object(par))
+            return bad_at(param, e, strcat(path, ".function.parameters"), " must be an object (a JSON Schema)");
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+            return bad_at(param, e, strcat(path, ".function.strict"), " must be true or false");
+    }
+    return 0;
+}
+
+/* The request's tools for the template (a new reference, or NULL for none), once tool_choice
+ * and parallel_tool_calls are checked; the three fields leave root (the completions parser
+ * does not know them).  0, or -1 with param and e. */
+static int chat_tools(json_t *root, json_t **tools, char *param, sm_err *e) {
+    json_t *tl = json_object_get(root, "tools"), *tc = json_object_get(root, "tool_choice"),
+           *ptc = json_object_get(root, "parallel_tool_calls");
+    *tools = NULL;
+    if (sm_chat_tools(tl, param, e)) return -1;
+    if (ptc && !json_is_null(ptc) && !json_is_boolean(ptc))
+        return bad_at(param, e, "parallel_tool_calls", " must be true or false");
+    const int some = json_is_array(tl) && json_array_size(tl) > 0;
+    const char *choice = !tc || json_is_null(tc) ? (some ? "auto" : "none") : json_is_string(tc) ? json_string_value(tc) : NULL;
+    if (tc && !json_is_null(tc)) { /* its shape: a mode, or {"type": "function", "function": {"name": one of tools}} */
+        const json_t *fn = json_object_get(tc, "function"), *ty = json_object_get(tc, "type");
+        const int mode = choice && (!strcmp(choice, "none") || !strcmp(choice, "auto") || !strcmp(choice, "required"));
+        const int named = !choice && json_is_string(ty) && !strcmp(json_string_value(ty), "function") &&
+                          tool_name_ok(json_object_get(fn, "name"));
+        if (!mode && !named)
+            return bad_at(param, e, "tool_choice", " must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                          "\"function\": {\"name\": ...}}");
+        if (!some && (!choice || !strcmp(choice, "required")))
+            return bad_at(param, e, "tool_choice", " needs 'tools': there is no function to call");
+        if (!choice) {
+            int found = 0;
+            for (size_t i = 0; i < json_array_size(tl); i++)
+                found |= json_equal(json_object_get(json_object_get(json_array_get(tl, i), "function"), "name"),
+                                    json_object_get(fn, "name"));
+            if (!found) {
+                snprintf(param, SM_API_PARAM, "tool_choice");
+                return sm_errf(e, "tool_choice names the function '%s', which is not among 'tools'",
+                               json_string_value(json_object_get(fn, "name")));
+            }
+        }
+    }
+    if (some && (!choice || strcmp(choice, "none"))) { /* calls wanted: refused, never answered without them */
+        char what[64];
+        if (!tc || json_is_null(tc)) snprintf(what, sizeof what, "'tools' without 'tool_choice' (\"auto\")");
+        else if (choice) snprintf(what, sizeof what, "tool_choice \"%s\"", choice);
+        else snprintf(what, sizeof what, "tool_choice naming a function");
+        snprintf(param, SM_API_PARAM, "tool_choice");
+        return sm_errf(e, "%s needs tool calls parsed out of the model's text, which this server does not do; send "
+                       "\"tool_choice\": \"none\" to give the model the tools in its prompt and get its text as the "
+                       "content", what);
+    }
+    if (some) *tools = json_incref(tl);
+    json_object_del(root, "tools");
+    json_object_del(root, "tool_choice");
+    json_object_del(root, "parallel_tool_calls");
+    return 0;
+}
+
+int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
+                   sm_sbuf *out, char *param, int *raised, sm_err *e) {
     *raised = 0;
     json_t *msgs = normalize(messages, param, e);
     if (!msgs) return -1;
     json_t *vars = json_copy(t->special);
     json_object_set_new(vars, "messages", msgs);
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
-    json_object_set_new(vars, "tools", json_null());
+    json_object_set_new(vars, "tools", tools && json_array_size(tools) ? json_deep_copy(tools) : json_null());
     json_object_set_new(vars, "documents", json_null());
     int rc = sm_jinja_render(t->t, vars, out, raised, e);
     json_decref(vars);
@@ -236,6 +323,7 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) return sm_errf(e, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     int rc = -1, raised = 0, *ids = NULL, nids = 0;
+    json_t *tools = NULL;
     sm_sbuf text = {0};
     char *dumped = NULL;
     if (!json_is_object(root)) { sm_errf(e, "the body must be a JSON object"); goto out; }
@@ -253,11 +341,11 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
             goto out;
         }
     }
-    if (chat_logprobs(root, param, e)) goto out;
+    if (chat_logprobs(root, param, e) || chat_tools(root, &tools, param, e)) goto out;
     json_t *msgs = json_object_get(root, "messages");
     if (!msgs) { snprintf(param, SM_API_PARAM, "messages"); sm_errf(e, "'messages' is required"); goto out; }
     if (!m->tok) { sm_errf(e, "this model directory has no tokenizer.json, which chat needs"); goto out; }
-    if (sm_chat_render(t, msgs, 1, &text, param, &raised, e)) goto out;
+    if (sm_chat_render(t, msgs, tools, 1, &text, param, &raised, e)) goto out;
     sm_err te = {{0}};
     if (sm_tokenizer_encode(m->tok, text.p ? text.p : "", text.n, &ids, &nids, &te)) {
         sm_errf(e, "the rendered conversation cannot be tokenized: %s", te.msg);
@@ -282,6 +370,7 @@ out:
     free(dumped);
     free(ids);
     sm_sbuf_free(&text);
+    json_decref(tools);
     json_decref(root);
     return rc;
 }

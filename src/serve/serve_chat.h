@@ -30,13 +30,21 @@ void sm_chat_free(sm_chat_tmpl *t);
 /* Render messages (checked: a non-empty list of {role: string, content, name?: string}; content
  * a string, a list of {type: "text", text} parts (joined with "\n", as vLLM joins them for a
  * text-only model) or, for an assistant message, null or none (the empty string)) with
- * add_generation_prompt; every other key of a message goes to the template as it is.  0, or -1
- * with one line in e and param the offending field ("messages[2].content[0].type"); *raised
- * when it is the template's raise_exception. */
-int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, int add_generation_prompt, sm_sbuf *out,
-                   char *param, int *raised, sm_err *e);
+ * add_generation_prompt and tools (the template's `tools`: a list checked by sm_chat_tools, or
+ * NULL: none); every other key of a message goes to the template as it is ("tool_calls",
+ * "tool_call_id" among them).  0, or -1 with one line in e and param the offending field
+ * ("messages[2].content[0].type"); *raised when it is the template's raise_exception. */
+int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
+                   sm_sbuf *out, char *param, int *raised, sm_err *e);
+/* Check a request's "tools" (NULL, null or [] for none; else OpenAI's list of {"type":
+ * "function", "function": {"name", "description"?, "parameters"?, "strict"?}}).  0, or -1 with
+ * one line in e and param the offending field ("tools[1].function.name"). */
+int sm_chat_tools(const json_t *tools, char *param, sm_err *e);
 /* A /v1/chat/completions body into a completions request (prompt: the rendered ids).  As
- * sm_api_parse_completion: 0, or -1 with *status, param and e. */
+ * sm_api_parse_completion: 0, or -1 with *status, param and e.  Tools reach the template with
+ * "tool_choice": "none" only: this server does not parse tool calls out of the model's text
+ * (vLLM needs a parser of the model's format for that), so "auto" (the default with tools),
+ * "required" and a named function are a 400 that says so, never a silent answer without calls. */
 int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
                   int *status, char *param, sm_err *e);
 

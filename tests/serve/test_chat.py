@@ -4,8 +4,9 @@ second bos, the answer equal to a completion of those ids (and to `sparkmono gen
 streaming equal to the plain answer, 8 concurrent chats equal to each alone (greedy and
 seeded), n choices (plain and streamed), logprobs in the chat shape equal to the completions
 logprobs of the same ids and to a numpy log-softmax of `sparkmono logits`, content as a string,
-a list of text parts or null, a message's name reaching the template, bad messages (400 naming
-the field), a template's raise_exception (400 with its message), a directory without a
+a list of text parts or null, a message's name reaching the template, tools reaching it
+(with tool_choice "none"; the other choices, which need tool calls parsed, a 400), bad
+messages and tools (400 naming the field), a template's raise_exception (400 with its message), a directory without a
 template (400) and one whose template is outside the supported subset (the server refuses to
 start: exit 2, one line)."""
 import json
@@ -36,6 +37,9 @@ CONVERSATIONS = [
     [{"role": "user", "content": "Count: 1 2 3"}],
 ]
 MAX_TOKENS = [12, 9, 16, 5, 14, 11, 7, 13]
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city, now.",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                        "required": ["city"]}}}
 
 
 def model_copy(src, d, template=None):
@@ -57,10 +61,12 @@ def flat(msgs):
              "\n".join(p["text"] for p in m["content"]) if m.get("content") is not None else ""} for m in msgs]
 
 
-def render_jinja2(model_dir, msgs):
+def render_jinja2(model_dir, msgs, tools=None):
+    """As transformers' apply_chat_template renders (its tojson keeps non-ASCII and the key order)."""
     cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(cfg["chat_template"]).render(messages=flat(msgs), add_generation_prompt=True,
+    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    return env.from_string(cfg["chat_template"]).render(messages=flat(msgs), add_generation_prompt=True, tools=tools,
                                                          bos_token=cfg["bos_token"], eos_token=cfg["eos_token"])
 
 
@@ -180,6 +186,24 @@ BAD = [  # (body, the error's param, words of its message)
     ({"messages": HI, "echo": True}, "echo", "'echo' is not supported by chat completions"),
     ({"messages": HI, "n": 100}, "n", "'n' is 100; this server takes at most 72 choices"),
     ({"messages": HI, "max_tokens": 0}, "max_tokens", "max_tokens"),
+    ({"messages": HI, "tools": {"type": "function"}}, "tools", "tools must be a list"),
+    ({"messages": HI, "tools": [{"type": "retrieval"}]}, "tools[0].type", "must be \"function\""),
+    ({"messages": HI, "tools": [{"type": "function"}]}, "tools[0].function", "must be an object with a 'name'"),
+    ({"messages": HI, "tools": [TOOL, {"type": "function", "function": {"name": "a b"}}]}, "tools[1].function.name",
+     "must be 1 to 64 of a-z"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+     "tools[0].function.parameters", "must be an object (a JSON Schema)"),
+    ({"messages": HI, "tools": [TOOL]}, "tool_choice", "'tools' without 'tool_choice' (\"auto\") needs tool calls parsed"),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": "auto"}, "tool_choice", "tool_choice \"auto\" needs tool calls"),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": "required"}, "tool_choice", "send \"tool_choice\": \"none\""),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+     "tool_choice", "tool_choice naming a function needs"),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "other"}}},
+     "tool_choice", "names the function 'other', which is not among 'tools'"),
+    ({"messages": HI, "tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "must be \"none\", \"auto\""),
+    ({"messages": HI, "tools": [TOOL], "tool_choice": "none", "parallel_tool_calls": "yes"}, "parallel_tool_calls",
+     "must be true or false"),
 ]
 
 
@@ -284,6 +308,42 @@ def test_content_forms(tmp, model_dir, hf_tok):
             assert r.choices[0].message.content == comp.choices[0].text, msgs
         named = chat(c, s.name, [{"role": "user", "content": "hi", "name": "ada"}], 1)
         assert named.usage.prompt_tokens > chat(c, s.name, [{"role": "user", "content": "hi"}], 1).usage.prompt_tokens
+    finally:
+        assert s.stop() == 0
+
+
+def test_tools_reach_the_template(tmp, model_dir, hf_tok):
+    """tools with tool_choice "none" reach the template as transformers passes them (rendered as
+    Jinja2 renders them, tojson included), with a history of an assistant's tool_calls (null
+    content) and the tool's answer; the answer is the completion of those ids.  Without tools
+    the same template renders its tool-free branch."""
+    tpl = ("{% if tools %}<|tools|>{% for t in tools %}{{ t.function.name }}: {{ t.function.description }} "
+           "{{ t.function.parameters | tojson }}\n{% endfor %}{% endif %}"
+           "{% for m in messages %}<|{{ m.role }}|>{% if m.tool_calls %}{% for c in m.tool_calls %}"
+           "<call>{{ c.function.name }}({{ c.function.arguments }})</call>{% endfor %}{% endif %}"
+           "{% if m.role == 'tool' %}[{{ m.tool_call_id }}] {% endif %}{{ m.content }}{{ eos_token }}{% endfor %}"
+           "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    d = model_copy(model_dir, os.path.join(tmp, "tools"), tpl)
+    s = Server(d, tmp)
+    second = {"type": "function", "function": {"name": "echo-2", "parameters": {"type": "object", "properties": {}}}}
+    history = [{"role": "user", "content": "Weather in Oslo?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "ünïcödé 4 °C"}]
+    try:
+        c = s.client()
+        for msgs, tools in [(history, [TOOL, second]), (history[:1], [TOOL]), (history, None)]:
+            text = render_jinja2(d, msgs, tools)
+            assert ("<|tools|>" in text) == bool(tools)
+            ids = hf_tok.encode(text, add_special_tokens=False).ids
+            kw = dict(tools=tools, tool_choice="none", parallel_tool_calls=False) if tools else {}
+            r = chat(c, s.name, msgs, 6, **kw)
+            assert r.usage.prompt_tokens == len(ids), (msgs, tools)
+            comp = c.completions.create(model=s.name, prompt=ids, max_tokens=6, temperature=0)
+            assert r.choices[0].message.content == comp.choices[0].text
+            assert not r.choices[0].message.tool_calls
+        r = requests.post(s.url + "/v1/chat/completions", timeout=TIMEOUT, json={"messages": history, "tools": []})
+        assert r.status_code == 200, r.text  # no tools: tool_choice's default is "none"
     finally:
         assert s.stop() == 0
 
