@@ -360,8 +360,11 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
     for (int i = 0; i < nids; i++) json_array_append_new(p, json_integer(ids[i]));
     json_object_del(root, "messages");
     json_object_set_new(root, "prompt", p);
-    json_t *mct = json_object_get(root, "max_completion_tokens"); /* the chat name of max_tokens */
-    if (mct && !json_object_get(root, "max_tokens")) json_object_set(root, "max_tokens", mct);
+    json_t *mct = json_object_get(root, "max_completion_tokens"), *mt = json_object_get(root, "max_tokens");
+    if (mct && !json_is_null(mct) && (!mt || json_is_null(mt))) /* the chat name of max_tokens */
+        json_object_set(root, "max_tokens", mct);
+    else if ((!mct || json_is_null(mct)) && (!mt || json_is_null(mt)) && m->max_len > nids)
+        json_object_set_new(root, "max_tokens", json_integer(m->max_len - nids)); /* neither: the rest of the context */
     json_object_del(root, "max_completion_tokens");
     if (!(dumped = json_dumps(root, JSON_COMPACT))) { sm_errf(e, "out of memory"); goto out; }
     rc = sm_api_parse_completion(dumped, strlen(dumped), m, out, status, param, e);

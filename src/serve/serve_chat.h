@@ -41,7 +41,9 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *
  * one line in e and param the offending field ("tools[1].function.name"). */
 int sm_chat_tools(const json_t *tools, char *param, sm_err *e);
 /* A /v1/chat/completions body into a completions request (prompt: the rendered ids).  As
- * sm_api_parse_completion: 0, or -1 with *status, param and e.  Tools reach the template with
+ * sm_api_parse_completion: 0, or -1 with *status, param and e.  max_tokens (or its chat name
+ * max_completion_tokens) defaults to the rest of the context, as OpenAI's and vLLM's chat do
+ * (not completions' 16).  Tools reach the template with
  * "tool_choice": "none" only: this server does not parse tool calls out of the model's text
  * (vLLM needs a parser of the model's format for that), so "auto" (the default with tools),
  * "required" and a named function are a 400 that says so, never a silent answer without calls. */

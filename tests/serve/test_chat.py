@@ -4,11 +4,12 @@ second bos, the answer equal to a completion of those ids (and to `sparkmono gen
 streaming equal to the plain answer, 8 concurrent chats equal to each alone (greedy and
 seeded), n choices (plain and streamed), logprobs in the chat shape equal to the completions
 logprobs of the same ids and to a numpy log-softmax of `sparkmono logits`, content as a string,
-a list of text parts or null, a message's name reaching the template, tools reaching it
-(with tool_choice "none"; the other choices, which need tool calls parsed, a 400), bad
-messages and tools (400 naming the field), a template's raise_exception (400 with its message), a directory without a
-template (400) and one whose template is outside the supported subset (the server refuses to
-start: exit 2, one line)."""
+a list of text parts or null, max_tokens's default (the rest of the context), a message's
+name reaching the template, tools reaching it (with tool_choice "none"; the other choices,
+which need tool calls parsed, a 400), bad messages and tools (400 naming the field), a
+template's raise_exception (400 with its message), a directory without a template (400) and
+one whose template is outside the supported subset (the server refuses to start: exit 2, one
+line)."""
 import json
 import os
 import shutil
@@ -342,8 +343,27 @@ def test_tools_reach_the_template(tmp, model_dir, hf_tok):
             comp = c.completions.create(model=s.name, prompt=ids, max_tokens=6, temperature=0)
             assert r.choices[0].message.content == comp.choices[0].text
             assert not r.choices[0].message.tool_calls
-        r = requests.post(s.url + "/v1/chat/completions", timeout=TIMEOUT, json={"messages": history, "tools": []})
+        r = requests.post(s.url + "/v1/chat/completions", timeout=TIMEOUT,
+                          json={"messages": history, "tools": [], "max_tokens": 4})
         assert r.status_code == 200, r.text  # no tools: tool_choice's default is "none"
+    finally:
+        assert s.stop() == 0
+
+
+def test_default_max_tokens(tmp, model_dir):
+    """A chat without max_tokens runs to the end of the context (OpenAI's and vLLM's chat; not
+    completions' 16), max_completion_tokens is max_tokens, and completions keep their 16."""
+    s = Server(model_dir, tmp, "--max-len", "64")
+    try:
+        c = s.client()
+        r = c.chat.completions.create(model=s.name, messages=CONVERSATIONS[0], temperature=0,
+                                      extra_body={"ignore_eos": True})
+        assert r.choices[0].finish_reason == "length" and r.usage.total_tokens == 64, r.usage
+        r = c.chat.completions.create(model=s.name, messages=CONVERSATIONS[0], temperature=0, max_completion_tokens=5,
+                                      extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 5, r.usage
+        r = c.completions.create(model=s.name, prompt=[5, 6, 7], temperature=0, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 16, r.usage
     finally:
         assert s.stop() == 0
 
