@@ -171,10 +171,17 @@ static int neutral(parse_ctx *c, const char *name, const json_t *v) {
     int ok = json_is_null(v);
     if (!strcmp(name, "suffix")) ok |= json_is_string(v) && json_string_length(v) == 0;
     else if (!strcmp(name, "user")) ok |= json_is_string(v); /* an end-user id: only for logs */
+    else if (!strcmp(name, "response_format")) { /* free text; a format the output must follow is refused */
+        const json_t *ty = json_object_get(v, "type");
+        ok |= json_is_string(ty) && !strcmp(json_string_value(ty), "text");
+        if (!ok && json_is_string(ty))
+            return bad(c, name, "'response_format' of type '%.40s' is not supported: this server does not constrain its "
+                       "output to a format (only {\"type\": \"text\"})", json_string_value(ty));
+    }
     return ok ? 0 : bad(c, name, "'%s' is not supported by this server (only its default value is accepted)", name);
 }
 
-static const char *const NEUTRAL_FIELDS[] = {"suffix", "user"};
+static const char *const NEUTRAL_FIELDS[] = {"suffix", "user", "response_format"};
 
 /* The checks across fields, once every field is read: the choices' count, each prompt's room
  * for max_tokens, min_tokens. */

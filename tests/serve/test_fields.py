@@ -107,7 +107,7 @@ def test_speculative_equals_plain(server, plain, case):
 
 def test_unknown_fields_logged(server):
     ids, _ = complete(server, best_of_vllm_thing=3, use_beam_search=False)
-    assert ids == complete(server)[0]
+    assert ids == complete(server)[0] == complete(server, response_format={"type": "text"})[0]  # free text: the default
     log = server.read_log()
     lines = [l for l in log.splitlines() if "ignored unknown field" in l and "best_of_vllm_thing" in l]
     assert len(lines) == 1 and "'use_beam_search'" in lines[0], lines
@@ -132,6 +132,9 @@ def test_unknown_fields_logged(server):
     ({"max_tokens": "8"}, "max_tokens", "'max_tokens' must be an integer"),
     ({"max_tokens": 0}, "max_tokens", "'max_tokens' is 0; with this prompt of 10 tokens it must be in [1, 4086]"),
     ({"max_tokens": 4090}, "max_tokens", "'max_tokens' is 4090; with this prompt of 10 tokens it must be in [1, 4086]"),
+    ({"response_format": {"type": "json_object"}}, "response_format",
+     "'response_format' of type 'json_object' is not supported: this server does not constrain its output"),
+    ({"response_format": "json"}, "response_format", "'response_format' is not supported by this server"),
 ])
 def test_bad_values(server, fields, param, msg):
     body = {"model": server.name, "prompt": PROMPT, "max_tokens": 4}
