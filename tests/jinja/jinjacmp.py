@@ -2,7 +2,8 @@
 reference (set up as transformers' apply_chat_template sets it up: an immutable sandbox with
 trim_blocks and lstrip_blocks, loop controls, raise_exception, a tojson that keeps non-ASCII).
 Every template of templates.py is rendered over many message lists by both (through
-`sparkmono template --batch`), and the bytes must be identical; a raise_exception must give
+`sparkmono template --batch`; the tool templates over conversations with tools, tool calls
+and tool answers), and the bytes must be identical; a raise_exception must give
 the same message; the refused templates must exit 2 with one line naming the construct and
 its position.  Prints PASS/FAIL lines and a DONE line."""
 import json
@@ -14,7 +15,7 @@ import sys
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from templates import REFUSED, TEMPLATES
+from templates import REFUSED, TEMPLATES, TOOL_TEMPLATES
 
 sm, tmp = sys.argv[1], sys.argv[2]
 os.makedirs(tmp, exist_ok=True)
@@ -65,9 +66,47 @@ def conversations(rng, n):
     return out
 
 
-rng = random.Random(7)
-cases = conversations(rng, 150)
-for name, src in TEMPLATES.items():
+TOOL_POOL = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city, now.",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}},
+    {"type": "function", "function": {"name": "search-docs", "description": "Söker i dokumenten ✓ \"quoted\"",
+                                      "parameters": {"type": "object", "properties": {
+                                          "q": {"type": "string"}, "k": {"type": "integer", "minimum": 1},
+                                          "tags": {"type": "array", "items": {"type": "string"}}}}}},
+    {"type": "function", "function": {"name": "now"}},
+]
+
+
+def tool_conversations(rng, n):
+    """Conversations with tools: a user asks, the assistant calls 1-2 tools (arguments a JSON
+    string, an object, with or without the "function" wrapper), 1-2 tool answers follow, the
+    assistant answers; some without tools at all."""
+    out = []
+    for i in range(n):
+        msgs = [{"role": "system", "content": rng.choice(CONTENTS)}] if rng.random() < 0.4 else []
+        for turn in range(rng.randint(1, 2)):
+            msgs.append({"role": "user", "content": rng.choice(CONTENTS)})
+            calls = []
+            for c in range(rng.randint(1, 2)):
+                fn = {"name": rng.choice(TOOL_POOL)["function"]["name"]}
+                args = {"city": rng.choice(CONTENTS), "k": rng.randint(1, 9)}
+                fn["arguments"] = json.dumps(args, ensure_ascii=False) if rng.random() < 0.5 else args
+                calls.append({"id": "call_%d_%d" % (i, c), "type": "function", "function": fn}
+                             if rng.random() < 0.8 else fn)
+            msgs.append({"role": "assistant", "content": rng.choice(["", "Let me look."]), "tool_calls": calls})
+            for c in calls:
+                msgs.append({"role": "tool", "tool_call_id": c.get("id", ""), "content": rng.choice(CONTENTS)})
+            msgs.append({"role": "assistant", "content": rng.choice(CONTENTS)})
+        msgs.append({"role": "user", "content": rng.choice(CONTENTS)})
+        tools = rng.sample(TOOL_POOL, rng.randint(1, 3)) if rng.random() < 0.85 else None
+        out.append({"messages": msgs, "add_generation_prompt": rng.random() < 0.6, "bos_token": "<|bos|>",
+                    "eos_token": "<|eos|>", "tools": tools})
+    return out
+
+
+def compare(name, src, cases):
+    """Render src over cases with Jinja2 and with sparkmono; report the differences."""
     tpath = os.path.join(tmp, name + ".jinja")
     vpath = os.path.join(tmp, name + ".jsonl")
     with open(tpath, "w") as f:
@@ -86,7 +125,7 @@ for name, src in TEMPLATES.items():
     r = subprocess.run([sm, "template", "--template", tpath, "--batch", vpath], capture_output=True)
     if r.returncode != 0:
         report(False, f"render_{name}", f"exit {r.returncode}: {r.stderr.decode(errors='replace').strip()}")
-        continue
+        return
     got = [json.loads(line) for line in r.stdout.decode().splitlines()]
     bad, kinds = [], {"text": 0, "raised": 0, "error": 0}
     for i, (w, g) in enumerate(zip(want, got)):
@@ -112,6 +151,15 @@ for name, src in TEMPLATES.items():
         report(kinds["text"] == len(want), f"all_rendered_{name}", f"{kinds}")
     else:
         report(kinds["raised"] > 0 and kinds["text"] > 0, "mistral_raises_on_some", f"{kinds}")
+
+
+rng = random.Random(7)
+cases = conversations(rng, 150)
+for name, src in TEMPLATES.items():
+    compare(name, src, cases)
+tool_cases = tool_conversations(random.Random(11), 120)
+for name, src in TOOL_TEMPLATES.items():
+    compare(name, src, tool_cases)
 
 for i, (src, msg) in enumerate(REFUSED):
     tpath = os.path.join(tmp, f"refused{i}.jinja")

@@ -1,7 +1,8 @@
 """templates.py: the chat templates tests/jinja/jinjacmp.py renders with Jinja2 and with
 sparkmono's C renderer (written for these tests in the style of the Llama-3, ChatML and
-Mistral templates, plus templates that exercise every supported construct), and the
-templates the C renderer must refuse (the construct named, its line and column)."""
+Mistral templates and of the tool-calling ChatML ones, plus templates that exercise every
+supported construct), and the templates the C renderer must refuse (the construct named,
+its line and column)."""
 
 CHATML = """{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"""
 
@@ -115,7 +116,61 @@ UNDEFINED = """{{ messages[0].nothing }}|{{ messages[0].nothing is defined }}|{{
 {%- for x in nothing %}never{% else %} empty loop{% endfor %}|{{ nothing | default('d') }}|{{ messages[0].get('nothing') }}
 {%- if messages | length > 2 %}{{ messages[0].nothing.deeper }}{% endif %}"""
 
+# In the style of the tool-calling ChatML templates (Hermes, Qwen): the tools' JSON in the
+# system turn, an assistant's tool_calls (arguments a JSON string or an object), runs of tool
+# messages folded into one user turn.  Rendered over conversations with tools (TOOL_CASES).
+TOOLS = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nCall one as <tool_call>{\\"name\\": ..., \\"arguments\\": ...}</tool_call><|im_end|>\\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' and loop.first %}
+    {%- elif message.role == 'assistant' and message.tool_calls %}
+        {{- '<|im_start|>assistant' }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
+            {%- if tool_call.arguments is string %}
+                {{- tool_call.arguments }}
+            {%- else %}
+                {{- tool_call.arguments | tojson }}
+            {%- endif %}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' ~ message.content ~ '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}"""
+
 TEMPLATES = {"undefined": UNDEFINED, "chatml": CHATML, "llama3": LLAMA3, "mistral": MISTRAL, "kitchen": KITCHEN, "whitespace": WHITESPACE}
+TOOL_TEMPLATES = {"tools": TOOLS}
 
 # (template, text the one-line error must contain)
 REFUSED = [
