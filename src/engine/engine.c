@@ -282,12 +282,8 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
 /* Free what request r owns and zero it (a free slot). */
 static void req_free(sm_request *r) {
     free(r->hist);
-    free(r->lp);
-    free(r->top_ids);
-    free(r->top_lp);
-    free(r->plp);
-    free(r->ptop_ids);
-    free(r->ptop_lp);
+    sm_lp_track_free(&r->glp);
+    sm_lp_track_free(&r->plp);
     memset(r, 0, sizeof *r);
 }
 
@@ -379,22 +375,16 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
         g->have_lws = 1;
     }
     int *hist = malloc(((size_t)n + (size_t)max_tokens) * sizeof(int));
-    const size_t ntop = want_lp ? (size_t)max_tokens * (size_t)smp->top_logprobs + 1 : 0;
-    float *lp = want_lp ? malloc(((size_t)max_tokens + 1) * sizeof(float)) : NULL;
-    int *top_ids = want_lp ? malloc(ntop * sizeof(int)) : NULL;
-    float *top_lp = want_lp ? malloc(ntop * sizeof(float)) : NULL;
+    sm_lp_track glp = {0}, plp = {0};
     const int want_plp = smp && smp->prompt_logprobs;
-    const size_t nptop = want_plp ? (size_t)n * (size_t)smp->top_logprobs + 1 : 0;
-    float *plp = want_plp ? malloc((size_t)n * sizeof(float)) : NULL;
-    int *ptop_ids = want_plp ? malloc(nptop * sizeof(int)) : NULL;
-    float *ptop_lp = want_plp ? malloc(nptop * sizeof(float)) : NULL;
-    if (!hist || (want_lp && (!lp || !top_ids || !top_lp)) || (want_plp && (!plp || !ptop_ids || !ptop_lp))) {
-        free(hist), free(lp), free(top_ids), free(top_lp), free(plp), free(ptop_ids), free(ptop_lp);
+    if (!hist || (want_lp && sm_lp_track_alloc(&glp, (size_t)max_tokens, smp->top_logprobs)) ||
+        (want_plp && sm_lp_track_alloc(&plp, (size_t)n, smp->top_logprobs))) {
+        free(hist), sm_lp_track_free(&glp), sm_lp_track_free(&plp);
         return fail(SM_E_NOMEM, "sparkmono_add: out of memory for %d tokens", n + max_tokens);
     }
     int slot;
     if (sm_kv_add(&g->kv, &slot, &e) != 0) {
-        free(hist), free(lp), free(top_ids), free(top_lp), free(plp), free(ptop_ids), free(ptop_lp);
+        free(hist), sm_lp_track_free(&glp), sm_lp_track_free(&plp);
         return fail_err(SM_E_CACHE, &e);
     }
     sm_request *r = &g->reqs[slot];
@@ -408,16 +398,11 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
     r->sampled = sampled;
     r->proc = proc;
     r->rows_back = sampled || proc;
-    r->lp = lp;
-    r->top_ids = top_ids;
-    r->top_lp = top_lp;
+    r->glp = glp;
     r->plp = plp;
-    r->ptop_ids = ptop_ids;
-    r->ptop_lp = ptop_lp;
     if (want_plp) { /* the first prompt id has no distribution */
-        const int k = smp->top_logprobs;
-        plp[0] = NAN;
-        for (int i = 0; i < k; i++) ptop_ids[i] = -1, ptop_lp[i] = NAN;
+        r->plp.lp[0] = NAN;
+        for (int i = 0; i < plp.k; i++) r->plp.top_ids[i] = -1, r->plp.top_lp[i] = NAN;
     }
     if (smp) r->samp = *smp; /* else all zero: greedy, eos ends it */
     *req = slot;
@@ -485,39 +470,37 @@ _Static_assert(SM_LP_MAX_TOP == SPARKMONO_MAX_TOP_LOGPROBS, "a step's summary ho
  * (the summary's first id is the greedy id). */
 static int lp_k_of(const sm_request *r) { return r->samp.top_logprobs > 1 ? r->samp.top_logprobs : 1; }
 
+/* Position j of track t from a row's summary ls: the logprob of logit x and the track's k most
+ * likely ids (the first of the step's lp_k >= k). */
+static void lp_put(sm_lp_track *t, size_t j, const sm_lp_sum *ls, float x) {
+    t->lp[j] = sm_lp_value(ls, x);
+    for (int i = 0; i < t->k; i++) {
+        t->top_ids[j * (size_t)t->k + i] = i < ls->n ? ls->top_ids[i] : -1;
+        t->top_lp[j * (size_t)t->k + i] = i < ls->n ? sm_lp_value(ls, ls->top_l[i]) : -INFINITY;
+    }
+}
+
 /* The logprobs of id tok at position pos of r (generated index pos - prompt_len; a row past an
  * eos is never read) from its row's summary ls: its value among ls's top ids, else from the raw
  * row (NULL for a greedy request without processors, whose id is ls's first). */
-static sm_status lp_record(const sparkmono_engine *g, const sm_request *r, const sm_lp_sum *ls, const float *raw, int tok,
+static sm_status lp_record(const sparkmono_engine *g, sm_request *r, const sm_lp_sum *ls, const float *raw, int tok,
                            int64_t pos) {
     const int64_t gi = pos - r->prompt_len;
-    if (!r->lp || gi < 0 || gi >= r->max_tokens) return SM_OK;
+    if (!r->glp.lp || gi < 0 || gi >= r->max_tokens) return SM_OK;
     if (ls->bad) return fail(SM_E_MODEL, "request at position %lld: its logits are NaN or Inf", (long long)pos);
     int j = 0;
     while (j < ls->n && ls->top_ids[j] != tok) j++;
     if (j == ls->n && (!raw || tok < 0 || tok >= g->cfg->vocab_used))
         return fail(SM_E_BACKEND, "request at position %lld: id %d is not in its logprob summary", (long long)pos, tok);
-    r->lp[gi] = sm_lp_value(ls, j < ls->n ? ls->top_l[j] : raw[tok]);
-    /* the request's top_logprobs most likely ids: the first of the step's lp_k >= that */
-    const int k = r->samp.top_logprobs;
-    for (int i = 0; i < k; i++) {
-        r->top_ids[gi * k + i] = i < ls->n ? ls->top_ids[i] : -1;
-        r->top_lp[gi * k + i] = i < ls->n ? sm_lp_value(ls, ls->top_l[i]) : -INFINITY;
-    }
+    lp_put(&r->glp, (size_t)gi, ls, j < ls->n ? ls->top_l[j] : raw[tok]);
     return SM_OK;
 }
 
 /* The logprobs of prompt id j >= 1 of r (its position's summary ls, whose tok_l is that id's
  * logit) and its position's top alternatives. */
-static sm_status plp_record(const sparkmono_engine *g, const sm_request *r, const sm_lp_sum *ls, int j) {
-    (void)g;
+static sm_status plp_record(sm_request *r, const sm_lp_sum *ls, int j) {
     if (ls->bad) return fail(SM_E_MODEL, "request prompt position %d: its logits are NaN or Inf", j);
-    r->plp[j] = sm_lp_value(ls, ls->tok_l);
-    const int k = r->samp.top_logprobs;
-    for (int i = 0; i < k; i++) {
-        r->ptop_ids[(size_t)j * k + i] = i < ls->n ? ls->top_ids[i] : -1;
-        r->ptop_lp[(size_t)j * k + i] = i < ls->n ? sm_lp_value(ls, ls->top_l[i]) : -INFINITY;
-    }
+    lp_put(&r->plp, (size_t)j, ls, ls->tok_l);
     return SM_OK;
 }
 
@@ -526,7 +509,7 @@ static sm_status plp_record(const sparkmono_engine *g, const sm_request *r, cons
  * accepted before this row), then drawn (sampled) or its argmax (greedy); with draft >= 0,
  * *accepted says whether it is that draft (sampled: the speculative rule of sample.h).  ls: the
  * row's logprob summary (a request with logprobs), else NULL. */
-static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float *lg, const sm_lp_sum *ls, int64_t pos,
+static sm_status token_at(sparkmono_engine *g, sm_request *r, const float *lg, const sm_lp_sum *ls, int64_t pos,
                           const int *extra, int nextra, int draft, int *tok, int *accepted) {
     sm_err e = {{0}};
     const int nv = g->cfg->vocab_used;
@@ -556,7 +539,7 @@ static sm_status token_at(sparkmono_engine *g, const sm_request *r, const float 
  * history and out[0..j) (the drafts accepted so far); while it is the draft t[j + 1] (sampled:
  * accepted with probability p(draft)) the walk goes on; the first other token or the last
  * row's bonus token ends it.  Writes the tokens to out; *cnt = accepted drafts + 1. */
-static sm_status accept_rows(sparkmono_engine *g, const sm_request *r, const int *t, int nrows, const float *lg,
+static sm_status accept_rows(sparkmono_engine *g, sm_request *r, const int *t, int nrows, const float *lg,
                              const sm_lp_sum *ls, int p0, int *out, int *cnt) {
     const size_t V = (size_t)g->cfg->V;
     for (int j = 0;; j++) {
@@ -593,9 +576,9 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         const int *at = NULL;
         /* summaries: each prompt row's (prompt logprobs: the logit of the next prompt id too),
          * and the last row's (the first generated id's logprobs) */
-        const int last_lp = r->lp && r->max_tokens > 0 && b == n, lp_k = r->plp || last_lp ? lp_k_of(r) : 0;
+        const int last_lp = r->glp.lp && r->max_tokens > 0 && b == n, lp_k = r->plp.lp || last_lp ? lp_k_of(r) : 0;
         for (int i = 0; lp_k && i < b - a; i++) {
-            g->lp_at[i] = (r->plp && a + i + 1 < n) || (last_lp && a + i == n - 1) ? i : -1;
+            g->lp_at[i] = (r->plp.lp && a + i + 1 < n) || (last_lp && a + i == n - 1) ? i : -1;
             g->lp_tok[i] = a + i + 1 < n ? r->hist[a + i + 1] : -1;
         }
         if (!lg && r->rows_back && r->max_tokens > 0 && b == n) {
@@ -606,8 +589,8 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
             at = g->logits_at;
         }
         if ((s = run_step(g, b - a, lg, at, lp_k))) return s;
-        for (int i = 0; r->plp && i < b - a && a + i + 1 < n; i++)
-            if ((s = plp_record(g, r, &g->lpsum[i], a + i + 1))) return s;
+        for (int i = 0; r->plp.lp && i < b - a && a + i + 1 < n; i++)
+            if ((s = plp_record(r, &g->lpsum[i], a + i + 1))) return s;
         /* a non-finite row fails the prefill: argmax -1, or a NaN / Inf in the logits handed out */
         for (int i = 0; i < b - a; i++)
             if (g->argmax[i] < 0 || (logits && ref_argmax_row(lg + (size_t)i * (size_t)V, g->cfg->vocab_used) < 0))
@@ -623,11 +606,11 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
     } else if (r->rows_back) {
         const float *last = logits ? logits + (size_t)(n - 1) * (size_t)V : g->slog;
         int t, acc;
-        if ((s = token_at(g, r, last, r->lp ? &g->lpsum[g->last_nrows - 1] : NULL, n, NULL, 0, -1, &t, &acc))) return s;
+        if ((s = token_at(g, r, last, r->glp.lp ? &g->lpsum[g->last_nrows - 1] : NULL, n, NULL, 0, -1, &t, &acc))) return s;
         emit(g->cfg, r, &t, 1);
     } else {
         const int t = g->argmax[g->last_nrows - 1];
-        if (r->lp && (s = lp_record(g, r, &g->lpsum[g->last_nrows - 1], logits ? logits + (size_t)(n - 1) * (size_t)V : NULL,
+        if (r->glp.lp && (s = lp_record(g, r, &g->lpsum[g->last_nrows - 1], logits ? logits + (size_t)(n - 1) * (size_t)V : NULL,
                                     t, n)))
             return s;
         emit(g->cfg, r, &t, 1);
@@ -673,10 +656,10 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
             g->pos[nrows + i] = p0 + i;
             g->rreq[nrows + i] = q;
             g->logits_at[nrows + i] = r->rows_back ? nsel + i : -1; /* their rows' logits, packed */
-            g->lp_at[nrows + i] = r->lp ? nrows + i : -1;         /* their rows' logprob summaries */
+            g->lp_at[nrows + i] = r->glp.lp ? nrows + i : -1;         /* their rows' logprob summaries */
             g->lp_tok[nrows + i] = -1;
         }
-        if (r->lp && lp_k_of(r) > lp_k) lp_k = lp_k_of(r);
+        if (r->glp.lp && lp_k_of(r) > lp_k) lp_k = lp_k_of(r);
         r->row0 = nrows;
         r->nrows = rows;
         r->lrow0 = nsel;
@@ -695,7 +678,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         sm_request *r = &g->reqs[q];
         if (!r->nrows) continue;
         int p0 = r->nhist - 1, cnt;
-        const sm_lp_sum *ls = r->lp ? g->lpsum + r->row0 : NULL;
+        const sm_lp_sum *ls = r->glp.lp ? g->lpsum + r->row0 : NULL;
         if (!r->rows_back) {
             cnt = sm_accept_greedy(g->tok + r->row0, g->argmax + r->row0, r->nrows, g->draft);
             for (int j = 0; ls && j < cnt; j++) /* row j gave the token at p0 + 1 + j */
@@ -761,10 +744,10 @@ sm_status sparkmono_logprobs(const sparkmono_engine *g, int req, const float **l
     const sm_request *r = get_req(g, req, "sparkmono_logprobs", &s);
     if (!r) return s;
     if (!lp || !top_ids || !top_lp || !k) return fail(SM_E_INVALID, "sparkmono_logprobs: NULL argument");
-    if (!r->lp) return fail(SM_E_STATE, "sparkmono_logprobs: request %d was added without logprobs", req);
-    *lp = r->lp;
-    *top_ids = r->top_ids;
-    *top_lp = r->top_lp;
+    if (!r->glp.lp) return fail(SM_E_STATE, "sparkmono_logprobs: request %d was added without logprobs", req);
+    *lp = r->glp.lp;
+    *top_ids = r->glp.top_ids;
+    *top_lp = r->glp.top_lp;
     *k = r->samp.top_logprobs;
     return ok();
 }
@@ -775,11 +758,11 @@ sm_status sparkmono_prompt_logprobs(const sparkmono_engine *g, int req, const fl
     const sm_request *r = get_req(g, req, "sparkmono_prompt_logprobs", &s);
     if (!r) return s;
     if (!lp || !top_ids || !top_lp || !k) return fail(SM_E_INVALID, "sparkmono_prompt_logprobs: NULL argument");
-    if (!r->plp) return fail(SM_E_STATE, "sparkmono_prompt_logprobs: request %d was added without prompt_logprobs", req);
+    if (!r->plp.lp) return fail(SM_E_STATE, "sparkmono_prompt_logprobs: request %d was added without prompt_logprobs", req);
     if (!r->prefilled) return fail(SM_E_STATE, "sparkmono_prompt_logprobs: request %d is not prefilled", req);
-    *lp = r->plp;
-    *top_ids = r->ptop_ids;
-    *top_lp = r->ptop_lp;
+    *lp = r->plp.lp;
+    *top_ids = r->plp.top_ids;
+    *top_lp = r->plp.top_lp;
     *k = r->samp.top_logprobs;
     return ok();
 }

@@ -13,6 +13,7 @@
 #ifndef SM_ENGINE_H
 #define SM_ENGINE_H
 #include "sparkmono.h"
+#include "base/lptrack.h"
 #include "backend/backend.h"
 #include "backend/kvcache.h"
 #include "engine/logitproc.h"
@@ -34,12 +35,10 @@ typedef struct sm_request {
     int sampled;       /* 1: tokens drawn under samp (temperature > 0); 0: greedy */
     int proc;          /* 1: samp has logit processors (logitproc.h) */
     int rows_back;     /* 1: its rows' logits come back (sampled or proc) */
-    float *lp;         /* [max_tokens] logprob of each generated id (samp.logprobs), else NULL */
-    int *top_ids;      /* [max_tokens * samp.top_logprobs] the most likely ids of each position */
-    float *top_lp;     /* [max_tokens * samp.top_logprobs] their logprobs */
-    float *plp;        /* [prompt_len] logprob of each prompt id (samp.prompt_logprobs; [0] NaN), else NULL */
-    int *ptop_ids;     /* [prompt_len * samp.top_logprobs] each prompt position's most likely ids */
-    float *ptop_lp;    /* [prompt_len * samp.top_logprobs] their logprobs */
+    sm_lp_track glp;   /* [max_tokens] positions: each generated id's logprobs (samp.logprobs; k =
+                          samp.top_logprobs), else empty (glp.lp NULL) */
+    sm_lp_track plp;   /* [prompt_len] positions: each prompt id's (samp.prompt_logprobs; entry 0
+                          NaN, its ids -1), else empty */
     sparkmono_sampling samp; /* its sampling parameters and processors (all zero: plain greedy) */
     int lrow0;         /* sampled or proc: its first row in the last verify step's logits (slog) */
 } sm_request;

@@ -14,12 +14,12 @@
 /* The logprobs of c's ids from index i (NULL when the request asked for none), in *lp; from
  * index 0 with echo, the prompt's first (pre). */
 static const sm_api_lp *choice_lp(const sm_job *j, sm_choice *c, int i, sm_api_lp *lp, sm_api_lp_pre *pre) {
-    if (!c->r->lp) return NULL;
-    const int k = c->r->samp.top_logprobs;
-    *lp = (sm_api_lp){j->s->api.tok, c->r->lp + i, c->r->top_ids + (size_t)i * k, c->r->top_lp + (size_t)i * k, k,
+    const sm_lp_track *g = &c->r->glp, *p = &c->r->plp;
+    if (!g->lp) return NULL;
+    *lp = (sm_api_lp){j->s->api.tok, g->lp + i, g->top_ids + (size_t)i * g->k, g->top_lp + (size_t)i * g->k, g->k,
                       &c->lp_off, NULL, 0};
-    if (i == 0 && c->r->plp && (c->nids > 0 || c->finish)) { /* they came with the first ids (or the end) */
-        *pre = (sm_api_lp_pre){c->r->prompt, c->r->plp, c->r->ptop_ids, c->r->ptop_lp};
+    if (i == 0 && p->lp && (c->nids > 0 || c->finish)) { /* they came with the first ids (or the end) */
+        *pre = (sm_api_lp_pre){c->r->prompt, p->lp, p->top_ids, p->top_lp};
         lp->pre = pre;
         lp->npre = c->r->n;
     }

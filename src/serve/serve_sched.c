@@ -59,26 +59,12 @@ sm_sreq *sm_sreq_new(int *prompt, int n, int max_tokens, const sparkmono_samplin
     r->max_tokens = max_tokens;
     r->cap = max_tokens;
     if (s) r->samp = *s;
-    if (r->samp.logprobs) { /* the engine's logprobs of each id, kept beside it */
-        const size_t k = (size_t)r->samp.top_logprobs, c = (size_t)(max_tokens > 0 ? max_tokens : 1);
-        r->lp = malloc(c * sizeof(float));
-        r->top_ids = malloc(c * k * sizeof(int) + 1);
-        r->top_lp = malloc(c * k * sizeof(float) + 1);
-        if (!r->lp || !r->top_ids || !r->top_lp) {
-            free(r->lp), free(r->top_ids), free(r->top_lp), free(r->ids), free(r);
-            return NULL;
-        }
-    }
-    if (r->samp.prompt_logprobs) { /* the prompt ids' logprobs (echo with logprobs) */
-        const size_t k = (size_t)r->samp.top_logprobs;
-        r->plp = malloc((size_t)n * sizeof(float));
-        r->ptop_ids = malloc((size_t)n * k * sizeof(int) + 1);
-        r->ptop_lp = malloc((size_t)n * k * sizeof(float) + 1);
-        if (!r->plp || !r->ptop_ids || !r->ptop_lp) {
-            free(r->plp), free(r->ptop_ids), free(r->ptop_lp);
-            free(r->lp), free(r->top_ids), free(r->top_lp), free(r->ids), free(r);
-            return NULL;
-        }
+    /* the engine's logprobs of each id, kept beside it; the prompt ids' (echo with logprobs) */
+    if ((r->samp.logprobs && sm_lp_track_alloc(&r->glp, (size_t)max_tokens, r->samp.top_logprobs)) ||
+        (r->samp.prompt_logprobs && sm_lp_track_alloc(&r->plp, (size_t)n, r->samp.top_logprobs))) {
+        sm_lp_track_free(&r->glp);
+        free(r->ids), free(r);
+        return NULL;
     }
     r->refs = 1;
     return r;
@@ -88,12 +74,8 @@ static void release_locked(sm_sreq *r) {
     if (--r->refs > 0) return;
     free(r->prompt);
     free(r->ids);
-    free(r->lp);
-    free(r->top_ids);
-    free(r->top_lp);
-    free(r->plp);
-    free(r->ptop_ids);
-    free(r->ptop_lp);
+    sm_lp_track_free(&r->glp);
+    sm_lp_track_free(&r->plp);
     free(r);
 }
 
@@ -134,20 +116,12 @@ static void publish_locked(sm_sched *s, const sparkmono_batch_event *ev, int nev
     for (int k = 0; k < nev; k++) {
         sm_sreq *r = ev[k].user;
         int n = ev[k].n < r->cap - r->nids ? ev[k].n : r->cap - r->nids; /* the engine stops at max_tokens */
-        if (r->plp && ev[k].prompt_lp && ev[k].prompt_len == r->n) { /* with the first ids, or the end */
-            const size_t tk = (size_t)ev[k].top, P = (size_t)r->n;
-            memcpy(r->plp, ev[k].prompt_lp, P * sizeof(float));
-            memcpy(r->ptop_ids, ev[k].prompt_top_ids, P * tk * sizeof(int));
-            memcpy(r->ptop_lp, ev[k].prompt_top_lp, P * tk * sizeof(float));
-        }
+        if (r->plp.lp && ev[k].prompt_lp && ev[k].prompt_len == r->n) /* with the first ids, or the end */
+            sm_lp_track_put(&r->plp, 0, ev[k].prompt_lp, ev[k].prompt_top_ids, ev[k].prompt_top_lp, (size_t)r->n);
         if (n > 0) {
             memcpy(r->ids + r->nids, ev[k].ids, (size_t)n * sizeof(int));
-            if (r->lp && ev[k].logprobs) { /* their logprobs, at the same places */
-                const size_t tk = (size_t)ev[k].top;
-                memcpy(r->lp + r->nids, ev[k].logprobs, (size_t)n * sizeof(float));
-                memcpy(r->top_ids + (size_t)r->nids * tk, ev[k].top_ids, (size_t)n * tk * sizeof(int));
-                memcpy(r->top_lp + (size_t)r->nids * tk, ev[k].top_lp, (size_t)n * tk * sizeof(float));
-            }
+            if (r->glp.lp && ev[k].logprobs) /* their logprobs, at the same places */
+                sm_lp_track_put(&r->glp, (size_t)r->nids, ev[k].logprobs, ev[k].top_ids, ev[k].top_lp, (size_t)n);
             s->tokens += n;
             if (!r->nids) r->t_first = sm_sched_now();
             r->nids += n;

@@ -20,6 +20,7 @@
 #define SM_SERVE_SCHED_H
 #include <pthread.h>
 #include "base/err.h"
+#include "base/lptrack.h"
 #include "sparkmono.h"
 #include "serve/serve_metrics.h"
 
@@ -42,15 +43,12 @@ typedef struct sm_sreq {
     /* shared, under the scheduler's mutex */
     int *ids;                  /* [cap] generated ids, the first nids valid */
     int nids, cap;
-    float *lp;                 /* [cap] logprob of each id (samp.logprobs), else NULL; an entry below nids
-                                  is never written again, so a consumer reads it after sm_sched_poll */
-    int *top_ids;              /* [cap * samp.top_logprobs] the most likely ids of each position */
-    float *top_lp;             /* [cap * samp.top_logprobs] their logprobs */
-    float *plp;                /* [n] the prompt ids' logprobs (samp.prompt_logprobs; [0] NaN), else NULL;
-                                  written once, with the first ids (nids > 0 means they are there)
-                                  or, max_tokens 0, with the end (done LENGTH) */
-    int *ptop_ids;             /* [n * samp.top_logprobs] each prompt position's most likely ids */
-    float *ptop_lp;            /* [n * samp.top_logprobs] their logprobs */
+    sm_lp_track glp;           /* [cap] positions: each id's logprobs (samp.logprobs), else empty (glp.lp
+                                  NULL); a position below nids is never written again, so a consumer
+                                  reads it after sm_sched_poll */
+    sm_lp_track plp;           /* [n] positions: the prompt ids' (samp.prompt_logprobs; entry 0 NaN), else
+                                  empty; written once, with the first ids (nids > 0 means they are
+                                  there) or, max_tokens 0, with the end (done LENGTH) */
     int done;                  /* SM_SREQ_* */
     int cancel;                /* set by the consumer: stop and free the engine slot */
     int refs;                  /* holders: the submitter and, once submitted, the engine thread */
