@@ -4,8 +4,9 @@
  * The template is parsed once at server start (a template outside the supported subset stops
  * the server with its line) and rendered per request with the variables transformers'
  * apply_chat_template passes: messages, add_generation_prompt, bos_token and eos_token, tools
- * (the request's, with tool_choice "none": no tool calls are parsed) and documents (none).  We rejected rendering in the engine thread: a render is a few
- * microseconds of the connection's own thread and needs no lock (the tree is read-only).
+ * (the request's, with tool_choice "none": no tool calls are parsed) and documents (none).
+ * We rejected rendering in the engine thread: a render is a few microseconds of the
+ * connection's own thread and needs no lock (the tree is read-only).
  */
 #include "serve/serve_chat.h"
 #include <stdio.h>
