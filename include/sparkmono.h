@@ -50,6 +50,11 @@ typedef struct sparkmono_engine sparkmono_engine;
 
 typedef struct sparkmono_model_opts {
     int online_mxfp4;   /* 1: round BF16 experts of layers 1..L-2 to MXFP4 at load */
+    const char *activations; /* the activations of the MXFP4 experts' matmuls: NULL or "auto" (as the
+                                checkpoint declares: W4A4, MXFP4 activations, when its quantization_config
+                                declares MXFP4 input tensors, and with online_mxfp4; else W4A16), "mxfp4"
+                                (W4A4 on every MXFP4 layer) or "bf16" (W4A16); BF16 and FP8 experts always
+                                take bf16 activations (docs/model.md section 6) */
 } sparkmono_model_opts;
 
 typedef struct sparkmono_model_info {

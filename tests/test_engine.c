@@ -451,7 +451,7 @@ static void test_aux(void) {
 static void test_online_mxfp4(void) {
     /* BF16-expert checkpoint quantized at load: speculative == plain on it too */
     sparkmono_model *m;
-    sparkmono_model_opts mo = {1};
+    sparkmono_model_opts mo = {.online_mxfp4 = 1};
     CHECK(sparkmono_model_open(g_dir_bf16, &mo, &m) == SM_OK, "open: %s", sparkmono_errmsg());
     if (!m) return;
     int a[12], b[12], na, nb, p = 2;

@@ -5,6 +5,7 @@
  * what the parser accepts (the README's list is checked against --help by tests/cli_help.sh). */
 #include "cli.h"
 #include "sparkmono.h"
+#include "model/quant.h"
 #include "model/tokenizer.h"
 #include <ctype.h>
 #include <errno.h>
@@ -339,10 +340,18 @@ int cli_prompt_check(const char *cmd, const char *src, const int *ids, int n, in
     return 0;
 }
 
-int cli_model_open(const char *cmd, const char *dir, int online_mxfp4, const char *src, const int *ids, int n,
-                   sparkmono_model **m, sm_err *e) {
+int cli_acts(const char *cmd, cli_opt *opts, int no, const char **out, sm_err *e) {
+    const cli_opt *o = cli_find(opts, no, "activations");
+    if (cli_choice(cmd, o, SM_ACTS_WORDS, e)) return -1;
+    *out = cli_str(o);
+    return 0;
+}
+
+int cli_model_open(const char *cmd, const char *dir, int online_mxfp4, const char *acts, const char *src, const int *ids,
+                   int n, sparkmono_model **m, sm_err *e) {
     sparkmono_model_opts mo = {0};
     mo.online_mxfp4 = online_mxfp4;
+    mo.activations = acts;
     if (sparkmono_model_open(dir, &mo, m)) return -1;
     sparkmono_model_info info;
     if (sparkmono_model_get_info(*m, &info)) return -1;

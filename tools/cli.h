@@ -79,6 +79,15 @@ typedef struct cli_world_sel {
         CLI_OPT("comm", "peer|nccl", "peer", "cuda with --world: exchanges through peer memory or NCCL")
 int cli_world(const char *cmd, cli_opt *opts, int no, cli_world_sel *w, sm_err *e);
 
+/* --activations auto|mxfp4|bf16 (the words of SM_ACTS_WORDS, model/quant.h), the same on every
+ * command that loads a model: the activations of the MXFP4 experts' matmuls. */
+#define CLI_ACTS_OPT                                                                                                     \
+    CLI_OPT("activations", "auto|mxfp4|bf16", "auto", "MXFP4 experts' activations: auto as the checkpoint declares "    \
+            "(W4A4 when its quantization_config declares MXFP4 inputs, and with --online-mxfp4), mxfp4 (W4A4) or bf16 (W4A16)")
+/* The value of --activations of a table holding CLI_ACTS_OPT into *out ("auto" when absent);
+ * another word is an error naming the flag. */
+int cli_acts(const char *cmd, cli_opt *opts, int no, const char **out, sm_err *e);
+
 /* The prompt of generate / logits: exactly one of --prompt TEXT (encoded with the model
  * directory dir's tokenizer.json, no bos added), --prompt-ids LIST and --prompt-file FILE
  * (token ids separated by whitespace and/or single commas; "-" reads stdin).  *ids malloc'd
@@ -94,12 +103,12 @@ int cli_prompt(const char *cmd, const char *dir, const cli_opt *text, const cli_
 int cli_read_all(const char *what, const char *path, char **buf, size_t *len, sm_err *e);
 /* Every id in [0, vocab): else an error naming src and the token index. */
 int cli_prompt_check(const char *cmd, const char *src, const int *ids, int n, int vocab, sm_err *e);
-/* Open the model of --model DIR (online MXFP4 when asked) and check the prompt's ids against
- * its vocabulary.  0: *m open; -1: an engine error (sparkmono_errmsg(), *m may be open: close
+/* Open the model of --model DIR (online MXFP4 and the activations as asked: acts "auto",
+ * "mxfp4" or "bf16") and check the prompt's ids against its vocabulary.  0: *m open; -1: an engine error (sparkmono_errmsg(), *m may be open: close
  * it); -2: a bad prompt, one line in e (*m open). */
 struct sparkmono_model;
-int cli_model_open(const char *cmd, const char *dir, int online_mxfp4, const char *src, const int *ids, int n,
-                   struct sparkmono_model **m, sm_err *e);
+int cli_model_open(const char *cmd, const char *dir, int online_mxfp4, const char *acts, const char *src, const int *ids,
+                   int n, struct sparkmono_model **m, sm_err *e);
 
 /* Commands: argc/argv are the words after the command name; return the exit status
  * (0 ok, 2 bad input, 1 internal failure; make-model: 128 + signal when interrupted). */

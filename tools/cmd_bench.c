@@ -40,6 +40,8 @@ typedef struct bench_args {
     const char *model;      /* --model DIR, or NULL */
     int fmt;                /* expert format of the preset's layers 1..L-2 */
     int online_mxfp4;       /* --online-mxfp4 with --model */
+    sm_acts activations;    /* --activations (SM_ACTS_AUTO when not given): with --model the load
+                               option; with --preset for the synthesized model */
     int *step_rows; int nstep_rows; /* [nstep_rows] rows of a verify step (all requests) */
     int ctx;                /* tokens already in every request's cache */
     int iters;              /* timed steps per row count (>= 20) */
@@ -99,6 +101,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
         CLI_OPT("model", "DIR", NULL, "load a checkpoint instead"),
         CLI_OPT("experts", "mxfp4|bf16|fp8", "mxfp4", "with --preset: expert format of layers 1..L-2"),
         CLI_SWITCH("online-mxfp4", "with --model: round BF16 experts of layers 1..L-2 to MXFP4 at load"),
+        CLI_ACTS_OPT,
         CLI_OPT("step-rows", "LIST", "8,16,32,64,128", "rows per verify step (all requests together), one timing each"),
         CLI_OPT("ctx", "N", "1024", "tokens already in every request's KV cache"),
         CLI_OPT("iters", "N", "50", "timed steps per row count, at least 20 (the median is reported)"),
@@ -127,6 +130,9 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     if (parse_fmt(cli_str(o), &a->fmt, e)) return -1;
     a->online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
     if (a->online_mxfp4 && !a->model) return sm_errf(e, "bench: --online-mxfp4 applies to --model");
+    const char *acts;
+    if (cli_acts("bench", opts, no, &acts, e)) return -1;
+    sm_acts_parse(acts, &a->activations);
     if (cli_int_list("bench: --step-rows", cli_str(cli_find(opts, no, "step-rows")), 1, 128, &a->step_rows, &a->nstep_rows, e)) return -1;
     long v;
     if (cli_int("bench", cli_find(opts, no, "ctx"), 0, 1 << 22, &v, e)) return -1;
@@ -198,6 +204,8 @@ static double kv_keys(const sm_config *c, int full, int ctx, int R) {
 typedef struct bench_row {
     int step_rows, nreq, R; /* rows of the step = nreq requests of R rows */
     int mono;               /* timed with the monokernel */
+    int acts;               /* --preset MXFP4: SM_ACTS_BF16 (W4A16) or SM_ACTS_MXFP4 (W4A4); else
+                               SM_ACTS_AUTO (the checkpoint's own, as loaded) */
     double layer_frac;      /* mean %floor of the MXFP4 layers 1..L-2 (0: none) */
     float med_us, min_us, max_us;
     double bytes, expert_bytes, dense_bytes, kv_bytes, lm_bytes;
@@ -257,6 +265,7 @@ static int bench_model(bench_run *b, sm_err *e) {
     if (a->model) {
         sm_load_opts lo = {0};
         lo.online_mxfp4 = a->online_mxfp4;
+        lo.activations = a->activations;
         if (sm_model_load(a->model, &lo, &b->m, e)) return sm_errprefix(e, "bench");
         b->have_m = 1;
         b->cfg = b->m.cfg;
@@ -277,7 +286,7 @@ static int bench_alloc(bench_run *b, sm_err *e) {
         if (a->step_rows[i] > b->max_step_rows) b->max_step_rows = a->step_rows[i];
     }
     size_t L = (size_t)c->L, N = (size_t)b->max_step_rows, S = (size_t)a->sets;
-    b->res = calloc((size_t)a->nstep_rows * 2, sizeof *b->res);
+    b->res = calloc((size_t)a->nstep_rows * 4, sizeof *b->res); /* x (stock, mono) x (W4A16, W4A4) */
     b->idx = malloc(sizeof(int) * L * N * (size_t)c->K);
     b->fmt = malloc(sizeof(int) * L);
     b->xb = malloc(sizeof(double) * L);
@@ -500,18 +509,20 @@ static void bench_summary(const bench_run *b, int nres) {
     const bench_args *a = b->a;
     printf("summary (%s, %s experts, ctx %d, read bandwidth %.0f GB/s):\n", a->preset ? a->preset : a->model,
            a->preset ? sm_expert_fmt_name((sm_expert_fmt)a->fmt) : "checkpoint", a->ctx, b->bw / 1e9);
-    printf("%-6s %-6s %-8s %10s %10s %9s %10s %8s %12s %8s\n", "path", "rows", "req x R", "median_us", "GB_read", "experts",
-           "floor_us", "%floor", "mxfp4_layer", "speedup");
+    printf("%-6s %-6s %-6s %-8s %10s %10s %9s %10s %8s %12s %8s\n", "path", "acts", "rows", "req x R", "median_us", "GB_read",
+           "experts", "floor_us", "%floor", "mxfp4_layer", "speedup");
     for (int ri = 0; ri < nres; ri++) {
         const bench_row *br = &b->res[ri];
         char rq[16], lf[16], sp[16];
         snprintf(rq, sizeof rq, "%dx%d", br->nreq, br->R);
         snprintf(lf, sizeof lf, br->layer_frac > 0 ? "%.1f%%" : "-", 100 * br->layer_frac);
         snprintf(sp, sizeof sp, "-");
-        if (br->mono && ri > 0 && !b->res[ri - 1].mono && b->res[ri - 1].step_rows == br->step_rows)
+        if (br->mono && ri > 0 && !b->res[ri - 1].mono && b->res[ri - 1].step_rows == br->step_rows &&
+            b->res[ri - 1].acts == br->acts)
             snprintf(sp, sizeof sp, "%.2fx", b->res[ri - 1].med_us / br->med_us);
-        printf("%-6s %-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%% %12s %8s\n", br->mono ? "mono" : "stock", br->step_rows, rq,
-               br->med_us, br->bytes / 1e9, br->distinct, br->floor_us, 100 * br->frac, lf, sp);
+        const char *an = br->acts == SM_ACTS_MXFP4 ? "w4a4" : br->acts == SM_ACTS_BF16 ? "w4a16" : "-";
+        printf("%-6s %-6s %-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%% %12s %8s\n", br->mono ? "mono" : "stock", an,
+               br->step_rows, rq, br->med_us, br->bytes / 1e9, br->distinct, br->floor_us, 100 * br->frac, lf, sp);
         if (a->ws.world > 1)
             printf("%-6s %-6s %-8s rank floor %.1f us (%.3f GB, %.1f%% of the step), exchanges %.1f us (%.1f%%)\n", "", "", "",
                    br->rank_floor_us, br->rank_bytes / 1e9, 100 * br->rank_floor_us / br->med_us, br->exch_us,
@@ -541,6 +552,15 @@ static int run(const bench_args *a, sm_err *e) {
         if (!b.have_mono && a->mono == 1) rc = sm_errf(e, "bench --mono on: %s", me.msg);
         if (!b.have_mono && !rc) printf("monokernel: not available on this model / device (%s); stock only\n\n", me.msg);
     }
+    /* the MXFP4 activations of a synthetic model: both numerics (W4A16, then W4A4) unless
+     * --activations names one; a checkpoint runs what it loaded with */
+    int acts[2] = {SM_ACTS_AUTO, SM_ACTS_AUTO}, nacts = 1;
+    if (a->preset && a->fmt == SM_EXP_MXFP4) {
+        if (a->activations == SM_ACTS_AUTO) acts[0] = SM_ACTS_BF16, acts[1] = SM_ACTS_MXFP4, nacts = 2;
+        else acts[0] = a->activations;
+    } else if (a->preset && a->activations == SM_ACTS_MXFP4 && !rc) {
+        rc = sm_errf(e, "bench: --activations mxfp4 needs MXFP4 experts (--experts mxfp4)");
+    }
     uint64_t rng = a->seed * 7919 + 17;
     int nres = 0;
     for (int ri = 0; ri < a->nstep_rows && !rc; ri++) {
@@ -548,18 +568,23 @@ static int run(const bench_args *a, sm_err *e) {
         int q, R;
         split_rows(a, rows, &q, &R, e);
         bench_inputs(&b, rows, R, &rng);
-        /* stock first, then the monokernel on the same inputs (same run, same floor) */
-        for (int pass = 0; pass < 2 && !rc; pass++) {
-            const int mono = pass == 1;
-            if (mono ? !(b.have_mono && a->mono != 2) : (a->mono == 1 && b.have_mono)) continue;
-            if (b.have_mono) rc = sm_cuda_bench_set_mono(&b.be, mono, e);
-            bench_row *br = &b.res[nres++];
-            br->step_rows = rows;
-            br->nreq = q;
-            br->R = R;
-            br->mono = mono;
-            if (!rc) rc = bench_step(&b, br, e);
-            if (!rc) rc = a->ws.world > 1 ? bench_world(&b, br, e) : bench_layers(&b, br, e);
+        /* per numerics, stock first, then the monokernel on the same inputs (same run, same floor) */
+        for (int ai = 0; ai < nacts && !rc; ai++) {
+            if (acts[ai] != SM_ACTS_AUTO) rc = sm_cuda_bench_set_acts(&b.be, acts[ai] == SM_ACTS_MXFP4, e);
+            for (int pass = 0; pass < 2 && !rc; pass++) {
+                const int mono = pass == 1;
+                if (mono ? !(b.have_mono && a->mono != 2) : (a->mono == 1 && b.have_mono)) continue;
+                if (b.have_mono) rc = sm_cuda_bench_set_mono(&b.be, mono, e);
+                bench_row *br = &b.res[nres++];
+                br->step_rows = rows;
+                br->nreq = q;
+                br->R = R;
+                br->mono = mono;
+                br->acts = acts[ai];
+                if (acts[ai] != SM_ACTS_AUTO) printf("activations: %s\n", acts[ai] == SM_ACTS_MXFP4 ? "mxfp4 (W4A4)" : "bf16 (W4A16)");
+                if (!rc) rc = bench_step(&b, br, e);
+                if (!rc) rc = a->ws.world > 1 ? bench_world(&b, br, e) : bench_layers(&b, br, e);
+            }
         }
         /* --trace: a traced monokernel step of every row count (its phase summary); the file
          * holds the first row count's */

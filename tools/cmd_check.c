@@ -15,9 +15,10 @@
 const cli_cmd cli_help_check = {
     "check",
     "validate a checkpoint directory with the engine's loader and print a summary",
-    "(--model DIR | DIR) [--online-mxfp4] [--mono]",
+    "(--model DIR | DIR) [--online-mxfp4] [--activations auto|mxfp4|bf16] [--mono]",
     "sparkmono check --model build/models/tiny",
-    "Prints the configuration, layer kinds, expert format per layer and bytes per component, and\n"
+    "Prints the configuration, layer kinds, the quantization_config read, expert format and\n"
+    "numerics (W4A4 or W4A16) per layer and bytes per component, and\n"
     "scans every stored value for NaN and Inf (multi-threaded; progress on a terminal).\n"
     "Exit status 0 means the engine will load the directory, every weight is finite, its\n"
     "tokenizer.json (when there is one) loads as serve loads it and its chat template (if any) is\n"
@@ -46,6 +47,7 @@ int cmd_check(int argc, char **argv) {
     cli_opt opts[] = {
         CLI_OPT("model", "DIR", NULL, "checkpoint directory (config.json + safetensors); or give DIR alone"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load, as the engine can"),
+        CLI_ACTS_OPT,
         CLI_SWITCH("mono", "also print whether the monokernel can run this model on CUDA device 0, with every refusal"),
     };
     const int no = (int)(sizeof opts / sizeof opts[0]);
@@ -64,6 +66,9 @@ int cmd_check(int argc, char **argv) {
     if (!model->present && !npos) { sm_errf(&e, "%s: --model DIR is required (or DIR alone)", cmd); goto bad; }
     const char *dir = model->present ? model->value : pos[0];
     sm_load_opts o = {.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present};
+    const char *acts;
+    if (cli_acts(cmd, opts, no, &acts, &e)) goto bad;
+    sm_acts_parse(acts, &o.activations);
     if (sm_model_load(dir, &o, &m, &e)) goto bad;
     char tokline[4200]; /* the tokenizer serve would load, loaded the same way */
     if (sm_check_tokenizer(dir, tokline, sizeof tokline, &e)) { sm_model_free(&m); sm_errprefix(&e, "%s", cmd); goto bad; }

@@ -292,8 +292,8 @@ typedef struct batch_cfg {
     long max_len;            /* --max-len (0: the longest request) */
 } batch_cfg;
 
-static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const sparkmono_engine_opts *eo0, const batch_cfg *bc,
-                     const breq *dflt) {
+static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const char *acts, const sparkmono_engine_opts *eo0,
+                     const batch_cfg *bc, const breq *dflt) {
     breq *q = NULL;
     int nq = 0, rc = 2;
     sm_err e = {{0}};
@@ -307,6 +307,7 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const s
     if (bc->out && sm_outfile_open(&of, bc->out, &e)) { sm_errprefix(&e, "%s: --out", cmd); goto bad; }
     sparkmono_model_opts mo = {0};
     mo.online_mxfp4 = online_mxfp4;
+    mo.activations = acts;
     if (sparkmono_model_open(dir, &mo, &m)) goto fail;
     sparkmono_model_info info;
     if (sparkmono_model_get_info(m, &info)) goto fail;
@@ -454,12 +455,13 @@ int cmd_generate(int argc, char **argv) {
         CLI_OPT("mono", "auto|on|off", "off", "cuda: layers 1..L-2 of verify steps as monokernel launches (auto: where eligible)"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
+        CLI_ACTS_OPT,
         CLI_OPT("max-len", "L", "prompt + max-tokens", "max model length the KV cache is sized for (--batch: the longest request)"),
         CLI_WORLD_OPTS,
         CLI_RENAMED("rows", "--rows is now --request-rows R (rows per request: the last token + R-1 drafts)"),
     };
     const int no = (int)(sizeof opts / sizeof opts[0]);
-    const char *pos[1], *src = "";
+    const char *pos[1], *src = "", *acts = NULL;
     int npos, *prompt = NULL, n = 0;
     cli_world_sel ws = {0};
     sm_tokenizer *tk = NULL; /* --prompt TEXT: the model's tokenizer */
@@ -478,7 +480,7 @@ int cmd_generate(int argc, char **argv) {
         cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-len"), 1, 1 << 24, &max_len, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-requests"), 1, 65536, &max_req, &e) ||
-        cli_world(cmd, opts, no, &ws, &e) ||
+        cli_world(cmd, opts, no, &ws, &e) || cli_acts(cmd, opts, no, &acts, &e) ||
         cli_choice(cmd, backend, "cpu|cuda", &e) || cli_choice(cmd, cli_find(opts, no, "mono"), "auto|on|off", &e) ||
         sampling_opts(cmd, opts, no, &samp, &e))
         goto bad;
@@ -512,7 +514,7 @@ int cmd_generate(int argc, char **argv) {
         dflt.max_tokens = (int)max_tokens;
         dflt.s = samp;
         batch_cfg bc = {batch->value, outo->present ? outo->value : NULL, (int)max_req, max_len};
-        return run_batch(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, &eo, &bc, &dflt);
+        return run_batch(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, acts, &eo, &bc, &dflt);
     }
     if (cli_find(opts, no, "max-requests")->present || cli_find(opts, no, "out")->present) {
         sm_errf(&e, "%s: --max-requests and --out go with --batch FILE", cmd);
@@ -527,7 +529,7 @@ int cmd_generate(int argc, char **argv) {
     sparkmono_model *m = NULL;
     sparkmono_engine *g = NULL;
     int *ntok = NULL, *toks = NULL, *acc = NULL, rc = 2, req;
-    int orc = cli_model_open(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, src, prompt, n, &m, &e);
+    int orc = cli_model_open(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, acts, src, prompt, n, &m, &e);
     if (orc == -1) goto fail;
     if (orc == -2) {
         fprintf(stderr, "%s\n", e.msg);

@@ -36,10 +36,11 @@ int cmd_logits(int argc, char **argv) {
         CLI_OPT("backend", "cpu|cuda", "cpu", "where the prefill runs"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
+        CLI_ACTS_OPT,
         CLI_WORLD_OPTS,
     };
     const int no = (int)(sizeof opts / sizeof opts[0]);
-    const char *pos[1], *src = "";
+    const char *pos[1], *src = "", *acts = NULL;
     int npos, *prompt = NULL, n = 0;
     cli_world_sel ws = {0};
     long threads;
@@ -52,7 +53,7 @@ int cmd_logits(int argc, char **argv) {
     if (!model->present) { sm_errf(&e, "%s: --model DIR is required", cmd); goto bad; }
     if (!outp->present || !*outp->value) { sm_errf(&e, "%s: --out FILE.npy is required", cmd); goto bad; }
     if (cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
-        cli_world(cmd, opts, no, &ws, &e) ||
+        cli_world(cmd, opts, no, &ws, &e) || cli_acts(cmd, opts, no, &acts, &e) ||
         cli_choice(cmd, backend, "cpu|cuda", &e))
         goto bad;
     /* refuse a bad target now, not after the prefill (checked again when writing) */
@@ -65,7 +66,7 @@ int cmd_logits(int argc, char **argv) {
     sparkmono_engine *g = NULL;
     float *logits = NULL;
     int rc = 2, req;
-    int orc = cli_model_open(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, src, prompt, n, &m, &e);
+    int orc = cli_model_open(cmd, model->value, cli_find(opts, no, "online-mxfp4")->present, acts, src, prompt, n, &m, &e);
     if (orc == -1) goto fail;
     if (orc == -2) {
         fprintf(stderr, "%s\n", e.msg);

@@ -16,10 +16,13 @@ const cli_cmd cli_help_make_model = {
     "make-model",
     "write a random checkpoint (or a cycle model for the demo) to a new directory",
     "--preset P --out DIR [options]",
-    "sparkmono make-model --preset tiny --experts mxfp4 --seed 1 --out build/models/tiny",
+    "sparkmono make-model --preset tiny --experts mxfp4 --activations mxfp4 --seed 1 --out build/models/tiny",
     "Every tensor is a pure function of (seed, tensor name): the same options give the same bytes.\n"
     "DIR is written as DIR.tmp.<pid> and renamed when complete; on an error, SIGINT or SIGTERM\n"
     "that temporary directory is removed (exit status 2, 130 or 143).\n"
+    "--activations mxfp4 (with --experts mxfp4) writes the quantization_config of a Quark W4A4\n"
+    "export: fp4 weights and dynamic fp4 input tensors per 32 values, layers 0 and L-1 and the\n"
+    "non-expert modules excluded; the engine then runs those experts W4A4 by default.\n"
     "DIR also gets a tokenizer.json (byte-level BPE learned from a small English text; the\n"
     "config's pad, bos and eos ids are <|pad|>, <|bos|>, <|eos|>): see `sparkmono tokenize`.\n"
     "--cycle N: the N smallest ids that are not bos, eos or pad form a cycle (printed on stdout),\n"
@@ -39,6 +42,8 @@ int cmd_make_model(int argc, char **argv) {
         CLI_OPT("preset", "P", NULL, "model shape: tiny, mini, spark1x or spark1x-l4 (required)"),
         CLI_OPT("out", "DIR", NULL, "output directory: new or empty (required)"),
         CLI_OPT("experts", "bf16|mxfp4|fp8", "bf16", "format of the experts of layers 1..L-2"),
+        CLI_OPT("activations", "auto|mxfp4|bf16", "auto", "with --experts mxfp4, the quantization_config written: "
+                "none (auto: loads as W4A16), Quark W4A4 (mxfp4) or Quark weight-only (bf16)"),
         CLI_OPT("seed", "N", "0", "seed of every random tensor"),
         CLI_OPT("layers", "N", "the preset's", "number of layers"),
         CLI_OPT("shards", "K", "1", "safetensors files (K > 1: plus model.safetensors.index.json)"),
@@ -53,6 +58,7 @@ int cmd_make_model(int argc, char **argv) {
     sm_make_opts o;
     memset(&o, 0, sizeof o);
     long layers, seed, shards, cycle;
+    const char *acts;
     int r = cli_parse(&cli_help_make_model, argc, argv, opts, no, pos, 0, &npos, &e);
     if (r > 0) return 0;
     if (r < 0) goto bad;
@@ -64,10 +70,15 @@ int cmd_make_model(int argc, char **argv) {
         cli_int(cmd, cli_find(opts, no, "seed"), 0, 0x7FFFFFFFL, &seed, &e) ||
         cli_int(cmd, cli_find(opts, no, "shards"), 1, 1000, &shards, &e) ||
         cli_int(cmd, cli_find(opts, no, "cycle"), 2, SM_MAKE_MAX_CYCLE, &cycle, &e) ||
-        cli_choice(cmd, ex, "bf16|mxfp4|fp8", &e))
+        cli_choice(cmd, ex, "bf16|mxfp4|fp8", &e) || cli_acts(cmd, opts, no, &acts, &e))
         goto bad;
+    sm_acts_parse(acts, &o.activations);
     const char *exv = cli_str(ex);
     o.experts = !strcmp(exv, "mxfp4") ? SM_EXP_MXFP4 : !strcmp(exv, "fp8") ? SM_EXP_FP8 : SM_EXP_BF16;
+    if (o.activations != SM_ACTS_AUTO && o.experts != SM_EXP_MXFP4) {
+        sm_errf(&e, "%s: --activations %s writes a Quark MXFP4 quantization_config: it needs --experts mxfp4", cmd, acts);
+        goto bad;
+    }
     if (sm_config_preset(preset->value, &c, &e)) { sm_errprefix(&e, "%s: --preset", cmd); goto bad; }
     if (layers && sm_config_set_layers(&c, (int)layers, &e)) { sm_errprefix(&e, "%s: --layers", cmd); goto bad; }
     o.seed = (uint64_t)seed;

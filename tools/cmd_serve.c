@@ -41,6 +41,7 @@ int cmd_serve(int argc, char **argv) {
         CLI_OPT("idle-timeout", "S", "5", "seconds a connection may stay open with no request under way (kept alive)"),
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
+        CLI_ACTS_OPT,
         CLI_WORLD_OPTS,
         CLI_OPT("drain-timeout", "S", "30", "seconds the requests in flight may take after SIGTERM before they are cancelled"),
         CLI_SWITCH("quiet", "no log line per request"),
@@ -79,7 +80,7 @@ int cmd_serve(int argc, char **argv) {
         cli_int(cmd, cli_find(opts, no, "idle-timeout"), 1, 3600, &idleto, &e) ||
         cli_int(cmd, cli_find(opts, no, "drain-timeout"), 0, 86400, &drain, &e) ||
         cli_threads(cmd, cli_find(opts, no, "threads"), &threads, &e) ||
-        cli_world(cmd, opts, no, &ws, &e) ||
+        cli_world(cmd, opts, no, &ws, &e) || cli_acts(cmd, opts, no, &so.activations, &e) ||
         cli_choice(cmd, backend, "cpu|cuda", &e))
         goto bad;
     if (so.model_name && !*so.model_name) {

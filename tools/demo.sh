@@ -7,7 +7,9 @@
 # not).  On each it generates the same tokens twice, with speculative verify steps (the last
 # token + 7 drafts, 8 rows a step) and plain (--no-spec, one token a step), then prints what to
 # notice: the tokens are identical, the mean accepted drafts a verify step, and the speed-up
-# in tokens/s.  The last line is "identical ..." (exit 0), or names the disagreement (exit 1).
+# in tokens/s.  Then a W4A4 checkpoint (make-model --activations mxfp4): its `check` lines and
+# its tokens with the declared MXFP4 activations and with --activations bf16.  The last line
+# is "identical ..." (exit 0), or names the disagreement (exit 1).
 set -u
 B=${1:-build}
 MD=${2:-$B/models}
@@ -71,6 +73,22 @@ c_up=$(ratio "$c_ts" "$c_tp"); c_ms=$(field step_ms "$spec"); c_mp=$(field step_
 run random "$MD/tiny" $NR 1 --experts mxfp4 --seed 1
 r_same=$same; r_dr=$(field drafts "$spec"); r_up=$(ratio "$(field tps "$spec")" "$(field tps "$plain")")
 
+# W4A4: an MXFP4 checkpoint whose quantization_config declares MXFP4 activations (as Quark's
+# export does) runs its experts W4A4 by default; --activations bf16 asks for W4A16
+W4="$MD/tiny-w4a4"
+rm -rf "$W4"
+echo
+echo "== model w4a4: sparkmono make-model --preset tiny --experts mxfp4 --activations mxfp4 --seed 1 --out $W4"
+"$SM" make-model --quiet --preset tiny --experts mxfp4 --activations mxfp4 --seed 1 --out "$W4" || exit 1
+echo "-- sparkmono check $W4 (its numerics lines)"
+"$SM" check "$W4" | sed -n '/^quantization_config:/,/^bytes:/p' | grep -v '^bytes:' || exit 1
+echo "-- generate: as declared (W4A4), then with --activations bf16 (W4A16)"
+w4=$("$SM" generate --model "$W4" --prompt-ids "$PROMPT" --max-tokens 16 | grep '^ids: ') || exit 1
+w16=$("$SM" generate --model "$W4" --prompt-ids "$PROMPT" --max-tokens 16 --activations bf16 | grep '^ids: ') || exit 1
+echo "W4A4   $w4"
+echo "W4A16  $w16"
+if [ "$w4" = "$w16" ]; then w_same="the same tokens"; else w_same="other tokens"; fi
+
 echo
 echo "== what to notice"
 echo "1. The tokens: speculative and plain decoding emit the same ids ($c_same on the cycle model,"
@@ -84,6 +102,9 @@ echo "   verify step of 8 rows took $c_ms ms, a plain step $c_mp ms: $(ratio "$c
 echo "   tokens instead of 1 (the rows share one pass over the weights; on a GPU, where a step is"
 echo "   bound by reading the weights, the ratio is closer to 1).  On the random model the speed-up is"
 echo "   ${r_up}x: wrong drafts cost time and buy nothing."
+echo "4. W4A4: the w4a4 checkpoint declares MXFP4 input tensors, so its MXFP4 experts (layers 1-2)"
+echo "   round their activations to MXFP4 per 32 values, the official numbers; --activations bf16"
+echo "   keeps them bf16 (W4A16, the more accurate) and gave $w_same here."
 if [ "$c_same" = identical ] && [ "$r_same" = identical ]; then
     echo "identical: speculative and plain generation emitted the same tokens on both models"
 else

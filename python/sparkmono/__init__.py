@@ -125,9 +125,13 @@ class Completion:
 
 class Model:
     """A checkpoint directory opened read-only (config.json + safetensors, and tokenizer.json
-    when present)."""
+    when present).  online_mxfp4 rounds BF16 experts of layers 1..L-2 to MXFP4 at load;
+    activations ("auto", "mxfp4" or "bf16") are those of the MXFP4 experts' matmuls: auto as
+    the checkpoint declares (W4A4 when its quantization_config declares MXFP4 input tensors,
+    and with online_mxfp4; else W4A16), or forced (sparkmono_model_opts.activations)."""
 
-    def __init__(self, path: _t.Union[str, "_os.PathLike[str]"], online_mxfp4: bool = False) -> None:
+    def __init__(self, path: _t.Union[str, "_os.PathLike[str]"], online_mxfp4: bool = False,
+                 activations: str = "auto") -> None:
         self._h: _t.Optional[_ctypes.c_void_p] = None
         self._tok: _t.Optional[_ctypes.c_void_p] = None
         self._engines = 0
@@ -135,9 +139,11 @@ class Model:
             raise TypeError("path must be a str or os.PathLike, not %s" % type(path).__name__)
         if not isinstance(online_mxfp4, bool):
             raise TypeError("online_mxfp4 must be a bool, not %s" % type(online_mxfp4).__name__)
+        self.activations: str = _choice("activations", activations, ("auto", "mxfp4", "bf16"))
         self.path: str = _os.fspath(path)
         h = _ctypes.c_void_p()
-        _check(_lib.model_open(self.path.encode(), _ctypes.byref(_lib.ModelOpts(int(online_mxfp4))), _ctypes.byref(h)))
+        opts = _lib.ModelOpts(int(online_mxfp4), self.activations.encode())
+        _check(_lib.model_open(self.path.encode(), _ctypes.byref(opts), _ctypes.byref(h)))
         self._h = h
         info = _lib.ModelInfo()
         _check(_lib.model_get_info(h, _ctypes.byref(info)))

@@ -32,7 +32,7 @@ c_int_p = ctypes.POINTER(ctypes.c_int)
 
 
 class ModelOpts(ctypes.Structure):
-    _fields_ = [("online_mxfp4", ctypes.c_int)]
+    _fields_ = [("online_mxfp4", ctypes.c_int), ("activations", ctypes.c_char_p)]
 
 
 class ModelInfo(ctypes.Structure):

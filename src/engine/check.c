@@ -101,6 +101,39 @@ static void row(FILE *f, const char *what, int64_t v) {
     fprintf(f, "  %-22s %16lld  %12s\n", what, (long long)v, h);
 }
 
+/* The quantization_config read, then one line per kind of expert numerics with its layers as
+ * ranges: "  layers 1-6: mxfp4 W4A4 (activations mxfp4, declared by quantization_config)". */
+static void print_numerics(const sm_model *m, FILE *f) {
+    const sm_config *c = &m->cfg;
+    char q[512];
+    sm_quant_describe(&m->quant, q, sizeof q);
+    fprintf(f, "quantization_config: %s\n", q);
+    fprintf(f, "numerics of the expert matmuls (activations %s):\n", sm_acts_name(m->acts));
+    unsigned char done[SM_MAX_LAYERS] = {0};
+    for (int l = 0; l < c->L; l++) {
+        if (done[l]) continue;
+        const sm_experts *X = &m->layers[l].ex;
+        int cnt = 0;
+        for (int k = l; k < c->L; k++) /* the layers of this kind */
+            if (m->layers[k].ex.fmt == X->fmt && m->layers[k].ex.act_mx == X->act_mx && m->act_src[k] == m->act_src[l])
+                done[k] = 2, cnt++;
+        fprintf(f, "  layer%s ", cnt > 1 ? "s" : "");
+        for (int k = l, first = 1; k < c->L; k++) { /* as ranges "0,3-5,7" */
+            if (done[k] != 2) continue;
+            int r = k;
+            while (r + 1 < c->L && done[r + 1] == 2) r++;
+            if (r > k) fprintf(f, "%s%d-%d", first ? "" : ",", k, r);
+            else fprintf(f, "%s%d", first ? "" : ",", k);
+            for (int j = k; j <= r; j++) done[j] = 1;
+            first = 0;
+            k = r;
+        }
+        const char *w = X->fmt == SM_EXP_MXFP4 ? (X->act_mx ? "W4A4" : "W4A16") : X->fmt == SM_EXP_FP8 ? "W8A16" : "W16A16";
+        fprintf(f, ": %s %s (activations %s, %s)\n", sm_expert_fmt_name(X->fmt), w, X->act_mx ? "mxfp4" : "bf16",
+                sm_act_src_text((sm_act_src)m->act_src[l]));
+    }
+}
+
 void sm_check_print(const sm_model *m, FILE *f) {
     const sm_config *c = &m->cfg;
     fprintf(f, "config: L=%d H=%d Hm=%d I=%d E=%d K=%d nH=%d nKV=%d D=%d V=%d vocab_used=%d window=%d\n",
@@ -124,6 +157,7 @@ void sm_check_print(const sm_model *m, FILE *f) {
         l = r + 1;
     }
     fprintf(f, "\n");
+    print_numerics(m, f);
     sm_bytes b;
     sm_model_bytes(m, &b);
     fprintf(f, "bytes:\n");

@@ -113,6 +113,10 @@ sm_status sparkmono_model_open(const char *dir, const sparkmono_model_opts *o, s
     if (!m) return fail(SM_E_NOMEM, "sparkmono_model_open: out of memory");
     sm_load_opts lo = {0};
     lo.online_mxfp4 = o ? o->online_mxfp4 : 0;
+    if (o && sm_acts_parse(o->activations, &lo.activations)) {
+        free(m);
+        return fail(SM_E_INVALID, "sparkmono_model_open: activations '%.40s' is not one of auto, mxfp4, bf16", o->activations);
+    }
     sm_err e = {{0}};
     if (sm_model_load(dir, &lo, &m->m, &e) != 0) {
         free(m);

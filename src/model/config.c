@@ -339,7 +339,8 @@ int sm_config_parse(const char *json, const char *where, sm_config *c, sm_err *e
     return rc;
 }
 
-int sm_config_load(const char *path, sm_config *c, sm_err *e) {
+int sm_config_read_text(const char *path, char **text, sm_err *e) {
+    *text = NULL;
     if (!path) return sm_errf(e, "config: no path given");
     FILE *f = fopen(path, "rb");
     if (!f) return sm_errf(e, "%s: cannot open: %s", path, strerror(errno));
@@ -362,6 +363,13 @@ int sm_config_load(const char *path, sm_config *c, sm_err *e) {
     if (bad) { free(buf); return sm_errf(e, "%s: read error", path); }
     buf[n] = 0;
     if (strlen(buf) != n) { free(buf); return sm_errf(e, "%s: contains a NUL byte, not JSON text", path); }
+    *text = buf;
+    return 0;
+}
+
+int sm_config_load(const char *path, sm_config *c, sm_err *e) {
+    char *buf;
+    if (sm_config_read_text(path, &buf, e)) return -1;
     int rc = sm_config_parse(buf, path, c, e);
     free(buf);
     return rc;
@@ -539,10 +547,18 @@ static void put_token(FILE *f, const char *name, int t) {
     else fprintf(f, "    \"%s\": %d,\n", name, t);
 }
 
-static void emit(FILE *f, const sm_config *c) {
+static void emit(FILE *f, const sm_config *c, const char *xname, const char *xjson) {
     char th[40], b[40];
     fmt_double(th, sizeof th, c->rope_theta);
     fprintf(f, "{\n  \"architectures\": [\"MuseSparkForCausalLM\"],\n  \"model_type\": \"muse_spark\",\n");
+    if (xname) { /* the extra top-level member, its lines indented one level */
+        fprintf(f, "  \"%s\": ", xname);
+        for (const char *p = xjson; *p; p++) {
+            if (*p == '\n') fputs("\n  ", f);
+            else fputc(*p, f);
+        }
+        fprintf(f, ",\n");
+    }
     fprintf(f, "  \"text_config\": {\n    \"model_type\": \"muse_spark_text\",\n");
     fprintf(f, "    \"num_hidden_layers\": %d,\n    \"hidden_size\": %d,\n    \"moe_hidden_size\": %d,\n", c->L, c->H, c->Hm);
     fprintf(f, "    \"moe_intermediate_size\": %d,\n    \"num_local_experts\": %d,\n    \"num_experts_per_tok\": %d,\n",
@@ -578,12 +594,15 @@ static void emit(FILE *f, const sm_config *c) {
     fprintf(f, "]\n  }\n}\n");
 }
 
-int sm_config_save(const sm_config *c, const char *path, sm_err *e) {
+int sm_config_save(const sm_config *c, const char *path, sm_err *e) { return sm_config_save_with(c, NULL, NULL, path, e); }
+
+int sm_config_save_with(const sm_config *c, const char *name, const char *json, const char *path, sm_err *e) {
     if (!path) return sm_errf(e, "config: no path to save to");
+    if (name && !json) return sm_errf(e, "%s: no value for the member '%s'", path, name);
     if (sm_config_validate(c, path, e)) return -1;
     sm_outfile of; /* temporary file, fsync, rename (outfile.h) */
     if (sm_outfile_open(&of, path, e)) return -1;
-    emit(of.f, c);
+    emit(of.f, c, name, json);
     if (ferror(of.f)) {
         sm_outfile_abort(&of);
         return sm_errf(e, "%s: cannot write", path);

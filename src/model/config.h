@@ -53,6 +53,9 @@ typedef struct sm_config {
  * lacks them.  layer_rope_theta, when present, must be 0 on full layers and equal rope_theta
  * on sliding ones; rope_scaling must be null or "default". */
 int sm_config_load(const char *path, sm_config *c, sm_err *e);
+/* The whole text of the file at path (at most 16 MiB, no NUL byte) into *text (malloc'd,
+ * NUL-terminated): what sm_config_load parses; quant.c reads quantization_config from it. */
+int sm_config_read_text(const char *path, char **text, sm_err *e);
 /* Same, from a JSON text; `where` names the source in messages. */
 int sm_config_parse(const char *json, const char *where, sm_config *c, sm_err *e);
 /* Fill c from a preset: "tiny", "mini", "spark1x", "spark1x-l4". Unknown name -> error. */
@@ -64,6 +67,9 @@ int sm_config_validate(const sm_config *c, const char *where, sm_err *e);
 /* Write c as a HF-style config.json (text_config layout accepted by sm_config_load) to path,
  * through a temporary file, fsync and rename (outfile.h). */
 int sm_config_save(const sm_config *c, const char *path, sm_err *e);
+/* Same, with one more top-level member: "name": json (a JSON value's text, e.g. make-model's
+ * quantization_config, sm_quant_quark_json). */
+int sm_config_save_with(const sm_config *c, const char *name, const char *json, const char *path, sm_err *e);
 /* 1 if a and b hold the same configuration (every field, eos[0..n_eos), full[0..L)), else 0
  * with *what (if non-NULL) set to the JSON name of the first field that differs. */
 int sm_config_same(const sm_config *a, const sm_config *b, const char **what);

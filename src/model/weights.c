@@ -520,7 +520,8 @@ int sm_model_load(const char *dir, const sm_load_opts *o, sm_model *m, sm_err *e
     if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path)
         return sm_errf(e, "%s: path too long", dir);
     if (sm_config_load(path, &m->cfg, e)) return -1;
-    if (st_open_dir(dir, &m->ar, e)) return -1;
+    if (sm_quant_load(path, &m->quant, e)) return -1;
+    if (st_open_dir(dir, &m->ar, e)) { sm_quant_free(&m->quant); return -1; }
     const sm_config *c = &m->cfg;
     load_ctx x;
     memset(&x, 0, sizeof x);
@@ -541,7 +542,19 @@ int sm_model_load(const char *dir, const sm_load_opts *o, sm_model *m, sm_err *e
     /* pass 2: layers */
     for (int l = 0; l < c->L; l++)
         if (load_layer(&x, m, l, e)) goto out;
+    sm_expert_fmt fmt[SM_MAX_LAYERS];
+    unsigned char onl[SM_MAX_LAYERS];
+    for (int l = 0; l < c->L; l++) fmt[l] = m->layers[l].ex.fmt;
     if (o->online_mxfp4 && online_mxfp4(m, o->threads, e)) goto out;
+    /* the activations of each layer's experts (W4A4 or W4A16): quant.h */
+    int act[SM_MAX_LAYERS];
+    for (int l = 0; l < c->L; l++) {
+        onl[l] = fmt[l] != m->layers[l].ex.fmt; /* made MXFP4 by online_mxfp4 */
+        fmt[l] = m->layers[l].ex.fmt;
+    }
+    if (sm_quant_layer_acts(&m->quant, c, fmt, onl, o->activations, path, act, m->act_src, e)) goto out;
+    for (int l = 0; l < c->L; l++) m->layers[l].ex.act_mx = act[l];
+    m->acts = o->activations;
     rc = 0;
 out:
     free(x.fixed);
@@ -555,6 +568,7 @@ void sm_model_free(sm_model *m) {
     for (int i = 0; i < m->nowned; i++) free(m->owned[i]);
     free(m->owned);
     free(m->layers);
+    sm_quant_free(&m->quant);
     st_close(&m->ar);
     memset(m, 0, sizeof *m);
 }

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "model/config.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 #include "model/tensors.h"
 
@@ -51,6 +52,9 @@ typedef struct sm_experts {
     sm_expert_fmt fmt;
     const void **gu, **gus; /* [E] */
     const void **dn, **dns; /* [E] */
+    int act_mx;                /* 1: W4A4, the activations entering both matmuls (h1, a) are
+                                  rounded to MXFP4 per 32 values (docs/model.md section 6);
+                                  only with fmt MXFP4.  0: W4A16 (bf16 activations) */
 } sm_experts;
 
 typedef struct sm_layer {
@@ -80,11 +84,17 @@ typedef struct sm_model {
     float *final_norm;         /* [H] norm.weight as is (gain centre 0, NOT 1+g) */
     const uint16_t *lm_head;   /* [V, H] bf16 */
     sm_layer *layers;          /* [L] */
+    sm_quant quant;            /* config.json's quantization_config, as declared (quant.h) */
+    sm_acts acts;              /* the activations load option it was loaded with */
+    unsigned char act_src[SM_MAX_LAYERS]; /* [L] sm_act_src: why layer l's ex.act_mx is what it is */
     void **owned; int nowned, capowned; /* owned buffers, freed by sm_model_free */
 } sm_model;
 
+/* sm_acts, the activations of the MXFP4 expert matmuls (AUTO: as the checkpoint declares, or
+ * forced): quant.h. */
 typedef struct sm_load_opts {
     int online_mxfp4;          /* round BF16 experts of layers 1..L-2 to MXFP4 at load */
+    sm_acts activations;       /* the MXFP4 experts' activations (SM_ACTS_AUTO: as declared) */
     int threads;               /* online quantization workers; 0 = online cores (bytes do not
                                   depend on it) */
 } sm_load_opts;
@@ -105,7 +115,9 @@ void sm_norm_gain(const uint16_t *g, int64_t n, sm_tensor_kind kind, float *out)
 
 /* Load dir (config.json + safetensors); o may be NULL (defaults).  Every tensor is checked:
  * unknown names, missing / duplicate / mixed-format experts, dtypes and shapes, NaN e8m0
- * scales.  Errors name the tensor (and file).  On failure *m is left empty. */
+ * scales; a quantization_config the engine does not implement is refused (quant.h).  Each
+ * layer's ex.act_mx follows sm_quant_layer_acts (o->activations, the declaration, online
+ * MXFP4).  Errors name the tensor (and file) or the field.  On failure *m is left empty. */
 int sm_model_load(const char *dir, const sm_load_opts *o, sm_model *m, sm_err *e);
 void sm_model_free(sm_model *m);
 

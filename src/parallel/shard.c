@@ -152,6 +152,7 @@ int sm_shard_make(const sm_model *m, int world, int rank, sm_moe_layout moe, sm_
         /* experts: whole ones (EP) or the I slice of every one (TP) */
         sm_shard_experts *X = &S->ex;
         X->fmt = L->ex.fmt;
+        X->act_mx = L->ex.act_mx;
         X->e0 = e0, X->ne = ne, X->i0 = i0, X->ni = ni;
         X->gate = s->mats + (int64_t)l * 3 * ne;
         X->up = X->gate + ne;

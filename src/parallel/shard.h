@@ -47,6 +47,7 @@ typedef struct sm_shard_experts {
     sm_shard_mat *gate;    /* [ne] gate rows i0.. of gate_up: [ni, Hm], ld Hm */
     sm_shard_mat *up;      /* [ne] up rows I + i0.. of gate_up: [ni, Hm], ld Hm */
     sm_shard_mat *down;    /* [ne] columns i0.. of down: [Hm, ni], ld I */
+    int act_mx;            /* sm_experts.act_mx: 1 W4A4 (TP slices hold whole 32-blocks of I) */
 } sm_shard_experts;
 
 typedef struct sm_shard_layer {

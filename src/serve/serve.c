@@ -53,6 +53,7 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
 
     sparkmono_model_opts mo = {0};
     mo.online_mxfp4 = o->online_mxfp4;
+    mo.activations = o->activations;
     if (sparkmono_model_open(o->model_dir, &mo, &m)) {
         sm_errf(e, "serve: %s", sparkmono_errmsg());
         goto out;

@@ -27,6 +27,8 @@ typedef struct sm_serve_opts {
     const char *devices;     /* cuda with world > 1: "0,1,.." the device of each rank, or NULL */
     const char *comm;        /* cuda with world > 1: "peer" or "nccl" (NULL: peer) */
     int online_mxfp4;        /* round BF16 experts to MXFP4 at load */
+    const char *activations; /* the MXFP4 experts' activations: NULL or "auto", "mxfp4", "bf16"
+                                (sparkmono_model_opts.activations) */
     int drain_s;             /* seconds in-flight requests may take after SIGTERM */
     int quiet;               /* no log line per request */
     const char *api_key;     /* --api-key / SPARKMONO_API_KEY: /v1/ requests need "Authorization: Bearer KEY"; NULL: none */

@@ -607,7 +607,15 @@ static int mm_outdir(mm_job *j, const char *outdir, sm_err *e) {
     j->tmp_made = 1;
     char path[4608];
     snprintf(path, sizeof path, "%s/config.json", j->tmp);
-    if (sm_config_save(j->c, path, e)) return -1;
+    if (j->o->activations == SM_ACTS_AUTO) { /* no quantization_config */
+        if (sm_config_save(j->c, path, e)) return -1;
+    } else { /* Quark's, as its MXFP4 export writes it: W4A4 (mxfp4) or weight-only (bf16) */
+        char *q;
+        if (sm_quant_quark_json(j->c, j->o->activations == SM_ACTS_MXFP4, &q, e)) return -1;
+        int rc = sm_config_save_with(j->c, "quantization_config", q, path, e);
+        free(q);
+        if (rc) return -1;
+    }
     return mm_tokenizer(j->c, j->tmp, e);
 }
 
@@ -783,6 +791,9 @@ int sm_make_model(const sm_config *c, const sm_make_opts *o, const char *outdir,
     if (o->experts != SM_EXP_BF16 && o->experts != SM_EXP_FP8 && o->experts != SM_EXP_MXFP4)
         return sm_errf(e, "make-model: unknown expert format %d", (int)o->experts);
     if (o->shards < 1) return sm_errf(e, "make-model: shards must be >= 1 (got %d)", o->shards);
+    if (o->activations != SM_ACTS_AUTO && o->experts != SM_EXP_MXFP4)
+        return sm_errf(e, "make-model: activations %s declare a Quark MXFP4 quantization_config: they need MXFP4 experts",
+                       sm_acts_name(o->activations));
     mm_job *j = calloc(1, sizeof *j);
     if (!j) return sm_errf(e, "make-model: out of memory");
     j->c = c;

@@ -41,6 +41,11 @@ typedef struct sm_make_opts {
     int threads;             /* generation workers; 0 = online cores, at least 2 (the bytes
                                 do not depend on it) */
     int cycle;               /* 0: the random model; N >= 2: a cycle model (above) */
+    sm_acts activations;     /* with MXFP4 experts, the quantization_config config.json declares:
+                                AUTO none (loads as W4A16); MXFP4 Quark's W4A4 (fp4 weights and
+                                dynamic fp4 input tensors per 32 values, the BF16 layers and the
+                                non-expert modules excluded: sm_quant_quark_json); BF16 Quark's
+                                weight-only (input_tensors null: W4A16) */
     volatile sig_atomic_t *stop; /* NULL, or a flag (set by a signal handler): when it becomes
                                 non-zero the write stops, the temporary directory is removed
                                 and sm_make_model fails ("interrupted") */

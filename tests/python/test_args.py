@@ -197,3 +197,51 @@ def test_type_hints():
         sig = inspect.signature(f)
         missing = [p for p in list(sig.parameters)[1:] if sig.parameters[p].annotation is inspect.Parameter.empty]
         assert not missing and sig.return_annotation is not inspect.Signature.empty, (f.__qualname__, missing)
+
+
+def test_model_activations(model_dir, tmp):
+    """activations= (sparkmono_model_opts.activations): its type and words; forcing mxfp4 on a
+    model without MXFP4 experts is the engine's refusal, naming the way out."""
+    import os
+    import subprocess
+
+    from smtest import SM_BIN
+
+    with pytest.raises(TypeError, match="activations must be a str, not int"):
+        sparkmono.Model(model_dir, activations=1)
+    with pytest.raises(TypeError, match="activations must be a str, not NoneType"):
+        sparkmono.Model(model_dir, activations=None)
+    with pytest.raises(ValueError, match="activations 'w4a4' is not one of auto, mxfp4, bf16"):
+        sparkmono.Model(model_dir, activations="w4a4")
+    for a in ("auto", "mxfp4", "bf16"):
+        with sparkmono.Model(model_dir, activations=a) as m:
+            assert m.activations == a
+    bf = os.path.join(tmp, "tiny-bf16-acts")
+    if not os.path.isdir(bf):
+        subprocess.run([SM_BIN, "make-model", "--quiet", "--preset", "tiny", "--experts", "bf16", "--out", bf],
+                       check=True)
+    with pytest.raises(sparkmono.SparkmonoError, match="online-mxfp4"):
+        sparkmono.Model(bf, activations="mxfp4")
+    with sparkmono.Model(bf, online_mxfp4=True, activations="mxfp4") as m:
+        assert m.num_layers == 4
+
+
+def test_model_activations_numerics(tmp):
+    """On a W4A4 checkpoint the default is W4A4 (== activations "mxfp4") and "bf16" differs
+    (the CPU reference reads sm_experts.act_mx)."""
+    import os
+    import subprocess
+
+    from smtest import SM_BIN
+
+    d = os.path.join(tmp, "tiny-w4a4")
+    if not os.path.isdir(d):
+        subprocess.run([SM_BIN, "make-model", "--quiet", "--preset", "tiny", "--experts", "mxfp4", "--activations",
+                        "mxfp4", "--seed", "3", "--out", d], check=True)
+    out = {}
+    for a in ("auto", "mxfp4", "bf16"):
+        with sparkmono.Model(d, activations=a) as m:
+            with sparkmono.Engine(m, threads=2) as g:
+                out[a] = g.prefill_logits([5, 6, 7, 8])
+    assert (out["auto"] == out["mxfp4"]).all()
+    assert not (out["auto"] == out["bf16"]).all()
