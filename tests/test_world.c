@@ -500,31 +500,50 @@ static void t_world_arrival_and_finalize(void) {
     free(b);
 }
 
-/* MXFP4 and FP8 experts: the sharded slices give logits near W = 1 of the same model. */
+/* Set W4A4 (act) on every MXFP4 expert layer of m (the test's switch of the loaded model). */
+static void set_w4a4(sm_model *m, int act) {
+    for (int l = 0; l < m->cfg.L; l++) m->layers[l].ex.act_mx = act && m->layers[l].ex.fmt == SM_EXP_MXFP4;
+}
+
+/* MXFP4 (W4A16 and W4A4) and FP8 experts: the sharded slices give logits near W = 1 of the
+ * same model and numerics; W4A4 with W = 1 is not W4A16. */
 static void t_world_formats(void) {
-    struct { tmodel *t; int W, tp; } cases[] = {{&g_mx, 4, 1}, {&g_mx, 8, 0}, {&g_fp8, 8, 1}};
+    struct { tmodel *t; int W, tp, w4a4; } cases[] = {{&g_mx, 4, 1, 0}, {&g_mx, 8, 0, 0}, {&g_mx, 4, 1, 1},
+                                                      {&g_mx, 8, 0, 1}, {&g_mx, 2, 1, 1}, {&g_fp8, 8, 1, 0}};
     const sm_model *ref_of = NULL; /* the model whose W = 1 run is in a */
+    int ref_w4a4 = 0;
     float *a = malloc(sizeof(float) * SCHED * 512), *b = malloc(sizeof(float) * SCHED * 512);
+    float *a16 = malloc(sizeof(float) * SCHED * 512);
     int ama[SCHED], amb[SCHED];
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        const sm_model *m = &cases[ci].t->m;
+        sm_model *m = &cases[ci].t->m;
         if (!cases[ci].t->ok || m->cfg.V != 512) { CHECK(0, "no model"); break; }
         int V = m->cfg.V;
+        set_w4a4(m, cases[ci].w4a4);
         rig_cfg r1 = {0}, rw = {.world = cases[ci].W, .moe_tp = cases[ci].tp, .finalize_rows = 8};
-        if (ref_of != m) {
+        if (ref_of != m || ref_w4a4 != cases[ci].w4a4) {
+            if (ref_of == m && !ref_w4a4) memcpy(a16, a, sizeof(float) * SCHED * V);
             if (run_schedule(m, &r1, g_tok0, g_tok1, a, ama, NULL, NULL)) continue;
+            if (ref_of == m && cases[ci].w4a4) {
+                double d = tm_rel_err(a, a16, (int64_t)SCHED * V);
+                printf("  mxfp4 W 1: W4A4 vs W4A16 logits rel diff %.3g\n", d);
+                CHECK(d > 1e-3, "W4A4 logits equal W4A16's within %g", d);
+            }
             ref_of = m;
+            ref_w4a4 = cases[ci].w4a4;
         }
         if (run_schedule(m, &rw, g_tok0, g_tok1, b, amb, NULL, NULL)) continue;
         double err = tm_rel_err(b, a, (int64_t)SCHED * V);
         int same = 0;
         for (int i = 0; i < SCHED; i++) same += ama[i] == amb[i];
-        printf("  %s W %d %s: logits rel err %.3g, argmax %d/%d equal\n", sm_expert_fmt_name(m->layers[1].ex.fmt),
-               cases[ci].W, cases[ci].tp ? "tp" : "ep", err, same, SCHED);
+        printf("  %s%s W %d %s: logits rel err %.3g, argmax %d/%d equal\n", sm_expert_fmt_name(m->layers[1].ex.fmt),
+               cases[ci].w4a4 ? " W4A4" : "", cases[ci].W, cases[ci].tp ? "tp" : "ep", err, same, SCHED);
         CHECK(err < 1e-2, "rel err %g", err);
+        set_w4a4(m, 0);
     }
     free(a);
     free(b);
+    free(a16);
 }
 
 /* Bad steps fail with a message and leave the backend usable. */

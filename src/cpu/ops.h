@@ -66,6 +66,23 @@ typedef struct ref_wrow {
  * bf16 and f32 as stored, FP8 r16(e4m3 * scale), MXFP4 e2m1 * 2^(s - 127) (exact). */
 void ref_wrow_dot(const ref_wrow *w, int k, const float *x, int64_t ldx, const int *rows, int nx, float *out,
                   int64_t ldo, const int *orows);
+/* W4A4 (docs/model.md section 6): activation rows rounded to MXFP4, held as the unscaled e2m1
+ * values v [rows, ld] (0, +-0.5, .. +-6) and their scale bytes s [rows, ld / 32]. */
+typedef struct ref_mxrows {
+    float *v;
+    uint8_t *s;
+    int64_t ld;        /* values per row, a multiple of 32 */
+} ref_mxrows;
+/* Row r of x [k] (bf16-exact, k % 32 == 0) rounded to MXFP4 into row r of q (codec.h's
+ * quantizer: one scale byte per 32 values, the "even" amax rule). */
+void ref_mx_round_row(const float *x, int k, ref_mxrows *q, int64_t r);
+/* The W4A4 product of MXFP4 weight row w (kind REF_W_MXFP4) with activation rows of q, as
+ * ref_wrow_dot (rows, orows, ldo alike): for each 32-block b in increasing order the exact
+ * block sum S_b = sum of e2m1 products (multiples of 1/4, |S_b| <= 1152) times
+ * 2^(e_w + e_a) (exact unless under f32's range: then ldexpf's one rounding) is added to an
+ * f32 accumulator. */
+void ref_wrow_dot_mx(const ref_wrow *w, int k, const ref_mxrows *q, const int *rows, int nx, float *out, int64_t ldo,
+                     const int *orows);
 /* out [k] = the dequantized values of weight row w (those ref_wrow_dot multiplies). */
 void ref_wrow_decode(const ref_wrow *w, int k, float *out);
 /* Row `row` of an expert matrix view (shard.h) of format fmt, as a ref_wrow. */
@@ -191,6 +208,7 @@ typedef struct ref_experts {
     const sm_shard_mat *gate, *up, *down; /* [ne] each */
     int up0;                              /* first up row in up[j] (I when up[j] is the whole
                                              gate_up matrix, 0 for a shard's up view) */
+    int act_mx;                           /* 1: W4A4 (fmt MXFP4): h1 and a rounded to MXFP4 */
 } ref_experts;
 /* A rank's experts (EP: whole, TP: slices along I). */
 ref_experts ref_experts_of_shard(const sm_shard_experts *X);
@@ -210,6 +228,8 @@ typedef struct ref_moe_ws {
     int *cur;        /* [ne] placement cursor */
     int *active;     /* [ne] held experts with at least one route, ascending */
     int nact;        /* entries of active */
+    ref_mxrows hq;   /* W4A4: [cap, Hm] the h1 rows rounded to MXFP4 (by row) */
+    ref_mxrows aq;   /* W4A4: [cap, ni] the act rows rounded to MXFP4 (by slot) */
 } ref_moe_ws;
 int ref_moe_ws_reserve(ref_moe_ws *ws, int routes, int ne, int ni, int Hm, sm_err *e);
 void ref_moe_ws_free(ref_moe_ws *ws);
@@ -223,6 +243,8 @@ int ref_moe_group(ref_moe_ws *ws, const int *idx, int nroutes, int K, int e0, in
  *   a  = r16(silu(gate) * up)
  *   y[route] = h1-row's a . down[e] rows, f32 NOT rounded ([Hm]; with a TP slice a partial
  *              sum over its ni columns: the caller sums the ranks, then ref_expert_norm)
+ * With X->act_mx (W4A4) both products take their activations rounded to MXFP4 (h1 per row,
+ * a per slot: a TP slice holds whole 32-blocks) and ref_wrow_dot_mx's block sums.
  * h1 [rows, Hm] bf16-exact (the pre-expert norm output).  Rounding points: gate, up, a. */
 void ref_moe_ffn(struct sm_pool *p, const ref_experts *X, const float *h1, int Hm, ref_moe_ws *ws);
 /* The post-expert norm of one complete route output y [Hm], in place (docs/model.md section 6):

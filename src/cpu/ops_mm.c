@@ -14,6 +14,7 @@
 #include "cpu/ops.h"
 #include "cpu/pool.h"
 #include "model/codec.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,63 @@ void ref_wrow_dot(const ref_wrow *w, int k, const float *x, int64_t ldx, const i
             for (int i = 0; i < tail; i++) s += xr[r][k8 + i] * wt[i];
             out[(int64_t)(orows ? orows[g0 + r] : g0 + r) * ldo] = s;
         }
+    }
+}
+
+/* ---------------------------------------------------------------- W4A4 */
+
+void ref_mx_round_row(const float *x, int k, ref_mxrows *q, int64_t r) {
+    const float tab[16] = SM_E2M1_VALUES;
+    float *v = q->v + r * q->ld;
+    uint8_t *s = q->s + r * (q->ld / SM_MX_BLOCK);
+    uint8_t codes[SM_MX_BLOCK / 2];
+    for (int b = 0; b < k / SM_MX_BLOCK; b++) {
+        /* codes and scale byte of the block, then the codes' unscaled values */
+        s[b] = sm_mx_quantize_block(x + b * SM_MX_BLOCK, codes);
+        for (int j = 0; j < SM_MX_BLOCK / 2; j++) {
+            v[b * SM_MX_BLOCK + 2 * j] = tab[codes[j] & 15u];
+            v[b * SM_MX_BLOCK + 2 * j + 1] = tab[codes[j] >> 4];
+        }
+    }
+}
+
+/* The exact sum of the 32 products of one block: every product is a multiple of 1/4 of at
+ * most 36 and every partial sum one of at most 1152, so f32 adds them exactly in any order
+ * (which lets gcc vectorize). */
+static inline float block_sum(const float *a, const float *b) {
+    float s = 0.0f;
+    for (int j = 0; j < SM_MX_BLOCK; j++) s += a[j] * b[j];
+    return s;
+}
+
+void ref_wrow_dot_mx(const ref_wrow *w, int k, const ref_mxrows *q, const int *rows, int nx, float *out, int64_t ldo,
+                     const int *orows) {
+    const float tab[16] = SM_E2M1_VALUES;
+    const uint8_t *wq = (const uint8_t *)w->w;
+    float wt[TILE];
+    for (int g0 = 0; g0 < nx; g0 += RG) {
+        int gn = nx - g0 < RG ? nx - g0 : RG;
+        float acc[RG];
+        for (int r = 0; r < gn; r++) acc[r] = 0.0f;
+        for (int t0 = 0; t0 < k; t0 += TILE) {
+            int tn = k - t0 < TILE ? k - t0 : TILE;
+            /* the weight tile's unscaled e2m1 values, decoded once for gn rows */
+            for (int j = 0; j < tn / 2; j++) {
+                wt[2 * j] = tab[wq[t0 / 2 + j] & 15u];
+                wt[2 * j + 1] = tab[wq[t0 / 2 + j] >> 4];
+            }
+            for (int r = 0; r < gn; r++) {
+                int64_t row = rows ? rows[g0 + r] : g0 + r;
+                const float *xv = q->v + row * q->ld + t0;
+                const uint8_t *xs = q->s + row * (q->ld / SM_MX_BLOCK) + t0 / SM_MX_BLOCK;
+                const uint8_t *ws = w->s + t0 / SM_MX_BLOCK;
+                /* acc += S_b * 2^(e_w + e_a), block by block in order */
+                for (int b = 0; b < tn / SM_MX_BLOCK; b++)
+                    acc[r] += ldexpf(block_sum(xv + b * SM_MX_BLOCK, wt + b * SM_MX_BLOCK),
+                                     (int)ws[b] + (int)xs[b] - 254);
+            }
+        }
+        for (int r = 0; r < gn; r++) out[(int64_t)(orows ? orows[g0 + r] : g0 + r) * ldo] = acc[r];
     }
 }
 

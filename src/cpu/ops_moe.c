@@ -54,7 +54,7 @@ void ref_route(struct sm_pool *p, const sm_config *c, const float *xf, int n, co
 /* ---------------------------------------------------------------- expert views, workspace */
 
 ref_experts ref_experts_of_shard(const sm_shard_experts *X) {
-    ref_experts r = {X->fmt, X->e0, X->ne, X->ni, X->gate, X->up, X->down, 0};
+    ref_experts r = {X->fmt, X->e0, X->ne, X->ni, X->gate, X->up, X->down, 0, X->act_mx};
     return r;
 }
 
@@ -67,7 +67,7 @@ static ref_experts whole_experts(const sm_model *m, int l, int e0, int ne, sm_sh
         views[j] = (sm_shard_mat){x->gu[e0 + j], x->gus[e0 + j], c->Hm};
         views[ne + j] = (sm_shard_mat){x->dn[e0 + j], x->dns[e0 + j], c->I};
     }
-    ref_experts r = {x->fmt, e0, ne, c->I, views, views, views + ne, c->I};
+    ref_experts r = {x->fmt, e0, ne, c->I, views, views, views + ne, c->I, x->act_mx};
     return r;
 }
 
@@ -75,6 +75,7 @@ void ref_moe_ws_free(ref_moe_ws *ws) {
     free(ws->gu); free(ws->act); free(ws->y);
     free(ws->slot_route); free(ws->slot_row);
     free(ws->off); free(ws->cur); free(ws->active);
+    free(ws->hq.v); free(ws->hq.s); free(ws->aq.v); free(ws->aq.s);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -94,7 +95,11 @@ int ref_moe_ws_reserve(ref_moe_ws *ws, int routes, int ne, int ni, int Hm, sm_er
     ws->off = malloc(sizeof(int) * ((size_t)ne + 1));
     ws->cur = malloc(sizeof(int) * (size_t)ne);
     ws->active = malloc(sizeof(int) * (size_t)ne);
-    if (!ws->gu || !ws->act || !ws->y || !ws->slot_route || !ws->slot_row || !ws->off || !ws->cur || !ws->active) {
+    /* W4A4 rows (ni, Hm multiples of 32 whenever used) */
+    ws->hq = (ref_mxrows){malloc(sizeof(float) * R * (size_t)Hm), malloc(R * (size_t)(Hm / SM_MX_BLOCK + 1)), Hm};
+    ws->aq = (ref_mxrows){malloc(sizeof(float) * R * (size_t)ni), malloc(R * (size_t)(ni / SM_MX_BLOCK + 1)), ni};
+    if (!ws->gu || !ws->act || !ws->y || !ws->slot_route || !ws->slot_row || !ws->off || !ws->cur || !ws->active ||
+        !ws->hq.v || !ws->hq.s || !ws->aq.v || !ws->aq.s) {
         ref_moe_ws_free(ws);
         return sm_errf(e, "cpu moe: out of memory for the workspace of %d routes", routes);
     }
@@ -129,10 +134,12 @@ int ref_moe_group(ref_moe_ws *ws, const int *idx, int nroutes, int K, int e0, in
 static void expert_ffn(const ref_experts *X, int j, const float *h1, int Hm, ref_moe_ws *ws) {
     int ni = X->ni, s0 = ws->off[j], ns = ws->off[j + 1] - s0;
     float *gu = ws->gu + (int64_t)s0 * 2 * ni, *act = ws->act + (int64_t)s0 * ni;
-    /* gu = h1 . gate rows, then up rows, each decoded once for all the expert's routes */
+    /* gu = h1 . gate rows, then up rows, each decoded once for all the expert's routes
+     * (W4A4: the MXFP4 h1 rows, ref_moe_ffn) */
     for (int o = 0; o < 2 * ni; o++) {
         ref_wrow w = o < ni ? ref_wrow_view(X->fmt, &X->gate[j], o) : ref_wrow_view(X->fmt, &X->up[j], X->up0 + o - ni);
-        ref_wrow_dot(&w, Hm, h1, Hm, ws->slot_row + s0, ns, gu + o, 2 * ni, NULL);
+        if (X->act_mx) ref_wrow_dot_mx(&w, Hm, &ws->hq, ws->slot_row + s0, ns, gu + o, 2 * ni, NULL);
+        else ref_wrow_dot(&w, Hm, h1, Hm, ws->slot_row + s0, ns, gu + o, 2 * ni, NULL);
     }
     /* a = r16(silu(r16 gate) * r16 up) */
     for (int s = 0; s < ns; s++) {
@@ -143,10 +150,19 @@ static void expert_ffn(const ref_experts *X, int j, const float *h1, int Hm, ref
             as[i] = sm_r16(gg * sigmoidf_(gg) * uu);
         }
     }
-    /* y[route] = a . down rows (complete, or partial over the slice), not rounded */
+    /* y[route] = a . down rows (complete, or partial over the slice), not rounded; W4A4:
+     * aq = Q(a) by slot, the bf16-rounded a rounded to MXFP4 */
+    if (X->act_mx)
+        for (int s = 0; s < ns; s++) ref_mx_round_row(act + (int64_t)s * ni, ni, &ws->aq, s0 + s);
     for (int o = 0; o < Hm; o++) {
         ref_wrow w = ref_wrow_view(X->fmt, &X->down[j], o);
-        ref_wrow_dot(&w, ni, act, ni, NULL, ns, ws->y + o, Hm, ws->slot_route + s0);
+        if (X->act_mx) {
+            int64_t off = (int64_t)s0;
+            ref_mxrows aq = {ws->aq.v + off * ws->aq.ld, ws->aq.s + off * (ws->aq.ld / SM_MX_BLOCK), ws->aq.ld};
+            ref_wrow_dot_mx(&w, ni, &aq, NULL, ns, ws->y + o, Hm, ws->slot_route + s0);
+        } else {
+            ref_wrow_dot(&w, ni, act, ni, NULL, ns, ws->y + o, Hm, ws->slot_route + s0);
+        }
     }
 }
 
@@ -160,6 +176,14 @@ static void ffn_chunk(void *arg, int64_t lo, int64_t hi, int tid) {
 }
 
 void ref_moe_ffn(struct sm_pool *p, const ref_experts *X, const float *h1, int Hm, ref_moe_ws *ws) {
+    /* W4A4: h1q = Q(h1), each token row once (rows are at most the slots) */
+    if (X->act_mx) {
+        int rows = 0, ns = ws->off[X->ne];
+        for (int s = 0; s < ns; s++)
+            if (ws->slot_row[s] + 1 > rows) rows = ws->slot_row[s] + 1;
+        ws->hq.ld = Hm;
+        for (int r = 0; r < rows; r++) ref_mx_round_row(h1 + (int64_t)r * Hm, Hm, &ws->hq, r);
+    }
     ffn_job j = {X, h1, Hm, ws};
     sm_pool_for(p, ws->nact, 1, ffn_chunk, &j);
 }

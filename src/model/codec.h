@@ -132,6 +132,19 @@ SM_HD uint8_t sm_mx_quantize_block(const float *x, uint8_t *q) {
     }
     return b;
 }
+/* The value of x rounded to MXFP4 under scale byte b (e = b - 127): e2m1(x / 2^e) x 2^e, the
+ * value of the code sm_mx_quantize_block gives x in a block of byte b (+0 for a zero code).
+ * Without branches or the code table, for the kernels that round activations (W4A4,
+ * docs/model.md section 6): the e2m1 grid has step 1/2 below 2, 1 below 4 and 2 up to 6, so
+ * rint at that step is round-to-nearest with ties to the even code; then saturate at 6.
+ * tests/test_w4a4.c checks it against the codes for every bf16 value and byte. */
+SM_HD float sm_mx_round_value(float x, uint8_t b) {
+    float inv = (b == 254) ? sm_bits_f32(0x00400000u) : sm_bits_f32((uint32_t)(254 - b) << 23);
+    float y = fabsf(x * inv);
+    float st = y < 2.0f ? 0.5f : (y < 4.0f ? 1.0f : 2.0f);
+    float q = fminf(rintf(y / st) * st, 6.0f);
+    return (copysignf(q, x) + 0.0f) * sm_e8m0_to_f32(b);
+}
 /* Element j of a packed row (two codes a byte, low nibble first). */
 SM_HD unsigned sm_mx_code(const uint8_t *q, int64_t j) {
     uint8_t b = q[j >> 1];
