@@ -3,7 +3,8 @@
  * widths Hm = I = 4096, K = 8, with synthetic experts (sm_cuda_moe_synth): MXFP4 (E = 256,
  * 2 layers of 6.8 GB, n = 8 .. 128 rows), FP8 (E = 128) and BF16 (E = 64) (1 layer, n = 8 and
  * 32), each with both schedules of the expert matmul (queue, the default, and stages) back to
- * back; uniform random top-8 routing.
+ * back, and the MXFP4 layers with bf16 (W4A16) and MXFP4 (W4A4) activations back to back in
+ * each schedule; uniform random top-8 routing.
  *
  * Each case is timed twice: plain stream launches ("ms stream") and a CUDA graph per (routing
  * set, layer) replayed ("ms graph", the form a step runs), rotating 8 routing sets and the
@@ -117,6 +118,7 @@ static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e);
 /* A timed variant: the schedule of the expert matmul and the L2 prefetch distance. */
 typedef struct mb_var {
     int sched, pf;
+    int aq;                   /* 1: W4A4 (MXFP4 activations, sm_cuda_moe_layer.act_mx) */
 } mb_var;
 
 /* One format: its layers, then every (rows, variant) case (the variants of a row count back
@@ -140,8 +142,8 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
     if (!c->hi || !c->hw) return sm_errf(e, "out of host memory");
     if (bh_normal_bf16(r, c->h1, (size_t)BH_MAX_ROWS * cf.Hm, "bench.moe.h1", 0.0f, 1.0f, e)) return -1;
     const char *fname = sm_expert_fmt_name((sm_expert_fmt)fmt);
-    printf("%-6s %-6s %3s %5s %8s %9s %10s %10s %9s %9s %8s %8s\n", "format", "sched", "pf", "rows", "experts", "MB", "ms stream",
-           "ms graph", "TB/s", "floor ms", "of floor", "SM MHz");
+    printf("%-6s %-5s %-6s %3s %5s %8s %9s %10s %10s %9s %9s %8s %8s\n", "format", "acts", "sched", "pf", "rows", "experts", "MB",
+           "ms stream", "ms graph", "TB/s", "floor ms", "of floor", "SM MHz");
     for (int ri = 0; ri < nrows; ri++) {
         c->n = rows[ri];
         char nm[64];
@@ -156,9 +158,12 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
         SM_CUDA_CHECK(cudaMemcpy(c->idx, c->hi, rk * sizeof(int), cudaMemcpyHostToDevice));
         SM_CUDA_CHECK(cudaMemcpy(c->w, c->hw, rk * sizeof(float), cudaMemcpyHostToDevice));
         for (int vi = 0; vi < nvar; vi++) {
+            if (vars[vi].aq && fmt != SM_EXP_MXFP4) continue; /* W4A4 is an MXFP4 mode */
             c->ws.prefetch = vars[vi].pf;
             c->ws.sched = vars[vi].sched;
+            for (int l = 0; l < c->made; l++) c->L[l].act_mx = vars[vi].aq;
             const char *sname = c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages";
+            const char *aname = vars[vi].aq ? "w4a4" : fmt == SM_EXP_MXFP4 ? "w4a16" : "bf16";
             const int nsets = MB_SETS * c->nlayers;
             float us_s = 0, us_g = 0;
             double mhz = 0;
@@ -169,14 +174,16 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
             const double ms = us_s * 1e-3, mg = us_g * 1e-3;
             const double bytes = touched * (double)c->L[0].touched_bytes;
             const double floor_ms = bytes / r->bw * 1e3;
-            printf("%-6s %-6s %3d %5d %8.1f %9.1f %10.3f %10.3f %9.2f %9.3f %7.1f%% %8.0f\n", fname, sname, c->ws.prefetch, c->n,
+            printf("%-6s %-5s %-6s %3d %5d %8.1f %9.1f %10.3f %10.3f %9.2f %9.3f %7.1f%% %8.0f\n", fname, aname, sname,
+                   c->ws.prefetch, c->n,
                    touched, bytes / 1e6, ms, mg, bytes / (mg * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / mg, mhz);
             fflush(stdout);
             if (c->ws.sched == SM_MOE_SCHED_QUEUE && getenv("SM_MOE_BENCH_PROF") && mb_prof(r, c, bytes, e)) return -1;
-            if (vars[vi].pf == 0) { /* the summary: "moe FMT" = the default schedule, "moe FMT stages" the other */
+            if (vars[vi].pf == 0) { /* the summary: "moe FMT" = the default schedule, "moe FMT stages" the other;
+                                       " w4a4" with MXFP4 activations */
                 char op[48];
-                if (c->ws.sched == sched0) snprintf(op, sizeof op, "moe %s", fname);
-                else snprintf(op, sizeof op, "moe %s %s", fname, sname);
+                if (c->ws.sched == sched0) snprintf(op, sizeof op, "moe %s%s", fname, vars[vi].aq ? " w4a4" : "");
+                else snprintf(op, sizeof op, "moe %s %s%s", fname, sname, vars[vi].aq ? " w4a4" : "");
                 const double flops = 6.0 * c->n * cf.K * (double)cf.Hm * cf.I;
                 bh_add(r, op, c->n, us_g, bh_floor_us(r, bytes, flops));
             }
@@ -278,10 +285,11 @@ int bench_moe(bh_run *r, sm_err *e) {
            "the layers (each layer >> L2); sched queue (the default) and stages (the former two launches) back to back; "
            "SM MHz probed right after each case\n",
            r->iters, BH_WARM, MB_SETS);
-    mb_var vars[2] = {{SM_MOE_SCHED_QUEUE, 0}, {SM_MOE_SCHED_STAGES, 0}};
+    /* each schedule W4A16 then W4A4 back to back (the MXFP4 layers; other formats skip W4A4) */
+    mb_var vars[4] = {{SM_MOE_SCHED_QUEUE, 0, 0}, {SM_MOE_SCHED_QUEUE, 0, 1}, {SM_MOE_SCHED_STAGES, 0, 0}, {SM_MOE_SCHED_STAGES, 0, 1}};
     const char *vs = getenv("SM_MOE_BENCH_PREFETCH"); /* one L2 prefetch distance for both schedules */
-    if (vs) vars[0].pf = vars[1].pf = atoi(vs);
-    const int nv = 2;
+    if (vs) vars[0].pf = vars[1].pf = vars[2].pf = vars[3].pf = atoi(vs);
+    const int nv = 4;
     const char *quick = getenv("SM_MOE_BENCH_QUICK");
     if (quick) { /* one layer of one format (1 = mxfp4) at 8 rows (SM_MOE_BENCH_QUICK_ROWS), 4 timed calls of each schedule */
         r->iters = 4;
@@ -289,7 +297,7 @@ int bench_moe(bh_run *r, sm_err *e) {
         const char *qr = getenv("SM_MOE_BENCH_QUICK_ROWS");
         int rows1 = qr ? atoi(qr) : r->rows[0];
         if (rows1 < 1 || rows1 > BH_MAX_ROWS) rows1 = r->rows[0];
-        return mb_one(r, f, f == SM_EXP_MXFP4 ? 256 : f == SM_EXP_FP8 ? 128 : 64, 1, &rows1, 1, vars, 2, e);
+        return mb_one(r, f, f == SM_EXP_MXFP4 ? 256 : f == SM_EXP_FP8 ? 128 : 64, 1, &rows1, 1, vars, 4, e);
     }
     const int rows_small[2] = {8, 32};
     if (mb_one(r, SM_EXP_MXFP4, 256, 2, r->rows, BH_NROWS, vars, nv, e) ||

@@ -109,6 +109,13 @@ typedef struct tm_duo {
                                  reference (cpu) is the one-rank CUDA backend */
     int rank_checks;          /* aux entries compared across ranks bit for bit */
     int outlier_rows;         /* world: isolated rows above the bound (at most 1 a case) */
+    sm_model m16;             /* W4A4 cases: the same checkpoint loaded with bf16 activations */
+    sm_backend alt;           /* ... and a reference backend (as cpu) on it: the GPU must be nearer
+                                 the reference of its own numerics than this one, every step */
+    int have_m16, have_alt;
+    float *la;                /* [maxrows, V] its logits */
+    int *aa;                  /* [maxrows] its argmax */
+    double worst_alt;         /* the smallest GPU vs alt logits error seen */
 } tm_duo;
 
 static void tm_duo_free(tm_duo *d) {
@@ -116,6 +123,9 @@ static void tm_duo_free(tm_duo *d) {
     if (d->have_stock) d->stock.destroy(d->stock.ctx);
     free(d->ls); free(d->as);
     if (d->have_cpu) d->cpu.destroy(d->cpu.ctx);
+    if (d->have_alt) d->alt.destroy(d->alt.ctx);
+    if (d->have_m16) sm_model_free(&d->m16);
+    free(d->la); free(d->aa);
     sm_kv_free(&d->kv);
     sm_model_free(&d->m);
     free(d->lc); free(d->lg); free(d->ac); free(d->ag); free(d->ag2); free(d->xc); free(d->xg);
@@ -181,6 +191,18 @@ static void tm_step(tm_duo *d, const char *what, int n, const int *tok, const in
     int same = 0;
     for (int i = 0; i < n; i++) same += d->ac[i] == d->ag[i];
     printf("  %-34s rows %4d: logits rel err %.2e, argmax agree %d/%d\n", what, n, r, same, n);
+    if (d->have_alt) { /* W4A4: the reference of the other numerics is farther, every step */
+        sm_step t = s;
+        t.logits = d->la;
+        t.argmax = d->aa;
+        t.naux = 0;
+        t.aux = NULL;
+        if (d->alt.step(d->alt.ctx, &t, &e)) { GH_CHECK(0, "%s: W4A16 reference step: %s", what, e.msg); return; }
+        const double ra = tm_relerr(d->lg, d->la, (size_t)n * c->V);
+        printf("  %-34s            vs the W4A16 reference %.2e\n", "", ra);
+        if (d->worst_alt == 0 || ra < d->worst_alt) d->worst_alt = ra;
+        GH_CHECK(ra > 1.5 * r, "%s: the GPU is as near the W4A16 reference (%.3e) as the W4A4 one (%.3e)", what, ra, r);
+    }
     if (d->world > 1 && r > d->bound && !d->outlier_rows) {
         /* W ranks vs one rank: the rank-order sums move bf16 roundings, and one row whose top-K
          * sits within that noise of a tie may pick another expert (docs/model.md section 10).
@@ -271,6 +293,7 @@ typedef struct tm_case {
     int moe_tp;               /* world layout: 0 ep, 1 tp */
     int mono;                 /* world: the W ranks run the monokernel (--mono on; exchanges inside
                                  its launches); the one-rank reference stays stock */
+    int acts;                 /* sm_load_opts.activations (SM_ACTS_MXFP4: W4A4 on the MXFP4 layers) */
 } tm_case;
 
 /* The devices of a world of w ranks in the tests: SPARKMONO_TEST_DEVICES="0,1,2,3" (a
@@ -294,6 +317,7 @@ int tm_world_devices(int w, int *devs) {
 static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     gh_case_fail = 0;
     float *bias_copy = NULL; /* owned copy of the scaled router biases [L, E] */
+    float *bias_copy16 = NULL; /* the same of the W4A16 twin (W4A4 cases) */
     tm_duo d;
     memset(&d, 0, sizeof d);
     sm_err e = {{0}};
@@ -304,12 +328,26 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     sm_load_opts lo;
     memset(&lo, 0, sizeof lo);
     lo.online_mxfp4 = tc->online;
+    lo.activations = (sm_acts)tc->acts;
     if (sm_model_load(dir, &lo, &d.m, &e)) { GH_CHECK(0, "load: %s", e.msg); goto done; }
+    if (tc->acts == SM_ACTS_MXFP4) /* the loader's switch reached the MXFP4 layer */
+        GH_CHECK(d.m.layers[1].ex.act_mx == 1, "layer 1 is not W4A4 after --activations mxfp4");
+    int w4a4 = 0; /* W4A4 layers (forced, or online MXFP4 by default): their bounds and twin */
+    for (int l = 0; l < d.m.cfg.L; l++) w4a4 |= d.m.layers[l].ex.act_mx;
     c = d.m.cfg;
     d.check = tc->conditioned;
     if (tc->conditioned) {
         residual_dominant(&d.m, seed);
         if (separate_routing(&d.m, 100.0f, &bias_copy)) { GH_CHECK(0, "out of host memory"); goto done; }
+    }
+    if (w4a4) { /* the W4A16 twin, conditioned alike */
+        lo.activations = SM_ACTS_BF16;
+        if (sm_model_load(dir, &lo, &d.m16, &e)) { GH_CHECK(0, "load (bf16 activations): %s", e.msg); goto done; }
+        d.have_m16 = 1;
+        if (tc->conditioned) {
+            residual_dominant(&d.m16, seed);
+            if (separate_routing(&d.m16, 100.0f, &bias_copy16)) { GH_CHECK(0, "out of host memory"); goto done; }
+        }
     }
     int bpr = (TM_MAX_LEN + SM_KV_BLOCK - 1) / SM_KV_BLOCK;
     if (sm_kv_init(&d.kv, TM_NREQ * bpr + 7, TM_NREQ, TM_MAX_LEN, seed * 31 + 7, &e)) { GH_CHECK(0, "kv: %s", e.msg); goto done; }
@@ -319,7 +357,15 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     bo.max_rows = TM_CHUNK;
     if (sm_cpu_backend_create(&d.m, &d.kv, &bo, &d.cpu, &e)) { GH_CHECK(0, "cpu backend: %s", e.msg); goto done; }
     d.have_cpu = 1;
-    d.bound = TM_BOUND;
+    d.bound = w4a4 ? TM_BOUND_W4A4 : TM_BOUND;
+    if (d.have_m16) { /* the W4A16 reference, made as the reference is (world: the one-rank GPU) */
+        bo.mono = SM_MONO_OFF;
+        if (tc->world > 1 ? sm_cuda_backend_create(&d.m16, &d.kv, &bo, &d.alt, &e) : sm_cpu_backend_create(&d.m16, &d.kv, &bo, &d.alt, &e)) {
+            GH_CHECK(0, "W4A16 reference: %s", e.msg);
+            goto done;
+        }
+        d.have_alt = 1;
+    }
     if (tc->world > 1) {
         /* the reference: the one-rank CUDA backend; tested: W virtual ranks on device 0 */
         d.cpu.destroy(d.cpu.ctx);
@@ -337,7 +383,7 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
         if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.gpu, &e)) { GH_CHECK(0, "world %d: %s", tc->world, e.msg); goto done; }
         d.have_gpu = 1;
         d.world = tc->world;
-        d.bound = TM_WORLD_BOUND;
+        d.bound = w4a4 ? TM_WORLD_BOUND_W4A4 : TM_WORLD_BOUND;
         if (tc->mono) { /* the same W ranks stock: the monokernel's world must give its bits */
             bo.mono = SM_MONO_OFF;
             if (sm_cuda_backend_create(&d.m, &d.kv, &bo, &d.stock, &e)) { GH_CHECK(0, "world %d stock: %s", tc->world, e.msg); goto done; }
@@ -362,7 +408,9 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
     d.ag2 = malloc(sizeof(int) * (size_t)d.maxrows);
     d.ls = malloc(sizeof(float) * (size_t)d.maxrows * c.V);
     d.as = malloc(sizeof(int) * (size_t)d.maxrows);
-    if (!d.ls || !d.as) { GH_CHECK(0, "out of host memory"); goto done; }
+    d.la = malloc(sizeof(float) * (size_t)d.maxrows * c.V);
+    d.aa = malloc(sizeof(int) * (size_t)d.maxrows);
+    if (!d.ls || !d.as || !d.la || !d.aa) { GH_CHECK(0, "out of host memory"); goto done; }
     d.xc = malloc(sizeof(float) * (size_t)(c.L + 1) * (size_t)d.maxrows * c.H);
     d.xg = malloc(sizeof(float) * (size_t)(c.L + 1) * (size_t)d.maxrows * c.H);
     int *tok = malloc(sizeof(int) * (size_t)d.maxrows), *pos = malloc(sizeof(int) * (size_t)d.maxrows),
@@ -429,20 +477,24 @@ static int tm_compare(const char *root, const tm_case *tc, uint64_t seed) {
 done:;
     double worst = d.worst;
     int mono_steps = d.mono_steps, mono_differ = d.mono_differ, rank_checks = d.rank_checks, outliers = d.outlier_rows;
+    double worst_alt = d.worst_alt;
     tm_duo_free(&d);
     free(bias_copy);
+    free(bias_copy16);
     int bits_fail = 0;
+    char alt[96] = "";
+    if (worst_alt > 0) snprintf(alt, sizeof alt, ", the W4A16 reference >= %.2e away", worst_alt);
     if (tc->world > 1) {
-        printf("%s %s (worst logits rel err vs one rank %.2e%s; residual stream identical across ranks in %d comparisons)\n",
-               gh_case_fail ? "FAIL" : "PASS", tc->name, worst, outliers ? ", one isolated row excepted" : "", rank_checks);
+        printf("%s %s (worst logits rel err vs one rank %.2e%s%s; residual stream identical across ranks in %d comparisons)\n",
+               gh_case_fail ? "FAIL" : "PASS", tc->name, worst, outliers ? ", one isolated row excepted" : "", alt, rank_checks);
         if (tc->mono) { /* the monokernel world gives the stock world's bits */
             bits_fail = mono_differ > 0 || mono_steps == 0;
             printf("%s %s_bits (monokernel world == stock world of the same %d ranks bit for bit on %d of %d steps)\n",
                    bits_fail ? "FAIL" : "PASS", tc->name, tc->world, mono_steps - mono_differ, mono_steps);
         }
     } else {
-        printf("%s %s (worst logits rel err %.2e; monokernel == stock bit for bit on %d steps)\n", gh_case_fail ? "FAIL" : "PASS",
-               tc->name, worst, mono_steps);
+        printf("%s %s (worst logits rel err %.2e%s; monokernel == stock bit for bit on %d steps)\n", gh_case_fail ? "FAIL" : "PASS",
+               tc->name, worst, alt, mono_steps);
     }
     fflush(stdout);
     return (gh_case_fail ? 1 : 0) + bits_fail;
@@ -459,37 +511,42 @@ int gpu_test_model(void) {
     /* Conditioned models are compared with docs/model.md's 2e-2; the raw random models only print
      * their errors (tests/condition.h says why they cannot meet any small bound). */
     static const tm_case cases[] = {
-        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1, 0, 0, 0},
-        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 0, 0, 0},
-        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0, 0},
-        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}, 1, 0, 0, 0},
-        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0, 0},
-        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 0, 0, 0},
-        {"model_tiny_mxfp4_raw", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 0, 0, 0, 0},
-        {"model_mini_mxfp4_raw", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 0, 0, 0, 0},
+        {"model_tiny_bf16", "tiny", SM_EXP_BF16, 0, {40, 75, 110}, 1, 0, 0, 0, 0},
+        {"model_tiny_mxfp4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 0, 0, 0, 0},
+        {"model_tiny_fp8", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0, 0, 0},
+        {"model_tiny_online_mxfp4", "tiny", SM_EXP_BF16, 1, {21, 90, 66}, 1, 0, 0, 0, 0},
+        {"model_mini_mxfp4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0, 0, 0},
+        {"model_tiny_mxfp4_w4a4", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 0, 0, 0, SM_ACTS_MXFP4},
+        {"model_mini_mxfp4_w4a4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0, 0, SM_ACTS_MXFP4},
+        {"model_mini_bf16", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 0, 0, 0, 0},
+        {"model_tiny_mxfp4_raw", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 0, 0, 0, 0, 0},
+        {"model_mini_mxfp4_raw", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 0, 0, 0, 0, 0},
         /* tensor + expert parallelism: W virtual ranks on one GPU against one rank */
-        {"world2_tiny_mxfp4_ep", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0, 0},
-        {"world2_mini_bf16_tp", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1, 0},
-        {"world4_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0, 0},
-        {"world4_mini_fp8_tp", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1, 0},
-        {"world8_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0, 0},
-        {"world8_mini_mxfp4_tp", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1, 0},
-        {"world2_tiny_mxfp4_ep_mono", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0, 1},
-        {"world2_mini_bf16_tp_mono", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1, 1},
-        {"world4_mini_fp8_tp_mono", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1, 1},
-        {"world4_mini_mxfp4_ep_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0, 1},
-        {"world8_mini_mxfp4_ep_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0, 1},
-        {"world8_mini_mxfp4_tp_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1, 1},
+        {"world2_tiny_mxfp4_ep", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0, 0, 0},
+        {"world2_mini_bf16_tp", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1, 0, 0},
+        {"world4_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0, 0, 0},
+        {"world4_mini_fp8_tp", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1, 0, 0},
+        {"world8_mini_mxfp4_ep", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0, 0, 0},
+        {"world8_mini_mxfp4_tp", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1, 0, 0},
+        {"world2_tiny_mxfp4_ep_mono", "tiny", SM_EXP_MXFP4, 0, {33, 64, 97}, 1, 2, 0, 1, 0},
+        {"world2_mini_bf16_tp_mono", "mini", SM_EXP_BF16, 0, {60, 255, 270}, 1, 2, 1, 1, 0},
+        {"world4_mini_fp8_tp_mono", "mini", SM_EXP_FP8, 0, {100, 150, 200}, 1, 4, 1, 1, 0},
+        {"world4_mini_mxfp4_ep_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 0, 1, 0},
+        {"world8_mini_mxfp4_ep_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0, 1, 0},
+        {"world8_mini_mxfp4_tp_mono", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1, 1, 0},
+        {"world4_mini_mxfp4_tp_w4a4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 4, 1, 0, SM_ACTS_MXFP4},
+        {"world8_mini_mxfp4_ep_mono_w4a4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 0, 1, SM_ACTS_MXFP4},
+        {"world8_mini_mxfp4_tp_mono_w4a4", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 8, 1, 1, SM_ACTS_MXFP4},
         /* short contexts: every split of the attention keys inside the window */
-        {"world4_mini_mxfp4_ep_mono_short", "mini", SM_EXP_MXFP4, 0, {20, 40, 60}, 1, 4, 0, 1},
+        {"world4_mini_mxfp4_ep_mono_short", "mini", SM_EXP_MXFP4, 0, {20, 40, 60}, 1, 4, 0, 1, 0},
     };
     int fails = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) fails += tm_compare(root, &cases[i], 1000 + i);
     {
         /* the monokernel with the attention inside its launches (off by default: slower) */
         static const tm_case fused[] = {
-            {"model_mini_mxfp4_fused_attention", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0, 0},
-            {"model_tiny_fp8_fused_attention", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0, 0},
+            {"model_mini_mxfp4_fused_attention", "mini", SM_EXP_MXFP4, 0, {100, 250, 300}, 1, 0, 0, 0, 0},
+            {"model_tiny_fp8_fused_attention", "tiny", SM_EXP_FP8, 0, {50, 63, 120}, 1, 0, 0, 0, 0},
         };
         setenv("SPARKMONO_MONO_FUSED_ATT", "1", 1);
         for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) fails += tm_compare(root, &fused[i], 2000 + i);

@@ -13,6 +13,8 @@
 
 #define TM_BOUND 2e-2       /* GPU vs CPU logits, docs/model.md section 10 */
 #define TM_WORLD_BOUND 1e-2 /* W ranks vs one rank, both on the GPU (docs/model.md section 10) */
+#define TM_BOUND_W4A4 4e-2       /* the same with W4A4 layers: rounding to MXFP4 amplifies bf16 flips */
+#define TM_WORLD_BOUND_W4A4 3e-2
 #define TM_MAX_LEN 512      /* positions per request */
 #define TM_NREQ 3           /* requests per case */
 #define TM_CHUNK 128        /* backend max_rows: forces a chunked prefill */

@@ -54,5 +54,5 @@ int made_model_open(made_model *mm, const char *preset, int fmt, uint64_t seed);
 void made_model_close(made_model *mm);
 
 /* moe_shards.cu: W = 2 and 4, EP and TP, of mini in format fmt (PASS / FAIL lines). */
-void test_shards(int fmt);
+void test_shards(int fmt, int w4a4); /* w4a4: layer 1 with MXFP4 activations */
 #endif

@@ -297,16 +297,18 @@ static void test_shard_layer(const char *tag, const sm_model *m, int l, int W, s
 
 /* Shards of mini in format fmt: layer 1 (fmt) and, for MXFP4, layer 0 (BF16), W = 2 and 4,
  * EP and TP (mini: E = 16, I = 512, so I/W = 256, 128: MXFP4 TP allowed). */
-void test_shards(int fmt) {
+void test_shards(int fmt, int w4a4) {
     char tag[64];
-    snprintf(tag, sizeof tag, "mini_%s", sm_expert_fmt_name((sm_expert_fmt)fmt));
+    snprintf(tag, sizeof tag, "mini_%s%s", sm_expert_fmt_name((sm_expert_fmt)fmt), w4a4 ? "_w4a4" : "");
     made_model mm;
     if (made_model_open(&mm, "mini", fmt, mrnd64())) { gh_result(0, "%s", tag); return; }
+    /* W4A4 on the MXFP4 layer (the shards copy it; the reference reads it too) */
+    mm.m.layers[1].ex.act_mx = w4a4 && fmt == SM_EXP_MXFP4;
     const int nl = fmt == SM_EXP_MXFP4 ? 2 : 1;
     for (int li = 0; li < nl; li++)
         for (int W = 2; W <= 4; W += 2)
             for (int lay = 0; lay < 2; lay++) test_shard_layer(tag, &mm.m, li == 0 ? 1 : 0, W, (sm_moe_layout)lay);
-    if (fmt == SM_EXP_MXFP4) {
+    if (fmt == SM_EXP_MXFP4 && !w4a4) {
         /* refusals: a shard of an empty I slice; a shard layer run with the whole layer's
          * workspace (E differs) */
         sm_err e = {{0}};

@@ -57,6 +57,7 @@ moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     a.sb = G.sb;
     a.pf = ws->prefetch < 0 ? 0 : ws->prefetch;
     a.y32 = NULL;
+    a.aq = L->fmt == SM_EXP_MXFP4 && L->act_mx;
     if (stage == 1) {
         /* act = r16(silu(r16(h1 gate^T)) * r16(h1 up^T)) */
         a.in = h1; a.out = (uint16_t *)(wb + W.act);

@@ -25,6 +25,7 @@
 #include "cuda/common.cuh"
 #include "cuda/moe/geom.cuh"
 #include "cuda/moe/dequant.cuh"
+#include "model/codec.h"
 
 typedef struct moe_args {
     const uint8_t *blob;      /* expert weights, moe layout */
@@ -46,6 +47,7 @@ typedef struct moe_args {
     float *y32;               /* stage 2 with Y32 = 1 (moe_mm_block): f32 y NOT rounded per
                                  ROUTE, [n * K, rows_out] at row slot_route[slot] (out unused);
                                  NULL otherwise */
+    int aq;                   /* 1: W4A4 (MXFP4 only), `in` rounded to MXFP4 as it is staged */
 } moe_args;
 
 /* Dynamic shared memory of the body for a stage: the job's routes, [Kp/16][8 routes][4 t]
@@ -196,6 +198,36 @@ __device__ __forceinline__ void moe_b_kofs(int ks, int &ka, int &kb) {
     }
 }
 
+/* W4A4 (docs/model.md section 6): round a staged entry's two 8-value groups to MXFP4 in
+ * place, A of one 32-block and B of the next (moe_b_kofs), as bf16 (exact: e2m1 x 2^e).  The
+ * other 24 values of both blocks are held by the three lanes lane ^ D1, lane ^ D2,
+ * lane ^ D1 ^ D2, which call it together (mask: those four lanes).  Each block's scale byte
+ * comes from its amax (codec.h's rule), each value from sm_mx_round_value: the CPU quantizer's
+ * values.  Rounding is idempotent, so a row staged by several blocks gets the same bits. */
+__device__ __forceinline__ uint32_t moe_aq_amax8(const uint4 &v) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) m = max(m, max(w[i] & 0x7FFFu, (w[i] >> 16) & 0x7FFFu));
+    return m; /* |bf16| bits order as the magnitudes (finite inputs) */
+}
+__device__ __forceinline__ uint32_t moe_aq_word(uint32_t w, uint8_t b) {
+    const float lo = sm_mx_round_value(__uint_as_float(w << 16), b);
+    const float hi = sm_mx_round_value(__uint_as_float(w & 0xFFFF0000u), b);
+    return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
+}
+template <int D1, int D2>
+__device__ __forceinline__ void moe_aq_round(uint4 &A, uint4 &B, unsigned mask) {
+    uint32_t ma = moe_aq_amax8(A), mb = moe_aq_amax8(B);
+    ma = max(ma, __shfl_xor_sync(mask, ma, D1));
+    mb = max(mb, __shfl_xor_sync(mask, mb, D1));
+    ma = max(ma, __shfl_xor_sync(mask, ma, D2));
+    mb = max(mb, __shfl_xor_sync(mask, mb, D2));
+    const uint8_t ba = sm_mx_scale_byte(__uint_as_float(ma << 16)), bb = sm_mx_scale_byte(__uint_as_float(mb << 16));
+    A = make_uint4(moe_aq_word(A.x, ba), moe_aq_word(A.y, ba), moe_aq_word(A.z, ba), moe_aq_word(A.w, ba));
+    B = make_uint4(moe_aq_word(B.x, bb), moe_aq_word(B.y, bb), moe_aq_word(B.z, bb), moe_aq_word(B.w, bb));
+}
+
 /* Write the fragment-order B entry (k16 step, route) made of the input groups A (at ka) and
  * B (at kb) to dst (32 bytes): the 4 lanes t of the route each find their 4 bf16 there. */
 template <int F>
@@ -239,6 +271,9 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
             if (ka < a.kin) A = moe_ld_in<RO>(row + ka);
             if (kb < a.kin) B = moe_ld_in<RO>(row + kb);
         }
+        /* W4A4: a block's 4 groups are in lanes r, r + 8, r + 16, r + 24 (nks * MOE_CH is a
+         * multiple of 64: whole warps take every turn of this loop) */
+        if (F == SM_EXP_MXFP4 && a.aq) moe_aq_round<8, 16>(A, B, 0xFFFFFFFFu);
         moe_b_put<F>(A, B, Bs + (size_t)(ks * MOE_CH + r) * 4);
     }
 }

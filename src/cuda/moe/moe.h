@@ -55,6 +55,10 @@ typedef struct sm_cuda_moe_layer {
     size_t touched_bytes;    /* bytes one call reads per touched expert (for floors) */
     void *desc;              /* device: per-expert offsets or pointers into blob */
     float *post_norm;        /* device [Hm] eff(post_expert_norm) */
+    int act_mx;              /* 1: W4A4 (fmt MXFP4 only): both matmuls take their activations
+                                (h1, act) rounded to MXFP4 per 32 values as the B operand is
+                                staged (docs/model.md section 6); set by the uploads from the
+                                shard, by callers of the synthesizer */
 } sm_cuda_moe_layer;
 
 typedef struct sm_cuda_moe_ws {

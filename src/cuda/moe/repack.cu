@@ -309,7 +309,11 @@ static int moe_upload_views(const char *who, const sm_model *m, int l, const sm_
     const moe_ckpt ck = {m, X};
     const moe_source src = {who, l, &ck, moe_ckpt_matrix, moe_ckpt_post_norm, shard, X->e0};
     const sm_config c = moe_shard_config(&m->cfg, X);
-    return moe_build(&c, (int)X->fmt, &src, L, st, e);
+    if (X->act_mx && (X->fmt != SM_EXP_MXFP4 || X->ni % SM_MX_BLOCK))
+        return sm_errf(e, "%s: layer %d: W4A4 needs MXFP4 experts whose I slice (%d) holds whole 32-blocks", who, l, X->ni);
+    if (moe_build(&c, (int)X->fmt, &src, L, st, e)) return -1;
+    L->act_mx = X->act_mx;
+    return 0;
 }
 
 extern "C" int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e) {
@@ -331,7 +335,7 @@ extern "C" int sm_cuda_moe_upload(const sm_model *m, int l, sm_cuda_moe_layer *L
         v[c->E + j] = (sm_shard_mat){gw ? gw + wu : NULL, gs ? gs + su : NULL, c->Hm};
         v[2 * c->E + j] = (sm_shard_mat){x->dn[j], x->dns ? x->dns[j] : NULL, c->I};
     }
-    const sm_shard_experts X = {x->fmt, 0, c->E, 0, c->I, v, v + c->E, v + 2 * c->E};
+    const sm_shard_experts X = {x->fmt, 0, c->E, 0, c->I, v, v + c->E, v + 2 * c->E, x->act_mx};
     const int rc = moe_upload_views(who, m, l, &X, 0, L, st, e);
     free(v);
     return rc;

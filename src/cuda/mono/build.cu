@@ -621,6 +621,34 @@ extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
     return 0;
 }
 
+extern "C" int sm_cuda_bench_set_acts(const sm_backend *b, int mx, sm_err *e) {
+    sm_cuda_rank *one, **rk;
+    const int W = mono_ranks(b, &one, &rk, e);
+    if (!W) return -1;
+    int any = 0;
+    for (int r = 0; r < W; r++) {
+        sm_cuda_rank *cr = rk[r];
+        if (cb_enter(cr, e)) return -1;
+        SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
+        for (int l = 0; l < cr->cfg.L; l++) {
+            sm_cuda_moe_layer *ml = &cr->layers[l].moe;
+            if (!cr->layers[l].have_moe || ml->fmt != SM_EXP_MXFP4) continue;
+            if (mx && ml->I % SM_MX_BLOCK) return sm_errf(e, "cuda bench: layer %d's I slice %d cuts 32-blocks", l, ml->I);
+            ml->act_mx = mx;
+            any = 1;
+        }
+        /* the graphs and the monokernel's plans hold the experts' arguments by value */
+        cb_graphs_drop(cr, 0);
+        if (cr->mono)
+            for (int i = 0; i < CB_NBUCKETS; i++) {
+                free(cr->mono->desc[i]);
+                cr->mono->desc[i] = NULL;
+            }
+    }
+    if (mx && !any) return sm_errf(e, "cuda bench: MXFP4 activations need MXFP4 expert layers; this model has none");
+    return 0;
+}
+
 /* Per-phase summary of a traced step h (tb blocks a layer): per monokernel layer 2..L-2, each
  * phase's span over all blocks (first start to last end), the attention slot (from the end of
  * the previous layer's last phase to this layer's first: the stock attention kernel, its split

@@ -69,6 +69,10 @@ int sm_cuda_bench_layers(const sm_backend *b, const sm_step *s, int iters, float
 /* Monokernel on (1: where eligible) or off (0) for the next steps of a CUDA backend (drops
  * the captured graphs); error when on is asked and the engine has no monokernel. */
 int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e);
+/* The MXFP4 expert layers' activations for the next steps of a CUDA backend (every rank):
+ * mx 1 W4A4, 0 W4A16 (drops the captured graphs and the monokernel's plans); error when W4A4
+ * is asked of a model without MXFP4 expert layers. */
+int sm_cuda_bench_set_acts(const sm_backend *b, int mx, sm_err *e);
 /* Run step s once with the monokernel's per-block phase timestamps on, print the per-phase
  * summary (median span over layers 2..L-2, the weight phases against their floors at read
  * bandwidth bw bytes/s) and, when path is not NULL, write the timestamps to path as a Chrome /
