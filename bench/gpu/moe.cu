@@ -23,6 +23,7 @@
 #include <string.h>
 #include "cuda/common.cuh"
 #include "cuda/moe/moe.h"
+#include "cuda/ops/ops.h"
 #include "bench.h"
 
 #define MB_SETS 8            /* routing sets */
@@ -35,6 +36,9 @@ typedef struct mb_case {
     int made;                            /* layers made */
     sm_cuda_moe_ws ws;                   /* workspace for 128 rows */
     uint16_t *h1;                        /* device [BH_MAX_ROWS][Hm] bf16 */
+    uint16_t *h1q;                       /* device, the same rows normed and rounded to MXFP4 by
+                                            sm_k_rms_bf16 (W4A4: as the pre-expert norm gives them) */
+    int aq;                              /* the case runs W4A4: h1q, ws.h1_mx */
     uint16_t *mo;                        /* device [BH_MAX_ROWS][Hm] bf16 */
     int *idx;                            /* device [MB_SETS][BH_MAX_ROWS][K] */
     float *w;                            /* device [MB_SETS][BH_MAX_ROWS][K] */
@@ -48,7 +52,7 @@ typedef struct mb_case {
 static int mb_stream(bh_run *r, void *arg, int set, sm_err *e) {
     mb_case *c = (mb_case *)arg;
     const int s = set % MB_SETS, l = set / MB_SETS, K = c->L[0].K;
-    return sm_cuda_moe_forward(&c->L[l], c->h1, c->idx + (size_t)s * BH_MAX_ROWS * K, c->w + (size_t)s * BH_MAX_ROWS * K,
+    return sm_cuda_moe_forward(&c->L[l], c->aq ? c->h1q : c->h1, c->idx + (size_t)s * BH_MAX_ROWS * K, c->w + (size_t)s * BH_MAX_ROWS * K,
                                c->n, c->mo, &c->ws, r->st, e);
 }
 static int mb_graph(bh_run *r, void *arg, int set, sm_err *e) {
@@ -141,6 +145,10 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
     c->hw = (float *)malloc(rk * sizeof(float));
     if (!c->hi || !c->hw) return sm_errf(e, "out of host memory");
     if (bh_normal_bf16(r, c->h1, (size_t)BH_MAX_ROWS * cf.Hm, "bench.moe.h1", 0.0f, 1.0f, e)) return -1;
+    if (fmt == SM_EXP_MXFP4) {
+        SM_CUDA_CHECK(cudaMalloc((void **)&c->h1q, (size_t)BH_MAX_ROWS * cf.Hm * 2));
+        if (sm_k_rms_bf16(c->h1, BH_MAX_ROWS, cf.Hm, NULL, cf.rms_eps, c->h1q, 1, r->st, e)) return -1;
+    }
     const char *fname = sm_expert_fmt_name((sm_expert_fmt)fmt);
     printf("%-6s %-5s %-6s %3s %5s %8s %9s %10s %10s %9s %9s %8s %8s\n", "format", "acts", "sched", "pf", "rows", "experts", "MB",
            "ms stream", "ms graph", "TB/s", "floor ms", "of floor", "SM MHz");
@@ -162,6 +170,8 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
             c->ws.prefetch = vars[vi].pf;
             c->ws.sched = vars[vi].sched;
             for (int l = 0; l < c->made; l++) c->L[l].act_mx = vars[vi].aq;
+            c->aq = vars[vi].aq;
+            c->ws.h1_mx = vars[vi].aq; /* as the model path: h1 comes rounded by its norm */
             const char *sname = c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages";
             const char *aname = vars[vi].aq ? "w4a4" : fmt == SM_EXP_MXFP4 ? "w4a16" : "bf16";
             const int nsets = MB_SETS * c->nlayers;
@@ -259,6 +269,7 @@ static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e) {
 static void mb_free(mb_case *c) {
     mb_graphs_free(c);
     if (c->h1) SM_CUDA_CHECK_PRINT(cudaFree(c->h1));
+    if (c->h1q) SM_CUDA_CHECK_PRINT(cudaFree(c->h1q));
     if (c->mo) SM_CUDA_CHECK_PRINT(cudaFree(c->mo));
     if (c->idx) SM_CUDA_CHECK_PRINT(cudaFree(c->idx));
     if (c->w) SM_CUDA_CHECK_PRINT(cudaFree(c->w));

@@ -141,8 +141,8 @@ SM_HD uint8_t sm_mx_quantize_block(const float *x, uint8_t *q) {
 SM_HD float sm_mx_round_value(float x, uint8_t b) {
     float inv = (b == 254) ? sm_bits_f32(0x00400000u) : sm_bits_f32((uint32_t)(254 - b) << 23);
     float y = fabsf(x * inv);
-    float st = y < 2.0f ? 0.5f : (y < 4.0f ? 1.0f : 2.0f);
-    float q = fminf(rintf(y / st) * st, 6.0f);
+    float st = y < 2.0f ? 0.5f : (y < 4.0f ? 1.0f : 2.0f), ist = y < 2.0f ? 2.0f : (y < 4.0f ? 1.0f : 0.5f);
+    float q = fminf(rintf(y * ist) * st, 6.0f); /* y * ist == y / st exactly: no division */
     return (copysignf(q, x) + 0.0f) * sm_e8m0_to_f32(b);
 }
 /* Element j of a packed row (two codes a byte, low nibble first). */

@@ -47,7 +47,7 @@ void case_mm_f32w(int n, int k, int m);
 void case_embed(int n, int H, int V);
 void case_post_attn(int n, int H);
 void case_post_ffn(int n, int H, int last);
-void case_rms_bf16(int n, int d, int inplace);
+void case_rms_bf16(int n, int d, int inplace, int mx = 0); /* mx: MXFP4 output (W4A4's h1) */
 /* router.cu */
 void case_route(int n, int H, int E, int K);
 /* attention.cu */

@@ -297,6 +297,9 @@ int gpu_test_kernels(void) {
     case_post_attn(300, 256);
     case_post_ffn(13, 1024, 1);
     case_rms_bf16(300, 128, 1);
+    case_rms_bf16(8, 4096, 0, 1);
+    case_rms_bf16(128, 4096, 1, 1);
+    case_rms_bf16(300, 128, 0, 1);
     /* widths that are not multiples of 8: every element through the scalar tail */
     case_embed(5, 1003, 64);
     case_post_attn(7, 1003);

@@ -125,9 +125,9 @@ void case_post_ffn(int n, int H, int last) {
     gh_verdict(name, ok, &ax, 1e-2);
 }
 
-void case_rms_bf16(int n, int d, int inplace) {
+void case_rms_bf16(int n, int d, int inplace, int mx) {
     char name[128];
-    snprintf(name, sizeof name, "rms_bf16%s n=%d d=%d", inplace ? "_inplace" : "", n, d);
+    snprintf(name, sizeof name, "rms_bf16%s%s n=%d d=%d", inplace ? "_inplace" : "", mx ? "_mxfp4" : "", n, d);
     sm_err e = {""};
     uint16_t *hx = (uint16_t *)gh_halloc((size_t)n * d * 2);
     gh_fill_bf16(hx, (size_t)n * d, 0.7f);
@@ -138,10 +138,31 @@ void case_rms_bf16(int n, int d, int inplace) {
     uint16_t *dx = (uint16_t *)gh_dup_to_dev("x", hx, 2, (size_t)n * d);
     float *dw = (float *)gh_dup_to_dev("w", w, 4, d);
     uint16_t *dy = inplace ? dx : (uint16_t *)gh_dalloc("y", 2, (size_t)n * d);
-    if (sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy, g_st, &e)) { gh_fail_line(name, e.msg); return; }
+    /* mx: first the plain output (kept), then the rounded one from the same input */
+    uint16_t *dy0 = mx ? (uint16_t *)gh_dalloc("y0", 2, (size_t)n * d) : NULL;
+    if (mx && sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy0, 0, g_st, &e)) { gh_fail_line(name, e.msg); return; }
+    if (sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy, mx, g_st, &e)) { gh_fail_line(name, e.msg); return; }
     if (!gh_sync(g_st)) { gh_fail_line(name, "kernel failed"); return; }
     gh_acc a = GH_ACC_INIT;
-    gh_cmp_bf16(dy, ref, (size_t)n * d, &a);
-    gh_verdict(name, 1, &a, 1e-2);
+    gh_cmp_bf16(mx ? dy0 : dy, ref, (size_t)n * d, &a);
+    int ok = 1;
+    if (mx) {
+        /* the rounded output == codec.h's block quantizer applied to the plain one, bit for bit */
+        uint16_t *y0 = (uint16_t *)gh_halloc((size_t)n * d * 2), *y = (uint16_t *)gh_halloc((size_t)n * d * 2);
+        ok = cudaMemcpy(y0, dy0, (size_t)n * d * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
+             cudaMemcpy(y, dy, (size_t)n * d * 2, cudaMemcpyDeviceToHost) == cudaSuccess;
+        long bad = 0;
+        for (size_t b0 = 0; ok && b0 < (size_t)n * d; b0 += SM_MX_BLOCK) {
+            float xb[SM_MX_BLOCK], qv[SM_MX_BLOCK];
+            uint8_t q[SM_MX_BLOCK / 2];
+            for (int j = 0; j < SM_MX_BLOCK; j++) xb[j] = sm_bf16_to_f32(y0[b0 + j]);
+            const uint8_t sb = sm_mx_quantize_block(xb, q);
+            sm_mx_dequantize_row(q, &sb, SM_MX_BLOCK, qv);
+            for (int j = 0; j < SM_MX_BLOCK; j++) bad += y[b0 + j] != sm_f32_to_bf16(qv[j]);
+        }
+        if (bad) printf("  %s: %ld values differ from the block quantizer's\n", name, bad);
+        ok = ok && bad == 0;
+    }
+    gh_verdict(name, ok, &a, 1e-2);
 }
 

@@ -4,7 +4,7 @@ builds build-cuda/libsparkmono.so); without it, or without a GPU, every test her
 (tests/cli_python.sh counts them).  Each test runs the binding in a child process loaded with
 that library (this process has the CPU one).  Checked: greedy generation on the GPU is the same
 alone, twice and batched (batch invariance); prefill logits agree with the CPU engine's; the
-monokernel ("auto") gives the stock path's ids; two virtual ranks on one GPU (world = 2,
+monokernel ("auto") gives the stock path's ids; W4A4 (test_cuda_w4a4); two virtual ranks on one GPU (world = 2,
 devices [0, 0]) run, greedy and batch-invariant; a bad device is the engine's line."""
 import json
 import os
@@ -34,10 +34,10 @@ pytestmark = [
 PROMPTS = [[5, 6, 7, 8, 5, 6], [11, 12, 13], [100, 200, 300, 400, 100, 200], [42]]
 
 
-def on_cuda(model_dir, code):
-    """Run code (with `sparkmono` imported and `model` open on model_dir) in a child process on
-    the CUDA library; returns what it printed as JSON."""
-    prog = "import json, sparkmono\nmodel = sparkmono.Model(%r)\n%s\n" % (model_dir, code)
+def on_cuda(model_dir, code, activations="auto"):
+    """Run code (with `sparkmono` imported and `model` open on model_dir with those
+    activations) in a child process on the CUDA library; returns what it printed as JSON."""
+    prog = "import json, sparkmono\nmodel = sparkmono.Model(%r, activations=%r)\n%s\n" % (model_dir, activations, code)
     env = dict(os.environ, SPARKMONO_LIB=os.path.abspath(CUDA_LIB))
     r = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -81,6 +81,34 @@ for mono in ("off", "auto"):
 print(json.dumps(r))
 """ % PROMPTS)
     assert out["auto"] == out["off"]
+
+
+def test_cuda_w4a4(ids_dir):
+    """MXFP4 activations (W4A4) forced on the MXFP4 layers: batch invariant, the monokernel
+    gives the stock ids, and the prefill logits are not the W4A16 ones (the switch reaches the
+    GPU) while they agree with the CPU engine's W4A4 logits."""
+    p = [5, 6, 7, 8, 9, 10]
+    code = """
+r = {}
+for mono in ("off", "auto"):
+    with sparkmono.Engine(model, backend="cuda", mono=mono, max_requests=4) as e:
+        r[mono] = [[e.generate(q, max_tokens=10).ids for q in %r], [c.ids for c in e.generate_many(%r, max_tokens=10)]]
+with sparkmono.Engine(model, backend="cuda") as e:
+    r["logits"] = e.prefill_logits(%r).tolist()
+print(json.dumps(r))
+""" % (PROMPTS, PROMPTS, p)
+    w4 = on_cuda(ids_dir, code, activations="mxfp4")
+    w16 = on_cuda(ids_dir, code, activations="bf16")
+    alone, many = w4["off"]
+    assert alone == many and w4["auto"] == w4["off"]
+    g4, g16 = np.array(w4["logits"], dtype=np.float32), np.array(w16["logits"], dtype=np.float32)
+    with sparkmono.Engine(sparkmono.Model(ids_dir, activations="mxfp4"), threads=2) as e:
+        cpu = e.prefill_logits(p)
+    with sparkmono.Model(ids_dir) as m:
+        used = m.vocab_used
+    err4 = np.abs(g4[:, :used] - cpu[:, :used]).max() / np.abs(cpu[:, :used]).max()
+    err16 = np.abs(g16[:, :used] - cpu[:, :used]).max() / np.abs(cpu[:, :used]).max()
+    assert err4 < 0.1 and err4 < err16, (err4, err16)
 
 
 def test_cuda_world_two_virtual_ranks(ids_dir):

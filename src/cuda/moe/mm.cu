@@ -57,7 +57,9 @@ moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     a.sb = G.sb;
     a.pf = ws->prefetch < 0 ? 0 : ws->prefetch;
     a.y32 = NULL;
-    a.aq = L->fmt == SM_EXP_MXFP4 && L->act_mx;
+    /* W4A4: h1 rounded as staged unless its producer rounded it; act by stage 1's epilogue */
+    const int w4a4 = L->fmt == SM_EXP_MXFP4 && L->act_mx;
+    a.aq = !w4a4 ? 0 : stage == 1 ? (ws->h1_mx ? 0 : MOE_AQ_IN) | MOE_AQ_OUT : 0;
     if (stage == 1) {
         /* act = r16(silu(r16(h1 gate^T)) * r16(h1 up^T)) */
         a.in = h1; a.out = (uint16_t *)(wb + W.act);

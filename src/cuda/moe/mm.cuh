@@ -17,6 +17,13 @@
  * gain).  Dequantization in registers: dequant.cuh.
  * Per 128-k step and warp the MXFP4 k step issues 16 HMMA, 64 HMUL2, ~89 LOP3 and ~68 SHF: the
  * integer ops and the load latency, not the bytes, bound it (bench/moe.md).
+ * W4A4 (docs/model.md section 6): the activations are rounded to MXFP4 per 32 values and
+ * then multiplied as bf16 (an e2m1 value times a power of two is a bf16 value, so the products
+ * are the W4A4 products and the k step is the W4A16 one, at its speed): h1 by its producer
+ * (the pre-expert norm; sm_cuda_moe_ws.h1_mx) or, for other callers, as it is staged
+ * (MOE_AQ_IN), and act by stage 1's epilogue (MOE_AQ_OUT).  We rejected the FP8 tensor cores
+ * (wgmma e4m3 with exact per-block scaling) for now: a prototype was no faster at 8 rows and
+ * slower at 32 (the per-block f32 scaling), and the bf16 products are the same numbers.
  * We rejected split-K across blocks (atomics make sums nondeterministic), and measured and
  * dropped one tile per warp in stage 2 (finer items: slower, bench/moe.md).
  */
@@ -47,8 +54,13 @@ typedef struct moe_args {
     float *y32;               /* stage 2 with Y32 = 1 (moe_mm_block): f32 y NOT rounded per
                                  ROUTE, [n * K, rows_out] at row slot_route[slot] (out unused);
                                  NULL otherwise */
-    int aq;                   /* 1: W4A4 (MXFP4 only), `in` rounded to MXFP4 as it is staged */
+    int aq;                   /* W4A4 (MXFP4 only): MOE_AQ_IN `in` is rounded to MXFP4 as it is
+                                 staged (stage 1, unless the caller's h1 comes rounded);
+                                 MOE_AQ_OUT the stage-1 epilogue writes act rounded (stage 2
+                                 then stages it as is) */
 } moe_args;
+#define MOE_AQ_IN 1
+#define MOE_AQ_OUT 2
 
 /* Dynamic shared memory of the body for a stage: the job's routes, [Kp/16][8 routes][4 t]
  * of uint2. */
@@ -273,29 +285,51 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
         }
         /* W4A4: a block's 4 groups are in lanes r, r + 8, r + 16, r + 24 (nks * MOE_CH is a
          * multiple of 64: whole warps take every turn of this loop) */
-        if (F == SM_EXP_MXFP4 && a.aq) moe_aq_round<8, 16>(A, B, 0xFFFFFFFFu);
+        if (F == SM_EXP_MXFP4 && (a.aq & MOE_AQ_IN)) moe_aq_round<8, 16>(A, B, 0xFFFFFFFFu);
         moe_b_put<F>(A, B, Bs + (size_t)(ks * MOE_CH + r) * 4);
     }
 }
 
 /* Write the outputs of tile pair p of a job (first slot s0, cnt routes, result factor mul)
  * from the accumulators: stage 1 act = r16(silu(r16(gate)) * r16(up)), stage 2 y = r16(sum)
- * (Y32: f32 y per route). */
+ * (Y32: f32 y per route).  Stage 1 with MOE_AQ_OUT (W4A4): act rounded to MXFP4 per 32 values
+ * of a route, a block being the 16 rows of this warp and the 16 of warp ^ 1 (tile pairs 2k,
+ * 2k + 1): each warp's per-route amax goes through amx (shared, [MOE_WARPS][MOE_CH]) and
+ * every warp of the team must call it (a team barrier; the early return waits for it). */
 template <int STAGE, int Y32>
 __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0, int cnt, float mul, int lane,
-                                                const float (&acc)[2][4]) {
+                                                const float (&acc)[2][4], float *amx = NULL, const sm_team *tm = NULL) {
     const int g = lane >> 2, t = lane & 3;
     if (STAGE == 1) {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* gate, up = r16(sums); a = r16(silu(gate) * up) */
+            const float gg = sm_r16d(acc[0][i] * mul), uu = sm_r16d(acc[1][i] * mul);
+            v[i] = sm_r16d(gg * (1.0f / (1.0f + expf(-gg))) * uu);
+        }
+        if (a.aq & MOE_AQ_OUT) {
+            /* the block amax of columns 2t, 2t+1: rows g, g+8 of the lane, the warp's 8 g, the partner warp */
+            const int warp = (tm->tid >> 5);
+            float m0 = fmaxf(fabsf(v[0]), fabsf(v[2])), m1 = fmaxf(fabsf(v[1]), fabsf(v[3]));
+#pragma unroll
+            for (int d = 4; d < 32; d <<= 1) {
+                m0 = fmaxf(m0, __shfl_xor_sync(0xFFFFFFFFu, m0, d));
+                m1 = fmaxf(m1, __shfl_xor_sync(0xFFFFFFFFu, m1, d));
+            }
+            if (g == 0) { amx[warp * MOE_CH + 2 * t] = m0; amx[warp * MOE_CH + 2 * t + 1] = m1; }
+            sm_team_sync(*tm);
+            m0 = fmaxf(m0, amx[(warp ^ 1) * MOE_CH + 2 * t]);
+            m1 = fmaxf(m1, amx[(warp ^ 1) * MOE_CH + 2 * t + 1]);
+            const uint8_t b0 = sm_mx_scale_byte(m0), b1 = sm_mx_scale_byte(m1);
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = sm_mx_round_value(v[i], (i & 1) ? b1 : b0);
+        }
         if (p >= a.tiles) return;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int col = 2 * t + (i & 1), j = p * 16 + g + (i >> 1) * 8;
-            if (col < cnt && j < a.rows_out) {
-                /* gate, up = r16(sums); a = r16(silu(gate) * up) */
-                const float gg = sm_r16d(acc[0][i] * mul), uu = sm_r16d(acc[1][i] * mul);
-                const float v = gg * (1.0f / (1.0f + expf(-gg))) * uu;
-                a.out[(size_t)(s0 + col) * a.rows_out + j] = sm_tobf(v);
-            }
+            if (col < cnt && j < a.rows_out) a.out[(size_t)(s0 + col) * a.rows_out + j] = sm_tobf(v[i]);
         }
     } else {
 #pragma unroll
@@ -315,10 +349,11 @@ __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0
 }
 
 template <int STAGE, int Y32>
-__device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp, int lane, const float (&acc)[2][4]) {
+__device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp, int lane, const float (&acc)[2][4], float *amx,
+                                             const sm_team &tm) {
     const int job = it / a.ipj, itile = it - job * a.ipj;
     const int4 jb = a.jobs[job];
-    moe_epilogue_at<STAGE, Y32>(a, itile * MOE_WARPS + warp, jb.y, jb.z, a.desc[jb.x].mul[STAGE - 1], lane, acc);
+    moe_epilogue_at<STAGE, Y32>(a, itile * MOE_WARPS + warp, jb.y, jb.z, a.desc[jb.x].mul[STAGE - 1], lane, acc, amx, &tm);
 }
 
 /* The loop state of one block, and one k step of it: issue the loads two steps ahead (and
@@ -341,7 +376,11 @@ __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur,
     }
     moe_compute<F>(cur, L.S, Bs, lane, L.acc);
     if (++L.S == a.nsteps) {
-        moe_epilogue<STAGE, Y32>(a, L.it, warp, lane, L.acc);
+        /* W4A4: the warps' act amax (moe_epilogue_at), two sets by item parity: a warp writes
+         * a set again only after the next item's barrier, which its partner passes after
+         * reading that set (no barrier separates consecutive items of one job) */
+        __shared__ float amx[2][MOE_WARPS * MOE_CH];
+        moe_epilogue<STAGE, Y32>(a, L.it, warp, lane, L.acc, amx[L.it & 1], tm);
 #pragma unroll
         for (int X = 0; X < 2; X++) L.acc[X][0] = L.acc[X][1] = L.acc[X][2] = L.acc[X][3] = 0.0f;
         L.S = 0;

@@ -17,6 +17,10 @@
  * Functions taking a stream run all their copies and kernels on it (never the legacy default
  * stream); the stream must belong to the current device.
  *
+ * W4A4 layers (act_mx, docs/model.md section 6): h1 and act rounded to MXFP4 per 32 values
+ * (h1 as staged unless the workspace says its producer rounded it: h1_mx), then the W4A16
+ * matmul on those exact values.
+ *
  * Limits (checked, error otherwise): Hm and I multiples of 32; E <= 2048; max_rows * K <=
  * 4096.  An expert of more than 8 routes in one call is processed in groups of 8 routes
  * (its weights are then read once per group).  Route ids outside [0, E) contribute nothing.
@@ -70,6 +74,10 @@ typedef struct sm_cuda_moe_ws {
     int prefetch;            /* k steps (of 2 KB per warp) the weights are prefetched into L2
                                 ahead of use, 0 = none (the default: no gain measured);
                                 benchmarks may change it (the results are the same bits) */
+    int h1_mx;               /* 1: the callers' h1 of W4A4 layers comes rounded to MXFP4 already
+                                (the stock and monokernel pre-expert norms round it), so stage 1
+                                stages it as is; 0 (the default): stage 1 rounds it (idempotent:
+                                the same bits either way) */
     int sched;               /* schedule of the expert matmul: SM_MOE_SCHED_QUEUE (the default) or
                                 SM_MOE_SCHED_STAGES; benchmarks and tests may change it (the
                                 results are the same bits) */

@@ -208,9 +208,10 @@ __device__ __forceinline__ void moe_q_b_fetch(const moe_qargs &q, int st, const 
             }
         }
     }
-    /* W4A4: a block's 4 groups are in 4 consecutive lanes (route-major entries, nks and
-     * total multiples of 4: those lanes are all in this turn, inside or past the total) */
-    if (F == SM_EXP_MXFP4 && q.a1.aq) {
+    /* W4A4 (h1 not rounded by its producer): a block's 4 groups are in 4 consecutive lanes
+     * (route-major entries, nks and total multiples of 4: those lanes are all in this turn,
+     * inside or past the total) */
+    if (F == SM_EXP_MXFP4 && ((st == 1 ? q.a1.aq : q.a2.aq) & MOE_AQ_IN)) {
         const unsigned mask = 0xFu << ((threadIdx.x & 31) & ~3u);
 #pragma unroll
         for (int h = 0; h < MOE_Q_NB; h++) moe_aq_round<1, 2>(E.A[h], E.B[h], mask);
@@ -278,7 +279,9 @@ __device__ __forceinline__ void moe_q_unit_end(moe_qstate &Q, const moe_qargs &q
     if (q.prof && tid == 0 && Q.u < SM_MOE_PROF_MAX_UNITS) q.prof[3 * Q.u + 1] = sm_now_ns();
     const moe_qslot *cs = ring + (Q.cm & (MOE_Q_RING - 1));
     const int p = Q.itile * MOE_WARPS + warp;
-    if (Q.stage == 1) moe_epilogue_at<1, 0>(q.a1, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[0], lane, Q.acc);
+    __shared__ float amx[MOE_WARPS * MOE_CH]; /* W4A4: the warps' act amax (moe_epilogue_at) */
+    const sm_team tm = sm_team_block();
+    if (Q.stage == 1) moe_epilogue_at<1, 0>(q.a1, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[0], lane, Q.acc, amx, &tm);
     else moe_epilogue_at<2, Y32>(q.a2, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[1], lane, Q.acc);
 #pragma unroll
     for (int X = 0; X < 2; X++) Q.acc[X][0] = Q.acc[X][1] = Q.acc[X][2] = Q.acc[X][3] = 0.0f;

@@ -203,6 +203,7 @@ static int mono_plan_layer(sm_cuda_rank *cr, int nb, int l, mono_desc *d, sm_err
     /* pooler norm (W > 1: h1 gathered first), experts: the rank's (EP: routes to its experts;
      * TP: every route over its I slice) */
     d->h1 = cr->h1; d->pre_expert = L->pre_expert_norm;
+    d->h1_mx = L->moe.act_mx; /* cr->mws.h1_mx: the experts take h1 as rounded here */
     d->fmt = L->moe.fmt;
     d->ga = moe_group_make(&L->moe, d->idx, nb, &cr->mws);
     if (W > 1 && !tp) d->ga.e0 = cf->E / W * cr->rank;

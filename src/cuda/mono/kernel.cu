@@ -304,7 +304,7 @@ __device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, flo
             mono_xgather(d.xc, 1, row, d.xc.np, d.h1, d.Hm, t);
             sm_team_sync(t);
         }
-        sm_norm_rms_bf16_row(d.h1, d.Hm, d.pre_expert, d.eps, d.h1, (size_t)row, red[k], t);
+        sm_norm_rms_bf16_row(d.h1, d.Hm, d.pre_expert, d.eps, d.h1, (size_t)row, red[k], t, d.h1_mx);
     }
 }
 

@@ -18,6 +18,7 @@
  */
 #ifndef SM_CUDA_OPS_NORM_CUH
 #define SM_CUDA_OPS_NORM_CUH
+#include "model/codec.h"
 #include "cuda/common.cuh"
 
 /* Threads per row of the stock norm kernels for a row of H elements. */
@@ -213,9 +214,11 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
 }
 
 /* y[row] = r16(x[row] * rsqrt(mean x^2 + eps) [* w]) for bf16 rows of d; y may alias x (each
- * element is read and written by the same thread); w NULL: no weight. */
+ * element is read and written by the same thread); w NULL: no weight.  mx (W4A4's h1,
+ * docs/model.md section 6; d % 32 == 0): the bf16 values then rounded to MXFP4 per 32 (a
+ * block is the 8-value chunks of 4 consecutive lanes, all in or all past the row together). */
 __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, const float *__restrict__ w, float eps,
-                                                     uint16_t *y, size_t row, float *red, const sm_team &t) {
+                                                     uint16_t *y, size_t row, float *red, const sm_team &t, int mx = 0) {
     const uint16_t *xr = x + row * d;
     uint16_t *yr = y + row * d;
     const float r = sm_rms_scale(sm_team_sum(sm_norm_sumsq_bf16(xr, d, t), red, t), d, eps);
@@ -228,6 +231,18 @@ __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, c
         for (int j = 0; j < 8; j++) {
             v[j] = __fmul_rn(v[j], r);
             if (w) v[j] = __fmul_rn(v[j], wv[j]);
+        }
+        if (mx) {
+            /* Q(r16(v)): the block's amax over the 4 lanes, its scale byte, each value rounded */
+            float m = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j] = sm_r16d(v[j])));
+            const unsigned mask = 0xFu << ((threadIdx.x & 31) & ~3u);
+            m = fmaxf(m, __shfl_xor_sync(mask, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(mask, m, 2));
+            const uint8_t b = sm_mx_scale_byte(m);
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = sm_mx_round_value(v[j], b);
         }
         sm_st8_bf(yr + 8 * c, v);
     }

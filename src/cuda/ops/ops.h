@@ -97,8 +97,9 @@ int sm_k_post_ffn(float *s, const uint16_t *f, const float *post_ffn, const floa
                   const float *beta, const float *norm, int last, int n, int H, float post_eps,
                   float eps, uint16_t *x, cudaStream_t st, sm_err *e);
 /* y = r16(rms(x, w, eps)) per row; x, y bf16 [n, d] (y == x allowed); w f32 [d] or NULL.
- * Used for the pre-expert norm after the pooler matmul. */
-int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, uint16_t *y,
+ * Used for the pre-expert norm after the pooler matmul.  mx 1 (W4A4's h1, docs/model.md
+ * section 6; d % 32 == 0): y then rounded to MXFP4 per 32 values of a row. */
+int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, uint16_t *y, int mx,
                   cudaStream_t st, sm_err *e);
 
 /* ---- matmuls (ops/matmul.cu) ---- */

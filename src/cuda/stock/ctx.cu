@@ -272,17 +272,24 @@ static int cb_world_alloc(sm_cuda_rank *cr, sm_err *e) {
     return 0;
 }
 
-/* The MoE workspace for the rank's experts: EP sizes it for its ne experts, TP for its I slice. */
+/* The MoE workspace for the rank's experts: EP sizes it for its ne experts, TP for its I slice.
+ * h1_mx: the pre-expert norm of a W4A4 layer rounds h1 (forward.cu, the monokernel's norm). */
 static int cb_moe_ws(sm_cuda_rank *cr, sm_err *e) {
-    if (cr->world == 1) return sm_cuda_moe_ws_alloc(&cr->cfg, cr->cap, &cr->mws, e);
-    const int W = cr->world, r = cr->rank, tp = cr->plan.moe == SM_MOE_TP;
-    sm_shard_experts X;
-    memset(&X, 0, sizeof X);
-    X.e0 = tp ? 0 : r * (cr->cfg.E / W);
-    X.ne = tp ? cr->cfg.E : cr->cfg.E / W;
-    X.i0 = tp ? r * (cr->cfg.I / W) : 0;
-    X.ni = tp ? cr->cfg.I / W : cr->cfg.I;
-    return sm_cuda_moe_ws_alloc_shard(&cr->cfg, &X, cr->cap, &cr->mws, e);
+    int rc;
+    if (cr->world == 1) {
+        rc = sm_cuda_moe_ws_alloc(&cr->cfg, cr->cap, &cr->mws, e);
+    } else {
+        const int W = cr->world, r = cr->rank, tp = cr->plan.moe == SM_MOE_TP;
+        sm_shard_experts X;
+        memset(&X, 0, sizeof X);
+        X.e0 = tp ? 0 : r * (cr->cfg.E / W);
+        X.ne = tp ? cr->cfg.E : cr->cfg.E / W;
+        X.i0 = tp ? r * (cr->cfg.I / W) : 0;
+        X.ni = tp ? cr->cfg.I / W : cr->cfg.I;
+        rc = sm_cuda_moe_ws_alloc_shard(&cr->cfg, &X, cr->cap, &cr->mws, e);
+    }
+    if (!rc) cr->mws.h1_mx = 1;
+    return rc;
 }
 
 /* The device part: kernel context, stream, activations, metadata, KV, MoE workspace. */

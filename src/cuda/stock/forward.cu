@@ -125,7 +125,8 @@ static int cb_layer_rest(sm_cuda_rank *cr, const cb_run *r, int l, uint16_t *q, 
             return sm_errprefix(e, "cuda step: rank %d layer %d pooler", cr->rank, l);
     } else if (sm_k_mm(kc, cr->xf, n, H, L->pooler, cf->Hm, cr->h1, st, e))
         return sm_errprefix(e, "cuda step: layer %d pooler", l);
-    if (sm_k_rms_bf16(cr->h1, n, cf->Hm, L->pre_expert_norm, cf->rms_eps, cr->h1, st, e))
+    /* W4A4: h1 rounded to MXFP4 here, once a row (cr->mws.h1_mx: the experts take it as is) */
+    if (sm_k_rms_bf16(cr->h1, n, cf->Hm, L->pre_expert_norm, cf->rms_eps, cr->h1, L->moe.act_mx, st, e))
         return sm_errprefix(e, "cuda step: layer %d pre-expert norm", l);
     /* m = r16(sum_k w_k yn_k) over the routed experts */
     if (cr->gc) {
