@@ -116,6 +116,8 @@ typedef struct tm_duo {
     float *la;                /* [maxrows, V] its logits */
     int *aa;                  /* [maxrows] its argmax */
     double worst_alt;         /* the smallest GPU vs alt logits error seen */
+    double sum_r, sum_alt;    /* the steps' errors against the reference and against alt */
+    int n_alt;                /* steps compared with alt */
 } tm_duo;
 
 static void tm_duo_free(tm_duo *d) {
@@ -201,7 +203,10 @@ static void tm_step(tm_duo *d, const char *what, int n, const int *tok, const in
         const double ra = tm_relerr(d->lg, d->la, (size_t)n * c->V);
         printf("  %-34s            vs the W4A16 reference %.2e\n", "", ra);
         if (d->worst_alt == 0 || ra < d->worst_alt) d->worst_alt = ra;
-        GH_CHECK(ra > 1.5 * r, "%s: the GPU is as near the W4A16 reference (%.3e) as the W4A4 one (%.3e)", what, ra, r);
+        d->sum_r += r;
+        d->sum_alt += ra;
+        d->n_alt++;
+        GH_CHECK(ra > r, "%s: the GPU is as near the W4A16 reference (%.3e) as the W4A4 one (%.3e)", what, ra, r);
     }
     if (d->world > 1 && r > d->bound && !d->outlier_rows) {
         /* W ranks vs one rank: the rank-order sums move bf16 roundings, and one row whose top-K
@@ -478,6 +483,12 @@ done:;
     double worst = d.worst;
     int mono_steps = d.mono_steps, mono_differ = d.mono_differ, rank_checks = d.rank_checks, outliers = d.outlier_rows;
     double worst_alt = d.worst_alt;
+    if (d.have_alt) { /* over the case, the W4A16 reference at least 1.4x farther (measured ~1.7x) */
+        printf("  mean logits rel err: %.2e to the W4A4 reference, %.2e to the W4A16 one\n", d.sum_r / (d.n_alt + !d.n_alt),
+               d.sum_alt / (d.n_alt + !d.n_alt));
+        GH_CHECK(d.sum_alt > 1.4 * d.sum_r, "%s: the W4A16 reference is only %.2fx farther on average", tc->name,
+                 d.sum_r > 0 ? d.sum_alt / d.sum_r : 0.0);
+    }
     tm_duo_free(&d);
     free(bias_copy);
     free(bias_copy16);

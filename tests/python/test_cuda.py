@@ -108,7 +108,8 @@ print(json.dumps(r))
         used = m.vocab_used
     err4 = np.abs(g4[:, :used] - cpu[:, :used]).max() / np.abs(cpu[:, :used]).max()
     err16 = np.abs(g16[:, :used] - cpu[:, :used]).max() / np.abs(cpu[:, :used]).max()
-    assert err4 < 0.1 and err4 < err16, (err4, err16)
+    # a raw random model: W4A4 amplifies the bf16 differences (docs/model.md section 10)
+    assert err4 < 0.3 and 3 * err4 < err16, (err4, err16)
 
 
 def test_cuda_world_two_virtual_ranks(ids_dir):
