@@ -67,6 +67,8 @@ int bh_sets(const bh_run *r, double set_bytes);
  * kernel, event, per_interval calls of fn on consecutive sets, event, synchronize; the interval
  * divided by per_interval.  Sets rotate 0, 1, .., nsets-1, 0, .. over every call. */
 int bh_time(bh_run *r, bh_call fn, void *arg, int nsets, int per_interval, float *us, sm_err *e);
+/* The spin kernel bh_time puts ahead of each timed interval (for drivers that time by hand). */
+__global__ void bh_spin_kernel(long long ns);
 /* p[0..n) = mean + sd * z with z the normals of src/model/rng.h's stream sm_rng_key(r->seed, name),
  * as bf16 / f32, on r->st (not synchronized). */
 int bh_normal_bf16(bh_run *r, uint16_t *p, size_t n, const char *name, float mean, float sd, sm_err *e);

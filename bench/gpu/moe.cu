@@ -24,6 +24,7 @@
 #include "cuda/common.cuh"
 #include "cuda/moe/moe.h"
 #include "cuda/ops/ops.h"
+#include "backend/stats.h"
 #include "bench.h"
 
 #define MB_SETS 8            /* routing sets */
@@ -119,6 +120,54 @@ static void mb_graphs_free(mb_case *c) {
 
 static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e);
 
+/* Set the case's activations: aq 1 W4A4 (every layer's act_mx, h1 rounded by its norm as the
+ * model path gives it), 0 W4A16. */
+static void mb_acts(mb_case *c, int aq) {
+    for (int l = 0; l < c->made; l++) c->L[l].act_mx = aq;
+    c->aq = aq;
+    c->ws.h1_mx = aq;
+}
+
+/* W4A16 against W4A4 interleaved call by call (the same clocks and power for both): one
+ * graph set of each, then per timed iteration one call of each, the order alternating; the
+ * median of each and their ratio.  The schedule is the workspace's. */
+static int mb_ab(bh_run *r, mb_case *c, sm_err *e) {
+    cudaGraphExec_t g[2][MB_SETS * MB_MAX_LAYERS];
+    memset(g, 0, sizeof g);
+    int rc = 0;
+    for (int v = 0; v < 2 && !rc; v++) {
+        mb_acts(c, v);
+        rc = mb_capture(r, c, e);
+        memcpy(g[v], c->ge, sizeof c->ge);
+        memset(c->ge, 0, sizeof c->ge);
+    }
+    float t[2][BH_MAX_ITERS];
+    const int nsets = MB_SETS * c->nlayers;
+    long call = 0;
+    for (int it = -BH_WARM; it < r->iters && !rc; it++, call++)
+        for (int h = 0; h < 2 && !rc; h++) {
+            const int v = (it & 1) ? 1 - h : h, set = (int)(call % nsets);
+            const int s = set % MB_SETS, l = set / MB_SETS;
+            bh_spin_kernel<<<1, 32, 0, r->st>>>(BH_SPIN_NS);
+            float ms = 0;
+            if (cudaEventRecord(r->ea, r->st) != cudaSuccess || cudaGraphLaunch(g[v][s * c->nlayers + l], r->st) != cudaSuccess ||
+                cudaEventRecord(r->eb, r->st) != cudaSuccess || cudaEventSynchronize(r->eb) != cudaSuccess ||
+                cudaEventElapsedTime(&ms, r->ea, r->eb) != cudaSuccess)
+                rc = sm_errf(e, "interleaved timing: %s", cudaGetErrorString(cudaGetLastError()));
+            if (it >= 0) t[v][it] = ms * 1e3f;
+        }
+    for (int v = 0; v < 2; v++)
+        for (int i = 0; i < MB_SETS * MB_MAX_LAYERS; i++)
+            if (g[v][i]) SM_CUDA_CHECK_PRINT(cudaGraphExecDestroy(g[v][i]));
+    if (rc) return -1;
+    const float a = sm_median(t[0], r->iters), b = sm_median(t[1], r->iters);
+    double mhz = 0;
+    if (bh_sm_mhz(r, &mhz, e)) return -1;
+    printf("mxfp4  %-5s %-6s     %5d   interleaved: w4a16 %.3f ms, w4a4 %.3f ms, w4a4 / w4a16 %.4f   %8.0f MHz\n", "ab",
+           c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages", c->n, a * 1e-3, b * 1e-3, b / a, mhz);
+    return 0;
+}
+
 /* A timed variant: the schedule of the expert matmul and the L2 prefetch distance. */
 typedef struct mb_var {
     int sched, pf;
@@ -169,9 +218,7 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
             if (vars[vi].aq && fmt != SM_EXP_MXFP4) continue; /* W4A4 is an MXFP4 mode */
             c->ws.prefetch = vars[vi].pf;
             c->ws.sched = vars[vi].sched;
-            for (int l = 0; l < c->made; l++) c->L[l].act_mx = vars[vi].aq;
-            c->aq = vars[vi].aq;
-            c->ws.h1_mx = vars[vi].aq; /* as the model path: h1 comes rounded by its norm */
+            mb_acts(c, vars[vi].aq);
             const char *sname = c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages";
             const char *aname = vars[vi].aq ? "w4a4" : fmt == SM_EXP_MXFP4 ? "w4a16" : "bf16";
             const int nsets = MB_SETS * c->nlayers;
@@ -197,6 +244,11 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
                 const double flops = 6.0 * c->n * cf.K * (double)cf.Hm * cf.I;
                 bh_add(r, op, c->n, us_g, bh_floor_us(r, bytes, flops));
             }
+        }
+        if (fmt == SM_EXP_MXFP4 && nvar > 1) { /* the two numerics interleaved, the default schedule */
+            c->ws.sched = sched0;
+            c->ws.prefetch = vars[0].pf;
+            if (mb_ab(r, c, e)) return sm_errprefix(e, "%s n=%d interleaved", fname, c->n);
         }
     }
     c->ws.sched = sched0;
