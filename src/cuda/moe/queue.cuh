@@ -7,7 +7,7 @@
  * its next unit with one atomic on a counter of the workspace, late in its current unit, so
  * every SM streams to the end of the layer (one tail, not one per stage) and no block holds
  * work another could take.  A stage-2 unit of job j waits (bounded) until the job's stage-1
- * units have all signalled (done1[j], a count of warps), its first weight loads already in flight (weights never
+ * units have all signalled (done1[j]), its first weight loads already in flight (weights never
  * depend on activations).  Units are claimed in list order by running blocks only, so every
  * stage-1 unit a wait needs is held by a block that never waits: the wait always ends, however
  * many blocks are resident.
@@ -234,7 +234,7 @@ template <int F>
 __device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qargs &q, const moe_jobt &jt, uint2 *Bs, int tid) {
     if (Q.stage == 2) {
         if (tid == 0) {
-            const unsigned *c = (const unsigned *)(q.done1 + Q.job), need = (unsigned)(q.a1.ipj * MOE_WARPS);
+            const unsigned *c = (const unsigned *)(q.done1 + Q.job), need = (unsigned)q.a1.ipj;
             if (sm_ld_acquire_gpu_u32(c) < need) {
                 const uint64_t t0 = sm_now_ns();
                 while (sm_ld_acquire_gpu_u32(c) < need) {
@@ -279,25 +279,17 @@ __device__ __forceinline__ void moe_q_unit_end(moe_qstate &Q, const moe_qargs &q
     if (q.prof && tid == 0 && Q.u < SM_MOE_PROF_MAX_UNITS) q.prof[3 * Q.u + 1] = sm_now_ns();
     const moe_qslot *cs = ring + (Q.cm & (MOE_Q_RING - 1));
     const int p = Q.itile * MOE_WARPS + warp;
-    /* stage 1: the act values (and W4A4's amax) before the block's one barrier, the stores
-     * after it, each warp then signalling its own (done1 counts warps) */
-    __shared__ float amx2[2][MOE_WARPS * MOE_CH]; /* by unit parity: a warp writes a set again only
-                                                     after the next unit's barrier, which its partner
-                                                     passes after reading this set */
-    float *amx = amx2[Q.cm & 1], v[4];
-    if (Q.stage == 1) moe_epi1_values(q.a1, cs->jt.mul[0], warp, lane, Q.acc, v, amx);
+    __shared__ float amx[MOE_WARPS * MOE_CH]; /* W4A4: the warps' act amax (moe_epilogue_at) */
+    const sm_team tm = sm_team_block();
+    if (Q.stage == 1) moe_epilogue_at<1, 0>(q.a1, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[0], lane, Q.acc, amx, &tm);
     else moe_epilogue_at<2, Y32>(q.a2, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[1], lane, Q.acc);
 #pragma unroll
     for (int X = 0; X < 2; X++) Q.acc[X][0] = Q.acc[X][1] = Q.acc[X][2] = Q.acc[X][3] = 0.0f;
     Q.S = 0;
-    __syncthreads(); /* stage 2: every warp's outputs written; B no longer read; amx complete */
-    if (Q.stage == 1) {
-        moe_epi1_store(q.a1, p, cs->jt.s0, cs->jt.cnt, warp, lane, v, amx);
-        __syncwarp();
-        if (lane == 0) {
-            __threadfence(); /* the warp's act stores (ordered by __syncwarp) before its count */
-            atomicAdd(q.done1 + Q.job, 1);
-        }
+    __syncthreads(); /* every warp's outputs written, B no longer read */
+    if (Q.stage == 1 && tid == 0) {
+        __threadfence(); /* the block's act stores (ordered by the barrier) before the count */
+        atomicAdd(q.done1 + Q.job, 1);
     }
     Q.cm++;
     const moe_qslot *sl = ring + (Q.cm & (MOE_Q_RING - 1));
