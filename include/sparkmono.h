@@ -100,7 +100,27 @@ typedef struct sparkmono_engine_opts {
                                 (tests on one GPU; exchanges through peer memory only) */
     const char *comm;        /* cuda with world > 1: "peer" (default: one-shot kernels over peer
                                 memory) or "nccl" (libnccl.so.2 loaded at run time) */
+    int no_prefix_cache;     /* 1: every request prefills its whole prompt.  0 (default): the full
+                                16-token pages of a prompt stay cached, keyed by a chained hash of
+                                their tokens, and a request whose prompt begins with cached pages
+                                reuses them (read-only, shared) and prefills only the rest (at least
+                                its last token); unreferenced cached pages are evicted least
+                                recently used first when the pool needs pages */
 } sparkmono_engine_opts;
+
+/* The prefix cache and the KV page pool of an engine (sparkmono_cache_stats). */
+typedef struct sparkmono_cache_stats {
+    long long queries;       /* prompt tokens looked up in the prefix cache (prefills with it on) */
+    long long hits;          /* of them, tokens served by cached pages (not computed) */
+    long long computed;      /* prompt tokens prefilled (computed), cache on or off */
+    int pages;               /* KV pages of the pool (16 tokens each) */
+    int pages_used;          /* held by live requests (shared pages once) */
+    int pages_cached;        /* holding a cached prompt prefix no live request holds (evictable) */
+    int pages_free;          /* neither */
+    int enabled;             /* 1 when the prefix cache is on */
+} sparkmono_cache_stats;
+/* The counters and the pool now.  NULL g or out: SM_E_INVALID. */
+sm_status sparkmono_cache_stats_get(const sparkmono_engine *g, sparkmono_cache_stats *out);
 
 /* Create an engine on m (m must outlive it). o may be NULL (all defaults). */
 sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opts *o, sparkmono_engine **out);

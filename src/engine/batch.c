@@ -38,6 +38,7 @@ typedef struct bslot {
     void *user;                /* as submitted */
     int reported;              /* ids handed out in events so far */
     int cancel;                /* set by sparkmono_batch_cancel: leave before the next verify */
+    long long order;           /* admission order (preemption takes the newest first) */
 } bslot;
 
 /* The batch: an event's ids are an offset into idbuf until the call returns (idbuf may move). */
@@ -52,6 +53,8 @@ struct sparkmono_batch {
     int nlive;                 /* slots in use, and the request being admitted */
     long long next_id;         /* the next submission's id */
     long long admitting;       /* id of the request between the FIFO and a slot (0: none) */
+    long long admitted;        /* admissions so far (bslot.order) */
+    long long preempted;       /* preemptions so far */
     int admitting_cancel;      /* it was cancelled on the way */
     sparkmono_batch_event *ev; /* [evcap] this call's events */
     int nev, evcap;
@@ -354,12 +357,51 @@ static sm_status drop_cancelled(sparkmono_batch *b) {
     return SM_OK;
 }
 
-/* Waiting requests join while slots are free: add + prefill (the first token).  A request the
- * engine refuses ends FAILED with the engine's line; the others go on. */
+/* Pages the live, running (not preempted) requests need beyond what they hold for their next
+ * verify step. */
+static int pages_short(const sparkmono_batch *b) {
+    int more = 0;
+    for (int q = 0; q < b->max_req; q++) {
+        const sm_request *r = &b->g->reqs[q];
+        if (!b->slot[q].id || !r->live || r->swapped || r->done) continue;
+        int held, need = sm_engine_pages_next(b->g, q, &held);
+        if (need > held) more += need - held;
+    }
+    return more;
+}
+
+/* Preempted requests come back first (oldest first) once the pool has their pages; a request
+ * that fails to come back ends FAILED.  Returns 1 while one still waits (new requests wait
+ * behind it). */
+static int resume_preempted(sparkmono_batch *b) {
+    for (;;) {
+        int best = -1;
+        for (int q = 0; q < b->max_req; q++)
+            if (b->slot[q].id && b->g->reqs[q].swapped && (best < 0 || b->slot[q].order < b->slot[best].order)) best = q;
+        if (best < 0) return 0;
+        int held, need = sm_engine_pages_next(b->g, best, &held);
+        if (need > sm_engine_pages_avail(b->g) - pages_short(b)) return 1;
+        if (sm_engine_resume(b->g, best) != SM_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", sparkmono_errmsg());
+            end_slot(b, best, SM_BATCH_FAILED, why);
+        }
+    }
+}
+
+/* Waiting requests join while slots are free and the pool has pages for their prompt: add +
+ * prefill (the first token); preempted ones first.  A request the engine refuses ends FAILED
+ * with the engine's line; the others go on. */
 static sm_status admit_waiting(sparkmono_batch *b) {
+    if (resume_preempted(b)) return SM_OK;
     for (;;) {
         pthread_mutex_lock(&b->mu);
         bwait *w = b->nlive < b->max_req ? b->head : NULL;
+        /* its prompt's pages (and one more) beyond the live requests' next step, unless none
+         * is live (then it takes what there is, or fails naming the pool) */
+        if (w && b->nlive > 0 &&
+            (w->n + SM_KV_BLOCK) / SM_KV_BLOCK + 1 > sm_engine_pages_avail(b->g) - pages_short(b))
+            w = NULL;
         if (w) {
             b->head = w->next;
             if (!b->head) b->tail = NULL;
@@ -381,6 +423,7 @@ static sm_status admit_waiting(sparkmono_batch *b) {
             b->slot[q].id = w->id;
             b->slot[q].user = w->user;
             b->slot[q].reported = 0;
+            b->slot[q].order = ++b->admitted;
             b->slot[q].cancel = b->admitting_cancel; /* cancelled on the way: leaves before the verify */
         } else {
             b->nlive--;
@@ -404,11 +447,26 @@ static sm_status admit_waiting(sparkmono_batch *b) {
     }
 }
 
-/* One verify step over the live requests; a failure ends every one of them FAILED. */
+/* One verify step over the live requests; a failure ends every one of them FAILED.  When the
+ * pool cannot give every running request its next step's pages, the newest running ones are
+ * preempted first (their pages back, recomputed when they resume): never an error while the
+ * oldest alone fits. */
 static sm_status verify_live(sparkmono_batch *b) {
     sm_status st = drop_cancelled(b);
     if (st != SM_OK) return st;
     if (b->nlive == 0) return SM_OK;
+    for (;;) {
+        int newest = -1, running = 0;
+        for (int q = 0; q < b->max_req; q++) {
+            const sm_request *r = &b->g->reqs[q];
+            if (!b->slot[q].id || !r->live || !r->prefilled || r->swapped || r->done) continue;
+            running++;
+            if (newest < 0 || b->slot[q].order > b->slot[newest].order) newest = q;
+        }
+        if (running < 2 || pages_short(b) <= sm_engine_pages_avail(b->g)) break;
+        if ((st = sm_engine_preempt(b->g, newest)) != SM_OK) return st;
+        b->preempted++;
+    }
     st = sparkmono_verify(b->g, NULL, NULL, NULL);
     if (st == SM_OK) return SM_OK;
     char why[1024];

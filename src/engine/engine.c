@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "cpu/ops.h"
+#include "model/rng.h"
 #include "engine/drafter.h"
 #include "parallel/shard.h"
 
@@ -47,6 +48,7 @@ size_t sparkmono_struct_size(const char *name) {
         {"sparkmono_engine_opts", sizeof(sparkmono_engine_opts)}, {"sparkmono_bias", sizeof(sparkmono_bias)},
         {"sparkmono_sampling", sizeof(sparkmono_sampling)}, {"sparkmono_request_info", sizeof(sparkmono_request_info)},
         {"sparkmono_batch_event", sizeof(sparkmono_batch_event)},
+        {"sparkmono_cache_stats", sizeof(sparkmono_cache_stats)},
     };
     for (size_t i = 0; name && i < sizeof tab / sizeof tab[0]; i++)
         if (!strcmp(name, tab[i].name)) return tab[i].size;
@@ -279,6 +281,17 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
         return fail_err(SM_E_BACKEND, &e);
     }
     g->have_be = 1;
+    /* the prefix cache: keyed also by what K/V depend on besides tokens (docs/model.md: the
+     * config, the experts' numerics, the backend and its ranks) */
+    if (!o->no_prefix_cache) {
+        uint64_t key = sm_rng_key(0x5052454649584B56ull, bname); /* "PREFIXKV" */
+        const int dims[] = {c->L, c->H, c->Hm, c->I, c->E, c->K, c->nH, c->nKV, c->D, c->V, c->window};
+        for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) key = sm_mix64(key ^ (uint64_t)(uint32_t)dims[i]);
+        for (int l = 0; l < c->L; l++)
+            key = sm_mix64(key ^ ((uint64_t)m->m.layers[l].ex.fmt << 8) ^ (uint64_t)m->m.layers[l].ex.act_mx);
+        key = sm_mix64(key ^ ((uint64_t)bo.world << 16) ^ (uint64_t)bo.moe_tp);
+        sm_kv_prefix_enable(&g->kv, 1, key);
+    }
     *out = g;
     return ok();
 }
@@ -564,7 +577,12 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
     if (!r) return s;
     if (r->prefilled) return fail(SM_E_STATE, "sparkmono_prefill: request %d is already prefilled", req);
     const int n = r->prompt_len, V = g->cfg->V;
-    for (int a = 0; a < n; a += g->chunk) {
+    /* the prefix cache: the prompt's first blocks from cached pages, unless every prompt row is
+     * wanted back (the caller's logits, prompt logprobs, aux hidden states) */
+    int a0 = 0;
+    if (!logits && !r->plp.lp && !g->naux) sm_kv_prefix_attach(&g->kv, req, r->hist, n, &a0);
+    g->computed += n - a0;
+    for (int a = a0; a < n; a += g->chunk) {
         int b = a + g->chunk < n ? a + g->chunk : n;
         sm_err e = {{0}};
         /* pages for positions [0, b) */
@@ -603,6 +621,7 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         r->nrows = b - a;
         g->kv.len[req] = b; /* prompt K/V committed up to b */
     }
+    sm_kv_prefix_commit(&g->kv, req, r->hist, n); /* its full prompt pages for later requests */
     r->prefilled = 1;
     /* the first generated token: the last row's argmax, or (sampled / processed) its token at position n */
     if (r->max_tokens == 0) {
@@ -632,7 +651,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
     int n = 0;
     for (int q = 0; q < g->max_req; q++) {
         sm_request *r = &g->reqs[q];
-        if (!r->live || !r->prefilled || r->done) continue;
+        if (!r->live || !r->prefilled || r->done || r->swapped) continue;
         int rows = R < r->max_tokens - (r->nhist - r->prompt_len) ? R : r->max_tokens - (r->nhist - r->prompt_len);
         if (sm_kv_reserve(&g->kv, q, r->nhist - 1 + rows, &e) != 0) return fail_err(SM_E_CACHE, &e);
         n++;
@@ -643,7 +662,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
     for (int q = 0; q < g->max_req; q++) {
         sm_request *r = &g->reqs[q];
         r->nrows = 0;
-        if (!r->live || !r->prefilled || r->done) continue;
+        if (!r->live || !r->prefilled || r->done || r->swapped) continue;
         int left = r->max_tokens - (r->nhist - r->prompt_len);
         int rows = R < left ? R : left; /* never draft past max_tokens (nor max_len) */
         int p0 = r->nhist - 1;
@@ -785,5 +804,73 @@ sm_status sparkmono_aux(const sparkmono_engine *g, int req, float *out, int *nro
                g->aux + ((size_t)j * (size_t)g->last_nrows + (size_t)r->row0) * H,
                (size_t)r->nrows * H * sizeof(float));
     *nrows = r->nrows;
+    return ok();
+}
+
+sm_status sparkmono_cache_stats_get(const sparkmono_engine *g, sparkmono_cache_stats *out) {
+    if (!g || !out) return fail(SM_E_INVALID, "sparkmono_cache_stats_get: NULL engine or out");
+    memset(out, 0, sizeof *out);
+    out->queries = g->kv.queries;
+    out->hits = g->kv.hits;
+    out->computed = g->computed;
+    out->pages = g->kv.nblocks;
+    sm_kv_pages(&g->kv, &out->pages_used, &out->pages_cached, &out->pages_free);
+    out->enabled = g->kv.prefix;
+    return ok();
+}
+
+/* ---------------------------------------------------------------- preemption */
+
+int sm_engine_pages_avail(const sparkmono_engine *g) { return g->kv.nfree + g->kv.nlru; }
+
+int sm_engine_pages_next(const sparkmono_engine *g, int req, int *held) {
+    const sm_request *r = &g->reqs[req];
+    *held = g->kv.nblk[req];
+    if (!r->live || r->done) return *held;
+    /* not prefilled: its prompt; else its history and the next step's rows */
+    int left = r->max_tokens - (r->nhist - r->prompt_len), rows = g->R < left ? g->R : left;
+    const int ntok = !r->prefilled ? r->prompt_len : r->nhist - 1 + (rows > 0 ? rows : 1);
+    return (ntok + SM_KV_BLOCK - 1) / SM_KV_BLOCK;
+}
+
+sm_status sm_engine_preempt(sparkmono_engine *g, int req) {
+    sm_status s;
+    sm_request *r = get_req(g, req, "sm_engine_preempt", &s);
+    if (!r) return s;
+    if (!r->prefilled || r->done || r->swapped) return fail(SM_E_STATE, "sm_engine_preempt: request %d is not running", req);
+    sm_kv_drop(&g->kv, req);
+    r->swapped = 1;
+    r->nrows = 0;
+    return ok();
+}
+
+sm_status sm_engine_resume(sparkmono_engine *g, int req) {
+    sm_status s;
+    sm_request *r = get_req(g, req, "sm_engine_resume", &s);
+    if (!r) return s;
+    if (!r->swapped) return fail(SM_E_STATE, "sm_engine_resume: request %d is not preempted", req);
+    /* K/V of positions 0 .. nhist-2 (the next verify step feeds the last id, nhist-1): cached
+     * prompt pages first, the rest computed in prefill steps */
+    const int n = r->nhist - 1;
+    int a0 = 0;
+    sm_kv_prefix_attach(&g->kv, req, r->hist, r->nhist, &a0);
+    if (a0 > n) a0 = n;
+    g->computed += n - a0;
+    for (int a = a0; a < n; a += g->chunk) {
+        int b = a + g->chunk < n ? a + g->chunk : n;
+        sm_err e = {{0}};
+        if (sm_kv_reserve(&g->kv, req, b, &e) != 0) return fail_err(SM_E_CACHE, &e);
+        for (int i = a; i < b; i++) {
+            g->tok[i - a] = r->hist[i];
+            g->pos[i - a] = i;
+            g->rreq[i - a] = req;
+        }
+        for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
+        if ((s = run_step(g, b - a, NULL, NULL, 0))) return s;
+        for (int i = 0; i < b - a; i++)
+            if (g->argmax[i] < 0) return nonfinite("resume", a / g->chunk + 1, req, a + i);
+        g->kv.len[req] = b;
+    }
+    r->swapped = 0;
     return ok();
 }

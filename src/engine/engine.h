@@ -41,6 +41,8 @@ typedef struct sm_request {
                           NaN, its ids -1), else empty */
     sparkmono_sampling samp; /* its sampling parameters and processors (all zero: plain greedy) */
     int lrow0;         /* sampled or proc: its first row in the last verify step's logits (slog) */
+    int swapped;       /* 1: preempted (its K/V pages given back; verify steps pass it by) until
+                          sm_engine_resume recomputes them */
 } sm_request;
 
 struct sparkmono_model {
@@ -82,6 +84,7 @@ struct sparkmono_engine {
     float *aux;            /* [naux, max_rows, H] step output, NULL when naux = 0 */
     int last_nrows;        /* rows of the last step (aux rows are strided by it) */
     int *draft;            /* [R] scratch for the drafter */
+    long long computed;    /* prompt tokens prefilled (the rest came from the prefix cache) */
     /* Drafter seam: NULL = the n-gram drafter.  Called per request and step with its history
      * hist [nhist] (prompt then generated); writes ndraft tokens in [0, V) to out.  Tests set
      * it to feed known continuations; a learned drafter would plug in here. */
@@ -102,5 +105,16 @@ sm_status sm_engine_check_request(const sparkmono_engine *g, const int *prompt, 
                                   const sparkmono_sampling *smp);
 /* Record msg as this thread's sparkmono_errmsg() line; returns s. */
 sm_status sm_engine_fail(sm_status s, const char *msg);
+/* Preemption when the KV pool runs short (the batch's, src/engine/batch.c), exact: a prefilled,
+ * running request gives its pages back (sm_engine_preempt) and later recomputes the K/V of its
+ * history but the last id (sm_engine_resume: prefill steps, cached prompt pages taken first),
+ * then goes on as if never stopped (every backend's K/V are the same bits however rows are
+ * batched, and its sampler draws are keyed by position).  sm_engine_pages_next: the pages req
+ * holds (*held) and those it needs for its next verify step, or its resume when swapped. */
+sm_status sm_engine_preempt(sparkmono_engine *g, int req);
+sm_status sm_engine_resume(sparkmono_engine *g, int req);
+int sm_engine_pages_next(const sparkmono_engine *g, int req, int *held);
+/* Pages a reservation can take now: free, and cached ones no request holds. */
+int sm_engine_pages_avail(const sparkmono_engine *g);
 
 #endif
