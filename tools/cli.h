@@ -84,6 +84,12 @@ int cli_world(const char *cmd, cli_opt *opts, int no, cli_world_sel *w, sm_err *
 #define CLI_ACTS_OPT                                                                                                     \
     CLI_OPT("activations", "auto|mxfp4|bf16", "auto", "MXFP4 experts' activations: auto as the checkpoint declares "    \
             "(W4A4 when its quantization_config declares MXFP4 inputs, and with --online-mxfp4), mxfp4 (W4A4) or bf16 (W4A16)")
+/* --no-prefix-cache, the same on every command that runs requests through an engine (generate,
+ * serve): sparkmono_engine_opts.no_prefix_cache (include/sparkmono.h).  The cache is on by
+ * default; a command reads the switch with cli_find(...)->present. */
+#define CLI_PREFIX_OPT                                                                                                   \
+    CLI_SWITCH("no-prefix-cache", "prefill every prompt whole: no reuse of the cached KV pages of earlier prompts' "   \
+               "shared prefixes (the cache is on by default)")
 /* The value of --activations of a table holding CLI_ACTS_OPT into *out ("auto" when absent);
  * another word is an error naming the flag. */
 int cli_acts(const char *cmd, cli_opt *opts, int no, const char **out, sm_err *e);

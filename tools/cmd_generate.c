@@ -17,7 +17,8 @@
  * (their slots and cache pages freed) and waiting ones join (add + prefill), in file order:
  * the engine's batch (sparkmono_batch_*, src/engine/batch.c) does it, as for `serve`.
  * Results are JSONL in input order (a finished request waits for those before it), on stdout
- * or through src/base/outfile.c into --out; a progress line goes to stderr.  Since a request's
+ * or through src/base/outfile.c into --out; a progress line goes to stderr, and a summary with
+ * the engine's prefix-cache counters (sparkmono_cache_stats_get) at the end.  Since a request's
  * tokens depend only on its prompt and sampling (sample.h: batch-invariant draws), each
  * result equals what `generate` gives for that request alone.  We rejected a fixed batch
  * (start the next group when the whole group is done): a long request would idle every slot.
@@ -54,7 +55,9 @@ const cli_cmd cli_help_generate = {
     "ignore_eos, stop_token_ids; on top of the flags' values).  Prints one JSON\n"
     "line a request, in input order: index, ids, text (decoded without special tokens, when the\n"
     "model has a tokenizer), prompt_tokens, completion_tokens, steps, accepted, finish_reason\n"
-    "(\"stop\": an eos id, \"length\": max_tokens); a progress line on stderr.",
+    "(\"stop\": an eos id, \"length\": max_tokens); a progress line on stderr, ending with a summary\n"
+    "(tokens/s, the prompt tokens prefilled and those the prefix cache served: prompts sharing a\n"
+    "prefix of whole 16-token pages reuse its KV pages; --no-prefix-cache prefills every prompt whole).",
 };
 
 static double now_s(void) {
@@ -404,9 +407,14 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const c
     double dt = now_s() - t0;
     if (ferror(out)) { sm_errf(&e, "%s: writing the results failed", cmd); goto bad; }
     if (bc->out && sm_outfile_commit(&of, &e)) { sm_errprefix(&e, "%s: --out", cmd); goto bad; }
+    sparkmono_cache_stats cs;
+    if (sparkmono_cache_stats_get(g, &cs)) goto fail;
+    char pc[96]; /* the prompt tokens the prefills computed, and those the prefix cache served */
+    if (cs.enabled) snprintf(pc, sizeof pc, "%lld prompt tokens computed, %lld from the prefix cache", cs.computed, cs.hits);
+    else snprintf(pc, sizeof pc, "%lld prompt tokens computed, prefix cache off", cs.computed);
     fprintf(stderr, "generate --batch: %d requests, %ld tokens in %.3f s: %.1f tokens/s (%ld verify steps; up to %d requests "
-            "at once; %.2f accepted drafts a request step)\n", nq, toks, dt, dt > 0 ? toks / dt : 0.0, steps, eo.max_requests,
-            step_sum ? (double)acc_sum / (double)step_sum : 0.0);
+            "at once; %.2f accepted drafts a request step; %s)\n", nq, toks, dt, dt > 0 ? toks / dt : 0.0, steps,
+            eo.max_requests, step_sum ? (double)acc_sum / (double)step_sum : 0.0, pc);
     rc = 0;
     goto out;
 fail:
@@ -457,6 +465,7 @@ int cmd_generate(int argc, char **argv) {
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
         CLI_ACTS_OPT,
         CLI_OPT("max-len", "L", "prompt + max-tokens", "max model length the KV cache is sized for (--batch: the longest request)"),
+        CLI_PREFIX_OPT,
         CLI_WORLD_OPTS,
         CLI_RENAMED("rows", "--rows is now --request-rows R (rows per request: the last token + R-1 drafts)"),
     };
@@ -501,6 +510,7 @@ int cmd_generate(int argc, char **argv) {
     eo.devices = ws.devices;
     eo.comm = ws.comm;
     eo.mono = cli_str(cli_find(opts, no, "mono"));
+    eo.no_prefix_cache = cli_find(opts, no, "no-prefix-cache")->present;
     if (batch->present) {
         cli_opt *pi = cli_find(opts, no, "prompt-ids"), *pf = cli_find(opts, no, "prompt-file"), *outo = cli_find(opts, no, "out");
         if (pi->present || pf->present || cli_find(opts, no, "prompt")->present) {

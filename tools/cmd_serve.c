@@ -42,6 +42,7 @@ int cmd_serve(int argc, char **argv) {
         CLI_OPT("threads", "T", "online cores", "CPU worker threads; more than the online cores prints a warning"),
         CLI_SWITCH("online-mxfp4", "round BF16 experts of layers 1..L-2 to MXFP4 at load"),
         CLI_ACTS_OPT,
+        CLI_PREFIX_OPT,
         CLI_WORLD_OPTS,
         CLI_OPT("drain-timeout", "S", "30", "seconds the requests in flight may take after SIGTERM before they are cancelled"),
         CLI_SWITCH("quiet", "no log line per request"),
@@ -69,6 +70,7 @@ int cmd_serve(int argc, char **argv) {
     so.backend = cli_str(backend);
     so.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
     so.quiet = cli_find(opts, no, "quiet")->present;
+    so.no_prefix_cache = cli_find(opts, no, "no-prefix-cache")->present;
     long port, rows, maxreq, queue, maxlen, maxbody, maxconn, reqto, idleto, threads, drain;
     if (cli_int(cmd, cli_find(opts, no, "port"), 0, 65535, &port, &e) || cli_int(cmd, rows_o, 1, 256, &rows, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-requests"), 1, 4096, &maxreq, &e) ||

@@ -7,6 +7,7 @@
     out.ids, out.text, out.finish_reason                  # text is None without a tokenizer
     outs = engine.generate_many([[5, 6], [7, 8, 9]], max_tokens=8)   # batched, continuous
     logits = engine.prefill_logits([5, 6, 7])             # numpy float32 [3, vocab_size]
+    engine.cache_stats()                                  # prefix cache + KV pages: CacheStats
     sparkmono.Engine(model, backend="cuda", world=2, devices=[0, 1])  # a CUDA build of the library
 
 Arguments are checked before any call into the engine: a value of the wrong type is a
@@ -34,7 +35,8 @@ import numpy as _np
 
 from . import _lib
 
-__all__ = ["Model", "Engine", "Completion", "SparkmonoError", "SparkmonoValueError", "library_path", "__version__"]
+__all__ = ["Model", "Engine", "Completion", "CacheStats", "SparkmonoError", "SparkmonoValueError", "library_path",
+           "__version__"]
 
 library_path: str = _lib.path  # the libsparkmono.so in use
 __version__: str = _lib.version().decode()
@@ -121,6 +123,19 @@ class Completion:
     prompt_tokens: int             # tokens of the prompt
     steps: int                     # verify steps it took part in
     accepted: int                  # drafts accepted over those steps
+
+
+@_dataclass
+class CacheStats:
+    """The prefix cache and the KV page pool of an engine (sparkmono_cache_stats)."""
+    queries: int                   # prompt tokens looked up in the prefix cache (prefills with it on)
+    hits: int                      # of them, tokens served by cached pages (not computed)
+    computed: int                  # prompt tokens prefilled (computed), cache on or off
+    pages: int                     # KV pages of the pool (16 tokens each)
+    pages_used: int                # held by live requests (shared pages once)
+    pages_cached: int              # holding a cached prompt prefix no live request holds (evictable)
+    pages_free: int                # neither
+    enabled: bool                  # the prefix cache is on
 
 
 class Model:
@@ -237,13 +252,15 @@ class Engine:
     parallelism; with world > 1, moe ("ep": experts split across ranks, "tp": each expert split
     along its width), devices (cuda: the device of each rank, a device listed twice holds
     several ranks) and comm (cuda: "peer" or "nccl").  mono (cuda): "off", "auto" or "on", the
-    monokernel for layers 1..L-2 of verify steps.  The CLI's flags of the same names
+    monokernel for layers 1..L-2 of verify steps.  prefix_cache: the full 16-token pages of
+    prompts stay cached and a later prompt beginning with them reuses them (False:
+    --no-prefix-cache; cache_stats() counts it).  The CLI's flags of the same names
     (`sparkmono generate --help`) say the same."""
 
     def __init__(self, model: Model, backend: str = "cpu", request_rows: int = 8, max_requests: int = 1,
                  max_len: int = 4096, threads: _t.Optional[int] = None, prefill_chunk: _t.Optional[int] = None,
                  world: int = 1, moe: str = "ep", devices: _t.Optional[_t.Sequence[int]] = None,
-                 comm: _t.Optional[str] = None, mono: str = "off") -> None:
+                 comm: _t.Optional[str] = None, mono: str = "off", prefix_cache: bool = True) -> None:
         self._h: _t.Optional[_ctypes.c_void_p] = None
         if not isinstance(model, Model):
             raise TypeError("model must be a sparkmono.Model, not %s" % type(model).__name__)
@@ -271,10 +288,14 @@ class Engine:
             raise ValueError("moe, devices and comm go with world > 1")
         if mono == "on" and self.backend != "cuda":
             raise ValueError("mono 'on' needs backend 'cuda'")
+        if not isinstance(prefix_cache, bool):
+            raise TypeError("prefix_cache must be a bool, not %s" % type(prefix_cache).__name__)
+        self.prefix_cache: bool = prefix_cache
         o = _lib.EngineOpts(backend=self.backend.encode(), request_rows=self.request_rows,
                             max_requests=self.max_requests, max_len=self.max_len, threads=nthreads,
                             prefill_chunk=chunk, world=self.world, moe_tp=int(moe_tp), mono=mono.encode(),
-                            devices=dev.encode() if dev else None, comm=comm.encode() if comm else None)
+                            devices=dev.encode() if dev else None, comm=comm.encode() if comm else None,
+                            no_prefix_cache=int(not prefix_cache))
         h = _ctypes.c_void_p()
         _check(_lib.engine_create(model._h, _ctypes.byref(o), _ctypes.byref(h)))
         self._h = h
@@ -366,6 +387,14 @@ class Engine:
             return out
         finally:
             _lib.remove(h, req.value)
+
+    def cache_stats(self) -> CacheStats:
+        """The prefix cache's counters (prompt tokens looked up, served from cached pages,
+        computed) and the KV page pool now (pages, used, cached, free)."""
+        c = _lib.CacheStats()
+        _check(_lib.cache_stats_get(self._live(), _ctypes.byref(c)))
+        return CacheStats(c.queries, c.hits, c.computed, c.pages, c.pages_used, c.pages_cached, c.pages_free,
+                          bool(c.enabled))
 
     def close(self) -> None:
         if self._h is not None:

@@ -46,7 +46,14 @@ class EngineOpts(ctypes.Structure):
                 ("max_len", ctypes.c_int), ("kv_blocks", ctypes.c_int), ("prefill_chunk", ctypes.c_int),
                 ("naux", ctypes.c_int), ("aux_layers", c_int_p), ("threads", ctypes.c_int), ("world", ctypes.c_int),
                 ("moe_tp", ctypes.c_int), ("mono", ctypes.c_char_p),
-                ("devices", ctypes.c_char_p), ("comm", ctypes.c_char_p)]
+                ("devices", ctypes.c_char_p), ("comm", ctypes.c_char_p), ("no_prefix_cache", ctypes.c_int)]
+
+
+class CacheStats(ctypes.Structure):
+    """sparkmono_cache_stats of include/sparkmono.h."""
+    _fields_ = [("queries", ctypes.c_longlong), ("hits", ctypes.c_longlong), ("computed", ctypes.c_longlong),
+                ("pages", ctypes.c_int), ("pages_used", ctypes.c_int), ("pages_cached", ctypes.c_int),
+                ("pages_free", ctypes.c_int), ("enabled", ctypes.c_int)]
 
 
 MAX_BIAS = 300      # SPARKMONO_MAX_BIAS
@@ -119,11 +126,13 @@ except AttributeError:
 # not misread later
 for _name, _cls in (("sparkmono_model_opts", ModelOpts), ("sparkmono_model_info", ModelInfo),
                     ("sparkmono_engine_opts", EngineOpts), ("sparkmono_bias", Bias), ("sparkmono_sampling", Sampling),
-                    ("sparkmono_request_info", RequestInfo), ("sparkmono_batch_event", BatchEvent)):
+                    ("sparkmono_request_info", RequestInfo), ("sparkmono_batch_event", BatchEvent),
+                    ("sparkmono_cache_stats", CacheStats)):
     if struct_size(_name.encode()) != ctypes.sizeof(_cls):
         raise ImportError("sparkmono: the library %s has %s of %d bytes, this package expects %d: the library and "
                           "the package are of different versions" % (path, _name, struct_size(_name.encode()),
                                                                      ctypes.sizeof(_cls)))
+cache_stats_get = _fn("sparkmono_cache_stats_get", ctypes.c_int, vp, ctypes.POINTER(CacheStats))
 batch_create = _fn("sparkmono_batch_create", ctypes.c_int, vp, ctypes.c_int, ctypes.POINTER(vp))
 batch_destroy = _fn("sparkmono_batch_destroy", None, vp)
 batch_submit = _fn("sparkmono_batch_submit", ctypes.c_int, vp, c_int_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(Sampling),

@@ -81,6 +81,7 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     eo.moe_tp = o->moe_tp;
     eo.devices = o->devices;
     eo.comm = o->comm;
+    eo.no_prefix_cache = o->no_prefix_cache;
     if (sparkmono_engine_create(m, &eo, &g)) {
         sm_errf(e, "serve: %s", sparkmono_errmsg());
         goto out;
@@ -97,10 +98,10 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     if (sm_http_start(&s, e)) goto stop_sched;
     const char *v6 = strchr(o->host, ':') ? "[" : "";
     printf("serve: listening on http://%s%s%s:%d/v1 (model '%s', %s, tokenizer %s; %d requests a step of %d rows each, "
-           "queue %d; %d connections, request timeout %d s, idle timeout %d s; chat template %s)\n",
+           "queue %d; %d connections, request timeout %d s, idle timeout %d s; chat template %s; prefix cache %s)\n",
            v6, o->host, *v6 ? "]" : "", s.port, name, o->backend, tok ? "yes" : "none (token ids only)",
            o->max_requests, o->request_rows, o->queue, s.max_conns, o->request_timeout_s, o->idle_timeout_s,
-           s.chat.t ? s.chat.source : "none");
+           s.chat.t ? s.chat.source : "none", o->no_prefix_cache ? "off" : "on");
     fflush(stdout);
     if (!o->api_key && !sm_misc_loopback(o->host))
         fprintf(stderr, "serve: warning: listening on %s without an API key (--api-key or SPARKMONO_API_KEY): anyone who "

@@ -322,14 +322,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     case R_HEALTH: {
         int live, queued, closing = __atomic_load_n(&s->closing, __ATOMIC_RELAXED);
         long long tokens, steps;
+        sparkmono_cache_stats cs;
         sm_sched_counts(&s->sched, &live, &queued, &tokens, &steps);
+        sm_sched_cache(&s->sched, &cs);
         pthread_mutex_lock(&s->mu);
         int npeers = s->npeers;
         pthread_mutex_unlock(&s->mu);
-        char b[256];
+        char b[512];
         snprintf(b, sizeof b,
-                 "{\"status\":\"%s\",\"running\":%d,\"queued\":%d,\"tokens\":%lld,\"steps\":%lld,\"connections\":%d}",
-                 closing ? "shutting down" : "ok", live, queued, tokens, steps, npeers);
+                 "{\"status\":\"%s\",\"running\":%d,\"queued\":%d,\"tokens\":%lld,\"steps\":%lld,\"connections\":%d,"
+                 "\"prefix_cache\":%s,\"kv_pages\":{\"total\":%d,\"used\":%d,\"cached\":%d,\"free\":%d}}",
+                 closing ? "shutting down" : "ok", live, queued, tokens, steps, npeers, cs.enabled ? "true" : "false",
+                 cs.pages, cs.pages_used, cs.pages_cached, cs.pages_free);
         return reply(s, mc, closing ? 503 : 200, strdup(b));
     }
     case R_MODELS:

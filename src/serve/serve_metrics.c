@@ -58,6 +58,21 @@ static int hist(sm_sbuf *b, const char *name, const char *help, const sm_hist *h
     return put(b, "sparkmono_%s_sum %.6f\nsparkmono_%s_count %lld\n", name, (double)ld(&h->sum_us) / 1e6, name, cum);
 }
 
+/* The prefix cache (vLLM's prefix_cache_queries / _hits, in tokens) and the KV page pool. */
+static int cache_text(sm_sbuf *b, const sparkmono_cache_stats *c) {
+    int rc = scalar(b, "prefix_cache_queries_total", "counter", "prompt tokens looked up in the prefix cache", c->queries) ||
+             scalar(b, "prefix_cache_hits_total", "counter", "prompt tokens served by cached KV pages (not computed)",
+                    c->hits) ||
+             scalar(b, "prompt_tokens_computed_total", "counter", "prompt tokens prefilled (computed), prefix cache on or off",
+                    c->computed) ||
+             scalar(b, "prefix_cache_enabled", "gauge", "1 when the prefix cache is on (0: --no-prefix-cache)", c->enabled) ||
+             scalar(b, "kv_pool_pages", "gauge", "KV cache pages of the pool (16 tokens each)", c->pages) ||
+             head(b, "kv_pages", "gauge", "KV cache pages by state: used (held by live requests), cached (a cached prompt "
+                  "prefix no live request holds: evictable), free");
+    return rc || put(b, "sparkmono_kv_pages{state=\"used\"} %d\nsparkmono_kv_pages{state=\"cached\"} %d\n"
+                     "sparkmono_kv_pages{state=\"free\"} %d\n", c->pages_used, c->pages_cached, c->pages_free);
+}
+
 char *sm_metrics_text(const sm_metrics *m, const sm_metrics_now *now) {
     sm_sbuf b = {0};
     int rc = head(&b, "http_requests_total", "counter", "HTTP answers given, by status code");
@@ -75,7 +90,8 @@ char *sm_metrics_text(const sm_metrics *m, const sm_metrics_now *now) {
                 now->drafts) ||
          scalar(&b, "spec_decode_num_accepted_tokens_total", "counter", "draft tokens accepted", now->accepted) ||
          hist(&b, "time_to_first_token_seconds", "seconds from a completion request read whole to its first token",
-              &m->ttft);
+              &m->ttft) ||
+         cache_text(&b, &now->cache);
     if (rc) {
         sm_sbuf_free(&b);
         return NULL;

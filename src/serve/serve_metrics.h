@@ -6,10 +6,13 @@
  * thread: verify step times, drafts), and read with atomic loads when /metrics is asked for.
  * Counters only grow, so a scrape may see one a moment older than another, never one going
  * back.  We rejected a lock around the whole set: the engine thread would take a second lock
- * every step for numbers that need no consistency between them.
+ * every step for numbers that need no consistency between them.  The prefix cache's counters
+ * and the KV page gauges come from the engine itself (sparkmono_cache_stats), copied by the
+ * engine thread after each admission and verify step (serve_sched.h: sm_sched_cache).
  */
 #ifndef SM_SERVE_METRICS_H
 #define SM_SERVE_METRICS_H
+#include "sparkmono.h"
 
 #define SM_HIST_BUCKETS 15 /* finite upper bounds of a histogram (sm_hist_bounds), +Inf besides */
 
@@ -42,6 +45,7 @@ typedef struct sm_metrics_now {
     long long drafts;          /* draft tokens proposed: R-1 a request a verify step */
     long long accepted;        /* draft tokens accepted */
     const sm_hist *step_time;  /* the verify steps' wall time */
+    sparkmono_cache_stats cache; /* the prefix cache's counters and the KV page pool (the engine thread's copy) */
 } sm_metrics_now;
 
 /* The Prometheus text of m and now (malloc'd; NULL when out of memory). */

@@ -146,6 +146,7 @@ char *sm_serve_metrics(sm_server *s) {
     now.drafts = __atomic_load_n(&s->sched.req_steps, __ATOMIC_RELAXED) * (s->o->request_rows - 1);
     now.accepted = __atomic_load_n(&s->sched.accepted, __ATOMIC_RELAXED);
     now.step_time = &s->sched.step_time;
+    sm_sched_cache(&s->sched, &now.cache);
     return sm_metrics_text(&s->met, &now);
 }
 

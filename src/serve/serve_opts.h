@@ -29,6 +29,7 @@ typedef struct sm_serve_opts {
     int online_mxfp4;        /* round BF16 experts to MXFP4 at load */
     const char *activations; /* the MXFP4 experts' activations: NULL or "auto", "mxfp4", "bf16"
                                 (sparkmono_model_opts.activations) */
+    int no_prefix_cache;     /* --no-prefix-cache: sparkmono_engine_opts.no_prefix_cache (0: the cache is on) */
     int drain_s;             /* seconds in-flight requests may take after SIGTERM */
     int quiet;               /* no log line per request */
     const char *api_key;     /* --api-key / SPARKMONO_API_KEY: /v1/ requests need "Authorization: Bearer KEY"; NULL: none */

@@ -139,9 +139,16 @@ static void publish_locked(sm_sched *s, const sparkmono_batch_event *ev, int nev
     }
 }
 
+/* The engine's cache counters into s->cache.  The engine thread, outside the mutex (reads the
+ * engine), then under it (publishes). */
+static void cache_read(sm_sched *s, sparkmono_cache_stats *cs) {
+    if (sparkmono_cache_stats_get(s->g, cs) != SM_OK) memset(cs, 0, sizeof *cs); /* not expected: g is live */
+}
+
 static void *engine_main(void *arg) {
     sm_sched *s = arg;
     const sparkmono_batch_event *ev;
+    sparkmono_cache_stats cs;
     int nev, live, queued;
     pthread_mutex_lock(&s->mu);
     for (;;) {
@@ -155,7 +162,9 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         /* the engine is touched only by this thread, outside the mutex */
         sparkmono_batch_admit(s->b, &ev, &nev); /* a failure is in the events */
+        cache_read(s, &cs);
         pthread_mutex_lock(&s->mu);
+        s->cache = cs;
         publish_locked(s, ev, nev);
         sparkmono_batch_counts(s->b, &live, NULL);
         if (live == 0) continue;
@@ -163,7 +172,9 @@ static void *engine_main(void *arg) {
         double t0 = sm_sched_now();
         sm_status st = sparkmono_batch_verify(s->b, &ev, &nev);
         if (st == SM_OK) sm_hist_add(&s->step_time, sm_sched_now() - t0);
+        cache_read(s, &cs); /* ended requests left the engine: their pages are cached or free */
         pthread_mutex_lock(&s->mu);
+        s->cache = cs;
         if (st == SM_OK) s->steps++;
         publish_locked(s, ev, nev);
     }
@@ -175,7 +186,9 @@ int sm_sched_start(sm_sched *s, sparkmono_engine *g, int slots, int queue_cap, s
     memset(s, 0, sizeof *s);
     s->slots = slots;
     s->queue_cap = queue_cap;
+    s->g = g;
     if (sparkmono_batch_create(g, queue_cap, &s->b)) return sm_errf(e, "serve: %s", sparkmono_errmsg());
+    cache_read(s, &s->cache); /* the engine thread is not started yet: this thread may read g */
     pthread_mutex_init(&s->mu, NULL);
     int rc = cond_init(&s->work) || cond_init(&s->idle) ? -1 : pthread_create(&s->th, NULL, engine_main, s);
     if (rc) {
@@ -277,6 +290,12 @@ void sm_sched_counts(sm_sched *s, int *live, int *queued, long long *tokens, lon
     sparkmono_batch_counts(s->b, live, queued);
     *tokens = s->tokens;
     *steps = s->steps;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void sm_sched_cache(sm_sched *s, sparkmono_cache_stats *out) {
+    pthread_mutex_lock(&s->mu);
+    *out = s->cache;
     pthread_mutex_unlock(&s->mu);
 }
 

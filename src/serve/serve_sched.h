@@ -14,7 +14,10 @@
  * fields are under one mutex (taken before the batch's own); each request has its own notify
  * callback so a step wakes only the connections it fed.  We rejected a lock-free ring per
  * request: a step publishes at most max_requests small appends, far below the cost of the step
- * itself, and a plain mutex is easy to get right.
+ * itself, and a plain mutex is easy to get right.  The engine's prefix-cache counters and page
+ * pool (sparkmono_cache_stats) are read the same way: by the engine thread, after each admission
+ * and verify step, into a copy under the mutex that /metrics and /health read; we rejected
+ * reading them from a connection thread, as the engine is one thread's at a time.
  */
 #ifndef SM_SERVE_SCHED_H
 #define SM_SERVE_SCHED_H
@@ -76,6 +79,9 @@ typedef struct sm_sched {
     long long tokens, steps;   /* ids emitted, verify steps run (stats) */
     long long req_steps, accepted; /* GET /metrics (atomic): verify steps summed over requests, drafts accepted */
     sm_hist step_time;         /* GET /metrics: wall time of each verify step */
+    sparkmono_engine *g;       /* the engine under the batch: read (sparkmono_cache_stats_get) by the engine thread only */
+    sparkmono_cache_stats cache; /* GET /metrics, /health: the prefix cache's counters and the KV page pool after the
+                                    last admission or verify step (the engine thread's copy, published under mu) */
     pthread_t th;
     int started;
 } sm_sched;
@@ -108,6 +114,9 @@ void sm_sched_cancel_all(sm_sched *s, const char *why);
 void sm_sched_stop(sm_sched *s);
 /* Requests live in the engine and waiting in the queue now; ids emitted and verify steps run. */
 void sm_sched_counts(sm_sched *s, int *live, int *queued, long long *tokens, long long *steps);
+/* The prefix cache's counters and the KV page pool as the engine thread last saw them (after an
+ * admission or a verify step; at start, the empty pool). */
+void sm_sched_cache(sm_sched *s, sparkmono_cache_stats *out);
 /* Monotonic seconds. */
 double sm_sched_now(void);
 

@@ -564,6 +564,7 @@ int gpu_test_model(void) {
         unsetenv("SPARKMONO_MONO_FUSED_ATT");
     }
     fails += tm_spec(root, 77);
+    fails += tm_prefix(root, 85);
     fails += tm_world_guards(root, 79);
     fails += tm_spec_loop(root, 78, 0, 0);
     fails += tm_spec_loop(root, 80, 2, 0);

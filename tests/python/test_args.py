@@ -2,7 +2,7 @@
 TypeError (float ids are not truncated, a bool is not an int), a value out of range a
 ValueError naming the argument (0 never means "the default"), the engine's own bounds a
 SparkmonoValueError (a ValueError and a SparkmonoError); the engine options the CLI has
-(world, moe, devices, comm, mono) reach the engine; __version__ is the library's (the CLI's);
+(world, moe, devices, comm, mono, prefix_cache) reach the engine; __version__ is the library's (the CLI's);
 the module exports exactly __all__; every public function has type hints; the CUDA backend
 asked of a library built without it is refused with the engine's line."""
 import inspect
@@ -109,6 +109,9 @@ def test_accepted_forms(engine, model_dir):
     (dict(devices=[0]), ValueError, "moe, devices and comm go with world > 1"),
     (dict(moe="tp"), ValueError, "moe, devices and comm go with world > 1"),
     (dict(comm="peer"), ValueError, "moe, devices and comm go with world > 1"),
+    (dict(prefix_cache=1), TypeError, "prefix_cache must be a bool, not int"),
+    (dict(prefix_cache="off"), TypeError, "prefix_cache must be a bool, not str"),
+    (dict(prefix_cache=None), TypeError, "prefix_cache must be a bool, not NoneType"),
     (dict(request_rows=1000), sparkmono.SparkmonoValueError, "request_rows"),  # the engine's bound
     (dict(max_len=1 << 25), sparkmono.SparkmonoValueError, "max_len"),
 ])
@@ -154,6 +157,18 @@ def test_world_options_reach_the_engine(model, model_dir):
                                          for p in ([5, 6, 7], [11, 12, 13])]
 
 
+def test_prefix_cache_option_reaches_the_engine(model, model_dir):
+    """prefix_cache=False is --no-prefix-cache: the engine says the cache is off, and the ids are
+    `sparkmono generate --no-prefix-cache`'s; cache_stats() of a closed engine is a line."""
+    with sparkmono.Engine(model, threads=2, prefix_cache=False) as e:
+        assert e.prefix_cache is False
+        st = e.cache_stats()
+        assert isinstance(st, sparkmono.CacheStats) and st.enabled is False and st.pages > 0
+        assert e.generate([5, 6, 7], max_tokens=4).ids == generate_cli(model_dir, [5, 6, 7], 4, "--no-prefix-cache")
+    with pytest.raises(sparkmono.SparkmonoError, match="the engine is closed"):
+        e.cache_stats()
+
+
 def test_cuda_backend_unavailable_is_a_line(model):
     """backend "cuda" where it cannot run is the engine's one line, a SparkmonoError: a library
     built without it says so; one built with it, on a machine without a GPU, says that."""
@@ -192,7 +207,7 @@ def test_type_hints():
     """Every public function and method annotates every parameter and its result."""
     funcs = [sparkmono.Model.__init__, sparkmono.Model.encode, sparkmono.Model.decode, sparkmono.Model.close,
              sparkmono.Engine.__init__, sparkmono.Engine.generate, sparkmono.Engine.generate_many,
-             sparkmono.Engine.prefill_logits, sparkmono.Engine.close]
+             sparkmono.Engine.prefill_logits, sparkmono.Engine.cache_stats, sparkmono.Engine.close]
     for f in funcs:
         sig = inspect.signature(f)
         missing = [p for p in list(sig.parameters)[1:] if sig.parameters[p].annotation is inspect.Parameter.empty]

@@ -1,8 +1,8 @@
 """test_binding.py: the Python binding (python/sparkmono) against the CLI: generate and
 generate_many equal `sparkmono generate` alone, prefill logits equal `sparkmono logits`, text
 in and out through the model's tokenizer.json equals the `tokenizers` package, every engine
-error is a SparkmonoError with the engine's line, and `pip install ./python` gives a package
-that finds its library by itself."""
+error is a SparkmonoError with the engine's line, `pip install ./python` gives a package
+that finds its library by itself, and cache_stats() counts the prefix cache's work."""
 import os
 import shutil
 import subprocess
@@ -160,3 +160,32 @@ def test_processors_equal_cli(model, model_dir):
             e.generate(p, max_tokens=2, ignore_eos=1)
     ref = generate_cli(model_dir, p, 12, "--repetition-penalty", "0.5", "--presence-penalty", "-1", "--min-tokens", "3")
     assert got == ref and got != plain
+
+
+def test_cache_stats_move(model, model_dir):
+    """cache_stats(): a fresh engine's pool is free; a 100-token prompt computes all 100 tokens;
+    the same prompt again takes every full page but the last token's from the cache (hits grow by
+    at least 96 tokens, computed only by the rest) with the same ids as the CLI alone; idle, no
+    page is used and the prompt's pages stay cached.  With prefix_cache=False nothing is hit and
+    every token is computed each time.  (The counts need the engine's prefix cache,
+    src/engine/engine.c.)"""
+    p = [(7 * i + 5) % 497 + 3 for i in range(100)]
+    ref = generate_cli(model_dir, p, 6)
+    with sparkmono.Engine(model, threads=2) as e:
+        s0 = e.cache_stats()
+        assert s0.enabled is True and s0.pages > 0 and s0.pages_free == s0.pages
+        assert (s0.queries, s0.hits, s0.computed, s0.pages_used, s0.pages_cached) == (0, 0, 0, 0, 0)
+        assert e.generate(p, max_tokens=6).ids == ref
+        s1 = e.cache_stats()
+        assert s1.hits == 0 and s1.computed == len(p) and s1.queries >= 96, s1
+        assert e.generate(p, max_tokens=6).ids == ref
+        s2 = e.cache_stats()
+        assert s2.hits - s1.hits >= 96 and (s2.hits - s1.hits) % 16 == 0, s2
+        assert s2.computed - s1.computed == len(p) - (s2.hits - s1.hits) and s2.queries - s1.queries >= 96, s2
+        assert s2.pages_used == 0 and s2.pages_cached >= 6, s2
+        assert s2.pages_used + s2.pages_cached + s2.pages_free == s2.pages
+    with sparkmono.Engine(model, threads=2, prefix_cache=False) as e:
+        for _ in range(2):
+            assert e.generate(p, max_tokens=6).ids == ref
+        s = e.cache_stats()
+        assert s.enabled is False and s.hits == 0 and s.computed == 2 * len(p) and s.pages_cached == 0, s
