@@ -53,6 +53,7 @@ typedef struct bench_args {
     double bw_gib;          /* size of the bandwidth probe */
     int mono;               /* 0 both (stock, then the monokernel where eligible), 1 mono only, 2 stock only */
     const char *trace;      /* --trace FILE.json: a traced monokernel step, or NULL */
+    int ttft;               /* --ttft: time to first token with and without the prefix cache */
     cli_world_sel ws;       /* --world W (--moe, --devices, --comm): W ranks, stock steps */
 } bench_args;
 
@@ -113,6 +114,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
         CLI_OPT("bw-gib", "N", "4", "GiB read by the bandwidth probe"),
         CLI_OPT("mono", "both|on|off", "both", "stock and monokernel timed in the same run (both), or one of them"),
         CLI_OPT("trace", "FILE", NULL, "trace one monokernel step of every row count: print each one's per-phase times; FILE gets the first one's Chrome / Perfetto trace (one track per SM)"),
+        CLI_SWITCH("ttft", "after the steps: time to first token of one request of ctx + 64 prompt tokens, computed whole, then with its first ctx tokens from the prefix cache"),
         CLI_WORLD_OPTS,
         CLI_RENAMED("rows", "--rows is now --step-rows LIST (rows per verify step, all requests together)"),
     };
@@ -156,6 +158,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     if (cli_choice("bench", o, "both|on|off", e)) return -1;
     a->mono = !strcmp(cli_str(o), "on") ? 1 : !strcmp(cli_str(o), "off") ? 2 : 0;
     a->trace = (o = cli_find(opts, no, "trace"))->present ? o->value : NULL;
+    a->ttft = cli_find(opts, no, "ttft")->present;
     if (a->trace && a->mono == 2) return sm_errf(e, "bench: --trace needs the monokernel (not --mono off)");
     if (cli_world("bench", opts, no, &a->ws, e)) return -1;
     for (int i = 0; i < a->nstep_rows; i++) {
@@ -311,7 +314,7 @@ static int bench_alloc(bench_run *b, sm_err *e) {
 static int bench_backend(bench_run *b, sm_err *e) {
     const bench_args *a = b->a;
     const sm_config *c = &b->cfg;
-    int max_len = a->ctx + b->max_R;
+    int max_len = a->ctx + (a->ttft && b->max_R < 64 ? 64 : b->max_R); /* --ttft: ctx + 64 prompt tokens */
     int nblocks = b->max_req * ((max_len + SM_KV_BLOCK - 1) / SM_KV_BLOCK);
     if (sm_kv_init(&b->kv, nblocks, b->max_req, max_len, a->seed, e)) return sm_errprefix(e, "bench");
     for (int r = 0; r < b->max_req; r++) {
@@ -504,6 +507,65 @@ static int bench_world(bench_run *b, bench_row *br, sm_err *e) {
     return 0;
 }
 
+/* --ttft: the prefill of one request of ctx + 64 prompt tokens (steps of max_step_rows rows,
+ * the last one's argmax its first token), computed whole, then again with its first ctx tokens
+ * taken from the prefix cache (src/backend/kvcache.c), as the engine does; the median of 5
+ * each, host wall clock around the steps (each step returns its argmax to the host). */
+static int bench_ttft(bench_run *b, sm_err *e) {
+    const bench_args *a = b->a;
+    const int n = a->ctx + 64, chunk = b->max_step_rows;
+    if (n > b->kv.max_len) return sm_errf(e, "bench --ttft: ctx %d + 64 exceeds the cache's %d positions", a->ctx, b->kv.max_len);
+    int *tok = malloc(sizeof(int) * (size_t)n * 2), *pos = malloc(sizeof(int) * (size_t)chunk), *req = malloc(sizeof(int) * (size_t)chunk);
+    int *am = malloc(sizeof(int) * (size_t)chunk);
+    if (!tok || !pos || !req || !am) { free(tok); free(pos); free(req); free(am); return sm_errf(e, "bench --ttft: out of host memory"); }
+    uint64_t rng = a->seed * 31 + 5;
+    for (int i = 0; i < 2 * n; i++) tok[i] = (int)(sm_rng_next(&rng) % (uint64_t)b->cfg.vocab_used);
+    memcpy(tok + n, tok, sizeof(int) * (size_t)a->ctx); /* the second prompt: the same first ctx tokens */
+    sm_kv_prefix_enable(&b->kv, 1, 1);
+    float t[2][5];
+    int rc = 0, slot = 0, hit = 0;
+    for (int it = 0; it < 5 && !rc; it++)
+        for (int v = 0; v < 2 && !rc; v++) {
+            /* v 0: the first prompt, computed whole, its pages registered; v 1: the second */
+            const int *p = tok + (size_t)v * n;
+            sm_kv_release(&b->kv, 0);
+            if ((rc = sm_kv_add(&b->kv, &slot, e))) break;
+            if (v == 0) sm_kv_prefix_enable(&b->kv, 0, 0), sm_kv_prefix_enable(&b->kv, 1, 1); /* nothing cached */
+            int a0 = 0;
+            const double t0 = wall_s();
+            sm_kv_prefix_attach(&b->kv, slot, p, n, &a0);
+            if (v) hit = a0;
+            for (int x = a0; x < n && !rc; x += chunk) {
+                const int y = x + chunk < n ? x + chunk : n;
+                if ((rc = sm_kv_reserve(&b->kv, slot, y, e))) break;
+                for (int i = x; i < y; i++) pos[i - x] = i, req[i - x] = slot;
+                sm_step s;
+                memset(&s, 0, sizeof s);
+                s.nrows = y - x;
+                s.tokens = p + x;
+                s.pos = pos;
+                s.req = req;
+                s.kv = &b->kv;
+                s.argmax = am;
+                rc = b->be.step(b->be.ctx, &s, e);
+                b->kv.len[slot] = y;
+            }
+            t[v][it] = (float)((wall_s() - t0) * 1e3);
+            if (!rc && v == 0) sm_kv_prefix_commit(&b->kv, slot, p, n);
+        }
+    if (!rc) {
+        const float u = sm_median(t[0], 5), c = sm_median(t[1], 5);
+        printf("ttft: one request of %d prompt tokens (prefill steps of %d rows): %.2f ms computed whole, %.2f ms with %d of "
+               "them from the prefix cache: %.1fx (median of 5)\n\n", n, chunk, u, c, hit, u / c);
+    }
+    /* the benches' cache layout back: slot 0 reserved whole, the cache off */
+    sm_kv_release(&b->kv, slot);
+    sm_kv_prefix_enable(&b->kv, 0, 0);
+    if (!rc && !(rc = sm_kv_add(&b->kv, &slot, e))) rc = sm_kv_reserve(&b->kv, slot, b->kv.max_len, e);
+    free(tok); free(pos); free(req); free(am);
+    return rc ? sm_errprefix(e, "bench --ttft") : 0;
+}
+
 /* The short table, last: per row count, stock and monokernel side by side. */
 static void bench_summary(const bench_run *b, int nres) {
     const bench_args *a = b->a;
@@ -595,6 +657,7 @@ static int run(const bench_args *a, sm_err *e) {
                 printf("trace of one %d-row monokernel step: %s\n\n", rows, a->trace);
         }
     }
+    if (!rc && a->ttft) rc = bench_ttft(&b, e);
     if (!rc) bench_summary(&b, nres);
     bench_free(&b);
     return rc ? -1 : 0;

@@ -5,7 +5,8 @@
 # and tests/gpu/cli_spec.sh (speculative == plain through the CLI, with the logit processors),
 # tests/gpu/serve_cuda.py (the server on the GPU: logprobs made there vs the CPU server, n),
 # the per-op microbenchmarks (`gpu_test --bench all`: norm, router, attention, matmul, moe,
-# logits, logprobs) and `sparkmono bench` on the synthetic real-width 4-layer model, writes every full
+# logits, logprobs) and `sparkmono bench` on the synthetic real-width 4-layer model (both expert
+# numerics, W4A16 and W4A4; the prefix cache's time to first token, --ttft), writes every full
 # log under $OUT (default ./out) and prints a short table last.  Environment knobs:
 #   BENCH_FORMATS  expert formats to bench, space separated (default "mxfp4")
 #   BENCH_ROWS     rows per verify step, bench --step-rows (default 8,16,32,64,128)
@@ -87,7 +88,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
         echo "== bench spark1x-l4 experts $f (log: $OUT/bench_$f.log)"
         t0=$(date +%s)
         ./build/sparkmono bench --preset spark1x-l4 --layers "$LAYERS" --experts "$f" --step-rows "$ROWS" --ctx "$CTX" \
-            --iters "$ITERS" --trace "$OUT/trace_$f.json" >"$OUT/bench_$f.log" 2>&1
+            --iters "$ITERS" --trace "$OUT/trace_$f.json" --ttft >"$OUT/bench_$f.log" 2>&1
         rc=$?
         [ "$rc" -eq 0 ] || status=1
         brcs="$brcs $f:$rc"
@@ -166,6 +167,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
         echo "-- bench spark1x-l4, $f experts, ctx $CTX (per-layer table in $OUT/bench_$f.log)"
         if grep -q '^summary' "$OUT/bench_$f.log"; then
             sed -n '/^summary/,$p' "$OUT/bench_$f.log"
+            grep '^ttft:' "$OUT/bench_$f.log"
         else
             tail -n 5 "$OUT/bench_$f.log"
         fi

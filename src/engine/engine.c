@@ -571,6 +571,20 @@ static sm_status accept_rows(sparkmono_engine *g, sm_request *r, const int *t, i
     }
 }
 
+/* A prefill step's rows: pages for positions [0, b) of req, then its history ids a..b-1 at
+ * their positions as the step's rows (no other request in it). */
+static sm_status stage_hist_rows(sparkmono_engine *g, int req, int a, int b) {
+    sm_err e = {{0}};
+    if (sm_kv_reserve(&g->kv, req, b, &e) != 0) return fail_err(SM_E_CACHE, &e);
+    for (int i = a; i < b; i++) {
+        g->tok[i - a] = g->reqs[req].hist[i];
+        g->pos[i - a] = i;
+        g->rreq[i - a] = req;
+    }
+    for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
+    return SM_OK;
+}
+
 sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
     sm_status s;
     sm_request *r = get_req(g, req, "sparkmono_prefill", &s);
@@ -584,16 +598,7 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
     g->computed += n - a0;
     for (int a = a0; a < n; a += g->chunk) {
         int b = a + g->chunk < n ? a + g->chunk : n;
-        sm_err e = {{0}};
-        /* pages for positions [0, b) */
-        if (sm_kv_reserve(&g->kv, req, b, &e) != 0) return fail_err(SM_E_CACHE, &e);
-        /* rows: prompt tokens a..b-1 at their positions */
-        for (int i = a; i < b; i++) {
-            g->tok[i - a] = r->hist[i];
-            g->pos[i - a] = i;
-            g->rreq[i - a] = req;
-        }
-        for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
+        if ((s = stage_hist_rows(g, req, a, b))) return s;
         float *lg = logits ? logits + (size_t)a * (size_t)V : NULL;
         const int *at = NULL;
         /* summaries: each prompt row's (prompt logprobs: the logit of the next prompt id too),
@@ -858,14 +863,7 @@ sm_status sm_engine_resume(sparkmono_engine *g, int req) {
     g->computed += n - a0;
     for (int a = a0; a < n; a += g->chunk) {
         int b = a + g->chunk < n ? a + g->chunk : n;
-        sm_err e = {{0}};
-        if (sm_kv_reserve(&g->kv, req, b, &e) != 0) return fail_err(SM_E_CACHE, &e);
-        for (int i = a; i < b; i++) {
-            g->tok[i - a] = r->hist[i];
-            g->pos[i - a] = i;
-            g->rreq[i - a] = req;
-        }
-        for (int i = 0; i < g->max_req; i++) g->reqs[i].nrows = 0;
+        if ((s = stage_hist_rows(g, req, a, b))) return s;
         if ((s = run_step(g, b - a, NULL, NULL, 0))) return s;
         for (int i = 0; i < b - a; i++)
             if (g->argmax[i] < 0) return nonfinite("resume", a / g->chunk + 1, req, a + i);
