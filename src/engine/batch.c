@@ -397,10 +397,10 @@ static sm_status admit_waiting(sparkmono_batch *b) {
     for (;;) {
         pthread_mutex_lock(&b->mu);
         bwait *w = b->nlive < b->max_req ? b->head : NULL;
-        /* its prompt's pages (and one more) beyond the live requests' next step, unless none
-         * is live (then it takes what there is, or fails naming the pool) */
-        if (w && b->nlive > 0 &&
-            (w->n + SM_KV_BLOCK) / SM_KV_BLOCK + 1 > sm_engine_pages_avail(b->g) - pages_short(b))
+        /* its prompt's pages beyond the live requests' next step, unless none is live (then it
+         * takes what there is, or fails naming the pool); its own steps after the prefill are
+         * verify_live's (preemption) */
+        if (w && b->nlive > 0 && (w->n + SM_KV_BLOCK - 1) / SM_KV_BLOCK > sm_engine_pages_avail(b->g) - pages_short(b))
             w = NULL;
         if (w) {
             b->head = w->next;
