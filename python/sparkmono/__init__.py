@@ -24,6 +24,7 @@ used by one thread at a time (as the C API).  __version__ is the library's
 extension module: ctypes needs no compiler at install, and the C API is small and stable.
 """
 import ctypes as _ctypes
+import threading as _threading
 import math as _math
 import numbers as _numbers
 import os as _os
@@ -262,6 +263,9 @@ class Engine:
                  world: int = 1, moe: str = "ep", devices: _t.Optional[_t.Sequence[int]] = None,
                  comm: _t.Optional[str] = None, mono: str = "off", prefix_cache: bool = True) -> None:
         self._h: _t.Optional[_ctypes.c_void_p] = None
+        # the C engine is used by one thread at a time (include/sparkmono.h): calls from several
+        # threads take turns here (ctypes lets go of the GIL inside the library)
+        self._lock = _threading.RLock()
         if not isinstance(model, Model):
             raise TypeError("model must be a sparkmono.Model, not %s" % type(model).__name__)
         if model._h is None:
@@ -328,7 +332,7 @@ class Engine:
         the order of prompts and equal to generating each alone.  The logit processors
         (presence / frequency penalty in [-2, 2], repetition penalty > 0, min_tokens, ignore_eos)
         are the engine's (include/sparkmono.h: sparkmono_sampling)."""
-        h = self._live()
+        self._live()
         if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, _abc.Sequence):
             raise TypeError("prompts must be a list of prompts, not %s" % type(prompts).__name__)
         max_tokens = _int("max_tokens", max_tokens, 1, _MAX_INT)
@@ -343,6 +347,11 @@ class Engine:
             raise TypeError("ignore_eos must be a bool, not %s" % type(ignore_eos).__name__)
         s.ignore_eos = int(ignore_eos)
         todo = [self._ids(p) for p in prompts]
+        with self._lock:
+            return self._run_many(todo, max_tokens, s)
+
+    def _run_many(self, todo: _t.List[_t.List[int]], max_tokens: int, s: "_lib.Sampling") -> _t.List[Completion]:
+        h = self._live()  # closed by another thread meanwhile: an error, not a crash
         out: _t.List[_t.Optional[Completion]] = [None] * len(todo)
         ids: _t.List[_t.List[int]] = [[] for _ in todo]
         b = _ctypes.c_void_p()
@@ -376,31 +385,35 @@ class Engine:
     def prefill_logits(self, prompt: _Prompt) -> "_np.ndarray":
         """The f32 logits [n, vocab_size] of a prefill of the prompt (softcapped; ids >=
         vocab_used are -inf), as a numpy array."""
-        h = self._live()
+        self._live()
         ids = self._ids(prompt)
         req = _ctypes.c_int(-1)
         arr = (_ctypes.c_int * len(ids))(*ids)
-        _check(_lib.add_sampled(h, arr, len(ids), 0, _ctypes.byref(_lib.Sampling()), _ctypes.byref(req)))
-        try:
-            out = _np.empty((len(ids), self.model.vocab_size), dtype=_np.float32)
-            _check(_lib.prefill(h, req.value, out.ctypes.data_as(_ctypes.POINTER(_ctypes.c_float))))
-            return out
-        finally:
-            _lib.remove(h, req.value)
+        with self._lock:
+            h = self._live()
+            _check(_lib.add_sampled(h, arr, len(ids), 0, _ctypes.byref(_lib.Sampling()), _ctypes.byref(req)))
+            try:
+                out = _np.empty((len(ids), self.model.vocab_size), dtype=_np.float32)
+                _check(_lib.prefill(h, req.value, out.ctypes.data_as(_ctypes.POINTER(_ctypes.c_float))))
+                return out
+            finally:
+                _lib.remove(h, req.value)
 
     def cache_stats(self) -> CacheStats:
         """The prefix cache's counters (prompt tokens looked up, served from cached pages,
         computed) and the KV page pool now (pages, used, cached, free)."""
         c = _lib.CacheStats()
-        _check(_lib.cache_stats_get(self._live(), _ctypes.byref(c)))
+        with self._lock:
+            _check(_lib.cache_stats_get(self._live(), _ctypes.byref(c)))
         return CacheStats(c.queries, c.hits, c.computed, c.pages, c.pages_used, c.pages_cached, c.pages_free,
                           bool(c.enabled))
 
     def close(self) -> None:
-        if self._h is not None:
-            _lib.engine_destroy(self._h)
-            self._h = None
-            self.model._engines -= 1
+        with self._lock:
+            if self._h is not None:
+                _lib.engine_destroy(self._h)
+                self._h = None
+                self.model._engines -= 1
 
     def __enter__(self) -> "Engine":
         return self

@@ -189,3 +189,39 @@ def test_cache_stats_move(model, model_dir):
             assert e.generate(p, max_tokens=6).ids == ref
         s = e.cache_stats()
         assert s.enabled is False and s.hits == 0 and s.computed == 2 * len(p) and s.pages_cached == 0, s
+
+
+def test_threads_share_one_engine(model):
+    """Eight threads calling one Engine at once (generate, generate_many, prefill_logits,
+    cache_stats) take turns: each result equals the same call alone, nothing crashes."""
+    import threading
+
+    prompts = [[5 + i, 6 + i, 7 + i, 8 + i, 5 + i, 6 + i] for i in range(8)]
+    with sparkmono.Engine(model, threads=1, max_requests=2) as e:
+        alone = [e.generate(p, max_tokens=10).ids for p in prompts]
+        logits0 = e.prefill_logits(prompts[0])
+        got, errors = {}, []
+
+        def work(i):
+            try:
+                for _ in range(3):
+                    if i % 4 == 3:
+                        assert np.array_equal(e.prefill_logits(prompts[0]), logits0)
+                        e.cache_stats()
+                    elif i % 4 == 2:
+                        got[i] = [c.ids for c in e.generate_many([prompts[i], prompts[(i + 1) % 8]], max_tokens=10)]
+                    else:
+                        got[i] = e.generate(prompts[i], max_tokens=10).ids
+            except Exception as x:  # reported below, with the thread
+                errors.append((i, repr(x)))
+
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert not errors, errors
+        assert not any(t.is_alive() for t in ts), "a thread hung"
+        for i, ids in got.items():
+            want = [alone[i], alone[(i + 1) % 8]] if i % 4 == 2 else alone[i]
+            assert ids == want, i
