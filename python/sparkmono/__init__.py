@@ -335,9 +335,17 @@ class Engine:
         self._live()
         if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, _abc.Sequence):
             raise TypeError("prompts must be a list of prompts, not %s" % type(prompts).__name__)
+        # the server's rules (src/serve/serve_api.c): temperature in [0, 2], top_p in (0, 1],
+        # top_k -1 or 0 no limit, min_tokens at most max_tokens
         max_tokens = _int("max_tokens", max_tokens, 1, _MAX_INT)
-        s = _lib.Sampling(temperature=_real("temperature", temperature, 0.0, 1e6),
-                          top_k=_int("top_k", top_k, 0, _MAX_INT), top_p=_real("top_p", top_p, 0.0, 1.0),
+        top_p = _real("top_p", top_p, 0.0, 1.0)
+        if top_p <= 0:
+            raise ValueError("top_p = %r must be greater than 0" % top_p)
+        top_k = _int("top_k", top_k, -1, _MAX_INT)
+        if _int("min_tokens", min_tokens, 0, _MAX_INT) > max_tokens:
+            raise ValueError("min_tokens = %d is more than max_tokens = %d" % (min_tokens, max_tokens))
+        s = _lib.Sampling(temperature=_real("temperature", temperature, 0.0, 2.0),
+                          top_k=max(top_k, 0), top_p=top_p,
                           seed=_int("seed", seed, 0, 2 ** 64 - 1),
                           presence_penalty=_real("presence_penalty", presence_penalty, -2.0, 2.0),
                           frequency_penalty=_real("frequency_penalty", frequency_penalty, -2.0, 2.0),

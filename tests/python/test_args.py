@@ -60,7 +60,10 @@ def test_generate_type_errors(engine, kw, says):
     ([5, 6], dict(temperature=float("nan")), "temperature = nan"),
     ([5, 6], dict(temperature=float("inf")), "temperature = inf"),
     ([5, 6], dict(top_p=1.5), r"top_p = 1.5 is not a number in \[0, 1\]"),
-    ([5, 6], dict(top_k=-1), r"top_k = -1 is not in \[0,"),
+    ([5, 6], dict(top_k=-2), r"top_k = -2 is not in \[-1,"),
+    ([5, 6], dict(top_p=0.0), "top_p = 0.0 must be greater than 0"),
+    ([5, 6], dict(temperature=2.5), r"temperature = 2.5 is not a number in \[0, 2\]"),
+    ([5, 6], dict(min_tokens=3), "min_tokens = 3 is more than max_tokens = 2"),
     ([5, 6], dict(seed=-1), r"seed = -1 is not in \[0,"),
     ([5, 6], dict(seed=2 ** 64), "seed = 18446744073709551616"),
     ([1, 512], {}, r"prompt\[1\] = 512 is not in \[0, 511\]"),
@@ -71,6 +74,13 @@ def test_generate_type_errors(engine, kw, says):
 def test_generate_value_errors(engine, prompt, kw, says):
     with pytest.raises(ValueError, match=says):
         engine.generate(prompt, **dict(dict(max_tokens=2), **kw))
+
+
+def test_top_k_minus_one_is_no_limit(engine):
+    """As the server (vLLM's extension): top_k -1 means no limit, the same draws as 0."""
+    a = engine.generate([5, 6, 7], max_tokens=6, temperature=0.9, seed=4, top_k=-1).ids
+    b = engine.generate([5, 6, 7], max_tokens=6, temperature=0.9, seed=4, top_k=0).ids
+    assert a == b
 
 
 def test_accepted_forms(engine, model_dir):
