@@ -35,6 +35,8 @@ int cmd_serve(int argc, char **argv) {
         CLI_OPT("max-requests", "N", "16", "requests batched in one verify step"),
         CLI_OPT("queue", "N", "64", "requests waiting beyond --max-requests; one more is answered 503"),
         CLI_OPT("max-len", "L", "4096", "most tokens of a request: prompt + max_tokens"),
+        CLI_OPT("kv-blocks", "N", "max-requests x max-len / 16", "KV pages of 16 tokens; fewer: requests wait for pages, and a "
+                "step short of pages preempts the newest request (recomputed later)"),
         CLI_OPT("max-body", "BYTES", "1048576", "largest request body; a longer one is answered 413"),
         CLI_OPT("max-connections", "N", "4096", "open connections served; past it requests but /health are answered 503"),
         CLI_OPT("request-timeout", "S", "10", "seconds a client has to send a whole request (headers and body); then 408"),
@@ -71,11 +73,12 @@ int cmd_serve(int argc, char **argv) {
     so.online_mxfp4 = cli_find(opts, no, "online-mxfp4")->present;
     so.quiet = cli_find(opts, no, "quiet")->present;
     so.no_prefix_cache = cli_find(opts, no, "no-prefix-cache")->present;
-    long port, rows, maxreq, queue, maxlen, maxbody, maxconn, reqto, idleto, threads, drain;
+    long port, rows, maxreq, queue, maxlen, maxbody, maxconn, reqto, idleto, threads, drain, kvb = 0;
     if (cli_int(cmd, cli_find(opts, no, "port"), 0, 65535, &port, &e) || cli_int(cmd, rows_o, 1, 256, &rows, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-requests"), 1, 4096, &maxreq, &e) ||
         cli_int(cmd, cli_find(opts, no, "queue"), 0, 1 << 20, &queue, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-len"), 2, 1 << 24, &maxlen, &e) ||
+        (cli_find(opts, no, "kv-blocks")->present && cli_int(cmd, cli_find(opts, no, "kv-blocks"), 1, 1 << 30, &kvb, &e)) ||
         cli_int(cmd, cli_find(opts, no, "max-body"), 1024, 1L << 30, &maxbody, &e) ||
         cli_int(cmd, cli_find(opts, no, "max-connections"), 1, 1 << 20, &maxconn, &e) ||
         cli_int(cmd, cli_find(opts, no, "request-timeout"), 1, 3600, &reqto, &e) ||
@@ -111,6 +114,7 @@ int cmd_serve(int argc, char **argv) {
     so.max_requests = (int)maxreq;
     so.queue = (int)queue;
     so.max_len = (int)maxlen;
+    so.kv_blocks = (int)kvb;
     so.max_body = (size_t)maxbody;
     so.max_connections = (int)maxconn;
     so.request_timeout_s = (int)reqto;

@@ -148,3 +148,22 @@ def test_no_prefix_cache_computes_every_token(uncached):
     m1 = scrape(uncached)
     (q0, h0, c0), (q1, h1, c1) = counters(m0), counters(m1)
     assert c1 - c0 == 2 * len(LONG) and h1 == h0 == 0 and q1 == q0, (counters(m0), counters(m1))
+
+
+def test_small_pool_preempts_and_answers(tmp, ids_dir):
+    """A pool of 16 pages for 4 requests of up to 100 tokens: six concurrent requests all get
+    200 and the ids `sparkmono generate` gives each alone (the batch makes new requests wait
+    for pages and preempts the newest when a step runs short: never an error to the client)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = Server(ids_dir, tmp, "--quiet", "--max-requests", "4", "--max-len", "128", "--kv-blocks", "16")
+    try:
+        prompts = [[(11 * i + 3 * q) % 497 + 3 for i in range(40)] for q in range(6)]
+        with ThreadPoolExecutor(6) as ex:
+            got = list(ex.map(lambda p: complete(s, p, max_tokens=60, extra_body={"ignore_eos": True}), prompts))
+        for p, ids in zip(prompts, got):
+            assert ids == generate_cli(ids_dir, p, 60, "--ignore-eos")
+        m = scrape(s)
+        assert m[("sparkmono_prompt_tokens_computed_total", ())] > 6 * 40  # preempted ones recomputed
+    finally:
+        assert s.stop() == 0, s.read_log()
