@@ -84,7 +84,9 @@ static int answering(sm_server *s, struct MHD_Connection *mc) {
 
 /* Queue status + body of type ctype (freed; NULL: out of memory, a 500).  A 503 says when to
  * retry; a connection past the limit is closed after its answer. */
-static enum MHD_Result reply_as(sm_server *s, struct MHD_Connection *mc, unsigned status, char *json, const char *ctype) {
+/* allow: the methods a 405's route takes (its Allow header, RFC 9110 section 15.5.6), else NULL. */
+static enum MHD_Result reply_as(sm_server *s, struct MHD_Connection *mc, unsigned status, char *json, const char *ctype,
+                                const char *allow) {
     static const char OOM[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
     struct MHD_Response *resp =
         json ? MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE)
@@ -103,13 +105,14 @@ static enum MHD_Result reply_as(sm_server *s, struct MHD_Connection *mc, unsigne
     sm_metrics_status(&s->met, status);
     if (status == 503 && !__atomic_load_n(&s->closing, __ATOMIC_RELAXED)) MHD_add_response_header(resp, "Retry-After", "1");
     if (p && p->over) MHD_add_response_header(resp, "Connection", "close");
+    if (allow) MHD_add_response_header(resp, "Allow", allow);
     enum MHD_Result rc = MHD_queue_response(mc, status, resp);
     MHD_destroy_response(resp);
     return rc;
 }
 
 static enum MHD_Result reply(sm_server *s, struct MHD_Connection *mc, unsigned status, char *json) {
-    return reply_as(s, mc, status, json, "application/json");
+    return reply_as(s, mc, status, json, "application/json", NULL);
 }
 
 static enum MHD_Result reply_error(sm_server *s, struct MHD_Connection *mc, unsigned status, const char *msg,
@@ -290,7 +293,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         }
         if (wants_post ? !post : !get) {
             snprintf(msg, sizeof msg, "%.160s takes %s, not %.16s", url, wants_post ? "POST" : "GET", method);
-            return reply_error(s, mc, 405, msg, NULL, "method_not_allowed");
+            return reply_as(s, mc, 405, sm_api_error(msg, sm_api_error_type(405), NULL, "method_not_allowed"), "application/json",
+                            wants_post ? "POST" : "GET, HEAD");
         }
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->o->max_body) {
@@ -354,7 +358,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     case R_VERSION:
         return reply(s, mc, 200, sm_misc_version());
     case R_METRICS:
-        return reply_as(s, mc, 200, sm_serve_metrics(s), "text/plain; version=0.0.4; charset=utf-8");
+        return reply_as(s, mc, 200, sm_serve_metrics(s), "text/plain; version=0.0.4; charset=utf-8", NULL);
     default:
         return completions(s, mc, c);
     }

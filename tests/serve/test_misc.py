@@ -83,10 +83,13 @@ def test_no_tokenizer(server):
 
 
 def test_methods(text_server):
+    # a 405 names the methods its route takes in Allow (RFC 9110 section 15.5.6)
     r = requests.get(text_server.url + "/tokenize", timeout=TIMEOUT)
     assert r.status_code == 405 and "takes POST" in r.json()["error"]["message"], r.text
+    assert r.headers.get("Allow") == "POST", r.headers
     r = requests.post(text_server.url + "/version", timeout=TIMEOUT)
     assert r.status_code == 405 and "takes GET" in r.json()["error"]["message"], r.text
+    assert r.headers.get("Allow") == "GET, HEAD", r.headers
 
 
 def test_version(text_server):
