@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -109,6 +110,20 @@ static enum MHD_Result reply_as(sm_server *s, struct MHD_Connection *mc, unsigne
     enum MHD_Result rc = MHD_queue_response(mc, status, resp);
     MHD_destroy_response(resp);
     return rc;
+}
+
+/* MHD_get_connection_values iterator: whether the Content-Length headers disagree. */
+typedef struct cl_seen {
+    const char *first; /* the first Content-Length value, NULL before it */
+    int conflict;
+} cl_seen;
+static enum MHD_Result cl_check(void *arg, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    cl_seen *c = arg;
+    if (!key || strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) return MHD_YES;
+    if (!c->first) c->first = value ? value : "";
+    else if (strcmp(c->first, value ? value : "")) c->conflict = 1;
+    return MHD_YES;
 }
 
 static enum MHD_Result reply(sm_server *s, struct MHD_Connection *mc, unsigned status, char *json) {
@@ -296,6 +311,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             return reply_as(s, mc, 405, sm_api_error(msg, sm_api_error_type(405), NULL, "method_not_allowed"), "application/json",
                             wants_post ? "POST" : "GET, HEAD");
         }
+        /* two Content-Length headers that disagree: a 400 (RFC 9112 section 6.3; a proxy in front
+         * might have framed the body by the other one) */
+        cl_seen cls = {NULL, 0};
+        MHD_get_connection_values(mc, MHD_HEADER_KIND, cl_check, &cls);
+        if (cls.conflict)
+            return reply_error(s, mc, 400, "the request has Content-Length headers that disagree", NULL, "bad_request");
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->o->max_body) {
             snprintf(msg, sizeof msg, "the request body has %.24s bytes; this server takes at most %zu", cl, s->o->max_body);

@@ -296,6 +296,29 @@ def test_bad_input_never_crashes(server):
     assert server.proc.poll() is None
 
 
+def test_conflicting_content_length(server):
+    """Two Content-Length headers that disagree are a 400 (RFC 9112 section 6.3: a proxy in
+    front might frame the body by the other one); two that agree are served."""
+    body = json.dumps({"model": server.name, "prompt": [5, 6], "max_tokens": 2}).encode()
+
+    def send(cls):
+        head = "".join("Content-Length: %d\r\n" % n for n in cls)
+        req = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
+               "Connection: close\r\n\r\n" % head).encode() + body
+        with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as sk:
+            sk.sendall(req)
+            out = b""
+            while True:
+                d = sk.recv(65536)
+                if not d:
+                    return out
+                out += d
+
+    bad = send([len(body), 5])
+    assert bad.startswith(b"HTTP/1.1 400") and b"Content-Length headers that disagree" in bad, bad[:200]
+    assert send([len(body), len(body)]).startswith(b"HTTP/1.1 200")
+
+
 def test_queue_full_503(tmp, model_dir):
     """One request running, one queued: a third is a 503; the queued one runs once the first
     leaves."""
