@@ -7,8 +7,9 @@
  * answers are chat-shaped, a stream's first chunk carries the role); POST /tokenize, POST
  * /detokenize, GET /version (serve_misc.c) and GET /metrics (serve_metrics.c).  With an API key,
  * a /v1/ request without it is a 401 before it is routed.  A body longer than max_body is
- * a 413: at once when Content-Length says so, else once it has been read up to the limit
- * (the rest is discarded; a client that keeps sending far past it is disconnected).  A
+ * a 413: at once when Content-Length says so, else once the whole body has been read (past
+ * the limit it is dropped as it comes; a client that sends for longer than --request-timeout
+ * is cut with a 408, as any slow request).  A
  * "job" is one completion request on its way out, its choices and the bytes not yet written
  * (serve_job.c); the plain answer and the stream share it, and here it is parked and resumed.
  * A "peer" is one open connection: its socket and its deadline, seen by the watch thread.  We
@@ -36,8 +37,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-#define DISCARD_LIMIT ((size_t)16 << 20) /* bytes past max_body read and dropped before hanging up */
 
 enum route { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT,
              R_TOKENIZE, R_DETOKENIZE, R_VERSION, R_METRICS /* serve_misc.c, serve_metrics.c */ };
@@ -332,7 +331,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         if (c->too_big || c->body.n + n > s->o->max_body) {
             c->too_big = 1;
             sm_sbuf_free(&c->body);
-            return c->seen > s->o->max_body + DISCARD_LIMIT ? MHD_NO : MHD_YES;
+            return MHD_YES; /* read and dropped to its end: then the 413 (--request-timeout bounds it) */
         }
         return sm_sbuf_add(&c->body, upload, n) ? MHD_NO : MHD_YES;
     }

@@ -212,6 +212,14 @@ def test_oversized_body(server):
     with pytest.raises(openai.APIStatusError) as ex:
         server.client().completions.create(model=server.name, prompt=[1] * 40000, max_tokens=1)
     assert ex.value.status_code == 413
+
+    def flood():  # a 50 MB chunked body: read to its end and answered 413, not cut off
+        block = b" " * (1 << 20)
+        for _ in range(50):
+            yield block
+
+    r = post(server, flood())
+    assert r.status_code == 413, r.text
     assert server.health()["status"] == "ok"
 
 
