@@ -153,7 +153,7 @@ static json_t *content_text(const json_t *m, int i, char *param, sm_err *e) {
 }
 
 /* The messages checked, each content made a string: a new list (every other key kept, "name"
- * and "tool_calls" included, for the template). */
+ * and "tool_calls" included, for the template; tool calls' arguments parsed). */
 static json_t *normalize(const json_t *messages, char *param, sm_err *e) {
     if (!json_is_array(messages) || !json_array_size(messages)) {
         snprintf(param, SM_API_PARAM, "messages");
@@ -182,6 +182,26 @@ static json_t *normalize(const json_t *messages, char *param, sm_err *e) {
         }
         json_object_set_new(c, "content", text);
         json_array_append_new(out, c);
+        /* tool_calls[].function.arguments, a JSON text in OpenAI's API, reach the template as the
+         * value they hold (vLLM parses them so: templates print or walk the object) */
+        const json_t *tcs = json_object_get(m, "tool_calls");
+        if (json_is_array(tcs)) {
+            json_t *copy = json_deep_copy(tcs);
+            json_object_set_new(c, "tool_calls", copy);
+            size_t j;
+            json_t *call;
+            json_array_foreach(copy, j, call) {
+                json_t *fn = json_object_get(call, "function"), *args = json_object_get(fn, "arguments");
+                if (!json_is_string(args)) continue;
+                json_t *v = json_loadb(json_string_value(args), json_string_length(args), JSON_DECODE_ANY, NULL);
+                if (!v) {
+                    snprintf(path, sizeof path, "messages[%d].tool_calls[%d]", (int)i, (int)j);
+                    bad_at(param, e, strcat(path, ".function.arguments"), " is not JSON");
+                    goto bad;
+                }
+                json_object_set_new(fn, "arguments", v);
+            }
+        }
     }
     return out;
 bad:
@@ -269,7 +289,7 @@ static int chat_tools(json_t *root, json_t **tools, char *param, sm_err *e) {
                        "\"tool_choice\": \"none\" to give the model the tools in its prompt and get its text as the "
                        "content", what);
     }
-    if (some) *tools = json_incref(tl);
+    if (json_is_array(tl)) *tools = json_incref(tl); /* [] stays a list, as vLLM hands it to the template */
     json_object_del(root, "tools");
     json_object_del(root, "tool_choice");
     json_object_del(root, "parallel_tool_calls");
@@ -284,7 +304,7 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *
     json_t *vars = json_copy(t->special);
     json_object_set_new(vars, "messages", msgs);
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
-    json_object_set_new(vars, "tools", tools && json_array_size(tools) ? json_deep_copy(tools) : json_null());
+    json_object_set_new(vars, "tools", tools ? json_deep_copy(tools) : json_null());
     json_object_set_new(vars, "documents", json_null());
     int rc = sm_jinja_render(t->t, vars, out, raised, e);
     json_decref(vars);

@@ -31,8 +31,9 @@ void sm_chat_free(sm_chat_tmpl *t);
  * a string, a list of {type: "text", text} parts (joined with "\n", as vLLM joins them for a
  * text-only model) or, for an assistant message, null or none (the empty string)) with
  * add_generation_prompt and tools (the template's `tools`: a list checked by sm_chat_tools, or
- * NULL: none); every other key of a message goes to the template as it is ("tool_calls",
- * "tool_call_id" among them).  0, or -1 with one line in e and param the offending field
+ * NULL: none; [] stays a list); every other key of a message goes to the template as it is
+ * ("tool_calls", "tool_call_id" among them), but a tool call's function.arguments string goes
+ * as the JSON value it holds (vLLM's rendering; not JSON: an error naming it).  0, or -1 with one line in e and param the offending field
  * ("messages[2].content[0].type"); *raised when it is the template's raise_exception. */
 int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
                    sm_sbuf *out, char *param, int *raised, sm_err *e);

@@ -10,6 +10,7 @@ which need tool calls parsed, a 400), bad messages and tools (400 naming the fie
 template's raise_exception (400 with its message), a directory without a template (400) and
 one whose template is outside the supported subset (the server refuses to start: exit 2, one
 line)."""
+import copy
 import json
 import os
 import shutil
@@ -63,7 +64,13 @@ def flat(msgs):
 
 
 def render_jinja2(model_dir, msgs, tools=None):
-    """As transformers' apply_chat_template renders (its tojson keeps non-ASCII and the key order)."""
+    """As transformers' apply_chat_template renders (its tojson keeps non-ASCII and the key order),
+    with the messages as vLLM hands them over: each tool call's arguments parsed from its JSON."""
+    msgs = copy.deepcopy(msgs)
+    for m in msgs:
+        for c in m.get("tool_calls") or []:
+            if isinstance(c.get("function", {}).get("arguments"), str):
+                c["function"]["arguments"] = json.loads(c["function"]["arguments"])
     cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
@@ -346,6 +353,39 @@ def test_tools_reach_the_template(tmp, model_dir, hf_tok):
         r = requests.post(s.url + "/v1/chat/completions", timeout=TIMEOUT,
                           json={"messages": history, "tools": [], "max_tokens": 4})
         assert r.status_code == 200, r.text  # no tools: tool_choice's default is "none"
+    finally:
+        assert s.stop() == 0
+
+
+def test_tool_history_as_vllm_renders_it(tmp, model_dir, hf_tok):
+    """As vLLM hands them to the template: a tool call's arguments (a JSON text in the API) as the
+    object they hold (a template prints or walks it), arguments that are not JSON a 400 naming
+    them, and tools: [] an empty list (not none)."""
+    tpl = ("{% if tools is not none %}<tools {{ tools | length }}>{% endif %}"
+           "{% for m in messages %}<|{{ m.role }}|>{% for c in m.tool_calls or [] %}"
+           "<call>{{ c.function.name }} {{ c.function.arguments.city }} {{ c.function.arguments | tojson }}</call>"
+           "{% endfor %}{{ m.content }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    d = model_copy(model_dir, os.path.join(tmp, "toolhist"), tpl)
+    s = Server(d, tmp)
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "n": [1, 2]}'}}
+    history = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "4 C"}]
+    try:
+        c = s.client()
+        for msgs, tools in [(history, None), (history, [])]:
+            text = render_jinja2(d, msgs, tools)
+            assert "<call>get_weather Oslo {" in text and ("<tools 0>" in text) == (tools is not None), text
+            body = {"messages": msgs, "max_tokens": 2, "temperature": 0}
+            if tools is not None:
+                body["tools"] = tools
+            r = requests.post(s.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] == len(hf_tok.encode(text, add_special_tokens=False).ids), text
+        bad = copy.deepcopy(history)
+        bad[1]["tool_calls"][0]["function"]["arguments"] = "{city: Oslo"
+        r = requests.post(s.url + "/v1/chat/completions", json={"messages": bad, "max_tokens": 2}, timeout=TIMEOUT)
+        assert r.status_code == 400 and "messages[1].tool_calls[0].function.arguments" in r.text, r.text
+        del c
     finally:
         assert s.stop() == 0
 
