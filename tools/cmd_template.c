@@ -129,7 +129,7 @@ int cmd_template(int argc, char **argv) {
             sm_errprefix(&e, "%s", tl->value);
             goto bad;
         }
-        if (sm_chat_render(&ct, in, tools, !cli_find(opts, no, "no-generation-prompt")->present, &out, param, &raised, &e)) {
+        if (sm_chat_render(&ct, in, tools, !cli_find(opts, no, "no-generation-prompt")->present, NULL, &out, param, &raised, &e)) {
             sm_errprefix(&e, "%s", mf->value);
             goto bad;
         }

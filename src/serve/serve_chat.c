@@ -297,15 +297,16 @@ static int chat_tools(json_t *root, json_t **tools, char *param, sm_err *e) {
 }
 
 int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
-                   sm_sbuf *out, char *param, int *raised, sm_err *e) {
+                   const json_t *extra, sm_sbuf *out, char *param, int *raised, sm_err *e) {
     *raised = 0;
     json_t *msgs = normalize(messages, param, e);
     if (!msgs) return -1;
     json_t *vars = json_copy(t->special);
+    json_object_set_new(vars, "documents", json_null());
+    if (extra) json_object_update(vars, (json_t *)extra); /* chat_template_kwargs, documents: below the fixed ones */
     json_object_set_new(vars, "messages", msgs);
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
     json_object_set_new(vars, "tools", tools ? json_deep_copy(tools) : json_null());
-    json_object_set_new(vars, "documents", json_null());
     int rc = sm_jinja_render(t->t, vars, out, raised, e);
     json_decref(vars);
     if (rc && !*raised) sm_errprefix(e, "the chat template (%s) failed on these messages", t->source);
@@ -335,6 +336,62 @@ static int chat_logprobs(json_t *root, char *param, sm_err *e) {
     return 0;
 }
 
+/* The template fields vLLM takes (they leave root): add_generation_prompt (default true),
+ * continue_final_message (default false; not with add_generation_prompt true),
+ * chat_template_kwargs (an object: more template variables, e.g. {"enable_thinking": false};
+ * not the ones the server sets) and documents (a list, the template's `documents`) into *extra;
+ * a request's own chat_template is refused (vLLM takes it only when trusted).  0, or -1 with
+ * param and e. */
+static int chat_template_fields(json_t *root, int *agp, int *cont, json_t **extra, char *param, sm_err *e) {
+    json_t *a = json_object_get(root, "add_generation_prompt"), *c = json_object_get(root, "continue_final_message"),
+           *kw = json_object_get(root, "chat_template_kwargs"), *docs = json_object_get(root, "documents"),
+           *ct = json_object_get(root, "chat_template");
+    if (a && !json_is_null(a) && !json_is_boolean(a)) return bad_at(param, e, "add_generation_prompt", " must be true or false");
+    if (c && !json_is_null(c) && !json_is_boolean(c)) return bad_at(param, e, "continue_final_message", " must be true or false");
+    *agp = !a || json_is_null(a) || json_is_true(a);
+    *cont = json_is_true(c);
+    if (*cont && a && json_is_true(a))
+        return bad_at(param, e, "continue_final_message", " and 'add_generation_prompt' cannot both be true");
+    if (*cont) *agp = 0; /* the final message goes on: no new turn */
+    if (ct && !json_is_null(ct))
+        return bad_at(param, e, "chat_template", " from a request is not taken: start the server with the template "
+                      "(tokenizer_config.json \"chat_template\" or chat_template.jinja in the model directory)");
+    if (kw && !json_is_null(kw) && !json_is_object(kw)) return bad_at(param, e, "chat_template_kwargs", " must be an object");
+    if (docs && !json_is_null(docs) && !json_is_array(docs)) return bad_at(param, e, "documents", " must be a list");
+    *extra = json_object();
+    if (kw && json_is_object(kw)) {
+        static const char *const fixed[] = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"};
+        for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+            if (json_object_get(kw, fixed[i])) {
+                char p[64];
+                snprintf(p, sizeof p, "chat_template_kwargs.%s", fixed[i]);
+                return bad_at(param, e, p, " is set by the server; give it as the request's own field");
+            }
+        json_object_update(*extra, kw);
+    }
+    if (docs && json_is_array(docs)) json_object_set(*extra, "documents", docs);
+    static const char *const gone[] = {"add_generation_prompt", "continue_final_message", "chat_template_kwargs", "documents",
+                                       "chat_template"};
+    for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) json_object_del(root, gone[i]);
+    return 0;
+}
+
+/* continue_final_message: the rendered text cut right after the final message's content (as
+ * transformers does), so the model goes on with that message.  0, or -1 with param and e. */
+static int continue_final(const json_t *msgs, sm_sbuf *text, char *param, sm_err *e) {
+    const json_t *last = json_array_get(msgs, json_array_size(msgs) - 1), *c = json_object_get(last, "content");
+    if (!json_is_string(c) || !json_string_length(c))
+        return bad_at(param, e, "continue_final_message", " needs a final message with text content");
+    const char *needle = json_string_value(c), *hay = text->p ? text->p : "", *at = NULL;
+    const size_t nl = json_string_length(c);
+    for (size_t i = 0; i + nl <= text->n; i++) /* its last occurrence */
+        if (!memcmp(hay + i, needle, nl)) at = hay + i;
+    if (!at)
+        return bad_at(param, e, "continue_final_message", ": the chat template's text does not hold the final message's content");
+    text->n = (size_t)(at - hay) + nl;
+    return 0;
+}
+
 int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_api_model *m, sm_api_req *out,
                   int *status, char *param, sm_err *e) {
     memset(out, 0, sizeof *out);
@@ -343,8 +400,8 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) return sm_errf(e, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
-    int rc = -1, raised = 0, *ids = NULL, nids = 0;
-    json_t *tools = NULL;
+    int rc = -1, raised = 0, *ids = NULL, nids = 0, agp = 1, cont = 0;
+    json_t *tools = NULL, *extra = NULL;
     sm_sbuf text = {0};
     char *dumped = NULL;
     if (!json_is_object(root)) { sm_errf(e, "the body must be a JSON object"); goto out; }
@@ -362,11 +419,14 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
             goto out;
         }
     }
-    if (chat_logprobs(root, param, e) || chat_tools(root, &tools, param, e)) goto out;
+    if (chat_logprobs(root, param, e) || chat_tools(root, &tools, param, e) ||
+        chat_template_fields(root, &agp, &cont, &extra, param, e))
+        goto out;
     json_t *msgs = json_object_get(root, "messages");
     if (!msgs) { snprintf(param, SM_API_PARAM, "messages"); sm_errf(e, "'messages' is required"); goto out; }
     if (!m->tok) { sm_errf(e, "this model directory has no tokenizer.json, which chat needs"); goto out; }
-    if (sm_chat_render(t, msgs, tools, 1, &text, param, &raised, e)) goto out;
+    if (sm_chat_render(t, msgs, tools, agp, extra, &text, param, &raised, e)) goto out;
+    if (cont && continue_final(msgs, &text, param, e)) goto out;
     sm_err te = {{0}};
     if (sm_tokenizer_encode(m->tok, text.p ? text.p : "", text.n, &ids, &nids, &te)) {
         sm_errf(e, "the rendered conversation cannot be tokenized: %s", te.msg);
@@ -395,6 +455,7 @@ out:
     free(ids);
     sm_sbuf_free(&text);
     json_decref(tools);
+    json_decref(extra);
     json_decref(root);
     return rc;
 }

@@ -33,10 +33,12 @@ void sm_chat_free(sm_chat_tmpl *t);
  * add_generation_prompt and tools (the template's `tools`: a list checked by sm_chat_tools, or
  * NULL: none; [] stays a list); every other key of a message goes to the template as it is
  * ("tool_calls", "tool_call_id" among them), but a tool call's function.arguments string goes
- * as the JSON value it holds (vLLM's rendering; not JSON: an error naming it).  0, or -1 with one line in e and param the offending field
+ * as the JSON value it holds (vLLM's rendering; not JSON: an error naming it).  extra (an
+ * object, or NULL): more template variables (chat_template_kwargs, documents), under the ones
+ * set here.  0, or -1 with one line in e and param the offending field
  * ("messages[2].content[0].type"); *raised when it is the template's raise_exception. */
 int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
-                   sm_sbuf *out, char *param, int *raised, sm_err *e);
+                   const json_t *extra, sm_sbuf *out, char *param, int *raised, sm_err *e);
 /* Check a request's "tools" (NULL, null or [] for none; else OpenAI's list of {"type":
  * "function", "function": {"name", "description"?, "parameters"?, "strict"?}}).  0, or -1 with
  * one line in e and param the offending field ("tools[1].function.name"). */

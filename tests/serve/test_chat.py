@@ -63,9 +63,10 @@ def flat(msgs):
              "\n".join(p["text"] for p in m["content"]) if m.get("content") is not None else ""} for m in msgs]
 
 
-def render_jinja2(model_dir, msgs, tools=None):
+def render_jinja2(model_dir, msgs, tools=None, add_generation_prompt=True, **kwargs):
     """As transformers' apply_chat_template renders (its tojson keeps non-ASCII and the key order),
-    with the messages as vLLM hands them over: each tool call's arguments parsed from its JSON."""
+    with the messages as vLLM hands them over: each tool call's arguments parsed from its JSON;
+    kwargs: more template variables (chat_template_kwargs, documents)."""
     msgs = copy.deepcopy(msgs)
     for m in msgs:
         for c in m.get("tool_calls") or []:
@@ -74,8 +75,10 @@ def render_jinja2(model_dir, msgs, tools=None):
     cfg = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-    return env.from_string(cfg["chat_template"]).render(messages=flat(msgs), add_generation_prompt=True, tools=tools,
-                                                         bos_token=cfg["bos_token"], eos_token=cfg["eos_token"])
+    kwargs.setdefault("documents", None)
+    return env.from_string(cfg["chat_template"]).render(messages=flat(msgs), add_generation_prompt=add_generation_prompt,
+                                                         tools=tools, bos_token=cfg["bos_token"], eos_token=cfg["eos_token"],
+                                                         **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -386,6 +389,46 @@ def test_tool_history_as_vllm_renders_it(tmp, model_dir, hf_tok):
         r = requests.post(s.url + "/v1/chat/completions", json={"messages": bad, "max_tokens": 2}, timeout=TIMEOUT)
         assert r.status_code == 400 and "messages[1].tool_calls[0].function.arguments" in r.text, r.text
         del c
+    finally:
+        assert s.stop() == 0
+
+
+def test_template_fields(tmp, model_dir, hf_tok):
+    """The template fields vLLM takes: chat_template_kwargs (e.g. enable_thinking), documents,
+    add_generation_prompt and continue_final_message, rendered as Jinja2 renders them; a request's
+    own chat_template and contradictory or misshapen fields are 400s naming the field."""
+    tpl = ("{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}"
+           "{% for d in documents or [] %}<doc {{ d.title }}>{% endfor %}"
+           "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{{ eos_token }}{% endfor %}"
+           "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    d = model_copy(model_dir, os.path.join(tmp, "tfields"), tpl)
+    s = Server(d, tmp)
+    msgs = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Sure, hi and"}]
+    docs = [{"title": "a", "text": "x"}, {"title": "b", "text": "y"}]
+
+    def tokens(body):
+        r = requests.post(s.url + "/v1/chat/completions", json=dict(body, messages=msgs, max_tokens=2), timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens"]
+
+    def want(text):
+        return len(hf_tok.encode(text, add_special_tokens=False).ids)
+
+    try:
+        assert tokens({}) == want(render_jinja2(d, msgs))
+        assert tokens({"chat_template_kwargs": {"enable_thinking": False}, "documents": docs}) == \
+            want(render_jinja2(d, msgs, enable_thinking=False, documents=docs))
+        assert tokens({"add_generation_prompt": False}) == want(render_jinja2(d, msgs, add_generation_prompt=False))
+        cont = render_jinja2(d, msgs, add_generation_prompt=False)
+        cont = cont[:cont.rindex("Sure, hi and") + len("Sure, hi and")]  # transformers' continue_final_message
+        assert tokens({"continue_final_message": True, "add_generation_prompt": False}) == want(cont)
+        for body, field in [({"chat_template": "{{ messages }}"}, "chat_template"),
+                            ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message"),
+                            ({"chat_template_kwargs": ["x"]}, "chat_template_kwargs"),
+                            ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs.messages"),
+                            ({"documents": "x"}, "documents"), ({"add_generation_prompt": "yes"}, "add_generation_prompt")]:
+            r = requests.post(s.url + "/v1/chat/completions", json=dict(body, messages=msgs, max_tokens=2), timeout=TIMEOUT)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, (body, r.text)
     finally:
         assert s.stop() == 0
 
