@@ -75,7 +75,7 @@ int cmd_check(int argc, char **argv) {
     sm_finite_scan fs; /* every stored value finite (the loader does not read them) */
     if (sm_check_finite(&m.ar, 0, 1, &fs, &e)) { sm_model_free(&m); goto bad; }
     sm_chat_tmpl ct; /* the chat template parses with the server's renderer (or there is none) */
-    if (sm_chat_load(dir, &ct, &e)) { sm_model_free(&m); goto bad; }
+    if (sm_chat_load(dir, NULL, &ct, &e)) { sm_model_free(&m); goto bad; }
     printf("checkpoint %s: valid\n", dir);
     printf("chat template: %s\n", ct.t ? ct.source : "none (the server answers /v1/chat/completions with a 400)");
     sm_chat_free(&ct);

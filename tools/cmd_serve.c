@@ -35,6 +35,8 @@ int cmd_serve(int argc, char **argv) {
         CLI_OPT("max-requests", "N", "16", "requests batched in one verify step"),
         CLI_OPT("queue", "N", "64", "requests waiting beyond --max-requests; one more is answered 503"),
         CLI_OPT("max-len", "L", "4096", "most tokens of a request: prompt + max_tokens"),
+        CLI_OPT("chat-template", "FILE", "the model directory's", "the chat template (Jinja) of /v1/chat/completions, as vLLM's "
+                "--chat-template: over tokenizer_config.json's and chat_template.jinja; special tokens still come from the directory"),
         CLI_OPT("kv-blocks", "N", "max-requests x max-len / 16", "KV pages of 16 tokens; fewer: requests wait for pages, and a "
                 "step short of pages preempts the newest request (recomputed later)"),
         CLI_OPT("max-body", "BYTES", "1048576", "largest request body; a longer one is answered 413"),
@@ -115,6 +117,7 @@ int cmd_serve(int argc, char **argv) {
     so.queue = (int)queue;
     so.max_len = (int)maxlen;
     so.kv_blocks = (int)kvb;
+    so.chat_template = cli_find(opts, no, "chat-template")->present ? cli_find(opts, no, "chat-template")->value : NULL;
     so.max_body = (size_t)maxbody;
     so.max_connections = (int)maxconn;
     so.request_timeout_s = (int)reqto;

@@ -115,7 +115,7 @@ int cmd_template(int argc, char **argv) {
     }
     if (tf->present && mf->present) { sm_errf(&e, "%s: --messages goes with a model directory; --template takes --vars", cmd); goto bad; }
     if (npos) {
-        if (sm_chat_load(pos[0], &ct, &e)) goto bad;
+        if (sm_chat_load(pos[0], NULL, &ct, &e)) goto bad;
         if (!ct.t) {
             sm_errf(&e, "%s: no chat template (tokenizer_config.json \"chat_template\" or chat_template.jinja)", pos[0]);
             goto bad;

@@ -64,7 +64,7 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
         sm_errprefix(e, "serve");
         goto out;
     }
-    if (sm_chat_load(o->model_dir, &s.chat, e)) { /* a template outside the subset stops the start */
+    if (sm_chat_load(o->model_dir, o->chat_template, &s.chat, e)) { /* a template outside the subset stops the start */
         sm_errprefix(e, "serve");
         goto out;
     }

@@ -11,6 +11,7 @@
 #include "serve/serve_chat.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -43,7 +44,19 @@ static void special_tokens(json_t *cfg, json_t *out) {
     }
 }
 
-int sm_chat_load(const char *dir, sm_chat_tmpl *t, sm_err *e) {
+/* The whole file at path into a new NUL-terminated buffer, or NULL. */
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    sm_sbuf b = {0};
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) sm_sbuf_add(&b, buf, n);
+    fclose(f);
+    return b.p ? b.p : strdup("");
+}
+
+int sm_chat_load(const char *dir, const char *file, sm_chat_tmpl *t, sm_err *e) {
     memset(t, 0, sizeof t[0]);
     char path[4200];
     struct stat st;
@@ -61,21 +74,20 @@ int sm_chat_load(const char *dir, sm_chat_tmpl *t, sm_err *e) {
         if (!json_is_object(cfg)) { sm_errf(e, "%s: not a JSON object", path); goto out; }
         special_tokens(cfg, t->special);
         json_t *v = json_object_get(cfg, "chat_template");
-        if (v && !json_is_null(v)) {
+        if (v && !json_is_null(v) && !file) {
             if (!(src = template_text(path, v, e))) goto out;
             snprintf(t->source, sizeof t->source, "tokenizer_config.json");
         }
     }
-    if (!src) { /* chat_template.jinja beside it */
+    if (file) { /* the caller's (serve --chat-template FILE), over the directory's */
+        snprintf(path, sizeof path, "%s", file);
+        if (!(text = read_text(path))) { sm_errf(e, "--chat-template %s: %s", file, strerror(errno)); goto out; }
+        src = text;
+        const char *base = strrchr(file, '/');
+        snprintf(t->source, sizeof t->source, "%.60s", base ? base + 1 : file); /* the file's name */
+    } else if (!src) { /* chat_template.jinja beside it */
         snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-        FILE *f = fopen(path, "rb");
-        if (!f) { rc = 0; goto out; } /* no template */
-        sm_sbuf b = {0};
-        char buf[65536];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof buf, f)) > 0) sm_sbuf_add(&b, buf, n);
-        fclose(f);
-        text = b.p ? b.p : strdup("");
+        if (!(text = read_text(path))) { rc = 0; goto out; } /* no template */
         src = text;
         snprintf(t->source, sizeof t->source, "chat_template.jinja");
     }
@@ -355,7 +367,7 @@ static int chat_template_fields(json_t *root, int *agp, int *cont, json_t **extr
     if (*cont) *agp = 0; /* the final message goes on: no new turn */
     if (ct && !json_is_null(ct))
         return bad_at(param, e, "chat_template", " from a request is not taken: start the server with the template "
-                      "(tokenizer_config.json \"chat_template\" or chat_template.jinja in the model directory)");
+                      "(serve --chat-template FILE, or the model directory's tokenizer_config.json / chat_template.jinja)");
     if (kw && !json_is_null(kw) && !json_is_object(kw)) return bad_at(param, e, "chat_template_kwargs", " must be an object");
     if (docs && !json_is_null(docs) && !json_is_array(docs)) return bad_at(param, e, "documents", " must be a list");
     *extra = json_object();

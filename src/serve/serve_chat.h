@@ -25,7 +25,8 @@ typedef struct sm_chat_tmpl {
 /* Load dir's template.  0 (t->t NULL when there is none), or -1 with one line naming the file
  * and the problem ("DIR/tokenizer_config.json: chat_template: line 3 col 5: unsupported
  * filter 'foo'"). */
-int sm_chat_load(const char *dir, sm_chat_tmpl *t, sm_err *e);
+int sm_chat_load(const char *dir, const char *file, sm_chat_tmpl *t, sm_err *e); /* file: the template's own
+                                                                                  file (serve --chat-template), or NULL */
 void sm_chat_free(sm_chat_tmpl *t);
 /* Render messages (checked: a non-empty list of {role: string, content, name?: string}; content
  * a string, a list of {type: "text", text} parts (joined with "\n", as vLLM joins them for a

@@ -433,6 +433,31 @@ def test_template_fields(tmp, model_dir, hf_tok):
         assert s.stop() == 0
 
 
+def test_chat_template_flag(tmp, model_dir, hf_tok):
+    """serve --chat-template FILE (as vLLM's) renders with that file over the directory's
+    template; a missing or unsupported file stops the start with one line and exit 2."""
+    d = model_copy(model_dir, os.path.join(tmp, "ctflag"), "{{ 'DIRECTORY' }}")
+    f = os.path.join(tmp, "mine.jinja")
+    with open(f, "w") as fh:
+        fh.write("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+    s = Server(d, tmp, "--chat-template", f)
+    msgs = [{"role": "user", "content": "Hello there"}]
+    try:
+        r = requests.post(s.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2}, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        text = "[user] Hello there\n[assistant]"
+        assert r.json()["usage"]["prompt_tokens"] == len(hf_tok.encode(text, add_special_tokens=False).ids)
+    finally:
+        assert s.stop() == 0
+    bad = os.path.join(tmp, "bad.jinja")
+    with open(bad, "w") as fh:
+        fh.write("{{ x | nosuchfilter }}")
+    for path, says in [(os.path.join(tmp, "missing.jinja"), "--chat-template"), (bad, "bad.jinja")]:
+        p = subprocess.run([SM_BIN, "serve", d, "--port", "0", "--chat-template", path], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        assert p.returncode == 2 and says in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
 def test_default_max_tokens(tmp, model_dir):
     """A chat without max_tokens runs to the end of the context (OpenAI's and vLLM's chat; not
     completions' 16), max_completion_tokens is max_tokens, and completions keep their 16."""
