@@ -156,9 +156,8 @@ static void expert_ffn(const ref_experts *X, int j, const float *h1, int Hm, ref
         for (int s = 0; s < ns; s++) ref_mx_round_row(act + (int64_t)s * ni, ni, &ws->aq, s0 + s);
     for (int o = 0; o < Hm; o++) {
         ref_wrow w = ref_wrow_view(X->fmt, &X->down[j], o);
-        if (X->act_mx) {
-            int64_t off = (int64_t)s0;
-            ref_mxrows aq = {ws->aq.v + off * ws->aq.ld, ws->aq.s + off * (ws->aq.ld / SM_MX_BLOCK), ws->aq.ld};
+        if (X->act_mx) { /* the expert's slots' rows of aq */
+            ref_mxrows aq = {ws->aq.v + (int64_t)s0 * ws->aq.ld, ws->aq.s + (int64_t)s0 * (ws->aq.ld / SM_MX_BLOCK), ws->aq.ld};
             ref_wrow_dot_mx(&w, ni, &aq, NULL, ns, ws->y + o, Hm, ws->slot_route + s0);
         } else {
             ref_wrow_dot(&w, ni, act, ni, NULL, ns, ws->y + o, Hm, ws->slot_route + s0);

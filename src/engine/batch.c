@@ -54,7 +54,6 @@ struct sparkmono_batch {
     long long next_id;         /* the next submission's id */
     long long admitting;       /* id of the request between the FIFO and a slot (0: none) */
     long long admitted;        /* admissions so far (bslot.order) */
-    long long preempted;       /* preemptions so far */
     int admitting_cancel;      /* it was cancelled on the way */
     sparkmono_batch_event *ev; /* [evcap] this call's events */
     int nev, evcap;
@@ -465,7 +464,6 @@ static sm_status verify_live(sparkmono_batch *b) {
         }
         if (running < 2 || pages_short(b) <= sm_engine_pages_avail(b->g)) break;
         if ((st = sm_engine_preempt(b->g, newest)) != SM_OK) return st;
-        b->preempted++;
     }
     st = sparkmono_verify(b->g, NULL, NULL, NULL);
     if (st == SM_OK) return SM_OK;

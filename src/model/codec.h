@@ -115,6 +115,11 @@ SM_HD uint8_t sm_mx_scale_byte(float amax) {
     if (e > 127) e = 127;
     return (uint8_t)(e + 127);
 }
+/* 2^-e as a float for scale byte b (e = b - 127 in [-127, 127]): exponent field 254 - b (b = 254
+ * gives the subnormal 2^-127); x * 2^-e rounds exactly like ldexpf(x, -e). */
+SM_HD float sm_e8m0_inv(uint8_t b) {
+    return (b == 254) ? sm_bits_f32(0x00400000u) : sm_bits_f32((uint32_t)(254 - b) << 23);
+}
 /* Quantize 32 consecutive values x[0..31] into 16 packed bytes q (element 2i in the LOW
  * nibble of q[i]) and return the scale byte.  An all-zero block: byte 0, zero codes. */
 SM_HD uint8_t sm_mx_quantize_block(const float *x, uint8_t *q) {
@@ -122,9 +127,7 @@ SM_HD uint8_t sm_mx_quantize_block(const float *x, uint8_t *q) {
     for (int i = 0; i < SM_MX_BLOCK; i++) { float a = fabsf(x[i]); if (a > amax) amax = a; }
     if (amax == 0.0f) { for (int i = 0; i < SM_MX_BLOCK / 2; i++) q[i] = 0; return 0; }
     uint8_t b = sm_mx_scale_byte(amax);
-    /* 2^-e as a float, e = b - 127 in [-127, 127]: exponent field 254 - b (b = 254 gives the
-     * subnormal 2^-127); x * 2^-e rounds exactly like ldexpf(x, -e). */
-    float inv = (b == 254) ? sm_bits_f32(0x00400000u) : sm_bits_f32((uint32_t)(254 - b) << 23);
+    float inv = sm_e8m0_inv(b);
     for (int i = 0; i < SM_MX_BLOCK / 2; i++) {
         unsigned lo = sm_f32_to_e2m1(x[2 * i] * inv);
         unsigned hi = sm_f32_to_e2m1(x[2 * i + 1] * inv);
@@ -139,8 +142,7 @@ SM_HD uint8_t sm_mx_quantize_block(const float *x, uint8_t *q) {
  * rint at that step is round-to-nearest with ties to the even code; then saturate at 6.
  * tests/test_w4a4.c checks it against the codes for every bf16 value and byte. */
 SM_HD float sm_mx_round_value(float x, uint8_t b) {
-    float inv = (b == 254) ? sm_bits_f32(0x00400000u) : sm_bits_f32((uint32_t)(254 - b) << 23);
-    float y = fabsf(x * inv);
+    float y = fabsf(x * sm_e8m0_inv(b));
     float st = y < 2.0f ? 0.5f : (y < 4.0f ? 1.0f : 2.0f), ist = y < 2.0f ? 2.0f : (y < 4.0f ? 1.0f : 0.5f);
     float q = fminf(rintf(y * ist) * st, 6.0f); /* y * ist == y / st exactly: no division */
     return (copysignf(q, x) + 0.0f) * sm_e8m0_to_f32(b);
