@@ -33,7 +33,7 @@ endif
 BASE_CFLAGS := -std=c11 $(OPT) -g -Wall -Wextra -Werror -MMD -MP -D_GNU_SOURCE \
                -Isrc -Iinclude -Itools $(SAN)
 CFLAGS   := $(BASE_CFLAGS)
-LDLIBS   := -l:libjansson.a -l:libpcre2-8.a -lm -lpthread
+LDLIBS   := -l:libjansson.a -l:libpcre2-8.a -l:libutf8proc.a -lm -lpthread
 # `sparkmono serve`'s HTTP server: libmicrohttpd linked statically, its TLS library (gnutls,
 # never used: the server speaks plain HTTP) dynamically.
 SERVE_LIBS := -l:libmicrohttpd.a -lgnutls
@@ -58,9 +58,9 @@ ifeq ($(CUDA),1)
   endif
 endif
 
-# The host folders (docs/architecture.md): base, model, parallel, backend, cpu, engine, serve,
-# testing; src/cuda/ is compiled by nvcc below.
-HOST_DIRS := base model parallel backend cpu engine serve testing
+# The host folders (docs/architecture.md): base, model, parallel, backend, cpu, constrain,
+# jinja, engine, serve, testing; src/cuda/ is compiled by nvcc below.
+HOST_DIRS := base model parallel backend cpu constrain jinja engine serve testing
 LIB_SRC  := $(wildcard $(HOST_DIRS:%=src/%/*.c))
 CLI_SRC  := $(wildcard tools/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -168,8 +168,9 @@ $(B)/sparkmono: $(CLI_OBJ) $(B)/libsparkmono.a $(CU_LIB) $(FLAGS_C)
 # archives are not position-independent).  With CUDA=1 it holds the CUDA backend too (the
 # same -fPIC objects as the CLI's: `make B=build-cuda CUDA=1 shared`, then SPARKMONO_LIB=
 # build-cuda/libsparkmono.so); without, the CPU backend only.  The server (src/serve/) stays
-# out: it needs libmicrohttpd, and Python has its own HTTP servers.
-PIC_SRC  := $(filter-out src/serve/%,$(LIB_SRC))
+# out: it needs libmicrohttpd, and Python has its own HTTP servers; so does its chat-template
+# renderer (src/jinja/, with utf8proc), which only the server and the CLI use.
+PIC_SRC  := $(filter-out src/serve/% src/jinja/%,$(LIB_SRC))
 PIC_OBJ  := $(PIC_SRC:%.c=$(B)/pic/%.o)
 SO_LIBS  := -ljansson -lpcre2-8 -lm -lpthread $(if $(filter 1,$(CUDA)),$(CUDA_LIBS))
 $(B)/pic/%.o: %.c $(FLAGS_PIC) | $(DEPS_OK)

@@ -45,6 +45,7 @@ const char *sparkmono_status_str(sm_status s);
 
 typedef struct sparkmono_model sparkmono_model;
 typedef struct sparkmono_engine sparkmono_engine;
+typedef struct sparkmono_constraint sparkmono_constraint;
 
 /* ---- model ---------------------------------------------------------------------------- */
 
@@ -138,10 +139,15 @@ sm_status sparkmono_add(sparkmono_engine *g, const int *prompt, int n, int max_t
  * counter-based generator keyed by (seed, request position), so a request's tokens depend on
  * its seed only, never on the batch it runs in.  Under speculation a draft d is accepted with
  * probability p(d); on rejection the token is drawn from p with d removed, renormalized: the
- * output has exactly the distribution of plain sampling (docs/model.md section 8). */
+ * output has exactly the distribution of plain sampling (docs/model.md section 8).  min_p
+ * (vLLM's order: after temperature, before top_k and top_p) drops every id whose probability is
+ * below min_p times the most likely id's. */
 #define SPARKMONO_MAX_BIAS 300     /* most logit_bias entries of a request */
 #define SPARKMONO_MAX_STOP_IDS 32  /* most stop ids of a request */
 #define SPARKMONO_MAX_TOP_LOGPROBS 20 /* most alternatives a generated id's logprobs list */
+#define SPARKMONO_MAX_ALLOWED_IDS 1024 /* most allowed_ids of a request */
+#define SPARKMONO_MAX_BAD_WORDS 64     /* most id sequences of a request's bad words */
+#define SPARKMONO_MAX_BAD_WORD_IDS 512 /* their ids in all */
 
 /* One logit_bias entry: bias added to the logit of id. */
 typedef struct sparkmono_bias {
@@ -150,10 +156,10 @@ typedef struct sparkmono_bias {
 } sparkmono_bias;
 
 /* Logit processors (src/engine/logitproc.c; every field zero: none) change the raw logits of
- * each position before the draw or the argmax, in this order: min_tokens (eos and stop ids
- * -inf), logit_bias, repetition penalty (over prompt and generated ids), then frequency and
- * presence penalties (over generated ids); a greedy request with processors takes the argmax
- * of the processed row.  Each position's row is processed with the history up to it (drafts
+ * each position before the draw or the argmax, in this order (vLLM's): allowed_ids (every other
+ * id -inf), bad words (ids -inf), min_tokens (eos and stop ids -inf), logit_bias, repetition
+ * penalty (over prompt and generated ids), then frequency and presence penalties (over generated
+ * ids); a greedy request with processors takes the argmax of the processed row.  Each position's row is processed with the history up to it (drafts
  * included), so speculation stays exact.  Stop rules: eos ends a request unless ignore_eos,
  * each of stop_ids ends it like eos. */
 typedef struct sparkmono_sampling {
@@ -165,7 +171,8 @@ typedef struct sparkmono_sampling {
     float frequency_penalty;  /* [-2, 2]: subtracted from each id's logit times its count in the generated ids */
     float repetition_penalty; /* 0 or 1: none; > 0: the logit of each id of the prompt or generated ids is
                                  divided by it when positive, multiplied when negative */
-    int min_tokens;           /* eos and stop ids are forbidden until this many ids are generated */
+    int min_tokens;           /* eos and stop ids are forbidden until this many ids are generated (except
+                                 where a constraint allows nothing else: its text is complete) */
     int ignore_eos;           /* 1: eos ids do not end the request */
     int n_bias;               /* entries of bias, [0, SPARKMONO_MAX_BIAS] */
     sparkmono_bias bias[SPARKMONO_MAX_BIAS]; /* [n_bias] logit_bias */
@@ -181,6 +188,24 @@ typedef struct sparkmono_sampling {
                                  distribution of its position given the ids before it: what scoring a
                                  text needs), with top_logprobs alternatives; made by the prefill, read
                                  with sparkmono_prompt_logprobs */
+    sparkmono_constraint *constraint; /* NULL, or the structured output the generated text must be
+                                 (sparkmono_constraint_create, on this engine's model): at each position
+                                 every id whose bytes the constraint cannot read next gets logit -inf
+                                 before anything else (processors, the draw, the argmax, logprobs: the
+                                 masked distribution, as vLLM reports it); eos ids only where the text
+                                 is complete.  The request holds a reference until it is removed */
+    float min_p;              /* [0, 1], 0: none.  A sampled request drops each id whose probability
+                                 (after temperature) is below min_p times the largest one (before top_k
+                                 and top_p); greedy ignores it, as the argmax is always kept */
+    int n_allowed_ids;        /* entries of allowed_ids, [0, SPARKMONO_MAX_ALLOWED_IDS]; 0: every id */
+    int allowed_ids[SPARKMONO_MAX_ALLOWED_IDS]; /* [n_allowed_ids] ids in [0, V): every other id gets
+                                 logit -inf (eos too, unless listed) */
+    int n_bad_words;          /* id sequences in bad_word_ids, [0, SPARKMONO_MAX_BAD_WORDS] */
+    int bad_word_len[SPARKMONO_MAX_BAD_WORDS]; /* [n_bad_words] ids of each sequence, >= 1, at most
+                                 SPARKMONO_MAX_BAD_WORD_IDS in all */
+    int bad_word_ids[SPARKMONO_MAX_BAD_WORD_IDS]; /* the sequences one after another, ids in [0, V):
+                                 the last id of a sequence gets logit -inf where the generated ids (not
+                                 the prompt's) end with its other ids; a one-id sequence always */
 } sparkmono_sampling;
 
 /* sparkmono_add with sampling parameters (s NULL: greedy). */
@@ -300,6 +325,28 @@ sm_status sparkmono_batch_verify(sparkmono_batch *b, const sparkmono_batch_event
 sm_status sparkmono_batch_step(sparkmono_batch *b, const sparkmono_batch_event **ev, int *nev);
 /* Requests live in the engine and waiting now (either pointer may be NULL). */
 void sparkmono_batch_counts(sparkmono_batch *b, int *live, int *queued);
+
+/* ---- structured outputs (src/constrain/) ------------------------------------------------ */
+
+/* A constraint on the generated text, compiled once and shared by any number of requests (and
+ * engines on the same model, on any threads).  kind and spec:
+ *   "regex"        spec: a regular expression the whole text fullmatches (JSON Schema / PCRE
+ *                  syntax: src/constrain/regex.h says what is refused);
+ *   "json_schema"  spec: a JSON Schema (src/constrain/schema.h: its keywords; anything else is
+ *                  refused naming the keyword); the text is compact JSON valid under it;
+ *   "json_object"  spec NULL: any JSON object;
+ *   "choice"       spec: a JSON array of strings; the text is one of them.
+ * len: bytes of spec.  any_whitespace 1: JSON may have whitespace between tokens (0: compact, as
+ * xgrammar's default).  Needs the model directory's tokenizer.json (each id's bytes; loaded on
+ * the first call).  A bad spec is SM_E_INVALID with one line naming it.  Token masks are made on
+ * first use, one per automaton state, and kept with the constraint. */
+sm_status sparkmono_constraint_create(sparkmono_model *m, const char *kind, const char *spec, size_t len, int any_whitespace,
+                                      sparkmono_constraint **out);
+/* One more reference (a cache that hands the constraint to many requests); each retain is
+ * matched by a release.  NULL is ignored. */
+void sparkmono_constraint_retain(sparkmono_constraint *c);
+/* Drop a reference: the creator's, or a retain's (requests hold their own).  NULL is ignored. */
+void sparkmono_constraint_release(sparkmono_constraint *c);
 
 /* The version of the library: the one version string of the project (`sparkmono --version`,
  * the Python package's __version__ and its metadata read it). */

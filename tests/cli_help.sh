@@ -10,7 +10,7 @@ README="$(dirname "$0")/../README.md"
 
 # ---- per-command help
 sed -n '/^## Command line/,/^## /p' "$README" >"$T/readme_cli"
-for c in make-model check generate logits bench; do
+for c in make-model check generate logits bench constrain; do
     "$SM" $c --help >"$T/h.out" 2>"$T/h.err"; rc=$?
     "$SM" $c -h >"$T/h2.out" 2>&1; rc2=$?
     if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ ! -s "$T/h.err" ] && cmp -s "$T/h.out" "$T/h2.out" &&

@@ -3,8 +3,8 @@
 # Every ```sh and ```python block of README.md is run (python blocks with the tests' python3,
 # sh blocks with bash), all in one shell so that a server started by one block serves the
 # next, in a sandbox: a fresh directory whose build/ holds BUILD_DIR's sparkmono and
-# libsparkmono.so (and build/venv, the tests' virtual environment), with a copy of python/ and
-# include/ (the version).
+# libsparkmono.so (and build/venv, the tests' virtual environment), with a copy of python/,
+# include/ (the version) and bench/ (the example schemas).
 # A block preceded by the line `<!-- not run: WHY -->` is skipped (the GPU section).  What
 # stands in for what the sandbox cannot do, and nothing else:
 #   make demo    tools/demo.sh on the sandbox's build/ (its checks below: the demo's lines,
@@ -54,6 +54,7 @@ ln -s "$BA/sparkmono" "$W/build/sparkmono"
 [ -f "$BA/libsparkmono.so" ] && ln -s "$BA/libsparkmono.so" "$W/build/libsparkmono.so"
 [ -n "${VENV_BIN:-}" ] && ln -s "$(dirname "$VENV_BIN")" "$W/build/venv"
 ln -s "$REPO/include" "$W/include" # pip install ./python reads the version from include/sparkmono.h
+ln -s "$REPO/bench" "$W/bench"     # the schemas of the structured-outputs example
 (cd "$REPO/python" && tar cf - --exclude=build --exclude='*.egg-info' --exclude=__pycache__ --exclude='*.so' .) |
     (cd "$W/python" && tar xf -)
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null)

@@ -8,7 +8,9 @@
 # (tests/cli_serve_load.sh: slow, idle and many clients), /tokenize, /detokenize, /version,
 # /metrics and the text prompts' refusals (test_misc.py), the API key (test_auth.py), n choices
 # and lists of prompts (test_choices.py), the prefix cache's metrics, /health pool and
-# --no-prefix-cache (test_prefix.py); and
+# --no-prefix-cache (test_prefix.py), vLLM's sampling fields (min_p, allowed_token_ids,
+# bad_words, prompt_logprobs, ...), text_offset and the HTTP edges of a malformed request line
+# and NULs (test_vllm_fields.py); and
 # `sparkmono check` refusing the broken tokenizer.json serve refuses.  Prints PASS/FAIL
 # lines and a DONE line.
 NAME=cli_serve
@@ -95,7 +97,8 @@ if python3 -c 'import openai, pytest, requests, tokenizers, prometheus_client' 2
     PYTHONDONTWRITEBYTECODE=1 SM_BIN="$SM_ABS" PYTHONPATH="$HERE/serve" \
         python3 -m pytest -q -p no:cacheprovider -p passfail --basetemp="$T/pt" "$HERE/serve/test_serve.py" "$HERE/serve/test_cancel.py" \
         "$HERE/serve/test_misc.py" "$HERE/serve/test_auth.py" "$HERE/serve/test_fields.py" "$HERE/serve/test_chat.py" \
-        "$HERE/serve/test_choices.py" "$HERE/serve/test_prefix.py" >"$T/py.out" 2>&1
+        "$HERE/serve/test_choices.py" "$HERE/serve/test_prefix.py" "$HERE/serve/test_structured.py" \
+        "$HERE/serve/test_vllm_fields.py" >"$T/py.out" 2>&1
     rc=$?
     cat "$T/py.out"
     p=$(grep -c '^PASS ' "$T/py.out"); f=$(grep -c '^FAIL ' "$T/py.out")

@@ -1,10 +1,14 @@
 #!/bin/sh
 # cli_template.sh BUILD_DIR: `sparkmono template` and the chat-template renderer.  Its --help and
 # the README's listing; make-model's template rendered (the exact prompt); check's chat-template
-# line; chat_template.jinja and a list of named templates ("default"); bad input (exit 2, one line naming the problem: no template, a template outside the
-# subset with its line and column, bad JSON, conflicting flags); then tests/jinja/jinjacmp.py:
-# every construct and Llama-3 / ChatML / Mistral-shaped templates over 150 conversations, byte for
-# byte against Jinja2 (a missing package fails).  Prints PASS/FAIL lines and a DONE line.
+# line; strftime_now (today, or the day of SPARKMONO_TEMPLATE_DATE); chat_template.jinja and a
+# list of named templates ("default"); bad input (exit 2, one line naming the problem: no
+# template, a template outside the subset with its line and column, bad JSON, conflicting
+# flags); then tests/jinja/jinjacmp.py, byte for byte against Jinja2 set up as transformers sets
+# it up: every construct, templates in the style of twelve model families over 60
+# conversations each, every built-in, the case mapping of every code point, the integer
+# overflows refused, the templates refused (a missing package fails).  Prints PASS/FAIL lines
+# and a DONE line.
 NAME=cli_template
 . "$(dirname "$0")/lib_cli.sh"
 HERE=$(dirname "$0")
@@ -38,8 +42,14 @@ if "$SM" template "$T/tiny" | grep -q 'chat template (tokenizer_config.json) ok'
 if "$SM" check "$T/tiny" | grep -q '^chat template: tokenizer_config.json$'; then pass check_reports_template; else fail check_reports_template; fi
 
 printf '{{ strftime_now("%%Y") }}' >"$T/date.jinja"; printf '{}' >"$T/v.json"
-y=$(date +%Y); got=$("$SM" template --template "$T/date.jinja" --vars "$T/v.json")
+y=$(date +%Y); got=$(SPARKMONO_TEMPLATE_DATE= "$SM" template --template "$T/date.jinja" --vars "$T/v.json")
 if [ "$got" = "$y" ]; then pass strftime_now; else fail strftime_now "'$got' != '$y'"; fi
+printf '{{ strftime_now("%%d %%b %%Y, %%A") }}' >"$T/date2.jinja"
+got=$(SPARKMONO_TEMPLATE_DATE=2024-07-26 "$SM" template --template "$T/date2.jinja" --vars "$T/v.json")
+if [ "$got" = "26 Jul 2024, Friday" ]; then pass strftime_now_fixed_date; else fail strftime_now_fixed_date "'$got'"; fi
+export SPARKMONO_TEMPLATE_DATE=26.7.2024
+bad_msg strftime_now_bad_date "SPARKMONO_TEMPLATE_DATE must be YYYY-MM-DD, not '26.7.2024'" template --template "$T/date2.jinja" --vars "$T/v.json"
+unset SPARKMONO_TEMPLATE_DATE
 
 # ---- the other places a template may be: chat_template.jinja, a list of named templates
 mkdir -p "$T/jin" "$T/named"
@@ -102,4 +112,6 @@ grep -E '^(PASS|FAIL) ' "$T/py.out"
 np=$((np + $(grep -c '^PASS ' "$T/py.out"))); nf=$((nf + $(grep -c '^FAIL ' "$T/py.out")))
 if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$T/py.out"; then fail jinja_python "exit $rc: $(tail -3 "$T/py.out")"; fi
 grep -q '^PASS render_kitchen ' "$T/py.out" || fail jinja_python_ran "no comparison of the kitchen-sink template"
+nfam=$(grep -c '^PASS render_family_' "$T/py.out")
+[ "$nfam" -ge 12 ] || fail jinja_python_families "$nfam model families compared (12 expected)"
 done_

@@ -1,7 +1,8 @@
 /* test_logitproc.c: the logit processors (src/engine/logitproc.c): the processed row against
- * an independent evaluation of each rule, the checks and their lines, the stop rules through
- * the engine, and speculative (R = 8) output equal to plain (R = 1) output token for token,
- * greedy and seeded sampling, for each processor. */
+ * an independent evaluation of each rule (allowed ids and bad words too, drafts in the tail),
+ * the checks and their lines, the stop rules, allowed ids and bad words through the engine, and
+ * speculative (R = 8) output equal to plain (R = 1) output token for token, greedy and seeded
+ * sampling, for each processor and min_p. */
 #include "check.h"
 #include "tmodel.h"
 #include "engine/logitproc.h"
@@ -67,6 +68,69 @@ static void test_apply_reference(void) {
     sm_lp_ws_free(&ws);
 }
 
+/* Allowed ids and bad words on a row by hand: the row is -inf but for the allowed ids; a bad
+ * word's last id is -inf where the generated ids (drafts too, never the prompt) end with the
+ * rest of it; the other processors apply on top, and -inf stays -inf under them. */
+static void test_allowed_bad_words_reference(void) {
+    enum { NV = 12 };
+    const float lg[NV] = {1.5f, -0.5f, 2.0f, 0.25f, -3.0f, 0.0f, 4.0f, -1.0f, 0.75f, 1.0f, -2.5f, 3.0f};
+    const int eos[1] = {2};
+    /* prompt 6 1 5 4, generated 3 8 (hist), then the drafts 1 9 (extra): the generated tail is 3 8 1 9 */
+    const int hist[6] = {6, 1, 5, 4, 3, 8}, extra[2] = {1, 9};
+    sparkmono_sampling s = {.temperature = 0};
+    /* bad words: [7] always; [9, 11] (tail ends 9): 11; [1, 9, 0] (tail ends 1 9): 0; [8, 9, 5] (tail
+     * ends 1 9, not 8 9): none; [4, 3, 8, 1, 9, 10] (its 4 is the prompt's): none; [3, 8, 1, 9, 6] (the
+     * whole generated tail): 6; [9, 2] eos after 9: 2 */
+    static const int words[][6] = {{7}, {9, 11}, {1, 9, 0}, {8, 9, 5}, {4, 3, 8, 1, 9, 10}, {3, 8, 1, 9, 6}, {9, 2}};
+    static const int lens[] = {1, 2, 3, 3, 6, 5, 2};
+    int nids = 0;
+    for (int b = 0; b < 7; b++) {
+        memcpy(s.bad_word_ids + nids, words[b], (size_t)lens[b] * sizeof(int));
+        nids += lens[b];
+        s.bad_word_len[s.n_bad_words++] = lens[b];
+    }
+    sm_lp_ws ws;
+    sm_err e = {{0}};
+    CHECK(sm_lp_ws_init(&ws, NV, &e) == 0, "%s", e.msg);
+    CHECK(sm_lp_check(&s, NV, &e) == 0 && sm_lp_active(&s), "bad words: %s", e.msg);
+    const float *row = sm_lp_apply(&ws, lg, NV, &s, hist, 6, 4, extra, 2, eos, 1);
+    int bad = 0;
+    for (int i = 0; i < NV; i++) {
+        const int gone = i == 7 || i == 11 || i == 0 || i == 6 || i == 2;
+        if (row[i] != (gone ? -INFINITY : lg[i])) bad++, printf("  bad words: id %d is %g\n", i, (double)row[i]);
+    }
+    CHECK(bad == 0, "%d ids differ from the bad words by hand", bad);
+    /* with no drafts the tail is 3 8: only [7] acts (and no sequence reaches into the prompt) */
+    row = sm_lp_apply(&ws, lg, NV, &s, hist, 6, 4, NULL, 0, eos, 1);
+    bad = 0;
+    for (int i = 0; i < NV; i++) bad += row[i] != (i == 7 ? -INFINITY : lg[i]);
+    CHECK(bad == 0, "%d ids differ (tail 3 8)", bad);
+    /* allowed ids 11 3 9 3 (a repeat is harmless) with a bias and a repetition penalty on top: every
+     * other id -inf; 11 is a bad word after 9, so 11 is -inf too */
+    sparkmono_sampling a = s;
+    a.n_allowed_ids = 4;
+    a.allowed_ids[0] = 11, a.allowed_ids[1] = 3, a.allowed_ids[2] = 9, a.allowed_ids[3] = 3;
+    a.n_bias = 2;
+    a.bias[0] = (sparkmono_bias){3, 1.0f};
+    a.bias[1] = (sparkmono_bias){4, 50.0f}; /* not allowed: stays -inf */
+    a.repetition_penalty = 2.0f;
+    row = sm_lp_apply(&ws, lg, NV, &a, hist, 6, 4, extra, 2, eos, 1);
+    bad = 0;
+    for (int i = 0; i < NV; i++) {
+        double x = -INFINITY;
+        if (i == 3) x = (0.25 + 1.0) / 2.0; /* in the history: divided */
+        if (i == 9) x = 1.0 / 2.0;
+        if ((float)x != row[i]) bad++, printf("  allowed: id %d is %g, expected %g\n", i, (double)row[i], x);
+    }
+    CHECK(bad == 0, "%d ids differ from allowed ids by hand", bad);
+    CHECK(sm_lp_argmax(row, NV) == 3, "allowed argmax %d, expected 3", sm_lp_argmax(row, NV));
+    /* the scratch is clean and the raw row untouched */
+    int nz = 0;
+    for (int i = 0; i < NV; i++) nz += ws.count[i] != 0 || ws.seen[i] != 0;
+    CHECK(nz == 0 && lg[11] == 3.0f, "%d scratch entries left non-zero", nz);
+    sm_lp_ws_free(&ws);
+}
+
 /* ---- the logprob summary (ref_logprobs_row, what every backend hands back) ----------------- */
 
 /* The test's own log-softmax of row [n] in double (the oracle of the summaries). */
@@ -109,7 +173,7 @@ static void test_summary(void) {
 }
 
 static void test_check(void) {
-    struct { const char *want; sparkmono_sampling s; } c[8];
+    static struct { const char *want; sparkmono_sampling s; } c[14];
     memset(c, 0, sizeof c);
     c[0].want = "presence_penalty 2.5 is not in [-2, 2]", c[0].s.presence_penalty = 2.5f;
     c[1].want = "frequency_penalty -3 is not in [-2, 2]", c[1].s.frequency_penalty = -3;
@@ -119,7 +183,15 @@ static void test_check(void) {
     c[5].want = "logit_bias of id 3 is 101, not in [-100, 100]", c[5].s.n_bias = 1, c[5].s.bias[0] = (sparkmono_bias){3, 101};
     c[6].want = "stop id -2 is outside the vocabulary [0, 1000)", c[6].s.n_stop_ids = 1, c[6].s.stop_ids[0] = -2;
     c[7].want = "ignore_eos 2 is not 0 or 1", c[7].s.ignore_eos = 2;
-    for (int i = 0; i < 8; i++) {
+    c[8].want = "allowed id 1000 is outside the vocabulary [0, 1000)", c[8].s.n_allowed_ids = 2, c[8].s.allowed_ids[1] = 1000;
+    c[9].want = "1025 allowed ids, not in [0, 1024]", c[9].s.n_allowed_ids = 1025;
+    c[10].want = "bad word 1 has 0 ids", c[10].s.n_bad_words = 2, c[10].s.bad_word_len[0] = 1;
+    c[11].want = "bad word 0 holds id -1, outside the vocabulary [0, 1000)", c[11].s.n_bad_words = 1,
+    c[11].s.bad_word_len[0] = 2, c[11].s.bad_word_ids[1] = -1;
+    c[12].want = "bad word 1 has 500 ids (each has at least one, at most 512 in all)", c[12].s.n_bad_words = 2,
+    c[12].s.bad_word_len[0] = 20, c[12].s.bad_word_len[1] = 500;
+    c[13].want = "65 bad words, not in [0, 64]", c[13].s.n_bad_words = 65;
+    for (int i = 0; i < 14; i++) {
         sm_err e = {{0}};
         int rc = sm_lp_check(&c[i].s, 1000, &e);
         CHECK(rc == -1 && strstr(e.msg, c[i].want), "case %d: rc %d, '%s' (want '%s')", i, rc, e.msg, c[i].want);
@@ -199,7 +271,43 @@ static void test_stop_rules(void) {
           "bad repetition_penalty: '%s'", sparkmono_errmsg());
 }
 
-/* The processors of case i (0..6), each alone, on top of temperature T and seed. */
+/* Allowed ids and bad words through the engine (greedy, R = 8 on the cycle model): every id is
+ * an allowed one, eos only where listed; a one-id bad word never comes; a two-id one never
+ * completes (the cycle's next id after its first), its first id still comes. */
+static void test_allowed_bad_words(void) {
+    int base[40], nb, out[40], n, done, acc;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, NULL, base, &nb, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    sparkmono_sampling s = {.temperature = 0};
+    const int allow[4] = {9, 4, 12, 2};
+    s.n_allowed_ids = 4;
+    memcpy(s.allowed_ids, allow, sizeof allow);
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &s, out, &n, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    int outside = 0;
+    for (int i = 0; i < n; i++) outside += out[i] != 9 && out[i] != 4 && out[i] != 12 && out[i] != 2;
+    CHECK(outside == 0 && n >= 1, "allowed ids: %d of %d ids outside them", outside, n);
+    /* a bad word of one id: base[3] never; of two: base[1] never right after base[0] (the first id) */
+    sparkmono_sampling b = {.temperature = 0};
+    b.n_bad_words = 2;
+    b.bad_word_len[0] = 1, b.bad_word_ids[0] = base[3];
+    b.bad_word_len[1] = 2, b.bad_word_ids[1] = base[0], b.bad_word_ids[2] = base[1];
+    b.ignore_eos = 1;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &b, out, &n, &done, &acc) == SM_OK, "%s", sparkmono_errmsg());
+    int seen3 = 0, pairs = 0;
+    for (int i = 0; i < n; i++) {
+        seen3 += out[i] == base[3];
+        pairs += i > 0 && out[i - 1] == base[0] && out[i] == base[1];
+    }
+    CHECK(seen3 == 0 && pairs == 0 && out[0] == base[0] && out[1] != base[1] && n == 20,
+          "bad words: id %d came %d times, %d %d came %d times, first ids %d %d, n %d", base[3], seen3, base[0], base[1], pairs,
+          out[0], out[1], n);
+    /* a bad id is refused at add, with its line */
+    b.bad_word_ids[2] = 1 << 20;
+    CHECK(run_one(g_cyc, 8, g_prompt, 8, 20, &b, out, &n, &done, &acc) == SM_E_INVALID &&
+              strstr(sparkmono_errmsg(), "bad word 1 holds id 1048576, outside the vocabulary"),
+          "bad word id: '%s'", sparkmono_errmsg());
+}
+
+/* The processors of case i (0..9), each alone, on top of temperature T and seed. */
 static sparkmono_sampling proc_case(int i, float T, unsigned long long seed) {
     sparkmono_sampling s = {.temperature = T, .top_k = T > 0 ? 40 : 0, .top_p = T > 0 ? 0.95f : 0, .seed = seed};
     switch (i) {
@@ -211,18 +319,30 @@ static sparkmono_sampling proc_case(int i, float T, unsigned long long seed) {
     case 5: s.min_tokens = 12; s.n_stop_ids = 2; s.stop_ids[0] = 9; s.stop_ids[1] = 12; break;
     case 6: s.presence_penalty = -0.7f; s.frequency_penalty = 0.3f; s.repetition_penalty = 1.2f; s.n_bias = 1;
         s.bias[0] = (sparkmono_bias){11, 1.0f}; s.min_tokens = 3; break;
+    case 7: /* allowed ids: half the cycle and a few others */
+        for (int v = 3; v < 40; v += 2) s.allowed_ids[s.n_allowed_ids++] = v;
+        break;
+    case 8: { /* bad words: cycle pairs and triples (drafts run into them), one id always */
+        static const int w[] = {6, 7, 10, 11, 12, 15, 16, 17, 9};
+        static const int len[] = {2, 3, 3, 1};
+        memcpy(s.bad_word_ids, w, sizeof w);
+        memcpy(s.bad_word_len, len, sizeof len);
+        s.n_bad_words = 4;
+        break;
+    }
+    case 9: s.min_p = 0.3f; s.top_k = 0; s.top_p = 0; break; /* min_p alone (greedy ignores it) */
     }
     return s;
 }
 
 static void test_spec_equals_plain(void) {
-    static const char *names[7] = {"presence", "frequency", "repetition>1", "repetition<1", "logit_bias", "min_tokens+stop",
-                                   "all"};
+    static const char *names[10] = {"presence", "frequency", "repetition>1", "repetition<1", "logit_bias", "min_tokens+stop",
+                                    "all", "allowed_ids", "bad_words", "min_p"};
     const int MT = 32;
     long acc_total = 0;
     for (int mi = 0; mi < 2; mi++) {
         sparkmono_model *m = mi ? g_rnd : g_cyc;
-        for (int i = 0; i < 7; i++)
+        for (int i = 0; i < 10; i++)
             for (int samp = 0; samp < 2; samp++)
                 for (int seed = 0; seed < (samp ? 4 : 1); seed++) {
                     sparkmono_sampling s = proc_case(i, samp ? 1.0f : 0.0f, 1000 + (unsigned long long)seed);
@@ -431,8 +551,10 @@ int main(void) {
     if (tm_open_tiny_pair(g_tmp, sizeof g_tmp, "sm_test_logitproc", &g_cyc, &g_rnd, &g_V, &g_vu)) return 1;
 
     RUN(test_apply_reference);
+    RUN(test_allowed_bad_words_reference);
     RUN(test_check);
     RUN(test_stop_rules);
+    RUN(test_allowed_bad_words);
     RUN(test_spec_equals_plain);
     RUN(test_direction);
     RUN(test_summary);

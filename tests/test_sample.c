@@ -1,7 +1,8 @@
 /* test_sample.c: the sampler (src/engine/sample.h) and sampled generation through the engine.
  *
- * Unit level: the top-k / top-p cut and the probabilities against a brute-force reference
- * (whole-row sort, long double softmax) on random rows with ties and -inf ids; the draw as an
+ * Unit level: the min-p / top-k / top-p cut and the probabilities against a brute-force
+ * reference (whole-row sort, long double softmax) on random rows with ties and -inf ids, and
+ * min_p by hand (before top_p and top_k, as vLLM); the draw as an
  * inverse CDF; the per-position uniform; the speculative rule (acceptance rate p(d), the
  * tokens after a rejection distributed as p without d) against an independent two-uniform
  * implementation of the textbook rule.  Engine level, on a tiny cycle model (make-model
@@ -101,10 +102,11 @@ static int ref_cmp(const void *a, const void *b) {
     return x->id - y->id;
 }
 
-/* p [nv] of logits l [nv] under (T, top_k, top_p) by the definition: sort the whole row by
- * (logit desc, id asc), keep the first k, then the shortest prefix reaching top_p, softmax of
- * l / T over the kept ids in long double. */
-static void ref_dist(const float *l, int nv, double T, int k, double top_p, double *p) {
+/* p [nv] of logits l [nv] under (T, min_p, top_k, top_p) by the definition: sort the whole row
+ * by (logit desc, id asc), drop the ids whose probability is below min_p times the first one's
+ * (vLLM: after temperature, before top-k / top-p), keep the first k of the rest, then the
+ * shortest prefix reaching top_p, softmax of l / T over the kept ids in long double. */
+static void ref_dist(const float *l, int nv, double T, double min_p, int k, double top_p, double *p) {
     ref_item *it = malloc((size_t)nv * sizeof *it);
     long double *w = malloc((size_t)nv * sizeof *w);
     float lmax = -INFINITY;
@@ -114,7 +116,9 @@ static void ref_dist(const float *l, int nv, double T, int k, double top_p, doub
         if (l[i] > lmax) lmax = l[i];
     }
     qsort(it, (size_t)nv, sizeof *it, ref_cmp);
-    int kk = k > 0 && k < nv ? k : nv;
+    int nm = 0; /* the ids min_p keeps: a prefix of the order (p / p_max = exp((l - l_max) / T)) */
+    while (nm < nv && !(expl(((long double)it[nm].l - lmax) / T) < min_p)) nm++;
+    int kk = k > 0 && k < nm ? k : nm;
     long double tot = 0;
     for (int j = 0; j < kk; j++) {
         w[j] = expl(((long double)it[j].l - lmax) / T);
@@ -154,6 +158,14 @@ static void test_check(void) {
     CHECK(sm_sample_check(&s, &e) == -1 && strstr(e.msg, "top_p"), "top_p: %s", e.msg);
     s = ok; s.top_p = NAN;
     CHECK(sm_sample_check(&s, &e) == -1 && strstr(e.msg, "top_p"), "top_p NaN: %s", e.msg);
+    s = ok; s.min_p = 1.5f;
+    CHECK(sm_sample_check(&s, &e) == -1 && strstr(e.msg, "min_p 1.5 is not in [0, 1]"), "min_p: %s", e.msg);
+    s = ok; s.min_p = -0.25f;
+    CHECK(sm_sample_check(&s, &e) == -1 && strstr(e.msg, "min_p -0.25"), "min_p negative: %s", e.msg);
+    s = ok; s.min_p = NAN;
+    CHECK(sm_sample_check(&s, &e) == -1 && strstr(e.msg, "min_p"), "min_p NaN: %s", e.msg);
+    s = ok; s.min_p = 1.0f;
+    CHECK(sm_sample_check(&s, &e) == 0, "min_p 1 is valid: %s", e.msg);
     sparkmono_sampling zero = {0};
     CHECK(sm_sample_check(&zero, &e) == 0, "zero (greedy) is valid");
 }
@@ -169,7 +181,7 @@ static void test_dist_reference(void) {
     uint64_t s = 99;
     int bad_set = 0, bad_p = 0, runs = 0;
     double worst = 0;
-    for (int it = 0; it < 400; it++) {
+    for (int it = 0; it < 600; it++) {
         int nv = 1 + (int)(sm_rng_next(&s) % NV);
         int kind = (int)(sm_rng_next(&s) % 3);
         double scale = 0.2 + 8 * unif(&s);
@@ -182,17 +194,19 @@ static void test_dist_reference(void) {
         static const float Ts[] = {0.05f, 0.5f, 1.0f, 1.7f, 30.0f};
         static const int Ks[] = {0, 1, 2, 5, 50, 100000};
         static const float Ps[] = {0.0f, 1.0f, 0.3f, 0.9f, 0.999f, 1e-6f};
+        static const float Ms[] = {0.0f, 0.0f, 1e-4f, 0.05f, 0.3f, 0.7f, 1.0f}; /* min_p: none (twice), up to the top id's ties */
         sparkmono_sampling sp = {.temperature = Ts[sm_rng_next(&s) % 5], .top_k = Ks[sm_rng_next(&s) % 6], .top_p = Ps[sm_rng_next(&s) % 6], .seed = 0};
+        sp.min_p = Ms[sm_rng_next(&s) % 7];
         if (sm_sample_dist(&ws, l, nv, &sp, &e)) { CHECK(0, "dist: %s", e.msg); break; }
-        ref_dist(l, nv, sp.temperature, sp.top_k, sp.top_p, p);
+        ref_dist(l, nv, sp.temperature, sp.min_p, sp.top_k, sp.top_p, p);
         int kept = 0;
         for (int i = 0; i < nv; i++) {
             double q = sm_sample_prob(&ws, i);
             kept += q > 0;
             if ((q > 0) != (p[i] > 0)) {
                 if (bad_set++ < 5)
-                    printf("  row %d id %d: p %.17g, reference %.17g (nv %d, T %g, k %d, p %g)\n", it, i, q, p[i], nv,
-                           (double)sp.temperature, sp.top_k, (double)sp.top_p);
+                    printf("  row %d id %d: p %.17g, reference %.17g (nv %d, T %g, min_p %g, k %d, p %g)\n", it, i, q, p[i],
+                           nv, (double)sp.temperature, (double)sp.min_p, sp.top_k, (double)sp.top_p);
             }
             double d = fabs(q - p[i]) / (p[i] > 1e-300 ? p[i] : 1);
             if (d > worst) worst = d;
@@ -208,6 +222,23 @@ static void test_dist_reference(void) {
     float t[6] = {1, 3, -2, 3, 0, 3};
     sparkmono_sampling k1 = {.temperature = 0.8f, .top_k = 1, .top_p = 0, .seed = 0};
     CHECK(sm_sample_dist(&ws, t, 6, &k1, &e) == 0 && sm_sample_prob(&ws, 1) == 1.0 && ws.nkept == 1, "top_k 1 keeps id 1");
+    /* min_p by hand: T 1, logits ln 1, ln 0.5, ln 0.2, ln 0.05: p / p_max = 1, 0.5, 0.2, 0.05; min_p 0.15
+     * keeps the first three, renormalized 1 : 0.5 : 0.2 */
+    float h[4] = {0.0f, (float)log(0.5), (float)log(0.2), (float)log(0.05)};
+    sparkmono_sampling mp = {.temperature = 1.0f, .min_p = 0.15f};
+    CHECK(sm_sample_dist(&ws, h, 4, &mp, &e) == 0 && ws.nkept == 3 && sm_sample_prob(&ws, 3) == 0 &&
+              fabs(sm_sample_prob(&ws, 1) - 0.5 / 1.7) < 1e-6 && fabs(sm_sample_prob(&ws, 2) - 0.2 / 1.7) < 1e-6,
+          "min_p 0.15: kept %d, p %g %g %g %g", ws.nkept, sm_sample_prob(&ws, 0), sm_sample_prob(&ws, 1),
+          sm_sample_prob(&ws, 2), sm_sample_prob(&ws, 3));
+    /* min_p before top_p: min_p 0.3 keeps 1 : 0.5, and top_p 0.6 of that mass is the first id alone
+     * (1 / 1.5 = 0.67); of the whole row's mass it would be two (1 / 1.75 = 0.57 < 0.6) */
+    mp.min_p = 0.3f;
+    mp.top_p = 0.6f;
+    CHECK(sm_sample_dist(&ws, h, 4, &mp, &e) == 0 && ws.nkept == 1, "min_p 0.3 top_p 0.6: kept %d", ws.nkept);
+    mp.top_p = 0.0f;
+    mp.top_k = 3;
+    CHECK(sm_sample_dist(&ws, h, 4, &mp, &e) == 0 && ws.nkept == 2 && fabs(sm_sample_prob(&ws, 0) - 1 / 1.5) < 1e-6,
+          "min_p 0.3 top_k 3: kept %d", ws.nkept);
     /* a NaN is refused, naming the id */
     t[4] = NAN;
     CHECK(sm_sample_dist(&ws, t, 6, &k1, &e) == -1 && strstr(e.msg, "id 4"), "NaN: %s", e.msg);
@@ -247,7 +278,7 @@ static void test_draw(void) {
     double x = chi2_gof(cnt, p, nv, N, &df);
     CHECK(x < chi2_crit(df), "draws vs p: chi2 %.1f (df %d, threshold %.1f)", x, df, chi2_crit(df));
     /* the test can fail: the same counts against the distribution at T * 1.1 */
-    ref_dist(l, nv, sp.temperature * 1.1, sp.top_k, sp.top_p, p);
+    ref_dist(l, nv, sp.temperature * 1.1, sp.min_p, sp.top_k, sp.top_p, p);
     int df2;
     double x2 = chi2_gof(cnt, p, nv, N, &df2);
     CHECK(x2 > chi2_crit(df2), "a wrong temperature passes: chi2 %.1f (df %d)", x2, df2);
@@ -438,7 +469,7 @@ static int exact_next(sparkmono_model *m, const int *prompt, int plen, const int
     float *lg = malloc((size_t)n * g_V * sizeof(float));
     int rc = sparkmono_engine_create(m, &o, &g) || sparkmono_add(g, ids, n, 0, &req) || sparkmono_prefill(g, req, lg);
     CHECK(!rc, "exact: %s", sparkmono_errmsg());
-    if (!rc) ref_dist(lg + (size_t)(n - 1) * g_V, g_vu, s->temperature, s->top_k, s->top_p, p);
+    if (!rc) ref_dist(lg + (size_t)(n - 1) * g_V, g_vu, s->temperature, s->min_p, s->top_k, s->top_p, p);
     sparkmono_engine_destroy(g);
     free(lg);
     return rc ? -1 : 0;
@@ -602,6 +633,15 @@ static void test_stat_topp(void) {
     stat_case("T 2 top_k 8 top_p 0.85", &sp, 512, 6);
 }
 
+static void test_stat_minp(void) {
+    /* the cycle model at T 2: its likeliest id has weight 1, the next ones about 0.1 .. 0.065 and
+     * the rest of the row about 0.064: min_p 0.075 keeps the likeliest and a few others,
+     * top_k 50 then cuts nothing more */
+    sparkmono_sampling sp = {.temperature = 2.0f, .top_k = 50, .top_p = 0.0f, .seed = 0};
+    sp.min_p = 0.075f;
+    stat_case("T 2 min_p 0.075 top_k 50", &sp, 768, 6);
+}
+
 static void test_bad_sampling(void) {
     sparkmono_engine *g;
     sparkmono_engine_opts o = {0};
@@ -620,6 +660,10 @@ static void test_bad_sampling(void) {
     s.top_k = -3;
     CHECK(sparkmono_add_sampled(g, p, 3, 4, &s, &req) == SM_E_INVALID && strstr(sparkmono_errmsg(), "top_k"), "top_k: %s",
           sparkmono_errmsg());
+    s.top_k = 0;
+    s.min_p = 2;
+    CHECK(sparkmono_add_sampled(g, p, 3, 4, &s, &req) == SM_E_INVALID && strstr(sparkmono_errmsg(), "min_p 2 is not in [0, 1]"),
+          "min_p: %s", sparkmono_errmsg());
     CHECK(g->kv.nfree == g->kv.nblocks, "a refused request holds no pages");
     sparkmono_engine_destroy(g);
 }
@@ -638,6 +682,7 @@ int main(void) {
     RUN(test_bad_sampling);
     RUN(test_stat_topk);
     RUN(test_stat_topp);
+    RUN(test_stat_minp);
 
     sparkmono_model_close(g_cyc);
     sparkmono_model_close(g_rnd);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static cli_opt *find_n(cli_opt *opts, int nopts, const char *name, size_t len) {
@@ -356,4 +357,10 @@ int cli_model_open(const char *cmd, const char *dir, int online_mxfp4, const cha
     sparkmono_model_info info;
     if (sparkmono_model_get_info(*m, &info)) return -1;
     return cli_prompt_check(cmd, src, ids, n, info.vocab_size, e) ? -2 : 0;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }

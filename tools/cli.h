@@ -107,6 +107,8 @@ int cli_prompt(const char *cmd, const char *dir, const cli_opt *text, const cli_
 /* The whole of path ("-": stdin) into *buf [*len] (malloc'd; at most 1 GiB); errors start
  * with what. */
 int cli_read_all(const char *what, const char *path, char **buf, size_t *len, sm_err *e);
+/* Seconds of the monotonic clock (differences time a command's phases). */
+double cli_now(void);
 /* Every id in [0, vocab): else an error naming src and the token index. */
 int cli_prompt_check(const char *cmd, const char *src, const int *ids, int n, int vocab, sm_err *e);
 /* Open the model of --model DIR (online MXFP4 and the activations as asked: acts "auto",
@@ -126,7 +128,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_constrain(int argc, char **argv);
 extern const cli_cmd cli_help_make_model, cli_help_check, cli_help_generate, cli_help_logits, cli_help_bench,
-    cli_help_tokenize, cli_help_serve, cli_help_template;
+    cli_help_tokenize, cli_help_serve, cli_help_template, cli_help_constrain;
 
 #endif

@@ -54,6 +54,7 @@ typedef struct bench_args {
     int mono;               /* 0 both (stock, then the monokernel where eligible), 1 mono only, 2 stock only */
     const char *trace;      /* --trace FILE.json: a traced monokernel step, or NULL */
     int ttft;               /* --ttft: time to first token with and without the prefix cache */
+    int masks;              /* --masks: whole steps with and without a constraint mask on every row */
     cli_world_sel ws;       /* --world W (--moe, --devices, --comm): W ranks, stock steps */
 } bench_args;
 
@@ -114,6 +115,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
         CLI_OPT("bw-gib", "N", "4", "GiB read by the bandwidth probe"),
         CLI_OPT("mono", "both|on|off", "both", "stock and monokernel timed in the same run (both), or one of them"),
         CLI_OPT("trace", "FILE", NULL, "trace one monokernel step of every row count: print each one's per-phase times; FILE gets the first one's Chrome / Perfetto trace (one track per SM)"),
+        CLI_SWITCH("masks", "per row count: whole verify steps (host wall clock) with a structured-output mask on every row against the same steps without, the masks' cost per step"),
         CLI_SWITCH("ttft", "after the steps: time to first token of one request of ctx + 64 prompt tokens, computed whole, then with its first ctx tokens from the prefix cache"),
         CLI_WORLD_OPTS,
         CLI_RENAMED("rows", "--rows is now --step-rows LIST (rows per verify step, all requests together)"),
@@ -159,6 +161,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     a->mono = !strcmp(cli_str(o), "on") ? 1 : !strcmp(cli_str(o), "off") ? 2 : 0;
     a->trace = (o = cli_find(opts, no, "trace"))->present ? o->value : NULL;
     a->ttft = cli_find(opts, no, "ttft")->present;
+    a->masks = cli_find(opts, no, "masks")->present;
     if (a->trace && a->mono == 2) return sm_errf(e, "bench: --trace needs the monokernel (not --mono off)");
     if (cli_world("bench", opts, no, &a->ws, e)) return -1;
     for (int i = 0; i < a->nstep_rows; i++) {
@@ -182,11 +185,6 @@ static long proc_status_kb(const char *name) {
     return v;
 }
 
-static double wall_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Bytes of the dense weights of one layer (everything but the experts) in their loaded form,
  * as the device holds them: bf16 / f32 matrices, f32 norm and gate vectors. */
@@ -264,7 +262,7 @@ static int bench_model(bench_run *b, sm_err *e) {
     }
     if (sm_cuda_read_bandwidth(0, a->bw_gib, 5, &b->bw, e)) return sm_errprefix(e, "bench");
     printf("read bandwidth: %.0f GB/s (read-only streaming kernel over %.0f GiB, best of 5)\n", b->bw / 1e9, a->bw_gib);
-    b->t_load = wall_s();
+    b->t_load = cli_now();
     if (a->model) {
         sm_load_opts lo = {0};
         lo.online_mxfp4 = a->online_mxfp4;
@@ -342,7 +340,7 @@ static int bench_backend(bench_run *b, sm_err *e) {
     if (a->model) {
         /* load = map + validate + upload; RssAnon is host memory beyond the (file-backed)
          * page cache of the mapped checkpoint, VmHWM the peak of both together */
-        double secs = wall_s() - b->t_load, gb = 0;
+        double secs = cli_now() - b->t_load, gb = 0;
         for (int i = 0; i < b->m.ar.nfiles; i++) gb += (double)b->m.ar.files[i].size / 1e9;
         printf("load: %.2f GB of checkpoint in %.2f s (%.2f GB/s); host RssAnon %.0f MiB, peak RSS (VmHWM, mapped pages included) %.0f MiB\n",
                gb, secs, gb / secs, proc_status_kb("RssAnon") / 1024.0, proc_status_kb("VmHWM") / 1024.0);
@@ -507,6 +505,37 @@ static int bench_world(bench_run *b, bench_row *br, sm_err *e) {
     return 0;
 }
 
+/* --masks: whole steps of set 0 through the backend's step (metadata, replay, outputs back; host
+ * wall clock), alternating without and with a constraint mask on every row (a distinct random
+ * mask a request, about half the ids allowed, as a JSON string's inside would), median of iters
+ * each: what the masks add to a step (their upload, the logits kept on the device, the mask
+ * kernel).  The engine's own share, the masks' lookup, is a cached pointer per row. */
+static int bench_masks(bench_run *b, int rows, int R, sm_err *e) {
+    const int words = (b->cfg.V + 31) / 32, nreq = (rows + R - 1) / R, it = b->a->iters;
+    uint32_t *m = malloc(sizeof(uint32_t) * (size_t)words * (size_t)nreq);
+    const uint32_t **mrow = malloc(sizeof *mrow * (size_t)rows);
+    float *t = malloc(sizeof(float) * 2 * (size_t)it);
+    if (!m || !mrow || !t) { free(m); free(mrow); free(t); return sm_errf(e, "bench --masks: out of host memory"); }
+    uint64_t rng = b->a->seed * 131 + 7;
+    for (size_t i = 0; i < (size_t)words * nreq; i++) m[i] = (uint32_t)sm_rng_next(&rng);
+    for (int i = 0; i < rows; i++) mrow[i] = m + (size_t)(i / R) * words;
+    int rc = 0;
+    for (int k = 0; k < 2 * it + 4 && !rc; k++) { /* 4 warm-up steps, then without / with in turn */
+        sm_step s = b->sets[0];
+        s.mask = k & 1 ? mrow : NULL;
+        const double t0 = cli_now();
+        rc = b->be.step(b->be.ctx, &s, e);
+        if (k >= 4) t[(k & 1) * it + (k - 4) / 2] = (float)((cli_now() - t0) * 1e6);
+    }
+    if (!rc) {
+        const float u = sm_median(t, it), c = sm_median(t + it, it);
+        printf("masks: %d rows (%d requests): whole step %.1f us without, %.1f us with a mask on every row: +%.1f us, %.2f%% of the "
+               "step (median of %d each)\n\n", rows, nreq, u, c, c - u, 100 * (c - u) / u, it);
+    }
+    free(m); free(mrow); free(t);
+    return rc ? sm_errprefix(e, "bench --masks") : 0;
+}
+
 /* --ttft: the prefill of one request of ctx + 64 prompt tokens (steps of max_step_rows rows,
  * the last one's argmax its first token), computed whole, then again with its first ctx tokens
  * taken from the prefix cache (src/backend/kvcache.c), as the engine does; the median of 5
@@ -532,7 +561,7 @@ static int bench_ttft(bench_run *b, sm_err *e) {
             if ((rc = sm_kv_add(&b->kv, &slot, e))) break;
             if (v == 0) sm_kv_prefix_enable(&b->kv, 0, 0), sm_kv_prefix_enable(&b->kv, 1, 1); /* nothing cached */
             int a0 = 0;
-            const double t0 = wall_s();
+            const double t0 = cli_now();
             sm_kv_prefix_attach(&b->kv, slot, p, n, &a0);
             if (v) hit = a0;
             for (int x = a0; x < n && !rc; x += chunk) {
@@ -550,7 +579,7 @@ static int bench_ttft(bench_run *b, sm_err *e) {
                 rc = b->be.step(b->be.ctx, &s, e);
                 b->kv.len[slot] = y;
             }
-            t[v][it] = (float)((wall_s() - t0) * 1e3);
+            t[v][it] = (float)((cli_now() - t0) * 1e3);
             if (!rc && v == 0) sm_kv_prefix_commit(&b->kv, slot, p, n);
         }
     if (!rc) {
@@ -647,6 +676,10 @@ static int run(const bench_args *a, sm_err *e) {
                 if (!rc) rc = bench_step(&b, br, e);
                 if (!rc) rc = a->ws.world > 1 ? bench_world(&b, br, e) : bench_layers(&b, br, e);
             }
+        }
+        if (!rc && a->masks) {
+            if (b.have_mono) rc = sm_cuda_bench_set_mono(&b.be, 0, e);
+            if (!rc) rc = bench_masks(&b, rows, R, e);
         }
         /* --trace: a traced monokernel step of every row count (its phase summary); the file
          * holds the first row count's */

@@ -52,7 +52,7 @@ const cli_cmd cli_help_generate = {
     "the model directory's tokenizer.json, no bos added), and optionally \"max_tokens\",\n"
     "\"temperature\", \"top_k\", \"top_p\", \"seed\" (the flags give their defaults) and the server's logit\n"
     "processor fields (presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens,\n"
-    "ignore_eos, stop_token_ids; on top of the flags' values).  Prints one JSON\n"
+    "ignore_eos, stop_token_ids, min_p, allowed_token_ids; on top of the flags' values).  Prints one JSON\n"
     "line a request, in input order: index, ids, text (decoded without special tokens, when the\n"
     "model has a tokenizer), prompt_tokens, completion_tokens, steps, accepted, finish_reason\n"
     "(\"stop\": an eos id, \"length\": max_tokens); a progress line on stderr, ending with a summary\n"
@@ -60,11 +60,6 @@ const cli_cmd cli_help_generate = {
     "prefix of whole 16-token pages reuse its KV pages; --no-prefix-cache prefills every prompt whole).",
 };
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* A number option (its value, else its default) within [lo, hi]. */
 static int opt_number(const char *cmd, const cli_opt *o, double lo, double hi, double *out, sm_err *e) {
@@ -190,7 +185,7 @@ static int parse_request(const char *where, const char *buf, size_t len, const b
             if (k == 0) {
                 sm_errf(e, "%s: unknown key \"%s\" (known: ids, prompt, max_tokens, temperature, top_k, top_p, seed, "
                         "presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_tokens, ignore_eos, "
-                        "stop_token_ids)", where, key);
+                        "stop_token_ids, min_p, allowed_token_ids)", where, key);
                 goto out;
             }
         }
@@ -280,7 +275,7 @@ static int decode_text(const sm_tokenizer *tk, const int *ids, int n, char **tex
 static void progress(int done, int n, int live, long toks, double t0, int last) {
     static double shown;
     if (!isatty(2)) return;
-    double t = now_s();
+    double t = cli_now();
     if (!last && t - shown < 0.1) return;
     shown = t;
     fprintf(stderr, "\rgenerate --batch: %d/%d done, %d live, %ld tokens, %.1f tokens/s%s", done, n, live, toks,
@@ -365,7 +360,7 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const c
     FILE *out = bc->out ? of.f : stdout;
     int finished = 0, flushed = 0, live = 0;
     long toks = 0, steps = 0, acc_sum = 0, step_sum = 0;
-    double t0 = now_s();
+    double t0 = cli_now();
     while (finished < nq) {
         const sparkmono_batch_event *ev;
         int nev, verified = 0;
@@ -404,7 +399,7 @@ static int run_batch(const char *cmd, const char *dir, int online_mxfp4, const c
         sparkmono_batch_counts(b, &live, NULL);
         progress(finished, nq, live, toks, t0, finished == nq);
     }
-    double dt = now_s() - t0;
+    double dt = cli_now() - t0;
     if (ferror(out)) { sm_errf(&e, "%s: writing the results failed", cmd); goto bad; }
     if (bc->out && sm_outfile_commit(&of, &e)) { sm_errprefix(&e, "%s: --out", cmd); goto bad; }
     sparkmono_cache_stats cs;
@@ -559,7 +554,7 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "%s: out of memory\n", cmd);
         goto out;
     }
-    double t0 = now_s();
+    double t0 = cli_now();
     if (sparkmono_prefill(g, req, NULL)) goto fail;
     int nsteps = 0, nreq;
     for (;;) {
@@ -567,7 +562,7 @@ int cmd_generate(int argc, char **argv) {
         if (nreq == 0) break;
         acc[nsteps++] = ntok[0];
     }
-    double dt = now_s() - t0;
+    double dt = cli_now() - t0;
     const int *out;
     int nout;
     if (sparkmono_output(g, req, &out, &nout)) goto fail;

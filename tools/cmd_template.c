@@ -1,4 +1,4 @@
-/* cmd_template.c: `sparkmono template`: render a chat template in C (src/serve/jinja.h) the
+/* cmd_template.c: `sparkmono template`: render a chat template in C (src/jinja/jinja.h) the
  * way the server does, to see the prompt a conversation becomes or to compare the renderer
  * with Jinja2 (tests/jinja/).  A model directory's template renders --messages with its
  * bos / eos tokens; --template FILE renders the variables of --vars, or many sets of them
@@ -27,15 +27,15 @@ const cli_cmd cli_help_template = {
     "template is only parsed.  Exit 2 names a template outside the supported subset (line, column).",
 };
 
-static int read_file(const char *path, sm_sbuf *b, sm_err *e) {
+static int read_file(const char *path, sm_buf *b, sm_err *e) {
     FILE *f = fopen(path, "rb");
     if (!f) return sm_errf(e, "%s: cannot open", path);
     char buf[65536];
     size_t n;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        if (sm_sbuf_add(b, buf, n)) { fclose(f); return sm_errf(e, "%s: out of memory", path); }
+        if (sm_buf_add(b, buf, n)) { fclose(f); return sm_errf(e, "%s: out of memory", path); }
     fclose(f);
-    return b->p || !sm_sbuf_add(b, "", 0) ? 0 : sm_errf(e, "%s: out of memory", path);
+    return b->p || !sm_buf_add(b, "", 0) ? 0 : sm_errf(e, "%s: out of memory", path);
 }
 
 static int load_json(const char *path, json_t **out, sm_err *e) {
@@ -62,7 +62,7 @@ static int batch(const sm_jinja *t, const char *path, sm_err *e) {
             rc = sm_errf(e, "%s: line %ld: not a JSON object", path, ln);
             break;
         }
-        sm_sbuf out = {0};
+        sm_buf out = {0};
         sm_err re = {{0}};
         int raised = 0;
         json_t *o = sm_jinja_render(t, vars, &out, &raised, &re)
@@ -73,7 +73,7 @@ static int batch(const sm_jinja *t, const char *path, sm_err *e) {
         free(d);
         json_decref(o);
         json_decref(vars);
-        sm_sbuf_free(&out);
+        sm_buf_free(&out);
     }
     free(line);
     fclose(f);
@@ -96,7 +96,8 @@ int cmd_template(int argc, char **argv) {
     sm_err e = {{0}};
     sm_chat_tmpl ct = {0};
     sm_jinja *t = NULL;
-    sm_sbuf src = {0}, out = {0};
+    sm_buf src = {0}, text = {0};
+    sm_sbuf out = {0};
     json_t *in = NULL, *tools = NULL;
     int r = cli_parse(&cli_help_template, argc, argv, opts, no, pos, 1, &npos, &e);
     if (r > 0) return 0;
@@ -143,12 +144,14 @@ int cmd_template(int argc, char **argv) {
         if (!vf->present) { printf("%s: template ok\n", tf->value); goto done; }
         if (load_json(vf->value, &in, &e)) goto bad;
         if (!json_is_object(in)) { sm_errf(&e, "%s: must be a JSON object of variables", vf->value); goto bad; }
-        if (sm_jinja_render(t, in, &out, &raised, &e)) { sm_errprefix(&e, "%s", tf->value); goto bad; }
+        if (sm_jinja_render(t, in, &text, &raised, &e)) { sm_errprefix(&e, "%s", tf->value); goto bad; }
     }
     fwrite(out.p ? out.p : "", 1, out.n, stdout);
+    fwrite(text.p ? text.p : "", 1, text.n, stdout);
 done:
     sm_sbuf_free(&out);
-    sm_sbuf_free(&src);
+    sm_buf_free(&text);
+    sm_buf_free(&src);
     json_decref(in);
     json_decref(tools);
     sm_jinja_free(t);
@@ -157,7 +160,8 @@ done:
 bad:
     fprintf(stderr, "%s\n", e.msg);
     sm_sbuf_free(&out);
-    sm_sbuf_free(&src);
+    sm_buf_free(&text);
+    sm_buf_free(&src);
     json_decref(in);
     json_decref(tools);
     sm_jinja_free(t);

@@ -21,7 +21,7 @@ int main(int argc, char **argv) {
     const command cmds[] = {
         {&cli_help_make_model, cmd_make_model}, {&cli_help_check, cmd_check},  {&cli_help_generate, cmd_generate},
         {&cli_help_logits, cmd_logits},         {&cli_help_bench, cmd_bench},    {&cli_help_tokenize, cmd_tokenize},
-        {&cli_help_serve, cmd_serve},           {&cli_help_template, cmd_template},
+        {&cli_help_serve, cmd_serve},           {&cli_help_template, cmd_template}, {&cli_help_constrain, cmd_constrain},
     };
     int n = (int)(sizeof cmds / sizeof cmds[0]);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

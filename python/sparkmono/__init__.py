@@ -6,6 +6,10 @@
     out = engine.generate([5, 6, 7], max_tokens=16)      # or a text prompt, with a tokenizer
     out.ids, out.text, out.finish_reason                  # text is None without a tokenizer
     outs = engine.generate_many([[5, 6], [7, 8, 9]], max_tokens=8)   # batched, continuous
+    engine.generate("Answer:", max_tokens=32, json_schema={"type": "boolean"})  # structured output
+    engine.generate("Pick:", choice=["yes", "no"]); engine.generate(p, regex=r"[0-9]{3}")
+    yn = sparkmono.Constraint(model, "choice", ["yes", "no"])   # compiled once, reused
+    engine.generate_many(prompts, constraint=yn)
     logits = engine.prefill_logits([5, 6, 7])             # numpy float32 [3, vocab_size]
     engine.cache_stats()                                  # prefix cache + KV pages: CacheStats
     sparkmono.Engine(model, backend="cuda", world=2, devices=[0, 1])  # a CUDA build of the library
@@ -17,14 +21,21 @@ carrying the engine's one-line message (sparkmono_errmsg) and its status; the en
 of an argument (a bound it owns, such as the most request_rows) is a SparkmonoValueError, a
 ValueError too.  Generation is greedy unless temperature > 0;
 sampled draws depend on (seed, position) only, so a request's output does not depend on what
-it is batched with.  generate_many runs on the engine's own continuous batching
+it is batched with.  Structured outputs (a model with tokenizer.json): one of regex=, choice=,
+json_schema= (a dict or its JSON text), json_object=True, or constraint= (a Constraint,
+compiled once and reusable across calls and engines of its model) makes every generated text
+one the constraint accepts: ids the constraint cannot read next are masked before the draw, eos
+only where the text is complete; JSON is compact unless any_whitespace=True; a spec the
+compiler refuses is a SparkmonoValueError with its line.  generate_many runs on the engine's own continuous batching
 (sparkmono_batch_*, src/engine/batch.c), as `generate --batch` and `serve` do.  An Engine is
 used by one thread at a time (as the C API).  __version__ is the library's
 (sparkmono_version(): include/sparkmono.h holds the one version string).  We rejected a C
 extension module: ctypes needs no compiler at install, and the C API is small and stable.
 """
 import ctypes as _ctypes
+import json as _json
 import threading as _threading
+import weakref as _weakref
 import math as _math
 import numbers as _numbers
 import os as _os
@@ -36,7 +47,7 @@ import numpy as _np
 
 from . import _lib
 
-__all__ = ["Model", "Engine", "Completion", "CacheStats", "SparkmonoError", "SparkmonoValueError", "library_path",
+__all__ = ["Model", "Engine", "Constraint", "Completion", "CacheStats", "SparkmonoError", "SparkmonoValueError", "library_path",
            "__version__"]
 
 library_path: str = _lib.path  # the libsparkmono.so in use
@@ -151,6 +162,7 @@ class Model:
         self._h: _t.Optional[_ctypes.c_void_p] = None
         self._tok: _t.Optional[_ctypes.c_void_p] = None
         self._engines = 0
+        self._constraints: "_weakref.WeakSet[Constraint]" = _weakref.WeakSet()  # released before the model closes
         if not isinstance(path, (str, _os.PathLike)):
             raise TypeError("path must be a str or os.PathLike, not %s" % type(path).__name__)
         if not isinstance(online_mxfp4, bool):
@@ -224,6 +236,8 @@ class Model:
         """Close the model; its engines must be closed first."""
         if self._engines:
             raise SparkmonoError(_SM_E_STATE, "the model still has %d open engine(s): close them first" % self._engines)
+        for c in list(getattr(self, "_constraints", ())):  # they read the model's vocabulary
+            c.close()
         if self._tok is not None:
             _lib.tok_free(self._tok)
             self._tok = None
@@ -240,6 +254,84 @@ class Model:
     def __del__(self) -> None:
         if getattr(self, "_engines", 0) == 0:
             self.close()
+
+
+def _spec_text(kind: str, spec: object) -> _t.Optional[bytes]:
+    """The C spec text of a constraint of kind: a JSON Schema (dict or bool) and a choice (list of
+    str) as JSON, a str as its UTF-8 bytes, None as none (json_object)."""
+    if kind == "json_object":
+        if spec is not None:
+            raise ValueError("a json_object constraint takes no spec (got %s)" % type(spec).__name__)
+        return None
+    if kind == "json_schema" and isinstance(spec, (dict, bool)):
+        return _json.dumps(spec, ensure_ascii=False).encode()
+    if kind == "choice" and isinstance(spec, (list, tuple)):
+        for i, x in enumerate(spec):
+            if not isinstance(x, str):
+                raise TypeError("choice[%d] must be a str, not %s" % (i, type(x).__name__))
+        return _json.dumps(list(spec), ensure_ascii=False).encode()
+    if isinstance(spec, str):
+        return spec.encode()
+    want = {"json_schema": "a dict or its JSON text", "choice": "a list of str"}.get(kind, "a str")
+    raise TypeError("the spec of a %s constraint must be %s, not %s" % (kind, want, type(spec).__name__))
+
+
+class Constraint:
+    """A structured output compiled once for a model (include/sparkmono.h: sparkmono_constraint):
+    the text a request generates under it is one the constraint accepts.  kind and spec:
+    "regex" (a str the whole text fullmatches), "json_schema" (a dict, or its JSON text: compact
+    JSON valid under it), "json_object" (spec None: any JSON object), "choice" (a list of str:
+    the text is one of them); "grammar" is refused by the engine.  any_whitespace: JSON may have
+    whitespace between its tokens (False: compact).  A spec the compiler refuses is a
+    SparkmonoValueError with its line.  One Constraint serves any number of requests, calls and
+    engines of its model (Engine.generate(..., constraint=c)); the token masks it makes are kept
+    with it.  close() (or the model's close) releases it; running requests keep their own
+    reference in the engine."""
+
+    def __init__(self, model: "Model", kind: str, spec: object = None, any_whitespace: bool = False) -> None:
+        self._h: _t.Optional[_ctypes.c_void_p] = None
+        if not isinstance(model, Model):
+            raise TypeError("model must be a sparkmono.Model, not %s" % type(model).__name__)
+        if model._h is None:
+            raise SparkmonoError(_SM_E_INVALID, "the model is closed")
+        if not isinstance(kind, str):
+            raise TypeError("kind must be a str, not %s" % type(kind).__name__)
+        if not isinstance(any_whitespace, bool):
+            raise TypeError("any_whitespace must be a bool, not %s" % type(any_whitespace).__name__)
+        text = _spec_text(kind, spec)
+        h = _ctypes.c_void_p()
+        _check(_lib.constraint_create(model._h, kind.encode(), text, len(text) if text is not None else 0,
+                                      int(any_whitespace), _ctypes.byref(h)))
+        self._h = h
+        self.model = model
+        self.kind = kind
+        self.spec = spec
+        self.any_whitespace = any_whitespace
+        model._constraints.add(self)
+
+    def _live(self) -> _ctypes.c_void_p:
+        if self._h is None:
+            raise SparkmonoError(_SM_E_INVALID, "the constraint is closed")
+        return self._h
+
+    def close(self) -> None:
+        """Release the constraint (requests the engine runs keep their own reference)."""
+        if self._h is not None:
+            _lib.constraint_release(self._h)
+            self._h = None
+
+    def __enter__(self) -> "Constraint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        return "Constraint(%r, %r%s)" % (self.kind, self.spec, ", any_whitespace=True" if self.any_whitespace else "")
 
 
 class Engine:
@@ -320,18 +412,31 @@ class Engine:
 
     def generate(self, prompt: _Prompt, max_tokens: int = 16, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, seed: int = 0, **processors: _t.Any) -> Completion:
-        """Generate from one prompt (text or ids) until max_tokens or an eos id."""
+        """Generate from one prompt (text or ids) until max_tokens or an eos id; the keywords are
+        generate_many's (processors, and a constraint: regex=, choice=, json_schema=,
+        json_object=True or constraint=)."""
         return self.generate_many([prompt], max_tokens, temperature, top_p, top_k, seed, **processors)[0]
 
     def generate_many(self, prompts: _t.Sequence[_Prompt], max_tokens: int = 16, temperature: float = 0.0,
                       top_p: float = 1.0, top_k: int = 0, seed: int = 0, *, presence_penalty: float = 0.0,
                       frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, min_tokens: int = 0,
-                      ignore_eos: bool = False) -> _t.List[Completion]:
+                      ignore_eos: bool = False, min_p: float = 0.0,
+                      allowed_token_ids: _t.Optional[_t.Sequence[int]] = None,
+                      bad_words: _t.Optional[_t.Sequence[str]] = None, regex: _t.Optional[str] = None,
+                      choice: _t.Optional[_t.Sequence[str]] = None,
+                      json_schema: _t.Union[None, dict, bool, str] = None, json_object: bool = False,
+                      constraint: _t.Optional[Constraint] = None, any_whitespace: bool = False) -> _t.List[Completion]:
         """Generate from every prompt, up to max_requests at once in the same verify steps; a
         prompt joins as soon as another one finishes (continuous batching).  Results are in
         the order of prompts and equal to generating each alone.  The logit processors
-        (presence / frequency penalty in [-2, 2], repetition penalty > 0, min_tokens, ignore_eos)
-        are the engine's (include/sparkmono.h: sparkmono_sampling)."""
+        (presence / frequency penalty in [-2, 2], repetition penalty > 0, min_tokens, ignore_eos,
+        allowed_token_ids: only these ids, bad_words: strings whose ids are never completed, made
+        ids with the model's tokenizer as the server makes them) and min_p (in [0, 1]: sampled ids
+        at least min_p times the likeliest one's probability) are the engine's (include/sparkmono.h:
+        sparkmono_sampling), with the server's argument rules.  At most one of regex,
+        choice, json_schema, json_object=True and constraint constrains every prompt's text
+        (any_whitespace: JSON with whitespace, for json_schema and json_object); a constraint
+        given by keyword is compiled for this call (a Constraint object is compiled once)."""
         self._live()
         if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, _abc.Sequence):
             raise TypeError("prompts must be a list of prompts, not %s" % type(prompts).__name__)
@@ -354,9 +459,75 @@ class Engine:
         if not isinstance(ignore_eos, bool):
             raise TypeError("ignore_eos must be a bool, not %s" % type(ignore_eos).__name__)
         s.ignore_eos = int(ignore_eos)
+        s.min_p = _real("min_p", min_p, 0.0, 1.0)
+        if allowed_token_ids is not None:
+            allowed = _int_list("allowed_token_ids", allowed_token_ids, 0, self.model.vocab_size - 1)
+            if not allowed or len(allowed) > _lib.MAX_ALLOWED_IDS:
+                raise ValueError("allowed_token_ids has %d ids: give 1 to %d (an empty list would allow no token)"
+                                 % (len(allowed), _lib.MAX_ALLOWED_IDS))
+            s.n_allowed_ids = len(allowed)
+            s.allowed_ids[:len(allowed)] = allowed
+        if bad_words is not None:
+            self._bad_words(bad_words, s)
         todo = [self._ids(p) for p in prompts]
-        with self._lock:
-            return self._run_many(todo, max_tokens, s)
+        con, owned = self._constraint(regex, choice, json_schema, json_object, constraint, any_whitespace)
+        try:
+            s.constraint = con._live().value if con is not None else None
+            with self._lock:
+                return self._run_many(todo, max_tokens, s)
+        finally:
+            if owned:
+                con.close()
+
+    def _bad_words(self, words: object, s: "_lib.Sampling") -> None:
+        """words (a list of str) into s's bad words, tokenized by the library as the server does."""
+        if isinstance(words, (str, bytes, bytearray)) or not isinstance(words, _abc.Sequence):
+            raise TypeError("bad_words must be a list of str, not %s" % type(words).__name__)
+        for i, w in enumerate(words):
+            if not isinstance(w, str):
+                raise TypeError("bad_words[%d] must be a str, not %s" % (i, type(w).__name__))
+        if len(words) > _lib.MAX_BAD_WORDS:
+            raise ValueError("bad_words has %d words; at most %d are allowed" % (len(words), _lib.MAX_BAD_WORDS))
+        if not words:
+            return
+        if self.model._tok is None:
+            raise SparkmonoValueError(_SM_E_INVALID, "bad_words needs text, and %s has no tokenizer.json" % self.model.path)
+        b = [w.encode("utf-8") for w in words]
+        arr, lens, err = (_ctypes.c_char_p * len(b))(*b), (_ctypes.c_size_t * len(b))(*map(len, b)), _lib.Err()
+        if _lib.lp_bad_words(self.model._tok, arr, lens, len(b), self.model.vocab_size, _ctypes.byref(s),
+                             _ctypes.byref(err)):
+            raise SparkmonoValueError(_SM_E_INVALID, "bad_words: " + err.msg.decode("utf-8", "replace"))
+
+    def _constraint(self, regex: object, choice: object, json_schema: object, json_object: object,
+                    constraint: object, any_whitespace: object) -> _t.Tuple[_t.Optional[Constraint], bool]:
+        """The constraint generate_many's keywords ask for (or None), and whether it is this call's own."""
+        if not isinstance(json_object, bool):
+            raise TypeError("json_object must be a bool, not %s" % type(json_object).__name__)
+        if not isinstance(any_whitespace, bool):
+            raise TypeError("any_whitespace must be a bool, not %s" % type(any_whitespace).__name__)
+        given = [(k, v) for k, v in (("regex", regex), ("choice", choice), ("json_schema", json_schema),
+                                     ("constraint", constraint)) if v is not None]
+        if json_object:
+            given.append(("json_object", None))
+        if len(given) > 1:
+            raise ValueError("%s: give at most one constraint" % " and ".join(k for k, _ in given))
+        if not given:
+            if any_whitespace:
+                raise ValueError("any_whitespace goes with json_schema= or json_object=")
+            return None, False
+        kind, spec = given[0]
+        if kind == "constraint":
+            if not isinstance(constraint, Constraint):
+                raise TypeError("constraint must be a sparkmono.Constraint, not %s" % type(constraint).__name__)
+            if constraint.model is not self.model:
+                raise ValueError("the constraint was compiled for another model")
+            if any_whitespace:
+                raise ValueError("any_whitespace goes with json_schema= or json_object= (a Constraint has its own)")
+            constraint._live()
+            return constraint, False
+        if any_whitespace and kind not in ("json_schema", "json_object"):
+            raise ValueError("any_whitespace goes with json_schema= or json_object=, not %s=" % kind)
+        return Constraint(self.model, kind, spec, any_whitespace), True
 
     def _run_many(self, todo: _t.List[_t.List[int]], max_tokens: int, s: "_lib.Sampling") -> _t.List[Completion]:
         h = self._live()  # closed by another thread meanwhile: an error, not a crash

@@ -58,6 +58,9 @@ class CacheStats(ctypes.Structure):
 
 MAX_BIAS = 300      # SPARKMONO_MAX_BIAS
 MAX_STOP_IDS = 32   # SPARKMONO_MAX_STOP_IDS
+MAX_ALLOWED_IDS = 1024   # SPARKMONO_MAX_ALLOWED_IDS
+MAX_BAD_WORDS = 64       # SPARKMONO_MAX_BAD_WORDS
+MAX_BAD_WORD_IDS = 512   # SPARKMONO_MAX_BAD_WORD_IDS
 
 
 class Bias(ctypes.Structure):
@@ -70,7 +73,10 @@ class Sampling(ctypes.Structure):
                 ("frequency_penalty", ctypes.c_float), ("repetition_penalty", ctypes.c_float),
                 ("min_tokens", ctypes.c_int), ("ignore_eos", ctypes.c_int), ("n_bias", ctypes.c_int),
                 ("bias", Bias * MAX_BIAS), ("n_stop_ids", ctypes.c_int), ("stop_ids", ctypes.c_int * MAX_STOP_IDS),
-                ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int), ("prompt_logprobs", ctypes.c_int)]
+                ("logprobs", ctypes.c_int), ("top_logprobs", ctypes.c_int), ("prompt_logprobs", ctypes.c_int),
+                ("constraint", ctypes.c_void_p), ("min_p", ctypes.c_float), ("n_allowed_ids", ctypes.c_int),
+                ("allowed_ids", ctypes.c_int * MAX_ALLOWED_IDS), ("n_bad_words", ctypes.c_int),
+                ("bad_word_len", ctypes.c_int * MAX_BAD_WORDS), ("bad_word_ids", ctypes.c_int * MAX_BAD_WORD_IDS)]
 
 
 class RequestInfo(ctypes.Structure):
@@ -139,11 +145,17 @@ batch_submit = _fn("sparkmono_batch_submit", ctypes.c_int, vp, c_int_p, ctypes.c
                    vp, ctypes.POINTER(ctypes.c_longlong))
 batch_step = _fn("sparkmono_batch_step", ctypes.c_int, vp, ctypes.POINTER(ctypes.POINTER(BatchEvent)), c_int_p)
 batch_counts = _fn("sparkmono_batch_counts", None, vp, c_int_p, c_int_p)
+constraint_create = _fn("sparkmono_constraint_create", ctypes.c_int, vp, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                        ctypes.c_int, ctypes.POINTER(vp))
+constraint_release = _fn("sparkmono_constraint_release", None, vp)
 tok_load = _fn("sm_tokenizer_load", ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(vp), ctypes.POINTER(Err))
 tok_free = _fn("sm_tokenizer_free", None, vp)
 tok_encode = _fn("sm_tokenizer_encode", ctypes.c_int, vp, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(c_int_p),
                  c_int_p, ctypes.POINTER(Err))
 tok_is_special = _fn("sm_tokenizer_is_special", ctypes.c_int, vp, ctypes.c_int)
+# bad words made id sequences as the server makes them (src/engine/logitproc.h)
+lp_bad_words = _fn("sm_lp_bad_words", ctypes.c_int, vp, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_size_t),
+                   ctypes.c_int, ctypes.c_int, ctypes.POINTER(Sampling), ctypes.POINTER(Err))
 c_char_pp = ctypes.POINTER(ctypes.POINTER(ctypes.c_char))  # text out: bytes, may hold NUL
 tok_decode = _fn("sm_tokenizer_decode", ctypes.c_int, vp, c_int_p, ctypes.c_int, c_char_pp,
                  ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(Err))

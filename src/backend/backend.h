@@ -9,6 +9,7 @@
  */
 #ifndef SM_BACKEND_H
 #define SM_BACKEND_H
+#include <stdint.h>
 #include "base/err.h"
 #include "backend/kvcache.h"
 #include "model/weights.h"
@@ -56,6 +57,10 @@ typedef struct sm_step {
     const int *lp_tok;       /* NULL, or [nrows]: an id in [0, V) whose logit row i's summary also
                                 carries (tok_l), -1 for none (with lp_at) */
     sm_lp_sum *lp;           /* [rows lp_at names] the summaries (lp_at) */
+    const uint32_t *const *mask; /* NULL, or [nrows]: row i's allowed ids as bits (id v: word v / 32,
+                                bit v % 32; ceil(V / 32) words), NULL for a free row.  Every id a
+                                mask leaves out is -inf before the row's argmax, summary and logits
+                                are made (a constrained request's rows: src/constrain/) */
     int naux;                /* aux hidden states requested */
     const int *aux_layers;   /* [naux] layer ids j */
     float *aux;              /* [naux, nrows, H] f32 residual stream entering layer j, or NULL */

@@ -297,6 +297,9 @@ static int rank_logits(cpu_rank *r, const sm_step *st, sm_err *e) {
      * rank 0: every row, or (logits_at) the rows asked for, each to its row there */
     float *lg = sh->nv == c->V && st->logits && !st->logits_at ? st->logits : r->lg;
     ref_logits_rows(r->pool, c, r->x, n, sh->lm_head, sh->v0, sh->nv, lg);
+    /* the constrained rows: every id their mask forbids is -inf, before anything reads the row */
+    for (int i = 0; st->mask && i < n; i++)
+        if (st->mask[i]) ref_mask_row(lg + (int64_t)i * sh->nv, st->mask[i], sh->v0, sh->nv);
     if (st->logits && !st->logits_at)
         COMM(r->comm->ops->vocab_gather(r->comm, lg, n, sh->nv, r->rank == 0 ? st->logits : NULL, e));
     for (int i = 0; st->logits && st->logits_at && i < n; i++)
@@ -323,7 +326,8 @@ static int rank_logits(cpu_rank *r, const sm_step *st, sm_err *e) {
     for (int i = 0; i < n; i++) {
         const float *li = lg + (int64_t)i * sh->nv;
         int best = vend > 0 ? ref_argmax_row(li, vend) : -1;
-        r->best_id[i] = vend <= 0 ? -1 : best < 0 ? -2 : sh->v0 + best; /* -2: a NaN or Inf here */
+        /* -2: a NaN or +Inf here; -1: no candidate (no id below vocab_used, or all masked) */
+        r->best_id[i] = vend <= 0 || (best < 0 && !ref_row_bad(li, vend)) ? -1 : best < 0 ? -2 : sh->v0 + best;
         r->best[i] = best < 0 ? -INFINITY : li[best];
     }
     COMM(r->comm->ops->vocab_argmax(r->comm, r->best, r->best_id, n, r->am, e));

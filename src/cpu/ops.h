@@ -28,6 +28,7 @@
  *   sm_k_qk_rope_kv                        ref_qk_rope_kv
  *   sm_k_attention, _prefill               ref_attention (= ref_attention_items over all items)
  *   sm_k_logits, _path                     ref_logits_h (= ref_logits_rows + ref_argmax_row)
+ *   sm_k_mask_rows                         ref_mask_row + ref_argmax_row
  *   sm_k_logprobs                          ref_logprobs_row
  *   sm_cuda_moe_forward                    ref_moe_experts (= ref_moe_group, ref_moe_ffn,
  *                                          ref_expert_norm, ref_route_sum, ref_round)
@@ -291,9 +292,15 @@ float ref_logit(const sm_config *c, float raw);
 void ref_logits_rows(struct sm_pool *p, const sm_config *c, const float *h, int n, const uint16_t *lm_rows, int v0,
                      int nv, float *logits);
 /* Greedy id of one logits row l [n] (docs/model.md section 4): the lowest id among the maxima;
- * -1 when any l[v] is NaN or +-Inf, or n < 1.  The argmax of every backend answers -1 for such
- * a row (backend.h), and the engine turns it into an error naming the step. */
+ * -1 when any l[v] is NaN or +Inf, when every l[v] is -inf, or n < 1.  -inf is the logit of an
+ * id a constraint's mask forbids (ref_logit never makes it).  The argmax of every backend
+ * answers -1 for such a row (backend.h), and the engine turns it into an error naming the step. */
 int ref_argmax_row(const float *l, int n);
+/* 1 when l [n] holds a NaN or +Inf. */
+int ref_row_bad(const float *l, int n);
+/* The constraint mask of a row (backend.h: sm_step.mask): the ids v0 .. v0 + nv - 1 of row
+ * [nv] whose bit in mask is clear become -inf.  Kernel: sm_k_mask_rows (cuda/ops/ops.h). */
+void ref_mask_row(float *row, const uint32_t *mask, int v0, int nv);
 /* The logprob summary (backend.h: sm_lp_sum) of one logits row l [n] (n = vocab_used): lmax, lse
  * in double (the sum in id order), the min(k, n) largest logits with their ids, ties to the
  * lowest id (k <= SM_LP_MAX_TOP), and tok_l = l[tok] (-inf for tok outside [0, n)); out->bad = 1

@@ -21,7 +21,9 @@ float ref_logit(const sm_config *c, float raw) {
     if (!isfinite(raw)) return NAN;
     /* softcap: c * tanh(raw * m_o / c) */
     float x = raw * c->out_mult;
-    return c->softcap > 0.0f ? c->softcap * tanhf(x / c->softcap) : x;
+    float v = c->softcap > 0.0f ? c->softcap * tanhf(x / c->softcap) : x;
+    /* an overflow to +-Inf is non-finite too: -inf is left to the ids a mask forbids */
+    return isfinite(v) ? v : NAN;
 }
 
 /* Pool job of ref_logits_rows: a chunk of vocabulary rows for every step row. */
@@ -63,10 +65,22 @@ int ref_argmax_row(const float *l, int n) {
     for (int v = 0; v < n; v++) {
         uint32_t u;
         memcpy(&u, &l[v], 4);
-        bad |= (u & 0x7F800000u) == 0x7F800000u; /* all-ones exponent: NaN or +-Inf */
+        bad |= (u & 0x7F800000u) == 0x7F800000u && u != 0xFF800000u; /* NaN or +Inf (-inf: a masked id) */
         if (l[v] > l[best]) best = v;
     }
-    return bad || n < 1 ? -1 : best;
+    return bad || n < 1 || l[best] == -INFINITY ? -1 : best;
+}
+
+int ref_row_bad(const float *l, int n) {
+    for (int v = 0; v < n; v++)
+        if (isnan(l[v]) || l[v] == INFINITY) return 1;
+    return 0;
+}
+
+void ref_mask_row(float *row, const uint32_t *mask, int v0, int nv) {
+    /* ids v0 .. v0 + nv - 1 whose bit is clear: -inf */
+    for (int v = 0; v < nv; v++)
+        if (!((mask[(v0 + v) >> 5] >> ((v0 + v) & 31)) & 1)) row[v] = -INFINITY;
 }
 
 void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, float *logits, int *argmax) {

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "constrain/constrain.h"
 #include "engine/engine.h"
 
 /* A waiting request. */
@@ -31,6 +32,14 @@ typedef struct bwait {
     sparkmono_sampling s;      /* its sampling and logit processors when sampled */
     struct bwait *next;        /* the FIFO's link */
 } bwait;
+
+/* Free a waiting request (its constraint reference too). */
+static void wait_free(bwait *w) {
+    if (!w) return;
+    if (w->sampled) sm_con_release(w->s.constraint);
+    free(w->prompt);
+    free(w);
+}
 
 /* The request in one engine slot. */
 typedef struct bslot {
@@ -96,8 +105,7 @@ void sparkmono_batch_destroy(sparkmono_batch *b) {
     while (b->head) {
         bwait *w = b->head;
         b->head = w->next;
-        free(w->prompt);
-        free(w);
+        wait_free(w);
     }
     for (int q = 0; q < b->max_req; q++)
         if (b->slot[q].id) sparkmono_remove(b->g, q);
@@ -130,13 +138,15 @@ sm_status sparkmono_batch_submit(sparkmono_batch *b, const int *prompt, int n, i
     w->max_tokens = max_tokens;
     w->user = user;
     w->sampled = s != NULL; /* greedy requests keep theirs too: processors and stop ids */
-    if (w->sampled) w->s = *s;
+    if (w->sampled) {
+        w->s = *s;
+        sm_con_retain(w->s.constraint); /* until it joins the engine, which holds its own */
+    }
     pthread_mutex_lock(&b->mu);
     /* every slot taken and queue_cap more waiting: refused */
     if (b->queue_cap >= 0 && b->nlive + b->nqueued >= b->max_req + b->queue_cap) {
         pthread_mutex_unlock(&b->mu);
-        free(w->prompt);
-        free(w);
+        wait_free(w);
         char m[160];
         snprintf(m, sizeof m, "sparkmono_batch_submit: every one of the %d request slots taken and %d waiting: the queue is full", b->max_req,
                  b->queue_cap);
@@ -172,8 +182,7 @@ sm_status sparkmono_batch_cancel(sparkmono_batch *b, long long id, int *queued) 
         if (b->slot[q].id == id && id) b->slot[q].cancel = found = 1;
     pthread_mutex_unlock(&b->mu);
     if (gone) {
-        free(gone->prompt);
-        free(gone);
+        wait_free(gone);
     }
     if (queued) *queued = was_queued;
     if (!found) {
@@ -440,8 +449,7 @@ static sm_status admit_waiting(sparkmono_batch *b) {
                 es = sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
             }
         }
-        free(w->prompt);
-        free(w);
+        wait_free(w);
         if (es != SM_OK) return es;
     }
 }

@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include "cpu/ops.h"
 #include "model/rng.h"
+#include "constrain/constrain.h"
 #include "engine/drafter.h"
 #include "parallel/shard.h"
 
@@ -120,17 +121,26 @@ sm_status sparkmono_model_open(const char *dir, const sparkmono_model_opts *o, s
         return fail(SM_E_INVALID, "sparkmono_model_open: activations '%.40s' is not one of auto, mxfp4, bf16", o->activations);
     }
     sm_err e = {{0}};
+    if (!(m->dir = strdup(dir))) {
+        free(m);
+        return fail(SM_E_NOMEM, "sparkmono_model_open: out of memory");
+    }
     if (sm_model_load(dir, &lo, &m->m, &e) != 0) {
+        free(m->dir);
         free(m);
         return fail_err(SM_E_MODEL, &e);
     }
+    pthread_mutex_init(&m->vmu, NULL);
     *out = m;
     return ok();
 }
 
 void sparkmono_model_close(sparkmono_model *m) {
     if (!m) return;
+    sm_engine_model_con_free(m);
+    pthread_mutex_destroy(&m->vmu);
     sm_model_free(&m->m);
+    free(m->dir);
     free(m);
 }
 
@@ -211,10 +221,11 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     g->lp_at = malloc(rows * sizeof(int));
     g->lp_tok = malloc(rows * sizeof(int));
     g->lpsum = malloc(rows * sizeof(sm_lp_sum));
+    g->mrow = calloc(rows, sizeof *g->mrow);
     g->draft = malloc((size_t)R * sizeof(int));
     g->aux_layers = malloc((size_t)(o->naux ? o->naux : 1) * sizeof(int));
     if (o->naux) g->aux = malloc((size_t)o->naux * rows * (size_t)c->H * sizeof(float));
-    if (!g->reqs || !g->tok || !g->pos || !g->rreq || !g->argmax || !g->logits_at || !g->lp_at || !g->lp_tok || !g->lpsum || !g->draft || !g->aux_layers ||
+    if (!g->reqs || !g->tok || !g->pos || !g->rreq || !g->argmax || !g->logits_at || !g->lp_at || !g->lp_tok || !g->lpsum || !g->mrow || !g->draft || !g->aux_layers ||
         (o->naux && !g->aux)) {
         sparkmono_engine_destroy(g);
         return fail(SM_E_NOMEM, "sparkmono_engine_create: out of memory for %zu step rows", rows);
@@ -298,6 +309,7 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
 
 /* Free what request r owns and zero it (a free slot). */
 static void req_free(sm_request *r) {
+    sm_con_release(r->con);
     free(r->hist);
     sm_lp_track_free(&r->glp);
     sm_lp_track_free(&r->plp);
@@ -318,6 +330,8 @@ void sparkmono_engine_destroy(sparkmono_engine *g) {
     free(g->lp_at);
     free(g->lp_tok);
     free(g->lpsum);
+    free(g->mrow);
+    free(g->mbuf);
     free(g->slog);
     if (g->have_sws) sm_sample_ws_free(&g->sws);
     if (g->have_lws) sm_lp_ws_free(&g->lws);
@@ -361,6 +375,8 @@ sm_status sm_engine_check_request(const sparkmono_engine *g, const int *prompt, 
     sm_err e = {{0}};
     if (smp && (sm_sample_check(smp, &e) || sm_lp_check(smp, g->cfg->V, &e)))
         return fail(SM_E_INVALID, "sparkmono_add_sampled: %s", e.msg);
+    if (smp && smp->constraint && smp->constraint->v != g->model->vocab)
+        return fail(SM_E_INVALID, "sparkmono_add_sampled: the constraint was made for another model");
     if (n <= 0 || !prompt) return fail(SM_E_INVALID, "sparkmono_add: prompt is empty");
     if (max_tokens < 0) return fail(SM_E_INVALID, "sparkmono_add: max tokens %d is negative", max_tokens);
     for (int i = 0; i < n; i++)
@@ -386,6 +402,7 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
         if (sm_sample_ws_init(&g->sws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
         g->have_sws = 1;
     }
+    if (smp && smp->constraint && (cs = sm_engine_con_reserve(g)) != SM_OK) return cs;
     const int proc = smp && sm_lp_active(smp), want_lp = smp && smp->logprobs;
     if (proc && !g->have_lws) { /* the processors' scratch, once per engine */
         if (sm_lp_ws_init(&g->lws, g->cfg->V, &e)) return fail_err(SM_E_NOMEM, &e);
@@ -422,6 +439,11 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
         for (int i = 0; i < plp.k; i++) r->plp.top_ids[i] = -1, r->plp.top_lp[i] = NAN;
     }
     if (smp) r->samp = *smp; /* else all zero: greedy, eos ends it */
+    if (smp && smp->constraint) {
+        r->con = smp->constraint;
+        sm_con_retain(r->con);
+        r->cpos = sm_con_start(r->con);
+    }
     *req = slot;
     return ok();
 }
@@ -437,8 +459,9 @@ sm_status sparkmono_remove(sparkmono_engine *g, int req) {
 
 /* Run the rows staged in g->tok/pos/rreq [0, nrows) as one backend step; logits (NULL: none)
  * gets every row, or with logits_at (NULL: every row) the rows it maps; lp_k > 0: the rows
- * g->lp_at names get their summaries in g->lpsum, with lp_k top ids. */
-static sm_status run_step(sparkmono_engine *g, int nrows, float *logits, const int *logits_at, int lp_k) {
+ * g->lp_at names get their summaries in g->lpsum, with lp_k top ids; masked: g->mrow holds
+ * each row's constraint mask (NULL for a free row). */
+static sm_status run_step(sparkmono_engine *g, int nrows, float *logits, const int *logits_at, int lp_k, int masked) {
     sm_step st = {0};
     st.nrows = nrows;
     st.tokens = g->tok;
@@ -452,6 +475,7 @@ static sm_status run_step(sparkmono_engine *g, int nrows, float *logits, const i
     st.lp_tok = lp_k > 0 ? g->lp_tok : NULL;
     st.lp = lp_k > 0 ? g->lpsum : NULL;
     st.argmax = g->argmax;
+    st.mask = masked ? g->mrow : NULL;
     st.naux = g->naux;
     st.aux_layers = g->naux ? g->aux_layers : NULL;
     st.aux = g->aux;
@@ -532,9 +556,13 @@ static sm_status token_at(sparkmono_engine *g, sm_request *r, const float *lg, c
     const int nv = g->cfg->vocab_used;
     const float *raw = lg;
     sm_status s = SM_OK;
-    if (r->proc)
+    if (r->proc) {
         lg = sm_lp_apply(&g->lws, lg, nv, &r->samp, r->hist, r->nhist, r->prompt_len, extra, nextra, g->cfg->eos,
                          g->cfg->n_eos);
+        /* a complete constrained text allows only eos, which min_tokens forbids: the constraint
+         * wins (its masked row, unprocessed), the text ends short of min_tokens */
+        if (r->con && sm_lp_argmax(lg, nv) < 0 && sm_lp_argmax(raw, nv) >= 0) lg = raw;
+    }
     if (!r->sampled) { /* greedy with processors: the argmax of the processed row */
         *tok = sm_lp_argmax(lg, nv);
         if (*tok < 0) return fail(SM_E_MODEL, "request at position %lld: every processed logit is -inf or NaN", (long long)pos);
@@ -615,7 +643,14 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
             lg = g->slog;
             at = g->logits_at;
         }
-        if ((s = run_step(g, b - a, lg, at, lp_k))) return s;
+        /* a constrained request: its last prompt row picks the first generated id under the mask */
+        const int masked = r->con && r->max_tokens > 0 && b == n;
+        if (masked) {
+            for (int i = 0; i < b - a; i++) g->mrow[i] = NULL;
+            int one = 1;
+            if ((s = sm_engine_con_rows(g, req, b - a - 1, &one))) return s;
+        }
+        if ((s = run_step(g, b - a, lg, at, lp_k, masked))) return s;
         for (int i = 0; r->plp.lp && i < b - a && a + i + 1 < n; i++)
             if ((s = plp_record(r, &g->lpsum[i], a + i + 1))) return s;
         /* a non-finite row fails the prefill: argmax -1, or a NaN / Inf in the logits handed out */
@@ -636,12 +671,14 @@ sm_status sparkmono_prefill(sparkmono_engine *g, int req, float *logits) {
         int t, acc;
         if ((s = token_at(g, r, last, r->glp.lp ? &g->lpsum[g->last_nrows - 1] : NULL, n, NULL, 0, -1, &t, &acc))) return s;
         emit(g->cfg, r, &t, 1);
+        if ((s = sm_engine_con_emit(g, req, &t, 1))) return s;
     } else {
         const int t = g->argmax[g->last_nrows - 1];
         if (r->glp.lp && (s = lp_record(g, r, &g->lpsum[g->last_nrows - 1], logits ? logits + (size_t)(n - 1) * (size_t)V : NULL,
                                     t, n)))
             return s;
         emit(g->cfg, r, &t, 1);
+        if ((s = sm_engine_con_emit(g, req, &t, 1))) return s;
     }
     return ok();
 }
@@ -663,7 +700,8 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
     }
     if (n == 0) return ok(); /* nothing to do; the last step's aux stays readable */
     /* stage rows: per request, its last token then R-1 drafts, at positions nhist-1 .. */
-    int nrows = 0, nsel = 0, lp_k = 0;
+    int nrows = 0, nsel = 0, lp_k = 0, masked = 0;
+    sm_status s;
     for (int q = 0; q < g->max_req; q++) {
         sm_request *r = &g->reqs[q];
         r->nrows = 0;
@@ -680,6 +718,12 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         } else {
             sm_draft_ngram(r->hist, r->nhist, rows - 1, d);
         }
+        /* a constrained request: each row's mask; the drafts end at the first one it forbids */
+        for (int i = 0; i < rows; i++) g->mrow[nrows + i] = NULL;
+        if (r->con) {
+            if ((s = sm_engine_con_rows(g, q, nrows, &rows))) return s;
+            masked = 1;
+        }
         for (int i = 0; i < rows; i++) {
             g->pos[nrows + i] = p0 + i;
             g->rreq[nrows + i] = q;
@@ -694,9 +738,8 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         if (r->rows_back) nsel += rows;
         nrows += rows;
     }
-    sm_status s;
     if (nsel && (s = slog_reserve(g, nsel))) return s;
-    if ((s = run_step(g, nrows, nsel ? g->slog : NULL, nsel ? g->logits_at : NULL, lp_k))) return s;
+    if ((s = run_step(g, nrows, nsel ? g->slog : NULL, nsel ? g->logits_at : NULL, lp_k, masked))) return s;
     /* a non-finite row fails the step before anything is emitted or committed */
     for (int q = 0; q < g->max_req; q++)
         for (int i = 0; i < g->reqs[q].nrows; i++)
@@ -716,6 +759,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
             return s;
         }
         int kept = emit(g->cfg, r, g->draft, cnt);
+        if ((s = sm_engine_con_emit(g, q, g->draft, kept))) return s;
         r->steps++;
         r->accepted += kept < cnt - 1 ? kept : cnt - 1;
         g->kv.len[q] = p0 + kept; /* len grows by accepted + 1 */
@@ -864,7 +908,7 @@ sm_status sm_engine_resume(sparkmono_engine *g, int req) {
     for (int a = a0; a < n; a += g->chunk) {
         int b = a + g->chunk < n ? a + g->chunk : n;
         if ((s = stage_hist_rows(g, req, a, b))) return s;
-        if ((s = run_step(g, b - a, NULL, NULL, 0))) return s;
+        if ((s = run_step(g, b - a, NULL, NULL, 0, 0))) return s;
         for (int i = 0; i < b - a; i++)
             if (g->argmax[i] < 0) return nonfinite("resume", a / g->chunk + 1, req, a + i);
         g->kv.len[req] = b;

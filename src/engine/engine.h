@@ -12,6 +12,7 @@
  */
 #ifndef SM_ENGINE_H
 #define SM_ENGINE_H
+#include <pthread.h>
 #include "sparkmono.h"
 #include "base/lptrack.h"
 #include "backend/backend.h"
@@ -43,10 +44,16 @@ typedef struct sm_request {
     int lrow0;         /* sampled or proc: its first row in the last verify step's logits (slog) */
     int swapped;       /* 1: preempted (its K/V pages given back; verify steps pass it by) until
                           sm_engine_resume recomputes them */
+    sparkmono_constraint *con; /* samp.constraint, retained; NULL: free text */
+    int cpos;          /* con: its position after the generated ids (constrain.h) */
 } sm_request;
 
 struct sparkmono_model {
     sm_model m;        /* loaded checkpoint (views into the mapped files) */
+    char *dir;         /* its directory (the tokenizer of constraints) */
+    pthread_mutex_t vmu; /* guards the lazy load below */
+    struct sm_vocab *vocab; /* each id's bytes and their trie, from the directory's tokenizer.json
+                               on the first constraint (src/constrain/vocab.h) */
 };
 
 struct sparkmono_engine {
@@ -73,6 +80,9 @@ struct sparkmono_engine {
     sm_lp_sum *lpsum;      /* [max_rows] step output: their logprob summaries (by row) */
     int *lp_tok;           /* [max_rows] step input: the id whose logit a summary also carries (a
                               prompt row's next id, for prompt logprobs), -1 */
+    const uint32_t **mrow; /* [max_rows] step input: each row's constraint mask, NULL (sm_step.mask) */
+    uint32_t *mbuf;        /* [max_rows, ceil(V / 32)] the masks mrow points to (allocated with the
+                              first constrained request) */
     float *slog;           /* [slog_rows, V] logits of the rows of sampled requests, or NULL */
     int slog_rows;         /* rows slog holds */
     sm_sample_ws sws;      /* the sampler's distribution of one row (allocated with the first
@@ -116,5 +126,14 @@ sm_status sm_engine_resume(sparkmono_engine *g, int req);
 int sm_engine_pages_next(const sparkmono_engine *g, int req, int *held);
 /* Pages a reservation can take now: free, and cached ones no request holds. */
 int sm_engine_pages_avail(const sparkmono_engine *g);
+
+/* Constrained requests (src/engine/constrained.c).  sm_engine_con_rows: the masks of req's rows
+ * staged at g->tok [row0, row0 + *rows) (its last id, then drafts) into g->mrow; the drafts
+ * are cut at the first one the constraint forbids (*rows shrinks).  sm_engine_con_emit: advance
+ * req's position over its ids t [n] just emitted.  SM_OK or a status with the line set. */
+sm_status sm_engine_con_rows(sparkmono_engine *g, int req, int row0, int *rows);
+sm_status sm_engine_con_reserve(sparkmono_engine *g);
+sm_status sm_engine_con_emit(sparkmono_engine *g, int req, const int *t, int n);
+void sm_engine_model_con_free(sparkmono_model *m);
 
 #endif

@@ -44,6 +44,8 @@ int sm_sample_check(const sparkmono_sampling *s, sm_err *e) {
     if (s->top_k < 0) return sm_errf(e, "sampling: top_k %d is negative", s->top_k);
     if (!isfinite(s->top_p) || s->top_p < 0 || s->top_p > 1)
         return sm_errf(e, "sampling: top_p %g is not in [0, 1]", (double)s->top_p);
+    if (!isfinite(s->min_p) || s->min_p < 0 || s->min_p > 1)
+        return sm_errf(e, "sampling: min_p %g is not in [0, 1]", (double)s->min_p);
     return 0;
 }
 
@@ -75,16 +77,18 @@ int sm_sample_dist(sm_sample_ws *ws, const float *logits, int nv, const sparkmon
         if (logits[i] > lmax) lmax = logits[i];
     }
     if (lmax == -INFINITY) return sm_errf(e, "sampler: every logit of the row is -inf");
-    const double invT = 1.0 / T;
+    const double invT = 1.0 / T, minp = s->min_p;
     const int cutk = s->top_k > 0 && s->top_k < nv, cutp = s->top_p > 0 && s->top_p < 1;
     double *w = ws->w, tot = 0;
     int kept = 0;
     ws->nv = nv;
     ws->ncut = 0;
     if (!cutk && !cutp) {
-        /* every id: weights exp((l - l_max) / T), W summed in id order */
+        /* every id: weights exp((l - l_max) / T), those below min_p (p / p_max < min_p) 0, W
+         * summed in id order */
         for (int i = 0; i < nv; i++) {
             w[i] = exp(((double)logits[i] - (double)lmax) * invT);
+            if (w[i] < minp) w[i] = 0;
             tot += w[i];
             kept += w[i] > 0;
         }
@@ -93,12 +97,17 @@ int sm_sample_dist(sm_sample_ws *ws, const float *logits, int nv, const sparkmon
         return 0;
     }
     /* histogram of the scaled distances d = (l_max - l) / T: ids a bucket, and (top-p without
-     * top-k, which needs the whole row's mass) weight a bucket */
+     * top-k, which needs the whole row's mass) weight a bucket; an id min_p drops (its weight
+     * exp(-d) below min_p) is in none, past every bucket */
     memset(ws->bcount, 0, SM_SAMPLE_BUCKETS * sizeof(int));
     memset(ws->bmass, 0, SM_SAMPLE_BUCKETS * sizeof(double));
     double wall = 0;
     for (int i = 0; i < nv; i++) {
         double d = ((double)lmax - (double)logits[i]) * invT;
+        if (minp > 0 && exp(-d) < minp) {
+            ws->bkt[i] = SM_SAMPLE_BUCKETS;
+            continue;
+        }
         int b = bucket_of(d);
         ws->bkt[i] = b;
         ws->bcount[b]++;
@@ -134,9 +143,9 @@ int sm_sample_dist(sm_sample_ws *ws, const float *logits, int nv, const sparkmon
         }
     }
     qsort(c, (size_t)nc, sizeof *c, cut_cmp);
-    /* top-k: the first k; top-p: the shortest prefix of those reaching top_p of their mass (of
-     * the whole row's mass without top-k) */
-    int m = cutk ? s->top_k : nc;
+    /* top-k: the first k (of those min_p kept); top-p: the shortest prefix of those reaching
+     * top_p of their mass (of the whole row's mass without top-k) */
+    int m = cutk && s->top_k < nc ? s->top_k : nc;
     if (cutp) {
         double wk = 0, cum = 0;
         if (cutk)

@@ -4,12 +4,13 @@
  * calls beyond the caller's workspace.
  *
  * A row's distribution p is kept as weights w[i] = exp((l_i - l_max) / T) over the ids
- * [0, nv) (nv = vocab_used), 0 for ids the top-k / top-p cut drops, with their sum W taken
- * in id order: p(i) = w[i] / W.  The cut orders ids by logit, ties to the lowest id; only the
- * ids that can be in it are sorted: a histogram of (l_max - l) / T in 1/8 steps finds the
- * first bucket by which k ids, or a top_p share of the mass, are reached, and the sort covers
- * the buckets up to it (the kept ids are a prefix of the order, so they all lie there); with
- * top-k, only those candidates get a weight computed.  A draw walks the kept ids in
+ * [0, nv) (nv = vocab_used), 0 for ids the min-p / top-k / top-p cut drops, with their sum W
+ * taken in id order: p(i) = w[i] / W.  min_p is a threshold on the weight itself (w = p /
+ * p_max), so it needs no order; the top-k / top-p cut orders the ids min_p kept by logit, ties to
+ * the lowest id; only the ids that can be in it are sorted: a histogram of (l_max - l) / T in
+ * 1/8 steps finds the first bucket by which k ids, or a top_p share of the mass, are reached,
+ * and the sort covers the buckets up to it (the kept ids are a prefix of the order, so they all
+ * lie there); with top-k alone, only those candidates get a weight computed.  A draw walks the kept ids in
  * increasing order to the first cumulative weight above u * W.  The
  * uniform of the token at position `pos` of a request is a counter-based function of
  * (seed, pos) (src/model/rng.h), so a request's tokens never depend on the batch it runs in.
@@ -59,12 +60,14 @@ int sm_sample_ws_init(sm_sample_ws *ws, int cap, sm_err *e);
 void sm_sample_ws_free(sm_sample_ws *ws);
 
 /* 0 when s holds valid sampling parameters: temperature finite and >= 0, top_k >= 0, top_p
- * in [0, 1]; else -1 with one line naming the field and value. */
+ * and min_p in [0, 1]; else -1 with one line naming the field and value. */
 int sm_sample_check(const sparkmono_sampling *s, sm_err *e);
 
 /* Build the distribution of logits [nv] (nv <= ws->cap) under s (temperature > 0): scale by
- * 1/T, keep the top_k largest (0 or >= nv: all; ties to the lowest id), then the shortest
- * prefix of them whose probability reaches top_p (0 or 1: all).  -inf logits get weight 0.
+ * 1/T, drop the ids whose weight exp((l - l_max) / T) (p / p_max) is below min_p (0: none),
+ * keep the top_k largest of the rest (0 or >= nv: all; ties to the lowest id), then the
+ * shortest prefix of them whose probability reaches top_p (0 or 1: all).  -inf logits get
+ * weight 0.
  * -1 on a NaN logit, nv out of range or temperature <= 0 (one line in e). */
 int sm_sample_dist(sm_sample_ws *ws, const float *logits, int nv, const sparkmono_sampling *s, sm_err *e);
 

@@ -74,6 +74,15 @@ int sm_tokenizer_token_id(const sm_tokenizer *t, const char *token) {
 }
 
 int sm_tokenizer_is_special(const sm_tokenizer *t, int id) { return id >= 0 && id < t->size && t->kind[id] == 3; }
+
+int sm_tokenizer_token_bytes(const sm_tokenizer *t, int id, const unsigned char **b, size_t *len) {
+    *b = NULL;
+    *len = 0;
+    if (id < 0 || id >= t->size || !t->kind[id]) return 0;
+    *b = (const unsigned char *)t->a.b + t->dec_off[id];
+    *len = t->dec_len[id];
+    return t->kind[id] == 3 ? 2 : 1;
+}
 /* ---- loading ---- */
 
 typedef struct lctx {

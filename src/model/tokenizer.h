@@ -35,5 +35,8 @@ int sm_tokenizer_size(const sm_tokenizer *t);
 int sm_tokenizer_token_id(const sm_tokenizer *t, const char *token);
 /* 1 if id is a special added token (decoders that skip special tokens drop it), else 0. */
 int sm_tokenizer_is_special(const sm_tokenizer *t, int id);
+/* The bytes id decodes to (*b [*len], owned by t): 1 for a vocabulary or added token, 2 for a
+ * special one, 0 for an id with no token (then *len = 0). */
+int sm_tokenizer_token_bytes(const sm_tokenizer *t, int id, const unsigned char **b, size_t *len);
 
 #endif

@@ -41,6 +41,7 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     sparkmono_model *m = NULL;
     sparkmono_engine *g = NULL;
     sm_tokenizer *tok = NULL;
+    sm_struct_cache cons = {0}; /* structured outputs compiled for m, shared by the requests */
     char name[256], path[4096];
     int rc = -1;
 
@@ -91,6 +92,8 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     s.api.tok = tok;
     s.api.vocab = info.vocab_size;
     s.api.max_len = o->max_len;
+    sm_struct_cache_init(&cons, m);
+    s.api.cons = &cons;
     /* a request's choices are queued all at once: no more than the slots and the queue hold */
     s.api.max_choices = o->max_requests + o->queue;
     if (s.api.max_choices > SM_API_MAX_CHOICES) s.api.max_choices = SM_API_MAX_CHOICES;
@@ -135,6 +138,7 @@ out:
     sparkmono_engine_destroy(g);
     if (tok) sm_tokenizer_free(tok);
     if (s.chat.special) sm_chat_free(&s.chat);
+    sm_struct_cache_free(&cons); /* its constraints read the model's vocabulary */
     sparkmono_model_close(m);
     return rc;
 }

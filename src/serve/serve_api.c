@@ -22,7 +22,25 @@ typedef struct parse_ctx {
     int *status;
     char *param;
     sm_err *e;
+    int keep;                  /* truncate_prompt_tokens: a prompt's last ids kept (0: all) */
 } parse_ctx;
+
+json_t *sm_api_load(const char *body, size_t len, json_error_t *je) {
+    return json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, je);
+}
+
+int sm_api_is_model(const sm_api_model *m, const json_t *name) {
+    const size_t n = strlen(m->name);
+    return json_string_length(name) == n && !memcmp(json_string_value(name), m->name, n);
+}
+
+/* truncate_prompt_tokens: ids [*n] cut to their last c->keep (a prompt made shorter keeps its end,
+ * as vLLM truncates on the left). */
+static void truncate_ids(const parse_ctx *c, int *ids, int *n) {
+    if (c->keep <= 0 || *n <= c->keep) return;
+    memmove(ids, ids + (*n - c->keep), (size_t)c->keep * sizeof(int));
+    *n = c->keep;
+}
 
 /* A 400 naming field name (the message is printf'd). */
 static int __attribute__((format(printf, 3, 4))) bad(parse_ctx *c, const char *name, const char *fmt, ...) {
@@ -59,7 +77,7 @@ static int get_int(parse_ctx *c, const char *name, const json_t *v, long long lo
 static int get_ids(parse_ctx *c, const json_t *a, const char *where, int **out, int *nout) {
     size_t n = json_array_size(a);
     if (n == 0) return bad(c, "prompt", "%s is an empty list", where);
-    if (n > (size_t)c->m->max_len)
+    if (n > (size_t)c->m->max_len && !c->keep)
         return bad(c, "prompt", "%s has %zu tokens, more than the model's maximum context length of %d", where, n,
                    c->m->max_len);
     int *ids = malloc(n * sizeof(int));
@@ -80,6 +98,7 @@ static int get_ids(parse_ctx *c, const json_t *a, const char *where, int **out, 
     }
     *out = ids;
     *nout = (int)n;
+    truncate_ids(c, ids, nout);
     return 0;
 }
 
@@ -111,6 +130,7 @@ static int get_text(parse_ctx *c, const json_t *s, const char *where, int **ids,
     sm_err te = {{0}};
     if (sm_api_encode(c->m, json_string_value(s), json_string_length(s), ids, n, &te))
         return strcmp(where, "'prompt'") ? bad(c, "prompt", "%s: %s", where, te.msg) : bad(c, "prompt", "%s", te.msg);
+    truncate_ids(c, *ids, n);
     return 0;
 }
 
@@ -157,11 +177,13 @@ static int get_stop(parse_ctx *c, const json_t *v) {
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_string(v) ? one[0] : json_array_get(v, i);
         if (!json_is_string(s)) return bad(c, "stop", "'stop' entry %zu is not a string", i);
-        if (json_string_length(s) == 0 || strlen(json_string_value(s)) != json_string_length(s))
-            return bad(c, "stop", "'stop' entry %zu is empty", i);
-        c->r->stop[c->r->nstop] = strdup(json_string_value(s));
-        if (!c->r->stop[c->r->nstop]) return bad(c, "stop", "out of memory");
-        c->r->nstop++;
+        const size_t len = json_string_length(s);
+        if (len == 0) return bad(c, "stop", "'stop' entry %zu is empty", i);
+        char *copy = malloc(len + 1); /* its bytes, NUL ones too */
+        if (!copy) return bad(c, "stop", "out of memory");
+        memcpy(copy, json_string_value(s), len + 1);
+        c->r->stop[c->r->nstop] = copy;
+        c->r->stop_len[c->r->nstop++] = len;
     }
     return 0;
 }
@@ -171,17 +193,10 @@ static int neutral(parse_ctx *c, const char *name, const json_t *v) {
     int ok = json_is_null(v);
     if (!strcmp(name, "suffix")) ok |= json_is_string(v) && json_string_length(v) == 0;
     else if (!strcmp(name, "user")) ok |= json_is_string(v); /* an end-user id: only for logs */
-    else if (!strcmp(name, "response_format")) { /* free text; a format the output must follow is refused */
-        const json_t *ty = json_object_get(v, "type");
-        ok |= json_is_string(ty) && !strcmp(json_string_value(ty), "text");
-        if (!ok && json_is_string(ty))
-            return bad(c, name, "'response_format' of type '%.40s' is not supported: this server does not constrain its "
-                       "output to a format (only {\"type\": \"text\"})", json_string_value(ty));
-    }
     return ok ? 0 : bad(c, name, "'%s' is not supported by this server (only its default value is accepted)", name);
 }
 
-static const char *const NEUTRAL_FIELDS[] = {"suffix", "user", "response_format"};
+static const char *const NEUTRAL_FIELDS[] = {"suffix", "user"};
 
 /* The checks across fields, once every field is read: the choices' count, each prompt's room
  * for max_tokens, min_tokens. */
@@ -224,18 +239,21 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
                             char *param, sm_err *e) {
     memset(out, 0, sizeof *out);
     param[0] = 0;
-    parse_ctx c = {m, out, status, param, e};
+    parse_ctx c = {m, out, status, param, e, 0};
     json_error_t je;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = sm_api_load(body, len, &je);
     if (!root) {
         *status = 400;
         sm_errf(e, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
         return -1;
     }
-    int rc = -1, have_prompt = 0;
+    int rc = -1, have_prompt = 0, continuous_alone = 0;
+    out->prompt_lp_k = -1;
     long long max_tokens = SM_API_DEFAULT_MAX_TOKENS;
     double temperature = 1.0, top_p = 1.0; /* OpenAI's defaults */
     long long top_k = 0, seed = 0, n = 1, best_of = 0;
+    sm_struct_req sr; /* the structured output asked for, compiled once the rest is checked */
+    memset(&sr, 0, sizeof sr);
     if (!json_is_object(root)) {
         bad(&c, "", "the body must be a JSON object");
         goto out;
@@ -246,17 +264,28 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
         bad(&c, "model", "'model' must be a string");
         goto out;
     }
-    if (model && strcmp(json_string_value(model), m->name)) {
+    if (model && !sm_api_is_model(m, model)) {
         *status = 404;
         snprintf(param, SM_API_PARAM, "model");
         sm_errf(e, "The model '%.200s' does not exist (this server serves '%s')", json_string_value(model), m->name);
         goto out;
     }
+    /* truncate_prompt_tokens before the prompt is read: a prompt is cut as it is read */
+    json_t *trunc = json_object_get(root, "truncate_prompt_tokens");
+    if (trunc && !json_is_null(trunc)) {
+        if (!json_is_integer(trunc) || (json_integer_value(trunc) != -1 &&
+                                        (json_integer_value(trunc) < 1 || json_integer_value(trunc) > m->max_len))) {
+            bad(&c, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 (the model's maximum context length) or "
+                "an integer in [1, %d] (the prompt's last tokens kept)", m->max_len);
+            goto out;
+        }
+        c.keep = json_integer_value(trunc) == -1 ? m->max_len : (int)json_integer_value(trunc);
+    }
     const char *k;
     json_t *v;
     json_object_foreach(root, k, v) {
         int known = 1;
-        if (!strcmp(k, "model")) {
+        if (!strcmp(k, "model") || !strcmp(k, "truncate_prompt_tokens")) {
             /* checked above */
         } else if (!strcmp(k, "prompt")) {
             if (get_prompt(&c, v)) goto out;
@@ -280,18 +309,30 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
             out->stream = json_is_true(v);
         } else if (!strcmp(k, "stream_options")) {
             if (json_is_null(v)) continue;
-            json_t *u = json_object_get(v, "include_usage");
-            if (!json_is_object(v) || json_object_size(v) != (u ? 1u : 0u) || (u && !json_is_boolean(u))) {
-                bad(&c, k, "'stream_options' must be {\"include_usage\": true|false}");
+            json_t *u = json_object_get(v, "include_usage"), *cu = json_object_get(v, "continuous_usage_stats");
+            if (!json_is_object(v) || json_object_size(v) != (u ? 1u : 0u) + (cu ? 1u : 0u) ||
+                (u && !json_is_boolean(u) && !json_is_null(u)) || (cu && !json_is_boolean(cu) && !json_is_null(cu))) {
+                bad(&c, k, "'stream_options' must be {\"include_usage\": true|false, \"continuous_usage_stats\": true|false}");
                 goto out;
             }
             out->include_usage = json_is_true(u);
+            out->continuous_usage = json_is_true(u) && json_is_true(cu); /* vLLM: only with include_usage */
+            if (json_is_true(cu) && !out->include_usage) continuous_alone = 1;
         } else if (!strcmp(k, "logprobs")) { /* completions: the number of alternatives, 0..20 */
             long long nlp;
             if (json_is_null(v) || json_is_false(v)) continue;
             if (get_int(&c, k, v, 0, SPARKMONO_MAX_TOP_LOGPROBS, &nlp)) goto out;
             out->samp.logprobs = 1;
-            out->samp.top_logprobs = (int)nlp;
+            out->lp_k = (int)nlp;
+        } else if (!strcmp(k, "prompt_logprobs")) { /* vLLM's: the prompt ids' logprobs, 0..20 alternatives */
+            long long nlp;
+            if (json_is_null(v)) continue;
+            if (get_int(&c, k, v, 0, SPARKMONO_MAX_TOP_LOGPROBS, &nlp)) goto out;
+            out->prompt_lp_k = (int)nlp;
+        } else if (!strcmp(k, "include_stop_str_in_output") || !strcmp(k, "skip_special_tokens")) {
+            if (!json_is_null(v) && !json_is_boolean(v)) { bad(&c, k, "'%s' must be true or false", k); goto out; }
+            if (!strcmp(k, "skip_special_tokens")) out->keep_special = json_is_false(v);
+            else out->include_stop_str = json_is_true(v);
         } else if (!strcmp(k, "echo")) {
             if (!json_is_null(v) && !json_is_boolean(v)) { bad(&c, k, "'echo' must be true or false"); goto out; }
             out->echo = json_is_true(v);
@@ -301,7 +342,10 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
             if (!json_is_null(v) && get_int(&c, k, v, 1, SM_API_MAX_CHOICES, &n)) goto out;
         } else if (!strcmp(k, "best_of")) {
             if (!json_is_null(v) && get_int(&c, k, v, 1, SM_API_MAX_CHOICES, &best_of)) goto out;
-        } else if ((known = sm_fields_sampling(k, v, m->vocab, m->max_len, &out->samp, param, e)) != 0) {
+        } else if ((known = sm_fields_sampling(k, v, m->vocab, m->max_len, &out->samp, param, e)) != 0 ||
+                   (known = sm_fields_bad_words(k, v, m->tok, m->vocab, &out->samp, param, e)) != 0) {
+            if (known < 0) { *status = 400; goto out; }
+        } else if ((known = sm_struct_field(k, v, &sr, out->ignored, param, e)) != 0) {
             if (known < 0) { *status = 400; goto out; }
         } else {
             for (size_t i = 0; i < sizeof NEUTRAL_FIELDS / sizeof NEUTRAL_FIELDS[0]; i++)
@@ -313,20 +357,29 @@ int sm_api_parse_completion(const char *body, size_t len, const sm_api_model *m,
         if (!known) sm_fields_ignore(out->ignored, k); /* accepted; the server logs it */
     }
     if (!have_prompt) { bad(&c, "prompt", "'prompt' is required"); goto out; }
-    if (out->include_usage && !out->stream) {
+    if ((out->include_usage || continuous_alone) && !out->stream) {
         bad(&c, "stream_options", "'stream_options' is only allowed with 'stream': true");
+        goto out;
+    }
+    if (out->stream && out->prompt_lp_k > 0) { /* vLLM's rule: a stream has no place for them */
+        bad(&c, "prompt_logprobs", "'prompt_logprobs' are not available with 'stream': true");
         goto out;
     }
     out->n = (int)n;
     if (check_request(&c, max_tokens, best_of)) goto out;
-    if (out->echo && out->samp.logprobs) out->samp.prompt_logprobs = 1; /* echo's prompt ids come with their logprobs */
+    /* the prompt's logprobs: echo's (with logprobs) and prompt_logprobs', the larger k of the two */
+    out->samp.prompt_logprobs = (out->echo && out->samp.logprobs) || out->prompt_lp_k >= 0;
+    out->samp.top_logprobs = out->lp_k > out->prompt_lp_k ? out->lp_k : out->prompt_lp_k;
+    if (!out->samp.logprobs && !out->samp.prompt_logprobs) out->samp.top_logprobs = 0;
     out->max_tokens = (int)max_tokens;
     out->samp.temperature = (float)temperature;
     out->samp.top_p = (float)top_p;
     out->samp.top_k = top_k < 0 ? 0 : (int)top_k;
     out->samp.seed = (unsigned long long)seed;
+    if (sm_struct_compile(m->cons, &sr, &out->samp.constraint, status, param, e)) goto out;
     rc = 0;
 out:
+    sm_struct_req_free(&sr);
     json_decref(root);
     if (rc) sm_api_req_free(out);
     return rc;
@@ -337,6 +390,7 @@ void sm_api_req_free(sm_api_req *r) {
     free(r->prompt);
     free(r->plen);
     for (int i = 0; i < r->nstop; i++) free(r->stop[i]);
+    sparkmono_constraint_release(r->samp.constraint); /* running requests hold their own */
     memset(r, 0, sizeof *r);
 }
 
@@ -391,6 +445,13 @@ static json_t *token_text(const sm_tokenizer *tok, int t) {
  * first prompt id's, which has no distribution) is null. */
 static json_t *lp_value(float x) { return isnan(x) ? json_null() : json_real(isfinite(x) ? (double)x : -9999.0); }
 
+/* Characters (code points) of UTF-8 text s [n]: the bytes that do not continue a character. */
+static size_t utf8_chars(const char *s, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
 /* OpenAI completions logprobs of ids [n]: tokens, token_logprobs, top_logprobs (a map token text ->
  * logprob a position: the id itself and its k alternatives), text_offset. */
 static json_t *logprobs_obj(const sm_api_lp *lp, const int *ids, int n) {
@@ -403,12 +464,12 @@ static json_t *logprobs_obj(const sm_api_lp *lp, const int *ids, int n) {
         const float *tlpv = pre ? lp->pre->top_lp : lp->top_lp;
         json_t *t = token_text(lp->tok, id), *m = isnan(x) ? NULL : json_object();
         json_array_append_new(off, json_integer((json_int_t)*lp->off));
-        *lp->off += t ? json_string_length(t) : 0;
+        *lp->off += t ? utf8_chars(json_string_value(t), json_string_length(t)) : 0;
         if (m) json_object_set_new(m, t ? json_string_value(t) : "", lp_value(x));
         for (int j = 0; m && j < lp->k; j++) {
-            const int a = tid[(size_t)at_i * lp->k + j];
+            const int a = tid[(size_t)at_i * lp->stride + j];
             json_t *at = a >= 0 ? token_text(lp->tok, a) : NULL;
-            if (at) json_object_set_new(m, json_string_value(at), lp_value(tlpv[(size_t)at_i * lp->k + j]));
+            if (at) json_object_set_new(m, json_string_value(at), lp_value(tlpv[(size_t)at_i * lp->stride + j]));
             json_decref(at);
         }
         json_array_append_new(tokens, t);
@@ -432,8 +493,8 @@ json_t *sm_api_chat_logprobs(const sm_api_lp *lp, const int *ids, int n) {
     for (int i = 0; content && i < n; i++) {
         json_t *top = json_array(), *e = chat_token(lp->tok, ids[i], lp->lp[i]);
         for (int j = 0; top && j < lp->k; j++) { /* the k most likely, in order (an id of -1: fewer ids than k) */
-            const int a = lp->top_ids[(size_t)i * lp->k + j];
-            if (a >= 0) json_array_append_new(top, chat_token(lp->tok, a, lp->top_lp[(size_t)i * lp->k + j]));
+            const int a = lp->top_ids[(size_t)i * lp->stride + j];
+            if (a >= 0) json_array_append_new(top, chat_token(lp->tok, a, lp->top_lp[(size_t)i * lp->stride + j]));
         }
         if (e) json_object_set_new(e, "top_logprobs", top);
         else json_decref(top);
@@ -442,11 +503,45 @@ json_t *sm_api_chat_logprobs(const sm_api_lp *lp, const int *ids, int n) {
     return json_pack("{s:o}", "content", content);
 }
 
-/* One choice: text, index, logprobs (null without lp), finish_reason (null while streaming), token_ids. */
+/* One prompt_logprobs entry: {"logprob", "rank" (null: unknown), "decoded_token"}. */
+static json_t *plp_entry(const sm_tokenizer *tok, int t, float x, int rank) {
+    return json_pack("{s:o, s:o, s:o}", "logprob", lp_value(x), "rank", rank > 0 ? json_integer(rank) : json_null(),
+                     "decoded_token", token_text(tok, t));
+}
+
+json_t *sm_api_prompt_logprobs(const sm_tokenizer *tok, const sm_api_lp_pre *pre, int n, int k, int stride) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) {
+        if (isnan(pre->lp[i])) { /* the first id has no distribution */
+            json_array_append_new(a, json_null());
+            continue;
+        }
+        const int *tid = pre->top_ids + (size_t)i * stride;
+        const float *tlp = pre->top_lp + (size_t)i * stride;
+        int rank = 0;
+        for (int j = 0; j < stride && !rank; j++) rank = tid[j] == pre->ids[i] ? j + 1 : 0;
+        json_t *m = json_object();
+        char key[16];
+        snprintf(key, sizeof key, "%d", pre->ids[i]);
+        if (m) json_object_set_new(m, key, plp_entry(tok, pre->ids[i], pre->lp[i], rank));
+        for (int j = 0; m && j < k; j++) { /* ids as keys, as vLLM's maps of token id to Logprob */
+            if (tid[j] < 0 || tid[j] == pre->ids[i]) continue;
+            snprintf(key, sizeof key, "%d", tid[j]);
+            json_object_set_new(m, key, plp_entry(tok, tid[j], tlp[j], j + 1));
+        }
+        json_array_append_new(a, m);
+    }
+    return a;
+}
+
+/* One choice: text, index, logprobs (null without lp), finish_reason (null while streaming), token_ids
+ * (and prompt_logprobs when asked). */
 static json_t *choice(const sm_api_choice *c) {
-    return json_pack("{s:s%, s:i, s:o, s:s?, s:o}", "text", c->text ? c->text : "", c->text ? c->ntext : 0, "index",
-                     c->index, "logprobs", c->lp ? logprobs_obj(c->lp, c->ids, c->nids) : json_null(), "finish_reason",
-                     c->finish, "token_ids", ids_array(c->ids, c->nids));
+    json_t *o = json_pack("{s:s%, s:i, s:o, s:s?, s:o}", "text", c->text ? c->text : "", c->text ? c->ntext : 0, "index",
+                          c->index, "logprobs", c->lp ? logprobs_obj(c->lp, c->ids, c->nids) : json_null(),
+                          "finish_reason", c->finish, "token_ids", ids_array(c->ids, c->nids));
+    if (o && c->prompt_lp) json_object_set(o, "prompt_logprobs", c->prompt_lp);
+    return o;
 }
 
 char *sm_api_completion(const char *id, long created, const char *model, const sm_api_choice *c, int nc,
@@ -462,6 +557,39 @@ char *sm_api_completion(const char *id, long created, const char *model, const s
 char *sm_api_chunk(const char *id, long created, const char *model, const sm_api_choice *c) {
     return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object", "text_completion", "created",
                           (json_int_t)created, "model", model, "choices", choice(c)));
+}
+
+json_t *sm_api_usage(int prompt_tokens, int completion_tokens) {
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", prompt_tokens, "completion_tokens", completion_tokens,
+                     "total_tokens", prompt_tokens + completion_tokens);
+}
+
+char *sm_api_add_key(char *json, const char *key, json_t *value) {
+    /* the key and the value as JSON text, escaped by jansson */
+    json_t *ks = json_string(key);
+    char *k = ks ? json_dumps(ks, JSON_ENCODE_ANY) : NULL, *v = value ? json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    json_decref(ks);
+    json_decref(value);
+    size_t n = json ? strlen(json) : 0;
+    char *out = NULL;
+    /* "{...}" becomes "{...,"key":value}" ("{}" becomes "{"key":value}") */
+    if (json && k && v && n >= 2 && json[n - 1] == '}') {
+        const size_t nk = strlen(k), nv = strlen(v), comma = n > 2;
+        if ((out = realloc(json, n + comma + nk + 1 + nv + 1))) {
+            char *p = out + n - 1;
+            if (comma) *p++ = ',';
+            memcpy(p, k, nk), p += nk;
+            *p++ = ':';
+            memcpy(p, v, nv), p += nv;
+            *p++ = '}';
+            *p = 0;
+            json = NULL;
+        }
+    }
+    free(json);
+    free(k);
+    free(v);
+    return out;
 }
 
 char *sm_api_usage_chunk(const char *id, long created, const char *model, int prompt_tokens, int completion_tokens) {

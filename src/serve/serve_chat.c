@@ -319,8 +319,11 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *
     json_object_set_new(vars, "messages", msgs);
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
     json_object_set_new(vars, "tools", tools ? json_deep_copy(tools) : json_null());
-    int rc = sm_jinja_render(t->t, vars, out, raised, e);
+    sm_buf text = {0};
+    int rc = sm_jinja_render(t->t, vars, &text, raised, e);
     json_decref(vars);
+    if (!rc && sm_sbuf_add(out, text.p ? text.p : "", text.n)) rc = sm_errf(e, "out of memory");
+    sm_buf_free(&text);
     if (rc && !*raised) sm_errprefix(e, "the chat template (%s) failed on these messages", t->source);
     return rc;
 }
@@ -410,7 +413,7 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
     param[0] = 0;
     *status = 400;
     json_error_t je;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = sm_api_load(body, len, &je);
     if (!root) return sm_errf(e, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     int rc = -1, raised = 0, *ids = NULL, nids = 0, agp = 1, cont = 0;
     json_t *tools = NULL, *extra = NULL;

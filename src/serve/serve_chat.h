@@ -1,8 +1,8 @@
 /* serve_chat.h: chat completions over the completions path: a model directory's chat template
  * (tokenizer_config.json "chat_template", a string or a list of named templates whose
  * "default" is used, or chat_template.jinja beside it), the messages of a request checked and
- * rendered with it (jinja.h), the text tokenized as transformers does (the template writes
- * bos itself; no special token is added), and the chat-shaped answers.
+ * rendered with it (src/jinja/jinja.h), the text tokenized as transformers does (the template
+ * writes bos itself; no special token is added), and the chat-shaped answers.
  *
  * A chat request becomes a completions request: the body minus "messages", plus "prompt" as
  * the rendered ids, goes through sm_api_parse_completion, so every sampling field (n among
@@ -13,8 +13,9 @@
 #ifndef SM_SERVE_CHAT_H
 #define SM_SERVE_CHAT_H
 #include <jansson.h>
-#include "serve/jinja.h"
+#include "jinja/jinja.h"
 #include "serve/serve_api.h"
+#include "serve/serve_text.h"
 
 typedef struct sm_chat_tmpl {
     sm_jinja *t;               /* the parsed template; NULL: the directory has none */

@@ -3,7 +3,7 @@
  * One table-free chain of names: each field's check says its own range, the same text as the
  * engine's bounds (src/engine/logitproc.c checks them again, so a client of the C API gets the
  * same limits).  A JSON null is the field's default.  We rejected a generic (name, type, range)
- * table: logit_bias and stop_token_ids need their own walks anyway.
+ * table: logit_bias and the id lists need their own walks anyway.
  */
 #include "serve/serve_fields.h"
 #include <math.h>
@@ -53,17 +53,19 @@ static int logit_bias(const char *k, const json_t *v, int V, sparkmono_sampling 
     return 1;
 }
 
-/* stop_token_ids: a list of ids in [0, V). */
-static int stop_ids(const char *k, const json_t *v, int V, sparkmono_sampling *s, char *param, sm_err *e) {
+/* A list of at most cap token ids in [0, V) (stop_token_ids, allowed_token_ids) into ids [*n];
+ * nonempty: an empty list is refused (it would allow nothing). */
+static int id_list(const char *k, const json_t *v, int V, int cap, int nonempty, int *ids, int *n, char *param, sm_err *e) {
     if (!json_is_array(v)) return bad(k, param, e, "'%s' must be a list of token ids", k);
-    if (json_array_size(v) > SPARKMONO_MAX_STOP_IDS)
-        return bad(k, param, e, "'%s' has %zu ids; at most %d are allowed", k, json_array_size(v), SPARKMONO_MAX_STOP_IDS);
-    s->n_stop_ids = 0;
+    if (json_array_size(v) > (size_t)cap)
+        return bad(k, param, e, "'%s' has %zu ids; at most %d are allowed", k, json_array_size(v), cap);
+    if (nonempty && json_array_size(v) == 0) return bad(k, param, e, "'%s' is an empty list (it would allow no token)", k);
+    *n = 0;
     for (size_t i = 0; i < json_array_size(v); i++) {
         const json_t *x = json_array_get(v, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= V)
             return bad(k, param, e, "'%s' entry %zu is not a token id in [0, %d)", k, i, V);
-        s->stop_ids[s->n_stop_ids++] = (int)json_integer_value(x);
+        ids[(*n)++] = (int)json_integer_value(x);
     }
     return 1;
 }
@@ -71,11 +73,15 @@ static int stop_ids(const char *k, const json_t *v, int V, sparkmono_sampling *s
 int sm_fields_sampling(const char *k, const json_t *v, int V, int max_len, sparkmono_sampling *s, char *param, sm_err *e) {
     int is_pres = !strcmp(k, "presence_penalty"), is_freq = !strcmp(k, "frequency_penalty");
     int known = is_pres || is_freq || !strcmp(k, "repetition_penalty") || !strcmp(k, "logit_bias") ||
-                !strcmp(k, "min_tokens") || !strcmp(k, "ignore_eos") || !strcmp(k, "stop_token_ids");
+                !strcmp(k, "min_tokens") || !strcmp(k, "ignore_eos") || !strcmp(k, "stop_token_ids") ||
+                !strcmp(k, "min_p") || !strcmp(k, "allowed_token_ids");
     if (!known) return 0;
     if (json_is_null(v)) return 1; /* the default */
     if (is_pres) return number(k, v, -2, 2, &s->presence_penalty, param, e);
     if (is_freq) return number(k, v, -2, 2, &s->frequency_penalty, param, e);
+    if (!strcmp(k, "min_p")) return number(k, v, 0, 1, &s->min_p, param, e);
+    if (!strcmp(k, "allowed_token_ids"))
+        return id_list(k, v, V, SPARKMONO_MAX_ALLOWED_IDS, 1, s->allowed_ids, &s->n_allowed_ids, param, e);
     if (!strcmp(k, "repetition_penalty")) {
         /* vLLM / HF: > 0, 1 is none */
         if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) <= 0 ||
@@ -96,7 +102,31 @@ int sm_fields_sampling(const char *k, const json_t *v, int V, int max_len, spark
         s->ignore_eos = json_is_true(v);
         return 1;
     }
-    return stop_ids(k, v, V, s, param, e);
+    return id_list(k, v, V, SPARKMONO_MAX_STOP_IDS, 0, s->stop_ids, &s->n_stop_ids, param, e);
+}
+
+int sm_fields_bad_words(const char *k, const json_t *v, const sm_tokenizer *tok, int V, sparkmono_sampling *s, char *param,
+                        sm_err *e) {
+    if (strcmp(k, "bad_words")) return 0;
+    if (json_is_null(v)) return 1; /* the default */
+    if (!json_is_array(v)) return bad(k, param, e, "'%s' must be a list of strings", k);
+    const size_t n = json_array_size(v);
+    if (n > SPARKMONO_MAX_BAD_WORDS)
+        return bad(k, param, e, "'%s' has %zu words; at most %d are allowed", k, n, SPARKMONO_MAX_BAD_WORDS);
+    if (n > 0 && !tok) return bad(k, param, e, "'%s' needs text, and this model directory has no tokenizer.json", k);
+    const char *words[SPARKMONO_MAX_BAD_WORDS];
+    size_t lens[SPARKMONO_MAX_BAD_WORDS];
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(v, i);
+        if (!json_is_string(x)) return bad(k, param, e, "'%s' entry %zu is not a string", k, i);
+        words[i] = json_string_value(x);
+        lens[i] = json_string_length(x);
+    }
+    /* the model's ids of each word, as vLLM makes them (logitproc.h) */
+    s->n_bad_words = 0;
+    sm_err we = {{0}};
+    if (n > 0 && sm_lp_bad_words(tok, words, lens, (int)n, V, s, &we)) return bad(k, param, e, "'%s': %s", k, we.msg);
+    return 1;
 }
 
 void sm_fields_ignore(char *ig, const char *k) {

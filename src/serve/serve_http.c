@@ -51,8 +51,13 @@ typedef struct peer {
     struct peer *prev, *next;  /* s->peers */
 } peer;
 
-/* One HTTP request (libmicrohttpd's per-request pointer). */
+/* One HTTP request (libmicrohttpd's per-request pointer, made by on_uri). */
 typedef struct conn {
+    int headers;               /* on_request has seen its headers */
+    const char *target;        /* the request target as on_uri saw it, raw (libmicrohttpd then splits
+                                  and unescapes it in place, in its read buffer) */
+    size_t target_len;         /* its length then, to its first NUL */
+    int nul;                   /* its path holds "%00": a NUL once unescaped */
     int route;                 /* enum route */
     sm_sbuf body;              /* the request body read so far */
     size_t seen;               /* body bytes received, kept or not */
@@ -280,16 +285,21 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     sm_server *s = cls;
     conn *c = *con_cls;
-    (void)version;
-    if (!c) { /* headers read: route and check what can be checked before the body */
-        c = calloc(1, sizeof *c);
-        if (!c) return MHD_NO;
+    if (!c || !c->headers) { /* headers read: route and check what can be checked before the body */
+        if (!c && !(c = calloc(1, sizeof *c))) return MHD_NO;
         *con_cls = c;
+        c->headers = 1;
         c->route = route_of(url);
         int post = !strcmp(method, "POST"), get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
         int wants_post = c->route == R_COMPLETIONS || c->route == R_CHAT || c->route == R_TOKENIZE || c->route == R_DETOKENIZE;
         char msg[400];
         const peer *p = peer_of(mc);
+        /* a NUL in the path: libmicrohttpd (0.9.75) ends the target's string at it without a word,
+         * so "/health\0/x" would be served as /health.  The raw target lies in its read buffer up to
+         * the space before the HTTP version (version - 1): a target string on_uri found shorter than
+         * that span held a NUL.  ("%00" is the same NUL, escaped.) */
+        if (c->nul || (c->target == url && version > url && (size_t)(version - 1 - url) > c->target_len))
+            return reply_error(s, mc, 400, "the request target holds a NUL character", NULL, "bad_request");
         if (s->o->api_key && sm_misc_key_guards(url) &&
             !sm_misc_key_ok(s->o->api_key, MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)))
             return reply_error(s, mc, 401, "Incorrect API key provided: give 'Authorization: Bearer KEY' with this server's --api-key",
@@ -384,18 +394,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
 }
 
-/* The request line of a request was read: it now has request_timeout to arrive whole. */
+/* The request line of a request was read: it now has request_timeout to arrive whole.  Its
+ * conn starts here, with the raw target (on_request checks it for a NUL). */
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *mc) {
     sm_server *s = cls;
     peer *p = peer_of(mc);
-    (void)uri;
     if (p) {
         pthread_mutex_lock(&s->mu);
         p->in_request = 1;
         p->deadline = now_s() + s->o->request_timeout_s;
         pthread_mutex_unlock(&s->mu);
     }
-    return NULL; /* on_request makes the request's conn */
+    conn *c = calloc(1, sizeof *c); /* NULL: on_request makes one, without the NUL check */
+    if (c && uri) {
+        c->target = uri;
+        c->target_len = strlen(uri);
+        const char *q = memchr(uri, '?', c->target_len), *z = strstr(uri, "%00");
+        c->nul = z && (!q || z < q);
+    }
+    return c;
 }
 
 /* A request is over (answered, or its connection is closing). */
@@ -533,7 +550,13 @@ int sm_http_start(sm_server *s, sm_err *e) {
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     int rc = getaddrinfo(s->o->host, port, &hints, &ai);
     if (rc) return sm_errf(e, "serve: --host '%s': %s", s->o->host, gai_strerror(rc));
-    /* epoll (poll where there is none) in a pool of polling threads; parked connections */
+    /* epoll (poll where there is none) in a pool of polling threads; parked connections.  A
+     * request line without a space ("HELLO", "GET") is closed by libmicrohttpd without an answer
+     * (0.9.75; 1.0 answers a known method's 400 itself, still not an unknown one's): it calls
+     * none of our callbacks for it and shuts the socket's sending side before its close notice
+     * (on_connection), so nothing here can answer it.  We rejected MHD_USE_TURBO, which leaves
+     * the socket open for that notice: it changes how every connection is polled and closed (a
+     * close with unread bytes resets the connection), for one malformed line. */
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     unsigned limit = (unsigned)s->max_conns + SM_HTTP_SPARE_CONNECTIONS;

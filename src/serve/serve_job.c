@@ -16,8 +16,8 @@
 static const sm_api_lp *choice_lp(const sm_job *j, sm_choice *c, int i, sm_api_lp *lp, sm_api_lp_pre *pre) {
     const sm_lp_track *g = &c->r->glp, *p = &c->r->plp;
     if (!g->lp) return NULL;
-    *lp = (sm_api_lp){j->s->api.tok, g->lp + i, g->top_ids + (size_t)i * g->k, g->top_lp + (size_t)i * g->k, g->k,
-                      &c->lp_off, NULL, 0};
+    *lp = (sm_api_lp){j->s->api.tok, g->lp + i, g->top_ids + (size_t)i * g->k, g->top_lp + (size_t)i * g->k, j->req.lp_k,
+                      &c->lp_off, NULL, 0, g->k};
     if (i == 0 && p->lp && (c->nids > 0 || c->finish)) { /* they came with the first ids (or the end) */
         *pre = (sm_api_lp_pre){c->r->prompt, p->lp, p->top_ids, p->top_lp};
         lp->pre = pre;
@@ -51,8 +51,10 @@ static int choice_init(sm_job *j, sm_choice *c, int p, int i, unsigned long long
     c->r->notify = notify;
     c->r->notify_arg = j;
     c->dt.tok = j->s->api.tok;
-    for (int k = 0; k < q->nstop; k++) c->dt.stop[k] = q->stop[k];
+    for (int k = 0; k < q->nstop; k++) c->dt.stop[k] = q->stop[k], c->dt.stop_len[k] = q->stop_len[k];
     c->dt.nstop = q->nstop;
+    c->dt.include_stop = q->include_stop_str;
+    c->dt.keep_special = q->keep_special;
     if (q->echo && j->s->api.tok) { /* echo: the prompt's text first (decoded from its ids, UTF-8 repaired) */
         char *pt = NULL;
         size_t pn = 0;
@@ -139,7 +141,10 @@ static int choice_pump(sm_job *j, sm_choice *c) {
     c->nids += k;
     if (k == 0 && done == SM_SREQ_RUNNING) return 0;
     sm_err e = {{0}};
-    int st = sm_detok_push(&c->dt, c->ids, c->nids, done != SM_SREQ_RUNNING, &c->text, &e);
+    /* the eos or stop id that ended the choice (it came with the end) is not text, unless
+     * include_stop_str_in_output (vLLM's rule) */
+    const int ntext = c->nids - (done == SM_SREQ_EOS && c->nids > 0 && !j->req.include_stop_str);
+    int st = sm_detok_push(&c->dt, c->ids, ntext, done != SM_SREQ_RUNNING, &c->text, &e);
     if (st < 0) {
         sm_sched_cancel(sc, c->r);
         snprintf(j->err, sizeof j->err, "%.255s", e.msg);
@@ -187,6 +192,14 @@ static int completion_tokens(const sm_job *j) {
     return n;
 }
 
+/* A chunk of choice c (json, freed) with its usage so far when continuous_usage_stats asks for
+ * it (its prompt's tokens and its own ids, as vLLM counts a choice), as an SSE event. */
+static int sse_chunk(sm_job *j, const sm_choice *c, int ngen, char *json) {
+    if (json && j->req.continuous_usage)
+        json = sm_api_add_key(json, "usage", sm_api_usage(j->req.plen[c->index / j->req.n], ngen));
+    return sse(j, json);
+}
+
 int sm_job_stream(sm_job *j, int st) {
     const sm_server *s = j->s;
     int rc = 0;
@@ -194,20 +207,20 @@ int sm_job_stream(sm_job *j, int st) {
         sm_choice *c = &j->ch[i];
         sm_api_lp lp;
         sm_api_lp_pre pre;
-        sm_api_choice a = {c->index, c->text.p, c->text.n, c->ids + c->sent_ids, c->nids - c->sent_ids, NULL, NULL};
+        sm_api_choice a = {c->index, c->text.p, c->text.n, c->ids + c->sent_ids, c->nids - c->sent_ids, NULL, NULL, NULL};
         if (j->chat && !c->role_sent) { /* a chat choice opens with its role */
-            sm_api_choice role = {c->index, "", 0, NULL, 0, NULL, NULL};
+            sm_api_choice role = {c->index, "", 0, NULL, 0, NULL, NULL, NULL};
             c->role_sent = 1;
-            rc |= sse(j, sm_chat_chunk(j->id, s->created, s->api.name, "assistant", &role));
+            rc |= sse_chunk(j, c, 0, sm_chat_chunk(j->id, s->created, s->api.name, "assistant", &role));
         }
         if (c->finish && !c->finish_sent) a.finish = c->finish;
         if (!c->text.n && !a.nids && !a.finish) continue;
         if (a.nids || (a.finish && !c->nids)) a.lp = choice_lp(j, c, c->sent_ids, &lp, &pre); /* ids, or the echo alone */
         /* a chat chunk carries text; ids the decoder holds back wait for it, unless logprobs are asked */
         if (j->chat && (c->text.n || a.finish || a.lp))
-            rc |= sse(j, sm_chat_chunk(j->id, s->created, s->api.name, NULL, &a));
+            rc |= sse_chunk(j, c, c->nids, sm_chat_chunk(j->id, s->created, s->api.name, NULL, &a));
         else if (!j->chat)
-            rc |= sse(j, sm_api_chunk(j->id, s->created, s->api.name, &a));
+            rc |= sse_chunk(j, c, c->nids, sm_api_chunk(j->id, s->created, s->api.name, &a));
         c->text.n = 0;
         c->sent_ids = c->nids;
         c->finish_sent |= a.finish != NULL;
@@ -223,6 +236,14 @@ int sm_job_stream(sm_job *j, int st) {
     return rc ? -1 : 0;
 }
 
+/* Choice c's prompt_logprobs (vLLM's shape; NULL when not asked or out of memory). */
+static json_t *choice_plp(const sm_job *j, const sm_choice *c) {
+    const sm_lp_track *p = &c->r->plp;
+    if (j->req.prompt_lp_k < 0 || !p->lp) return NULL;
+    const sm_api_lp_pre pre = {c->r->prompt, p->lp, p->top_ids, p->top_lp};
+    return sm_api_prompt_logprobs(j->s->api.tok, &pre, c->r->n, j->req.prompt_lp_k, p->k);
+}
+
 char *sm_job_answer(sm_job *j) {
     sm_api_choice *a = calloc((size_t)j->nch, sizeof *a);
     sm_api_lp *lp = calloc((size_t)j->nch, sizeof *lp);
@@ -232,12 +253,15 @@ char *sm_job_answer(sm_job *j) {
         for (int i = 0; i < j->nch; i++) {
             sm_choice *c = &j->ch[i];
             a[i] = (sm_api_choice){c->index, c->text.p, c->text.n, c->ids, c->nids, c->finish,
-                                   choice_lp(j, c, 0, &lp[i], &pre[i])};
+                                   choice_lp(j, c, 0, &lp[i], &pre[i]), j->chat ? NULL : choice_plp(j, c)};
         }
         const sm_server *s = j->s;
         out = (j->chat ? sm_chat_completion : sm_api_completion)(j->id, s->created, s->api.name, a, j->nch,
                                                                   j->prompt_tokens, completion_tokens(j));
+        /* chat: vLLM puts the one prompt's logprobs beside the choices */
+        if (j->chat && j->req.prompt_lp_k >= 0 && j->nch) out = sm_api_add_key(out, "prompt_logprobs", choice_plp(j, &j->ch[0]));
     }
+    for (int i = 0; a && i < j->nch; i++) json_decref(a[i].prompt_lp);
     free(a);
     free(lp);
     free(pre);

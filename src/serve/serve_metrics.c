@@ -91,7 +91,12 @@ char *sm_metrics_text(const sm_metrics *m, const sm_metrics_now *now) {
          scalar(&b, "spec_decode_num_accepted_tokens_total", "counter", "draft tokens accepted", now->accepted) ||
          hist(&b, "time_to_first_token_seconds", "seconds from a completion request read whole to its first token",
               &m->ttft) ||
-         cache_text(&b, &now->cache);
+         cache_text(&b, &now->cache) ||
+         scalar(&b, "structured_output_compiles_total", "counter", "structured-output constraints compiled",
+                now->cons_compiled) ||
+         scalar(&b, "structured_output_cache_hits_total", "counter", "structured-output constraints found compiled in "
+                "the cache", now->cons_hits) ||
+         scalar(&b, "structured_output_cached", "gauge", "compiled constraints the cache holds", now->cons_cached);
     if (rc) {
         sm_sbuf_free(&b);
         return NULL;

@@ -8,7 +8,8 @@
  * back.  We rejected a lock around the whole set: the engine thread would take a second lock
  * every step for numbers that need no consistency between them.  The prefix cache's counters
  * and the KV page gauges come from the engine itself (sparkmono_cache_stats), copied by the
- * engine thread after each admission and verify step (serve_sched.h: sm_sched_cache).
+ * engine thread after each admission and verify step (serve_sched.h: sm_sched_cache); the counts
+ * of the structured-output cache under its own mutex (serve_struct.h).
  */
 #ifndef SM_SERVE_METRICS_H
 #define SM_SERVE_METRICS_H
@@ -46,6 +47,9 @@ typedef struct sm_metrics_now {
     long long accepted;        /* draft tokens accepted */
     const sm_hist *step_time;  /* the verify steps' wall time */
     sparkmono_cache_stats cache; /* the prefix cache's counters and the KV page pool (the engine thread's copy) */
+    long long cons_compiled;   /* structured outputs compiled (serve_struct.h) */
+    long long cons_hits;       /* structured outputs found compiled in the cache */
+    int cons_cached;           /* compiled constraints the cache holds */
 } sm_metrics_now;
 
 /* The Prometheus text of m and now (malloc'd; NULL when out of memory). */

@@ -34,7 +34,7 @@ static int parse(const sm_api_model *m, const char *body, size_t len, const char
     char msg[400];
     json_error_t je;
     *v = NULL;
-    *root = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, &je);
+    *root = sm_api_load(body ? body : "", len, &je);
     if (!*root) {
         snprintf(msg, sizeof msg, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
         return fail(out, 400, msg, NULL);
@@ -47,7 +47,7 @@ static int parse(const sm_api_model *m, const char *body, size_t len, const char
             *v = f;
         } else if (!strcmp(k, "model")) {
             if (!json_is_string(f)) return fail(out, 400, "'model' must be a string", "model");
-            if (strcmp(json_string_value(f), m->name)) {
+            if (!sm_api_is_model(m, f)) {
                 snprintf(msg, sizeof msg, "The model '%.200s' does not exist (this server serves '%s')",
                          json_string_value(f), m->name);
                 return fail(out, 404, msg, "model");
@@ -147,6 +147,7 @@ char *sm_serve_metrics(sm_server *s) {
     now.accepted = __atomic_load_n(&s->sched.accepted, __ATOMIC_RELAXED);
     now.step_time = &s->sched.step_time;
     sm_sched_cache(&s->sched, &now.cache);
+    sm_struct_cache_counts(s->api.cons, &now.cons_compiled, &now.cons_hits, &now.cons_cached);
     return sm_metrics_text(&s->met, &now);
 }
 

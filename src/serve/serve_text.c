@@ -87,14 +87,14 @@ size_t sm_utf8_complete(const char *s, size_t n) {
     return n;
 }
 
-/* Append the text of ids [n] to b, special tokens left out (an eos id ends the text, it is not
- * part of it: the `tokenizers` library's skip_special_tokens); an id the tokenizer refuses
- * becomes U+FFFD. */
-static int decode_into(const sm_tokenizer *t, const int *ids, int n, sm_sbuf *b) {
+/* Append the text of ids [n] to b, special tokens left out unless keep_special (an eos id ends
+ * the text, it is not part of it: the `tokenizers` library's skip_special_tokens); an id the
+ * tokenizer refuses becomes U+FFFD. */
+static int decode_into(const sm_tokenizer *t, const int *ids, int n, int keep_special, sm_sbuf *b) {
     int *keep = malloc((size_t)n * sizeof(int)), k = 0;
     if (!keep) return -1;
     for (int i = 0; i < n; i++)
-        if (!sm_tokenizer_is_special(t, ids[i])) keep[k++] = ids[i];
+        if (keep_special || !sm_tokenizer_is_special(t, ids[i])) keep[k++] = ids[i];
     char *txt = NULL;
     size_t len = 0;
     sm_err e = {{0}};
@@ -107,7 +107,7 @@ static int decode_into(const sm_tokenizer *t, const int *ids, int n, sm_sbuf *b)
     } else if (k == 1) {
         rc = sm_sbuf_add(b, REPLACEMENT, 3);
     } else {
-        for (int i = 0; i < k && !rc; i++) rc = decode_into(t, keep + i, 1, b); /* find the bad ids one by one */
+        for (int i = 0; i < k && !rc; i++) rc = decode_into(t, keep + i, 1, 1, b); /* find the bad ids one by one */
     }
     free(keep);
     return rc;
@@ -117,7 +117,7 @@ static int decode_into(const sm_tokenizer *t, const int *ids, int n, sm_sbuf *b)
 static size_t stop_prefix_tail(const sm_detok *d, const char *s, size_t n) {
     size_t best = 0;
     for (int j = 0; j < d->nstop; j++) {
-        size_t ls = strlen(d->stop[j]);
+        size_t ls = d->stop_len[j];
         for (size_t k = ls - 1 < n ? ls - 1 : n; k > best; k--)
             if (memcmp(s + n - k, d->stop[j], k) == 0) {
                 best = k;
@@ -131,7 +131,7 @@ int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_sbuf *out, s
     if (!d->tok) return 0;
     if (n > d->w0) {
         sm_sbuf w = {0};
-        if (decode_into(d->tok, ids + d->w0, n - d->w0, &w)) {
+        if (decode_into(d->tok, ids + d->w0, n - d->w0, d->keep_special, &w)) {
             sm_sbuf_free(&w);
             return sm_errf(e, "serve: out of memory decoding text");
         }
@@ -152,13 +152,15 @@ int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_sbuf *out, s
         sm_sbuf_free(&w);
     }
     if (!d->pend.n) return 0;
-    /* the earliest stop string in the held-back text ends the output */
+    /* the earliest stop string in the held-back text ends the output (before it, or after it) */
     const char *hit = NULL;
+    size_t hit_len = 0;
     for (int j = 0; j < d->nstop; j++) {
-        const char *p = memmem(d->pend.p, d->pend.n, d->stop[j], strlen(d->stop[j]));
-        if (p && (!hit || p < hit)) hit = p;
+        const char *p = memmem(d->pend.p, d->pend.n, d->stop[j], d->stop_len[j]);
+        if (p && (!hit || p < hit)) hit = p, hit_len = d->stop_len[j];
     }
-    size_t give = hit ? (size_t)(hit - d->pend.p) : d->pend.n - (final ? 0 : stop_prefix_tail(d, d->pend.p, d->pend.n));
+    size_t give = hit ? (size_t)(hit - d->pend.p) + (d->include_stop ? hit_len : 0)
+                      : d->pend.n - (final ? 0 : stop_prefix_tail(d, d->pend.p, d->pend.n));
     if (sm_utf8_sanitize(out, d->pend.p, give)) return sm_errf(e, "serve: out of memory for the output text");
     if (hit) {
         d->pend.n = 0;

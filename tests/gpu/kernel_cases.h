@@ -61,4 +61,5 @@ void case_logits(int paths, int n, int H, int V, int vu, int want_logits);
 void case_logits_nonfinite(int paths, int n, int H, int V, int vu);
 /* k top ids of nsel random rows of n (n >= 4: a NaN row and an Inf row among them) */
 void case_logprobs(int n, int V, int vu, int k, int nsel, int ties);
+void case_mask_rows(int n, int V, int vu, int allow, int k);
 #endif

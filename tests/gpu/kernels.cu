@@ -381,6 +381,9 @@ int gpu_test_kernels(void) {
     case_logprobs(130, 1000, 990, 1, 300, 0); /* three launches */
     case_logprobs(6, 3000, 15, 20, 6, 0);     /* fewer ids than k */
     case_logprobs(4, 512, 512, 20, 4, 1);
+    case_mask_rows(8, 202048, 201818, 0, 20);   /* about half allowed */
+    case_mask_rows(9, 202048, 201818, 3, 5);    /* fewer allowed ids than k */
+    case_mask_rows(120, 4096, 4000, 40, 8);     /* many rows, every mask distinct */
 
     /* the launchers inside a captured CUDA graph */
     case_graph();

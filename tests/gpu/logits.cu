@@ -229,3 +229,92 @@ void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
     gh_result(gh_case_fail == 0 && gh_guards_ok(), "%s (lse rel %.2g, %d NaN / Inf rows)", name, worst_lse, nbad);
     gh_case_end();
 }
+
+/* ------------------------------------------------------------------ constraint masks */
+
+/* n random rows [n, V] (ids >= vu at -inf); each row's mask allows `allow` random ids (0: about
+ * half of them), rows i % 3 == 2 have none (free rows, untouched); a NaN planted at a forbidden
+ * id of row 0 (masked away: not bad) and at an allowed id of row 1 (bad: argmax -1).  The kernel
+ * against ref_mask_row + ref_argmax_row, logits bit for bit; then the summaries of the masked
+ * rows (sm_k_logprobs) against ref_logprobs_row, as case_logprobs checks them. */
+void case_mask_rows(int n, int V, int vu, int allow, int k) {
+    sm_err e = {""};
+    char name[160];
+    snprintf(name, sizeof name, "mask rows n=%d V=%d vocab_used=%d allowed=%d k=%d", n, V, vu, allow, k);
+    const int words = (V + 31) / 32;
+    float *hl = (float *)gh_halloc((size_t)n * V * 4), *want = (float *)gh_halloc((size_t)n * V * 4);
+    uint32_t *hm = (uint32_t *)gh_halloc((size_t)n * words * 4);
+    int *rows = (int *)gh_halloc((size_t)n * 4), *midx = (int *)gh_halloc((size_t)n * 4), m = 0;
+    for (int i = 0; i < n; i++) {
+        float *l = hl + (size_t)i * V;
+        uint32_t *mk = hm + (size_t)i * words;
+        for (int v = 0; v < V; v++) l[v] = v >= vu ? -INFINITY : 20.0f * tanhf(gh_rnds(2.0f));
+        memset(mk, 0, (size_t)words * 4);
+        if (allow) {
+            for (int a = 0; a < allow; a++) {
+                const int v = gh_rndi(vu);
+                mk[v >> 5] |= 1u << (v & 31);
+            }
+        } else {
+            for (int w = 0; w < words; w++) mk[w] = (uint32_t)gh_rndi(1 << 16) | ((uint32_t)gh_rndi(1 << 16) << 16);
+        }
+        if (i % 3 != 2) { rows[m] = i; midx[m++] = i; }
+    }
+    /* a NaN at a forbidden id of row 0, at an allowed one of row 1 */
+    for (int i = 0; i < 2 && i < n; i++) {
+        const uint32_t *mk = hm + (size_t)i * words;
+        for (int v = 0; v < vu; v++)
+            if ((((mk[v >> 5] >> (v & 31)) & 1) != 0) == (i == 1)) { hl[(size_t)i * V + v] = NAN; break; }
+    }
+    int *am_want = (int *)gh_halloc((size_t)n * 4), *am_got = (int *)gh_halloc((size_t)n * 4);
+    memcpy(want, hl, (size_t)n * V * 4);
+    for (int i = 0; i < n; i++) am_want[i] = -7; /* untouched: the free rows */
+    for (int j = 0; j < m; j++) {
+        float *l = want + (size_t)rows[j] * V;
+        ref_mask_row(l, hm + (size_t)midx[j] * words, 0, V);
+        am_want[rows[j]] = ref_argmax_row(l, vu);
+    }
+    float *dl = (float *)gh_dup_to_dev("logits", hl, 4, (size_t)n * V);
+    uint32_t *dm = (uint32_t *)gh_dup_to_dev("masks", hm, 4, (size_t)n * words);
+    for (int i = 0; i < n; i++) am_got[i] = -7;
+    int *dam = (int *)gh_dup_to_dev("argmax", am_got, 4, (size_t)n);
+    gh_case_fail = 0;
+    if (sm_k_mask_rows(dl, (size_t)V, V, vu, dm, words, rows, midx, m, dam, g_st, &e)) {
+        gh_fail_line(name, e.msg);
+        return;
+    }
+    if (!gh_sync(g_st)) {
+        gh_fail_line(name, "the launch failed");
+        return;
+    }
+    float *got = (float *)gh_halloc((size_t)n * V * 4);
+    gh_to_host(got, dl, (size_t)n * V * 4);
+    gh_to_host(am_got, dam, (size_t)n * 4);
+    for (int i = 0; i < n && gh_case_fail < 4; i++) {
+        GH_CHECK(am_got[i] == am_want[i], "row %d: argmax %d, reference %d", i, am_got[i], am_want[i]);
+        GH_CHECK(memcmp(got + (size_t)i * V, want + (size_t)i * V, (size_t)V * 4) == 0, "row %d: the masked logits differ", i);
+    }
+    /* the summaries of the masked rows */
+    sm_lp_sum *dout = (sm_lp_sum *)gh_dalloc("summaries", sizeof(sm_lp_sum), m);
+    sm_lp_sum *sum = (sm_lp_sum *)gh_halloc((size_t)m * sizeof(sm_lp_sum));
+    if (sm_k_logprobs(&g_ctx, dl, (size_t)V, rows, NULL, m, vu, k, dout, g_st, &e) || !gh_sync(g_st)) {
+        gh_fail_line(name, e.msg[0] ? e.msg : "the summaries failed");
+        return;
+    }
+    gh_to_host(sum, dout, (size_t)m * sizeof(sm_lp_sum));
+    for (int j = 0; j < m && gh_case_fail < 4; j++) {
+        sm_lp_sum ref, *g = &sum[j];
+        ref_logprobs_row(want + (size_t)rows[j] * V, vu, k, -1, &ref);
+        GH_CHECK(g->bad == ref.bad, "row %d: summary bad %d, reference %d", rows[j], g->bad, ref.bad);
+        if (ref.bad || g->bad) continue;
+        GH_CHECK(g->lmax == ref.lmax && g->n == ref.n, "row %d: lmax %g n %d, reference %g %d", rows[j], (double)g->lmax, g->n,
+                 (double)ref.lmax, ref.n);
+        for (int t = 0; t < ref.n && t < g->n; t++)
+            GH_CHECK(g->top_ids[t] == ref.top_ids[t] && (g->top_l[t] == ref.top_l[t]), "row %d top %d: id %d (%g), reference %d (%g)",
+                     rows[j], t, g->top_ids[t], (double)g->top_l[t], ref.top_ids[t], (double)ref.top_l[t]);
+        GH_CHECK(fabs(g->lse - ref.lse) <= 1e-12 * (fabs(ref.lse) + 1e-300), "row %d: lse %.17g, reference %.17g", rows[j], g->lse,
+                 ref.lse);
+    }
+    gh_result(gh_case_fail == 0 && gh_guards_ok(), "%s", name);
+    gh_case_end();
+}

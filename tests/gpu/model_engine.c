@@ -15,6 +15,7 @@
 #include "model/rng.h"
 #include "model/weights.h"
 #include "sparkmono.h"
+#include "constrain/constrain.h"
 #include "cuda/stock/synth.h"
 #include "cuda/stock/bench.h"
 #include "../condition.h"
@@ -600,6 +601,109 @@ int tm_world_guards(const char *root, uint64_t seed) {
     sparkmono_engine_destroy(g);
     sparkmono_model_close(m);
     printf("%s world_guards\n", gh_case_fail ? "FAIL" : "PASS");
+    fflush(stdout);
+    return gh_case_fail ? 1 : 0;
+}
+
+/* ---- structured outputs on the GPU: the constraint masks applied where the logits are
+ * (backend.h: sm_step.mask; cuda: sm_k_mask_rows after the lm_head) ---- */
+
+/* Ids of prompt {5, 6, 7} under c on the cuda backend: R rows a request, the monokernel mono,
+ * world virtual ranks (0: one), sampling s; with logprobs (top 5), their logprobs into lp. */
+static int tm_con_run(sparkmono_model *m, sparkmono_constraint *c, int R, const char *mono, int world, const sparkmono_sampling *s,
+                      int *out, int *n, int *done, float *lp) {
+    sparkmono_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = "cuda";
+    o.mono = mono;
+    o.request_rows = R;
+    o.max_len = 256;
+    if (world > 1) {
+        o.world = world;
+        o.devices = "0,0";
+        o.comm = "peer";
+    }
+    sparkmono_engine *g = NULL;
+    if (sparkmono_engine_create(m, &o, &g)) { printf("  engine: %s\n", sparkmono_errmsg()); return -1; }
+    sparkmono_sampling smp = *s;
+    smp.constraint = c;
+    smp.logprobs = 1;
+    smp.top_logprobs = 5;
+    const int prompt[3] = {5, 6, 7};
+    int r, rc = 0, k;
+    const int *t, *top;
+    const float *l, *tl;
+    sparkmono_request_info info;
+    if (sparkmono_add_sampled(g, prompt, 3, 64, &smp, &r) || sparkmono_generate(g) || sparkmono_output(g, r, &t, n) ||
+        sparkmono_logprobs(g, r, &l, &top, &tl, &k) || sparkmono_request_get_info(g, r, &info)) {
+        printf("  run: %s\n", sparkmono_errmsg());
+        rc = -1;
+    } else {
+        memcpy(out, t, sizeof(int) * (size_t)*n);
+        memcpy(lp, l, sizeof(float) * (size_t)*n);
+        *done = info.done;
+    }
+    sparkmono_engine_destroy(g);
+    return rc;
+}
+
+/* Under each constraint, greedy and seeded sampling: the text the GPU emits keeps to the
+ * constraint (every id allowed where it stands, and an eos only where the text is complete), with
+ * finite logprobs; R = 8 == R = 1, the monokernel == stock, 2 virtual ranks == 1 (the same ids). */
+int tm_structured(const char *root, uint64_t seed) {
+    gh_case_fail = 0;
+    sm_err e = {{0}};
+    sm_config c;
+    char dir[512];
+    sparkmono_model *m = NULL;
+    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "structured_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
+        sparkmono_model_open(dir, NULL, &m)) {
+        GH_CHECK(0, "model: %s %s", e.msg, sparkmono_errmsg());
+        printf("FAIL structured_outputs\n");
+        return 1;
+    }
+    static const struct { const char *kind, *spec; } cs[] = {
+        {"regex", "[a-z]{2,8}( [a-z]{2,8}){0,3}\\."},
+        {"choice", "[\"yes\", \"no\", \"maybe later\"]"},
+        {"json_schema", "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},"
+                        "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":120}},\"required\":[\"name\",\"age\"]}"},
+        {"json_object", NULL},
+    };
+    static const struct { int R; const char *mono; int world; } v[] = {{8, "off", 0}, {1, "off", 0}, {8, "on", 0}, {8, "off", 2}};
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        sparkmono_constraint *con = NULL;
+        if (sparkmono_constraint_create(m, cs[ci].kind, cs[ci].spec, cs[ci].spec ? strlen(cs[ci].spec) : 0, 0, &con)) {
+            GH_CHECK(0, "%s: %s", cs[ci].kind, sparkmono_errmsg());
+            continue;
+        }
+        for (int sv = 0; sv < 3; sv++) {
+            sparkmono_sampling s;
+            memset(&s, 0, sizeof s);
+            if (sv) s.temperature = 1.0f, s.seed = seed + (uint64_t)sv;
+            int ids[4][64], n[4], done[4];
+            float lp[4][64];
+            int ok = 1;
+            for (size_t vi = 0; vi < sizeof v / sizeof v[0] && ok; vi++)
+                ok = tm_con_run(m, con, v[vi].R, v[vi].mono, v[vi].world, &s, ids[vi], &n[vi], &done[vi], lp[vi]) == 0;
+            if (!ok) { GH_CHECK(0, "%s variant %d: a run failed", cs[ci].kind, sv); continue; }
+            /* the text keeps to the constraint: each id advances its position, an eos only at the end */
+            int pos = sm_con_start(con), bad = 0;
+            for (int i = 0; i < n[0] && !bad; i++) {
+                pos = sm_con_advance(con, pos, ids[0][i], &e);
+                bad = pos < 0 && pos != SM_CON_ENDED;
+                GH_CHECK(isfinite(lp[0][i]), "%s variant %d: logprob %d is %g", cs[ci].kind, sv, i, (double)lp[0][i]);
+            }
+            GH_CHECK(!bad && (done[0] != 1 || pos == SM_CON_ENDED), "%s variant %d: the ids leave the constraint (end %d)",
+                     cs[ci].kind, sv, done[0]);
+            for (size_t vi = 1; vi < sizeof v / sizeof v[0]; vi++)
+                GH_CHECK(n[vi] == n[0] && !memcmp(ids[vi], ids[0], sizeof(int) * (size_t)n[0]),
+                         "%s variant %d: R %d mono %s world %d gave %d ids, R 8 stock %d", cs[ci].kind, sv, v[vi].R, v[vi].mono,
+                         v[vi].world, n[vi], n[0]);
+        }
+        sparkmono_constraint_release(con);
+    }
+    sparkmono_model_close(m);
+    printf("%s structured_outputs\n", gh_case_fail ? "FAIL" : "PASS");
     fflush(stdout);
     return gh_case_fail ? 1 : 0;
 }

@@ -98,3 +98,68 @@ int sm_k_logits(sm_kernel_ctx *kc, const uint16_t *h, int n, int H, const uint16
                 float m_o, float softcap, float *logits, int *argmax, cudaStream_t st, sm_err *e) {
     return sm_k_logits_path(kc, SM_PATH_AUTO, h, n, H, lm_head, V, vocab_used, m_o, softcap, logits, argmax, st, e);
 }
+
+/* ---- constraint masks (sm_k_mask_rows) ---- */
+
+/* The rows of one mask launch (kernel parameter, by value). */
+typedef struct mask_rows {
+    int row[SM_MASK_ROWS];     /* the logits row of each entry */
+    int midx[SM_MASK_ROWS];    /* its mask in the masks buffer */
+} mask_rows;
+
+/* One block per entry: forbidden ids -> -inf in place, then the best allowed (value, id) among ids
+ * < vocab_used (sm_better: larger value, then the lower id) and the NaN / +Inf flag; thread 0
+ * writes the argmax. */
+__global__ void __launch_bounds__(256)
+mask_rows_kernel(float *__restrict__ logits, size_t ld, int V, int vocab_used, const uint32_t *__restrict__ masks, int words,
+                 mask_rows mr, int *__restrict__ argmax) {
+    __shared__ float sv[8];
+    __shared__ int si[8];
+    const int row = mr.row[blockIdx.x];
+    float *l = logits + (size_t)row * ld;
+    const uint32_t *m = masks + (size_t)mr.midx[blockIdx.x] * words;
+    float bv = -INFINITY;
+    int bi = -1, bad = 0;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        if (!((m[v >> 5] >> (v & 31)) & 1)) { /* forbidden: -inf, never a candidate */
+            l[v] = -INFINITY;
+            continue;
+        }
+        const float x = l[v];
+        if (v >= vocab_used) continue;
+        if (isnan(x) || x == INFINITY) bad = 1;
+        else if (x != -INFINITY && sm_better(x, v, bv, bi)) { bv = x; bi = v; }
+    }
+    /* the block's best: warps by butterfly, then warp 0 over the warps */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        const float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, d);
+        const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, d);
+        if (sm_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) { sv[w] = bv; si[w] = bi; }
+    bad = __syncthreads_or(bad);
+    if (threadIdx.x == 0) {
+        for (int q = 1; q < (int)(blockDim.x >> 5); q++)
+            if (sm_better(sv[q], si[q], sv[0], si[0])) { sv[0] = sv[q]; si[0] = si[q]; }
+        argmax[row] = bad ? -1 : si[0];
+    }
+}
+
+int sm_k_mask_rows(float *logits, size_t ld, int V, int vocab_used, const uint32_t *masks, int words, const int *rows,
+                   const int *midx, int n, int *argmax, cudaStream_t st, sm_err *e) {
+    if (n < 0 || n > SM_MASK_ROWS || V < 1 || (size_t)V > ld || vocab_used < 1 || vocab_used > V || words < (V + 31) / 32)
+        return sm_errf(e, "sm_k_mask_rows: bad shape n=%d V=%d ld=%zu vocab_used=%d words=%d", n, V, ld, vocab_used, words);
+    if (n == 0) return 0;
+    if (!logits || !masks || !rows || !midx || !argmax) return sm_errf(e, "sm_k_mask_rows: NULL argument");
+    mask_rows mr;
+    for (int i = 0; i < n; i++) {
+        if (rows[i] < 0 || midx[i] < 0) return sm_errf(e, "sm_k_mask_rows: entry %d: row %d, mask %d", i, rows[i], midx[i]);
+        mr.row[i] = rows[i];
+        mr.midx[i] = midx[i];
+    }
+    mask_rows_kernel<<<n, 256, 0, st>>>(logits, ld, V, vocab_used, masks, words, mr, argmax);
+    SM_LAUNCH_CHECK("mask_rows_kernel");
+    return 0;
+}

@@ -37,7 +37,7 @@
 /* The partials of one (row, slice) in the workspace. */
 typedef struct lp_part {
     float m;                              /* the slice's maximum */
-    int bad;                              /* a NaN or +-Inf among its ids */
+    int bad;                              /* a NaN or +Inf among its ids (-inf: an id a mask forbids) */
     double s;                             /* sum of exp(l - m) over its ids */
 } lp_part;
 
@@ -60,15 +60,15 @@ lp_slice_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int v
     for (int j = 0; j < LP_EPT; j++) { /* lane-interleaved: coalesced */
         const int v = j * 32 + lane;
         x[j] = v < n ? l[v] : -INFINITY;
-        bad |= v < n && !isfinite(x[j]);
+        bad |= v < n && (isnan(x[j]) || x[j] == INFINITY);
         m = fmaxf(m, x[j]);
     }
     m = sm_warp_max(m);
     /* sum of exp(l - m) in double, each lane in id order, then the lanes by butterfly */
     double s = 0.0;
 #pragma unroll
-    for (int j = 0; j < LP_EPT; j++)
-        if (j * 32 + lane < n) s += exp((double)x[j] - (double)m);
+    for (int j = 0; j < LP_EPT; j++) /* -inf adds nothing (and a slice of -inf only: m = -inf, s = 0) */
+        if (j * 32 + lane < n && x[j] != -INFINITY) s += exp((double)x[j] - (double)m);
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, d);
     bad = __any_sync(0xFFFFFFFFu, bad);
@@ -228,7 +228,13 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
         wm[j] = q < nw ? p[q].m : -INFINITY;
         bad |= q < nw && p[q].bad;
     }
-    if (__syncthreads_or(bad)) { /* NaN or +-Inf: the row has no distribution */
+    /* lmax: every slice -inf (each id masked) means no distribution either */
+    float mx = -INFINITY;
+    int dummy = 0;
+#pragma unroll
+    for (int j = 0; j < LP_MAXW_T; j++) mx = fmaxf(mx, wm[j]);
+    lp_block_best(mx, dummy, red_v, red_i);
+    if (__syncthreads_or(bad || mx == -INFINITY)) { /* NaN or +Inf: the row has no distribution */
         if (t == 0) {
             o->bad = 1;
             o->lmax = 0.0f;
@@ -237,19 +243,13 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
         }
         return;
     }
-    /* lmax */
-    float mx = -INFINITY;
-    int dummy = 0;
-#pragma unroll
-    for (int j = 0; j < LP_MAXW_T; j++) mx = fmaxf(mx, wm[j]);
-    lp_block_best(mx, dummy, red_v, red_i);
     /* lse = log(sum_w s_w exp(m_w - lmax)): each thread its slices in order, then the lanes by
      * butterfly, the warps in order */
     double s = 0.0;
 #pragma unroll
     for (int j = 0; j < LP_MAXW_T; j++) {
         const int q = t + j * LP_THREADS;
-        if (q < nw) s += p[q].s * exp((double)wm[j] - (double)mx);
+        if (q < nw && wm[j] != -INFINITY) s += p[q].s * exp((double)wm[j] - (double)mx);
     }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, d);

@@ -209,6 +209,15 @@ int sm_k_attention_prefill(const uint16_t *q, int ldq, const uint16_t *gate, int
 int sm_k_logits(sm_kernel_ctx *kc, const uint16_t *h, int n, int H, const uint16_t *lm_head, int V,
                 int vocab_used, float m_o, float softcap, float *logits, int *argmax,
                 cudaStream_t st, sm_err *e);
+/* The constraint masks of logits rows (sm_step.mask): for entry i < n, row rows[i] of logits
+ * [*, ld] (f32, V ids) gets -inf at every id whose bit in mask midx[i] of masks [*, words]
+ * (device, uint32 words, id v: word v / 32, bit v % 32) is clear, and argmax[rows[i]] becomes
+ * the row's greedy id among ids < vocab_used, ties to the lowest; -1 when an allowed id there
+ * is NaN or +Inf, or none is finite.  rows, midx: HOST ints [n], n <= SM_MASK_ROWS.
+ * Reference: ref_mask_row then ref_argmax_row (cpu/ops.h). */
+#define SM_MASK_ROWS 128
+int sm_k_mask_rows(float *logits, size_t ld, int V, int vocab_used, const uint32_t *masks, int words, const int *rows,
+                   const int *midx, int n, int *argmax, cudaStream_t st, sm_err *e);
 /* ---- logprob summaries (ops/logprobs.cu) ---- */
 #define SM_LP_ROWS 128 /* rows of one sm_k_logprobs launch (more run in several) */
 /* out [nsel] (device sm_lp_sum, backend.h) = the summary of row rows[i] of logits [*, ld] (f32)

@@ -343,6 +343,8 @@ void cb_dev_destroy(sm_cuda_rank *cr) {
     if (cr->logits) SM_CUDA_CHECK_PRINT(cudaFree(cr->logits));
     if (cr->lps) SM_CUDA_CHECK_PRINT(cudaFree(cr->lps));
     if (cr->h_lps) SM_CUDA_CHECK_PRINT(cudaFreeHost(cr->h_lps));
+    if (cr->mask_d) SM_CUDA_CHECK_PRINT(cudaFree(cr->mask_d));
+    if (cr->mask_h) SM_CUDA_CHECK_PRINT(cudaFreeHost(cr->mask_h));
     if (cr->aux) SM_CUDA_CHECK_PRINT(cudaFree(cr->aux));
     if (cr->meta_d) SM_CUDA_CHECK_PRINT(cudaFree(cr->meta_d));
     if (cr->meta_h) SM_CUDA_CHECK_PRINT(cudaFreeHost(cr->meta_h));

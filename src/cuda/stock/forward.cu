@@ -190,8 +190,10 @@ static int cb_head(sm_cuda_rank *cr, const cb_run *r, sm_err *e) {
     if (cr->gc) { /* world > 1: every rank takes part; rank 0 copies to the host */
         for (int c0 = 0; c0 < n; c0 += CB_LOGIT_ROWS) {
             int nc = n - c0 < CB_LOGIT_ROWS ? n - c0 : CB_LOGIT_ROWS;
-            float *out = r->logits_dev ? r->logits_dev + (size_t)c0 * cf->V : r->logits_host || r->lp_at ? cr->logits : NULL;
+            float *out = r->logits_dev ? r->logits_dev + (size_t)c0 * cf->V : r->logits_host || r->lp_at || r->mask ? cr->logits : NULL;
             if (cb_world_logits(cr, cr->x + (size_t)c0 * H, c0, nc, out, e)) return -1;
+            /* the constraint masks (eager; rank 0 holds the rows the host reads) */
+            if (r->mask && !r->logits_dev && cr->rank == 0 && cb_mask(cr, r->mask + c0, nc, cr->logits, cr->am + c0, e)) return -1;
             if (r->logits_host && cr->rank == 0 &&
                 cb_logits_to_host(cr, cr->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
                                   r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
@@ -202,7 +204,7 @@ static int cb_head(sm_cuda_rank *cr, const cb_run *r, sm_err *e) {
         }
         return 0;
     }
-    if (!r->logits_host && !r->lp_at) {
+    if (!r->logits_host && !r->lp_at && !r->mask) {
         if (sm_k_logits(&cr->kc, cr->x, n, H, cr->lm_head, cf->V, cf->vocab_used, cf->out_mult, cf->softcap, r->logits_dev, cr->am,
                         cr->st, e))
             return sm_errprefix(e, "cuda step: logits");
@@ -213,6 +215,7 @@ static int cb_head(sm_cuda_rank *cr, const cb_run *r, sm_err *e) {
         if (sm_k_logits(&cr->kc, cr->x + (size_t)c0 * H, nc, H, cr->lm_head, cf->V, cf->vocab_used, cf->out_mult, cf->softcap,
                         cr->logits, cr->am + c0, cr->st, e))
             return sm_errprefix(e, "cuda step: logits");
+        if (r->mask && cb_mask(cr, r->mask + c0, nc, cr->logits, cr->am + c0, e)) return -1;
         if (r->logits_host && cb_logits_to_host(cr, cr->logits, nc, r->logits_at ? r->logits_at + c0 : NULL,
                                                 r->logits_at ? r->logits_host : r->logits_host + (size_t)c0 * cf->V, e))
             return -1;

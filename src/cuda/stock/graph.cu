@@ -95,7 +95,7 @@ static int cb_same_aux(const cb_graph *g, const sm_step *s) {
 }
 
 int cb_launch_graph(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, int *fresh, sm_err *e) {
-    int bi = cb_bucket(nb), wl = s->logits || s->lp_at; /* the graph keeps the logits on the device */
+    int bi = cb_bucket(nb), wl = s->logits || s->lp_at || s->mask; /* the graph keeps the logits on the device */
     cb_graph *G = &cr->graphs[bi][wl];
     *fresh = 0;
     if (G->exec && !cb_same_aux(G, s)) {
@@ -124,7 +124,7 @@ int cb_launch_graph(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, in
 int cb_launch_bucket_eager(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, sm_err *e) {
     SM_CUDA_CHECK(cudaMemcpyAsync(cr->meta_d, cr->meta_h, bytes, cudaMemcpyHostToDevice, cr->st));
     cb_run r = cb_run_step(cr, s, nb);
-    r.logits_dev = s->logits || s->lp_at ? cr->logits : NULL;
+    r.logits_dev = s->logits || s->lp_at || s->mask ? cr->logits : NULL;
     r.mono = cb_mono_bucket(cr, nb, e); /* plans the bucket's launches on first use */
     if (r.mono < 0) return -1;
     return cb_enqueue(cr, &r, e);

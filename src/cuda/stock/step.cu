@@ -103,6 +103,7 @@ static int cb_launch_eager(sm_cuda_rank *cr, const sm_step *s, int r0, int n, cb
     r.lp_at = s->lp_at ? s->lp_at + r0 : NULL;
     r.lp_k = s->lp_k;
     r.lp_tok = s->lp_tok ? s->lp_tok + r0 : NULL;
+    r.mask = s->mask ? s->mask + r0 : NULL;
     r.att = att;
     r.natt = na;
     return cb_enqueue(cr, &r, e);
@@ -125,6 +126,36 @@ int cb_logits_to_host(sm_cuda_rank *cr, const float *dev, int n, const int *at, 
     return 0;
 }
 
+int cb_mask(sm_cuda_rank *cr, const uint32_t *const *mask, int n, float *dev, int *am, sm_err *e) {
+    const int V = cr->cfg.V, words = (V + 31) / 32;
+    int rows[SM_MASK_ROWS], midx[SM_MASK_ROWS], m = 0, nm = 0;
+    const uint32_t *seen[SM_MASK_ROWS];
+    for (int i = 0; i < n && i < SM_MASK_ROWS; i++) {
+        if (!mask[i]) continue;
+        /* each distinct mask once in the staging buffer (a request's rows often share one) */
+        int j = 0;
+        while (j < nm && seen[j] != mask[i]) j++;
+        if (j == nm) {
+            if (!cr->mask_d) {
+                SM_CUDA_CHECK(cudaMalloc(&cr->mask_d, (size_t)SM_MASK_ROWS * words * 4));
+                SM_CUDA_CHECK(cudaMallocHost((void **)&cr->mask_h, (size_t)SM_MASK_ROWS * words * 4));
+            }
+            seen[nm++] = mask[i];
+        }
+        rows[m] = i;
+        midx[m++] = j;
+    }
+    if (!m) return 0;
+    /* the pinned staging may still feed an earlier chunk's copy of this step: wait for it first */
+    if (cr->mask_busy) SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
+    cr->mask_busy = 1;
+    for (int j = 0; j < nm; j++) memcpy(cr->mask_h + (size_t)j * words, seen[j], (size_t)words * 4);
+    SM_CUDA_CHECK(cudaMemcpyAsync(cr->mask_d, cr->mask_h, (size_t)nm * words * 4, cudaMemcpyHostToDevice, cr->st));
+    if (sm_k_mask_rows(dev, (size_t)V, V, cr->cfg.vocab_used, cr->mask_d, words, rows, midx, m, am, cr->st, e))
+        return sm_errprefix(e, "cuda step: constraint masks");
+    return 0;
+}
+
 int cb_logprobs(sm_cuda_rank *cr, const int *at, const int *tok, int n, int k, int *ord, sm_err *e) {
     int rows[CB_LOGIT_ROWS], toks[CB_LOGIT_ROWS], m = 0;
     for (int i = 0; i < n && i < CB_LOGIT_ROWS; i++)
@@ -144,6 +175,9 @@ int cb_logprobs(sm_cuda_rank *cr, const int *at, const int *tok, int n, int k, i
 static int cb_collect(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int graph, sm_err *e) {
     const sm_config *cf = &cr->cfg;
     const int out = cr->rank == 0; /* world > 1: the replicated outputs go to the host from rank 0 */
+    /* graph form: the constraint masks on the replayed logits, before anything reads them (the
+     * eager form masked them in cb_head) */
+    if (graph && s->mask && out && cb_mask(cr, s->mask + r0, n, cr->logits, cr->am, e)) return -1;
     SM_CUDA_CHECK(cudaMemcpyAsync(cr->h_am, cr->am, (size_t)n * 4, cudaMemcpyDeviceToHost, cr->st));
     if (graph && s->logits && out &&
         cb_logits_to_host(cr, cr->logits, n, s->logits_at ? s->logits_at + r0 : NULL,
@@ -166,6 +200,7 @@ static int cb_collect(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int gra
     if (cr->gc && sm_gcomm_health_fetch(cr->gc, cr->st, e)) return -1;
     cudaError_t r = cudaStreamSynchronize(cr->st);
     if (r != cudaSuccess) return sm_errf(e, "cuda step: the step failed on device %d: %s", cr->device, cudaGetErrorString(r));
+    cr->mask_busy = 0;
     if (cb_mono_health_check(cr, e)) return sm_errprefix(e, "cuda step");
     if (cr->gc && sm_gcomm_health_check(cr->gc, e)) return sm_errprefix(e, "cuda step");
     if (s->argmax && out) memcpy(s->argmax + r0, cr->h_am, (size_t)n * 4);
@@ -209,7 +244,7 @@ static int cb_step_eager(sm_cuda_rank *cr, const sm_step *s, sm_err *e) {
 
 int cb_step_run(sm_cuda_rank *cr, const sm_step *s, sm_err *e) {
     if (s->nrows == 0) return 0;
-    if (cb_enter(cr, e) || cb_reserve_outputs(cr, s->naux, s->logits != NULL, s->lp_at != NULL, e)) return -1;
+    if (cb_enter(cr, e) || cb_reserve_outputs(cr, s->naux, s->logits != NULL || s->mask != NULL, s->lp_at != NULL, e)) return -1;
     const int gf = cb_graph_form(s), graphs = gf && !cr->eager_only;
     /* virtual ranks: the bucket's run without a graph, the very launches a graph of distinct
      * devices replays (the prefill form would split the matmuls and the attention keys of the

@@ -109,6 +109,9 @@ typedef struct sm_cuda_rank {
     float *logits;             /* [CB_LOGIT_ROWS, V] f32, allocated on first use */
     sm_lp_sum *lps, *h_lps;    /* [cap] logprob summaries of a run's rows (sm_step.lp_at), in row
                                   order, and their pinned host staging; allocated on first use */
+    uint32_t *mask_d, *mask_h; /* [SM_MASK_ROWS, ceil(V / 32)] the distinct constraint masks of a
+                                  chunk's rows (sm_step.mask) and their pinned staging; first use */
+    int mask_busy;             /* 1: a copy from mask_h may be in flight (until the step's wait) */
     float *aux;                /* [aux_cap, cap, H] f32, allocated on first use */
     int aux_cap;               /* aux entries aux holds */
     sm_cuda_moe_ws mws;        /* MoE workspace for cap rows */
@@ -170,6 +173,7 @@ typedef struct cb_run {
                                   (cr->lps, in row order) */
     int lp_k;                  /* their top ids (sm_step.lp_k) */
     const int *lp_tok;         /* head, eager: NULL, or [n] sm_step.lp_tok of the rows */
+    const uint32_t *const *mask; /* head, eager: NULL, or [n] sm_step.mask of the rows */
     int naux;                  /* aux entries */
     const int *aux;            /* [naux] layer ids */
     const cb_att_item *att;    /* [natt] eager attention plan; NULL: one generic call */
@@ -252,6 +256,9 @@ int cb_dense_xfers(const sm_cuda_rank *cr, const sm_shard *sh, int l, cb_xfer *t
 /* Enqueue the copy of device logits [n, V] to the host: row i to row at[i] of host (none when
  * -1; runs of consecutive rows in one copy), or, at NULL, all n rows to host [n, V]. */
 int cb_logits_to_host(sm_cuda_rank *cr, const float *dev, int n, const int *at, float *host, sm_err *e);
+/* The constraint masks mask [n] (sm_step.mask of n consecutive rows; NULL entries: free rows) on
+ * rows [0, n) of the device logits dev [n, V], and those rows' argmax into am [n]. */
+int cb_mask(sm_cuda_rank *cr, const uint32_t *const *mask, int n, float *dev, int *am, sm_err *e);
 
 /* ---- forward.cu ---- */
 /* Enqueue the work of r on cr->st (capturable when r->logits_host is NULL). */

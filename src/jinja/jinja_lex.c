@@ -2,15 +2,17 @@
  * whitespace rules as transformers sets them: trim_blocks (the first newline after a block or
  * comment tag is dropped; "+%}" keeps it), lstrip_blocks (spaces and tabs from a line's start to
  * a block or comment tag are dropped; "{%+" keeps them), "-" at a tag's edge strips all whitespace on
- * that side, newlines normalized to "\n", one trailing newline of the template dropped.
+ * that side, newlines normalized to "\n", one trailing newline of the template dropped; the
+ * text between "{% raw %}" and "{% endraw %}" kept as it is.
  *
  * Text is cut at tags first and each tag's inside tokenized on its own, so a tag's end is
  * found by scanning its tokens (a "}}" inside a string or dict literal does not end it).  We
  * rejected a regex-driven lexer like Jinja2's: its rules are spread over a dozen patterns,
  * and a plain scan states them once.
  */
-#include "serve/jinja_int.h"
+#include "jinja/jinja_int.h"
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +149,20 @@ static int lex_tag(lexer *L, size_t *p, int var, int *strip_after, int *keep_new
             size_t b = i;
             while (i < L->n && (isalnum((unsigned char)L->s[i]) || L->s[i] == '_')) i++;
             if (!push(L, JT_NAME, L->s + b, i - b, b)) return sm_errf(L->e, "out of memory");
+        } else if (ch == '0' && i + 2 < L->n && strchr("xXoObB", L->s[i + 1]) && isxdigit((unsigned char)L->s[i + 2])) {
+            size_t b = i; /* 0x1F, 0o17, 0b101 (underscores between digits) */
+            int base = L->s[i + 1] == 'x' || L->s[i + 1] == 'X' ? 16 : L->s[i + 1] == 'o' || L->s[i + 1] == 'O' ? 8 : 2;
+            unsigned long long v = 0;
+            for (i += 2; i < L->n && (isxdigit((unsigned char)L->s[i]) || L->s[i] == '_'); i++) {
+                if (L->s[i] == '_') continue;
+                int d = isdigit((unsigned char)L->s[i]) ? L->s[i] - '0' : tolower((unsigned char)L->s[i]) - 'a' + 10;
+                if (d >= base) return lerr(L, b, "bad digit in an integer literal", NULL);
+                if (v > (9223372036854775807ull - (unsigned)d) / (unsigned)base) return lerr(L, b, "integer literal beyond 64 bits", NULL);
+                v = v * (unsigned)base + (unsigned)d;
+            }
+            jtoken *t = push(L, JT_INT, L->s + b, i - b, b);
+            if (!t) return sm_errf(L->e, "out of memory");
+            t->i = (long long)v;
         } else if (isdigit((unsigned char)ch)) {
             size_t b = i;
             int fl = 0;
@@ -171,7 +187,11 @@ static int lex_tag(lexer *L, size_t *p, int var, int *strip_after, int *keep_new
             jtoken *t = push(L, fl ? JT_FLOAT : JT_INT, L->s + b, i - b, b);
             if (!t) return sm_errf(L->e, "out of memory");
             if (fl) t->f = strtod(num, NULL);
-            else t->i = strtoll(num, NULL, 10);
+            else {
+                errno = 0;
+                t->i = strtoll(num, NULL, 10);
+                if (errno == ERANGE) return lerr(L, b, "integer literal beyond 64 bits: ", num);
+            }
         } else {
             size_t len = 0;
             for (size_t o = 0; o < sizeof OPS / sizeof OPS[0] && !len; o++)
@@ -189,6 +209,56 @@ static int lex_tag(lexer *L, size_t *p, int var, int *strip_after, int *keep_new
     }
     *p = i;
     return 0;
+}
+
+/* The end of a tag at s[i] after optional spaces: "%}", "-%}" or "+%}"; its length (0: none),
+ * *mod the '-' or '+' (0: none). */
+static size_t tag_close(const lexer *L, size_t i, char *mod) {
+    size_t b = i;
+    while (i < L->n && is_ws(L->s[i])) i++;
+    *mod = 0;
+    if (i < L->n && (L->s[i] == '-' || L->s[i] == '+')) *mod = L->s[i++];
+    if (i + 2 <= L->n && L->s[i] == '%' && L->s[i + 1] == '}') return i + 2 - b;
+    return 0;
+}
+
+/* At *p, just inside "{%" (and its modifier): when the tag is "raw", push the text up to
+ * "{% endraw %}" unchanged but for the tags' whitespace control ("-" strips, lstrip_blocks
+ * before endraw) and move *p past that tag (trim_blocks: one newline after it; "-": *strip_next).  1 done, 0 not
+ * a raw tag, -1 error. */
+static int raw_block(lexer *L, size_t *p, int *strip_next) {
+    size_t i = *p, open = *p;
+    while (i < L->n && is_ws(L->s[i])) i++;
+    if (L->n - i < 3 || strncmp(L->s + i, "raw", 3) || (i + 3 < L->n && (isalnum((unsigned char)L->s[i + 3]) || L->s[i + 3] == '_')))
+        return 0;
+    char mod;
+    size_t k = tag_close(L, i + 3, &mod);
+    if (!k) return 0;
+    size_t b = i + 3 + k; /* the raw text starts here (no trim_blocks after "raw %}", as in Jinja2) */
+    if (mod == '-') while (b < L->n && is_ws(L->s[b])) b++;
+    for (size_t t = b; t + 1 < L->n; t++) {
+        if (L->s[t] != '{' || L->s[t + 1] != '%') continue;
+        size_t j = t + 2;
+        char lm = 0;
+        if (j < L->n && (L->s[j] == '-' || L->s[j] == '+')) lm = L->s[j++];
+        while (j < L->n && is_ws(L->s[j])) j++;
+        if (L->n - j < 6 || strncmp(L->s + j, "endraw", 6)) continue;
+        size_t c = tag_close(L, j + 6, &mod);
+        if (!c) continue;
+        size_t te = t;
+        if (lm == '-') while (te > b && is_ws(L->s[te - 1])) te--;
+        else if (lm != '+') { /* lstrip_blocks: the spaces from the line's start to "{% endraw" */
+            size_t ls = te;
+            while (ls > b && (L->s[ls - 1] == ' ' || L->s[ls - 1] == '\t')) ls--;
+            if ((ls > b && L->s[ls - 1] == '\n') || (ls == b && (b == 0 || L->s[b - 1] == '\n'))) te = ls;
+        }
+        if (te > b && !push(L, JT_TEXT, L->s + b, te - b, b)) return sm_errf(L->e, "out of memory");
+        *p = j + 6 + c;
+        *strip_next = mod == '-';
+        if (!mod && *p < L->n && L->s[*p] == '\n') ++*p; /* trim_blocks */
+        return 1;
+    }
+    return lerr(L, open, "'{% raw %}' is never closed by '{% endraw %}'", NULL);
 }
 
 int sm_jinja_lex(const char *src, size_t n, jtoken **out, int *nout, sm_err *e) {
@@ -236,6 +306,11 @@ int sm_jinja_lex(const char *src, size_t n, jtoken **out, int *nout, sm_err *e) 
             p = (size_t)(c - s) + 2;
             if (!strip_next && p < m && s[p] == '\n') p++; /* trim_blocks */
             continue;
+        }
+        if (kind == '%') { /* {% raw %}: the text up to {% endraw %} as it is */
+            int r = raw_block(&L, &p, &strip_next);
+            if (r < 0) goto out;
+            if (r > 0) continue;
         }
         if (!push(&L, kind == '{' ? JT_VBEGIN : JT_BBEGIN, s + t, 2, t)) { sm_errf(e, "out of memory"); goto out; }
         int keep = 0;

@@ -1,13 +1,18 @@
 /* jinja_parse.c: tokens into the node tree (see jinja_int.h), by recursive descent with
  * Jinja2's precedence: ternary < or < and < not < comparisons and "in" < + - < ~ < * / // %
- * < unary minus < postfix (.attr, [i], [a:b:c], call) < filters and tests.
+ * < ** < unary minus < postfix (.attr, .0, [i], [a:b:c], call) < filters and tests.  Tags: if /
+ * elif / else, for (with else, a filter and break / continue), set (a, b = ...; ns.x = ...; a
+ * block set, filtered or not), macro, with, filter, generation (transformers' tag, rendered as
+ * its body); raw is the lexer's.
  *
  * Everything outside the supported subset is refused here, naming the construct and its
  * line:column: an unknown tag, filter, test or method, a call of a name that is neither a
- * macro of the template nor a supported function.  We rejected refusing at render time: a
- * server must find out at start, not on some user's request.
+ * macro of the template nor a supported function, a filter or test named by a string that
+ * map / select / reject / selectattr / rejectattr would call.  A filter's or test's built-in
+ * (jinja_call.h) is found here once.  We rejected refusing at render time: a server must
+ * find out at start, not on some user's request.
  */
-#include "serve/jinja_int.h"
+#include "jinja/jinja_call.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,9 +129,9 @@ static jnode *primary(parser *P) {
     if (t->kind == JT_STR) {
         n = mk(P, JN_STR, t);
         if (!n) return OOM(P);
-        sm_sbuf b = {0};
+        sm_buf b = {0};
         while (cur(P)->kind == JT_STR) { /* adjacent literals concatenate */
-            if (sm_sbuf_add(&b, cur(P)->s, cur(P)->n)) return OOM(P);
+            if (sm_buf_add(&b, cur(P)->s, cur(P)->n)) return OOM(P);
             P->p++;
         }
         n->s = b.p ? b.p : strdup("");
@@ -162,6 +167,7 @@ static jnode *primary(parser *P) {
             if (!x || add_kid(n, x, NULL)) return x ? OOM(P) : NULL;
         }
         if (*close == ')' && n->nk == 1 && !comma && !is_op(&P->k[P->p - 2], ",")) return n->kids[0];
+        if (*close == ')') n->kind = JN_TUPLE; /* (a, b), (a,) and () are tuples */
         return n;
     }
     if (is_op(t, "{")) {
@@ -187,6 +193,15 @@ static jnode *postfix(parser *P, jnode *n) {
             jtoken *nm = cur(P);
             if (nm->kind != JT_NAME && nm->kind != JT_INT) return perr(P, nm, "expected an attribute name after '.'"), NULL;
             P->p++;
+            if (nm->kind == JT_INT) { /* x.0 is x[0] */
+                jnode *x = mk(P, JN_ITEM, nm), *k = mk(P, JN_INT, nm);
+                if (!x || !k) return OOM(P);
+                k->i = nm->i;
+                x->a = n;
+                x->b = k;
+                n = x;
+                continue;
+            }
             jnode *a = mk(P, JN_ATTR, nm);
             if (!a || set_s(a, nm->s, nm->n)) return OOM(P);
             a->a = n;
@@ -214,7 +229,7 @@ static jnode *postfix(parser *P, jnode *n) {
             if (!c) return OOM(P);
             c->a = n;
             if (call_args(P, c)) return NULL;
-            if (n->kind == JN_ATTR && !sm_jinja_known_method(n->s))
+            if (n->kind == JN_ATTR && !jb_find(JB_METHOD, n->s))
                 return perr(P, &P->k[P->p - 1], "unsupported method '%s()' (at line %d col %d)", n->s, n->line, n->col), NULL;
             if (n->kind == JN_NAME) {
                 if (P->ncalls == 256) return perr(P, t, "too many function calls"), NULL;
@@ -230,28 +245,53 @@ static jnode *postfix(parser *P, jnode *n) {
     return n;
 }
 
+/* The filter or test a string literal argument names, checked now: map('upper'),
+ * select('odd'), selectattr('role', 'equalto', 'user').  0, or -1 naming it. */
+static int named_builtin(parser *P, const jnode *f) {
+    int kind = -1, at = 0;
+    if (!strcmp(f->s, "map")) kind = JB_FILTER;
+    else if (!strcmp(f->s, "select") || !strcmp(f->s, "reject")) kind = JB_TEST;
+    else if (!strcmp(f->s, "selectattr") || !strcmp(f->s, "rejectattr")) kind = JB_TEST, at = 1;
+    if (kind < 0 || f->nk <= at || (f->kw && f->kw[at]) || f->kids[at]->kind != JN_STR) return 0;
+    for (int i = 0; i < f->nk; i++)
+        if (kind == JB_FILTER && f->kw && f->kw[i] && !strcmp(f->kw[i], "attribute")) return 0; /* map(attribute=) */
+    const jnode *a = f->kids[at];
+    if (jb_find(kind, a->s)) return 0;
+    return sm_errf(P->e, "line %d col %d: unsupported %s '%s' (in %s)", a->line, a->col, kind == JB_FILTER ? "filter" : "test",
+                   a->s, f->s);
+}
+
+/* One filter "name(args)" applied to n (the "|" already read). */
+static jnode *filter_one(parser *P, jnode *n) {
+    jtoken *nm = cur(P);
+    if (nm->kind != JT_NAME) return perr(P, nm, "expected a filter name after '|'"), NULL;
+    P->p++;
+    const jbuiltin *b = jb_find(JB_FILTER, nm->s);
+    if (!b) return perr(P, nm, "unsupported filter '%s'", nm->s), NULL;
+    jnode *f = mk(P, JN_FILTER, nm);
+    if (!f || set_s(f, nm->s, nm->n)) return OOM(P);
+    f->a = n;
+    f->fn = b;
+    if (is_op(cur(P), "(") && call_args(P, f)) return NULL;
+    return named_builtin(P, f) ? NULL : f;
+}
+
 /* Filters "| name(args)" and tests "is [not] name [arg]" after a unary expression. */
 static jnode *filters(parser *P, jnode *n) {
     while (n) {
         jtoken *t = cur(P);
         if (accept_op(P, "|")) {
-            jtoken *nm = cur(P);
-            if (nm->kind != JT_NAME) return perr(P, nm, "expected a filter name after '|'"), NULL;
-            P->p++;
-            if (!sm_jinja_known_filter(nm->s)) return perr(P, nm, "unsupported filter '%s'", nm->s), NULL;
-            jnode *f = mk(P, JN_FILTER, nm);
-            if (!f || set_s(f, nm->s, nm->n)) return OOM(P);
-            f->a = n;
-            if (is_op(cur(P), "(") && call_args(P, f)) return NULL;
-            n = f;
+            n = filter_one(P, n);
         } else if (accept_name(P, "is")) {
             int neg = accept_name(P, "not");
             jtoken *nm = cur(P);
             if (nm->kind != JT_NAME) return perr(P, nm, "expected a test name after 'is'"), NULL;
             P->p++;
-            if (!sm_jinja_known_test(nm->s)) return perr(P, nm, "unsupported test '%s'", nm->s), NULL;
+            const jbuiltin *b = jb_find(JB_TEST, nm->s);
+            if (!b) return perr(P, nm, "unsupported test '%s'", nm->s), NULL;
             jnode *x = mk(P, JN_TEST, nm);
             if (!x || set_s(x, nm->s, nm->n)) return OOM(P);
+            x->fn = b;
             x->a = n;
             x->i = neg;
             if (is_op(cur(P), "(")) {
@@ -529,7 +569,7 @@ static jnode *statement_(parser *P) {
         if (accept_op(P, "=")) {
             if (!(n->a = expr(P))) return NULL;
             if (is_op(cur(P), ",")) { /* a, b = x, y: the value is a tuple */
-                jnode *l = mk(P, JN_LIST, cur(P));
+                jnode *l = mk(P, JN_TUPLE, cur(P));
                 if (!l || add_kid(l, n->a, NULL)) return OOM(P);
                 while (accept_op(P, ",")) {
                     jnode *x = expr(P);
@@ -541,7 +581,11 @@ static jnode *statement_(parser *P) {
         }
         if (n->nk != 1 || n->kids[0]->kind != JN_NAME) return perr(P, t, "a block set takes one variable name"), NULL;
         static const char *const ends[] = {"endset", NULL};
-        if (accept_op(P, "|")) return perr(P, cur(P), "unsupported filter on a block set"), NULL;
+        if (is_op(cur(P), "|")) { /* {% set x | filter %}: the block's text filtered */
+            jnode *bd = mk(P, JN_BODY, cur(P));
+            if (!bd) return OOM(P);
+            if (!(n->a = filters(P, bd))) return NULL;
+        }
         if (end_tag(P) || body(P, &n->b, ends, &st)) return NULL;
         n->i = 1; /* a block set */
         return end_tag(P) ? NULL : n;
@@ -566,6 +610,34 @@ static jnode *statement_(parser *P) {
         static const char *const ends[] = {"endmacro", NULL};
         if (end_tag(P) || body(P, &n->b, ends, &st)) return NULL;
         if (cur(P)->kind == JT_NAME) P->p++; /* {% endmacro name %} */
+        return end_tag(P) ? NULL : n;
+    }
+    if (!strcmp(t->s, "with")) { /* {% with a = x, b = y %}: a scope of its own */
+        if (!(n = mk(P, JN_WITH, t))) return OOM(P);
+        while (cur(P)->kind == JT_NAME) {
+            jtoken *nm = cur(P);
+            P->p++;
+            jnode *x = mk(P, JN_NAME, nm);
+            if (!x || set_s(x, nm->s, nm->n) || add_kid(n, x, NULL)) return OOM(P);
+            if (expect_op(P, "=") || !(x->a = expr(P))) return NULL;
+            if (!accept_op(P, ",")) break;
+        }
+        static const char *const ends[] = {"endwith", NULL};
+        if (end_tag(P) || body(P, &n->b, ends, &st)) return NULL;
+        return end_tag(P) ? NULL : n;
+    }
+    if (!strcmp(t->s, "filter")) { /* {% filter f(args) | g %}: the block's text filtered */
+        if (!(n = mk(P, JN_FILTER_BLOCK, t))) return OOM(P);
+        jnode *bd = mk(P, JN_BODY, t);
+        if (!bd || !(n->a = filter_one(P, bd)) || !(n->a = filters(P, n->a))) return bd ? NULL : OOM(P);
+        static const char *const ends[] = {"endfilter", NULL};
+        if (end_tag(P) || body(P, &n->b, ends, &st)) return NULL;
+        return end_tag(P) ? NULL : n;
+    }
+    if (!strcmp(t->s, "generation")) { /* transformers' tag around an assistant's text: rendered as it is */
+        if (!(n = mk(P, JN_BLOCK, t))) return OOM(P);
+        static const char *const ends[] = {"endgeneration", NULL};
+        if (end_tag(P) || body(P, &n->b, ends, &st)) return NULL;
         return end_tag(P) ? NULL : n;
     }
     if (!strcmp(t->s, "break") || !strcmp(t->s, "continue")) {
@@ -622,7 +694,7 @@ int sm_jinja_parse_tokens(sm_jinja *t, jtoken *tok, int ntok, sm_err *e) {
     P.e = e;
     if (body(&P, &t->root, NULL, NULL)) return -1;
     for (int i = 0; i < P.ncalls; i++) {
-        int ok = sm_jinja_known_function(P.calls[i]);
+        int ok = jb_find(JB_FUNCTION, P.calls[i]) != NULL;
         for (int m = 0; m < P.nmacros && !ok; m++) ok = !strcmp(P.macros[m], P.calls[i]);
         if (!ok)
             return sm_errf(e, "line %d col %d: unsupported function '%s()' (not a macro of the template)", P.call_line[i],
