@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define UNKNOWN (-3)
+#define UNKNOWN SM_GRAM_UNKNOWN
 
 typedef struct cfg_t {
     int off, n;          /* its threads: pairs [off, off + 2n) of g->thr (state, stack) */
@@ -407,17 +407,23 @@ void sm_gram_free(sm_gram *g) {
 
 int sm_gram_start(const sm_gram *g) { return g->start; }
 
+const int *sm_gram_row(sm_gram *g, int cfg) {
+    cfg_t *c = &g->cfg[cfg];
+    if (!c->trans) {
+        int *t = malloc(sizeof(int) * 256);
+        if (!t) return NULL;
+        for (int i = 0; i < 256; i++) t[i] = UNKNOWN;
+        c->trans = t;
+    }
+    return c->trans;
+}
+
 int sm_gram_step(sm_gram *g, int cfg, uint8_t b) {
     if (cfg < 0 || cfg >= g->ncfg) return SM_GRAM_DEAD;
     cfg_t *c = &g->cfg[cfg];
     if (c->trans && c->trans[b] != UNKNOWN) return c->trans[b];
     if (g->failed) return -2;
-    if (!c->trans) {
-        int *t = malloc(sizeof(int) * 256);
-        if (!t) return fail(g, "out of memory running the constraint");
-        for (int i = 0; i < 256; i++) t[i] = UNKNOWN;
-        g->cfg[cfg].trans = t;
-    }
+    if (!sm_gram_row(g, cfg)) return fail(g, "out of memory running the constraint");
     /* the seeds: every byte edge of every thread that reads b (the config array may move while
      * the closure interns, so its threads are read before) */
     begin(g);

@@ -38,6 +38,11 @@ int sm_gram_start(const sm_gram *g);
 /* The configuration after byte b from cfg (cfg >= 0): another id, or SM_GRAM_DEAD.  Returns
  * -2 when the grammar is over its configuration limit or out of memory (sm_gram_error). */
 int sm_gram_step(sm_gram *g, int cfg, uint8_t b);
+/* The transition row of cfg (cfg >= 0): [256] next configurations, SM_GRAM_UNKNOWN where not
+ * computed yet (sm_gram_step computes and fills it); NULL when out of memory.  The row stays
+ * where it is while the grammar lives: a walk keeps it and reads a byte's entry directly. */
+#define SM_GRAM_UNKNOWN (-3)
+const int *sm_gram_row(sm_gram *g, int cfg);
 /* cfg after the bytes s [len], stopping at SM_GRAM_DEAD (or -2). */
 int sm_gram_walk(sm_gram *g, int cfg, const uint8_t *s, size_t len);
 /* 1 when cfg accepts (the bytes read so far are a whole string of the language). */

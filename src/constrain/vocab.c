@@ -134,18 +134,33 @@ const uint32_t *sm_vocab_mask(const sm_vocab *v, sm_gram *g, int cfg, sm_err *e)
     if (m) return m;
     m = calloc((size_t)v->words, sizeof(uint32_t));
     int *at = malloc(sizeof(int) * ((size_t)v->maxdepth + 2)); /* configuration at each depth of the path */
-    if (!m || !at) { free(m); free(at); sm_errf(e, "out of memory for a token mask"); return NULL; }
-    /* one preorder pass: a node whose byte kills its parent's configuration skips its subtree */
+    const int **row = malloc(sizeof(int *) * ((size_t)v->maxdepth + 2)); /* and its transition row */
+    if (!m || !at || !row || !(row[0] = sm_gram_row(g, cfg))) {
+        free(m); free(at); free(row);
+        sm_errf(e, "out of memory for a token mask");
+        return NULL;
+    }
+    /* one preorder pass: a node whose byte kills its parent's configuration skips its subtree;
+     * a known transition is read from the parent's row, a new one computed once */
     at[0] = cfg;
     for (int i = 1; i < v->nnodes;) {
-        int c = sm_gram_step(g, at[v->depth[i] - 1], v->byte[i]);
-        if (c == -2) { free(m); free(at); sm_errf(e, "%s", sm_gram_error(g)); return NULL; }
+        const int d = v->depth[i];
+        int c = row[d - 1][v->byte[i]];
+        if (c == SM_GRAM_UNKNOWN) c = sm_gram_step(g, at[d - 1], v->byte[i]);
+        if (c == -2) { free(m); free(at); free(row); sm_errf(e, "%s", sm_gram_error(g)); return NULL; }
         if (c < 0) { i = v->skip[i]; continue; }
-        at[v->depth[i]] = c;
+        at[d] = c;
+        /* a leaf needs no row: the next node is a sibling or above */
+        if (i + 1 < v->nnodes && v->depth[i + 1] > d && !(row[d] = sm_gram_row(g, c))) {
+            free(m); free(at); free(row);
+            sm_errf(e, "out of memory for a token mask");
+            return NULL;
+        }
         for (int k = v->tok_off[i]; k < v->tok_off[i + 1]; k++) m[v->ids[k] >> 5] |= 1u << (v->ids[k] & 31);
         i++;
     }
     free(at);
+    free(row);
     if (sm_gram_accepting(g, cfg))
         for (int k = 0; k < v->n_eos; k++)
             if (v->eos[k] >= 0 && v->eos[k] < v->V) m[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);
