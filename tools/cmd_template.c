@@ -97,7 +97,7 @@ int cmd_template(int argc, char **argv) {
     sm_chat_tmpl ct = {0};
     sm_jinja *t = NULL;
     sm_buf src = {0}, text = {0};
-    sm_sbuf out = {0};
+    sm_buf out = {0};
     json_t *in = NULL, *tools = NULL;
     int r = cli_parse(&cli_help_template, argc, argv, opts, no, pos, 1, &npos, &e);
     if (r > 0) return 0;
@@ -149,7 +149,7 @@ int cmd_template(int argc, char **argv) {
     fwrite(out.p ? out.p : "", 1, out.n, stdout);
     fwrite(text.p ? text.p : "", 1, text.n, stdout);
 done:
-    sm_sbuf_free(&out);
+    sm_buf_free(&out);
     sm_buf_free(&text);
     sm_buf_free(&src);
     json_decref(in);
@@ -159,7 +159,7 @@ done:
     return 0;
 bad:
     fprintf(stderr, "%s\n", e.msg);
-    sm_sbuf_free(&out);
+    sm_buf_free(&out);
     sm_buf_free(&text);
     sm_buf_free(&src);
     json_decref(in);

@@ -1,6 +1,6 @@
 /* buf.h: a growable byte buffer, always NUL-terminated once anything was added (p NULL before).
  *
- * The text a template renders and the pieces it is built of are appended here.  We rejected
+ * The text a template renders, the server's answers and stream pieces are appended here.  We rejected
  * open_memstream: it cannot hold a NUL byte a string value may carry, and its failures are
  * known only at fclose.
  */

@@ -416,11 +416,11 @@ const char *sm_api_error_type(unsigned status) {
 }
 
 char *sm_api_error(const char *msg, const char *type, const char *param, const char *code) {
-    sm_sbuf b = {0}; /* the message may quote the client's bytes, cut anywhere: repair them */
+    sm_buf b = {0}; /* the message may quote the client's bytes, cut anywhere: repair them */
     if (sm_utf8_sanitize(&b, msg, strlen(msg))) return NULL;
     json_t *err = json_pack("{s:s%, s:s, s:s?, s:s?}", "message", b.p ? b.p : "", b.n, "type", type, "param",
                             param && *param ? param : NULL, "code", code);
-    sm_sbuf_free(&b);
+    sm_buf_free(&b);
     return dump(json_pack("{s:o}", "error", err));
 }
 
@@ -434,9 +434,9 @@ static json_t *token_text(const sm_tokenizer *tok, int t) {
         snprintf(buf, sizeof buf, "token_id:%d", t);
         return json_string(buf);
     }
-    sm_sbuf b = {0};
+    sm_buf b = {0};
     json_t *j = sm_utf8_sanitize(&b, s, n) ? NULL : json_stringn(b.p ? b.p : "", b.n);
-    sm_sbuf_free(&b);
+    sm_buf_free(&b);
     free(s);
     return j;
 }

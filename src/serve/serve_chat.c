@@ -48,10 +48,10 @@ static void special_tokens(json_t *cfg, json_t *out) {
 static char *read_text(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
-    sm_sbuf b = {0};
+    sm_buf b = {0};
     char buf[65536];
     size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) sm_sbuf_add(&b, buf, n);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) sm_buf_add(&b, buf, n);
     fclose(f);
     return b.p ? b.p : strdup("");
 }
@@ -130,7 +130,7 @@ static json_t *content_text(const json_t *m, int i, char *param, sm_err *e) {
         bad_at(param, e, path, " must be a string or a list of text parts (null only for an assistant message)");
         return NULL;
     }
-    sm_sbuf b = {0};
+    sm_buf b = {0};
     size_t k;
     json_t *part;
     json_array_foreach(content, k, part) {
@@ -151,16 +151,16 @@ static json_t *content_text(const json_t *m, int i, char *param, sm_err *e) {
             snprintf(path, sizeof path, "messages[%d].content[%d].text", i, (int)k);
             bad_at(param, e, path, " must be a string");
         } else {
-            bad = (k > 0 && sm_sbuf_add(&b, "\n", 1)) || sm_sbuf_add(&b, json_string_value(tx), json_string_length(tx));
+            bad = (k > 0 && sm_buf_add(&b, "\n", 1)) || sm_buf_add(&b, json_string_value(tx), json_string_length(tx));
             if (bad) sm_errf(e, "out of memory");
         }
         if (bad) {
-            sm_sbuf_free(&b);
+            sm_buf_free(&b);
             return NULL;
         }
     }
     json_t *out = json_stringn(b.p ? b.p : "", b.n);
-    sm_sbuf_free(&b);
+    sm_buf_free(&b);
     return out;
 }
 
@@ -309,7 +309,7 @@ static int chat_tools(json_t *root, json_t **tools, char *param, sm_err *e) {
 }
 
 int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
-                   const json_t *extra, sm_sbuf *out, char *param, int *raised, sm_err *e) {
+                   const json_t *extra, sm_buf *out, char *param, int *raised, sm_err *e) {
     *raised = 0;
     json_t *msgs = normalize(messages, param, e);
     if (!msgs) return -1;
@@ -319,10 +319,10 @@ int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *
     json_object_set_new(vars, "messages", msgs);
     json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt));
     json_object_set_new(vars, "tools", tools ? json_deep_copy(tools) : json_null());
-    sm_buf text = {0};
+    sm_buf text = {0}; /* rendered apart: a failed render leaves out as it was */
     int rc = sm_jinja_render(t->t, vars, &text, raised, e);
     json_decref(vars);
-    if (!rc && sm_sbuf_add(out, text.p ? text.p : "", text.n)) rc = sm_errf(e, "out of memory");
+    if (!rc && sm_buf_add(out, text.p ? text.p : "", text.n)) rc = sm_errf(e, "out of memory");
     sm_buf_free(&text);
     if (rc && !*raised) sm_errprefix(e, "the chat template (%s) failed on these messages", t->source);
     return rc;
@@ -393,7 +393,7 @@ static int chat_template_fields(json_t *root, int *agp, int *cont, json_t **extr
 
 /* continue_final_message: the rendered text cut right after the final message's content (as
  * transformers does), so the model goes on with that message.  0, or -1 with param and e. */
-static int continue_final(const json_t *msgs, sm_sbuf *text, char *param, sm_err *e) {
+static int continue_final(const json_t *msgs, sm_buf *text, char *param, sm_err *e) {
     const json_t *last = json_array_get(msgs, json_array_size(msgs) - 1), *c = json_object_get(last, "content");
     if (!json_is_string(c) || !json_string_length(c))
         return bad_at(param, e, "continue_final_message", " needs a final message with text content");
@@ -417,7 +417,7 @@ int sm_chat_parse(const sm_chat_tmpl *t, const char *body, size_t len, const sm_
     if (!root) return sm_errf(e, "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     int rc = -1, raised = 0, *ids = NULL, nids = 0, agp = 1, cont = 0;
     json_t *tools = NULL, *extra = NULL;
-    sm_sbuf text = {0};
+    sm_buf text = {0};
     char *dumped = NULL;
     if (!json_is_object(root)) { sm_errf(e, "the body must be a JSON object"); goto out; }
     if (json_object_get(root, "prompt")) {
@@ -468,7 +468,7 @@ out:
     if (rc && !*status) *status = 400;
     free(dumped);
     free(ids);
-    sm_sbuf_free(&text);
+    sm_buf_free(&text);
     json_decref(tools);
     json_decref(extra);
     json_decref(root);

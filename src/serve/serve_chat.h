@@ -40,7 +40,7 @@ void sm_chat_free(sm_chat_tmpl *t);
  * set here.  0, or -1 with one line in e and param the offending field
  * ("messages[2].content[0].type"); *raised when it is the template's raise_exception. */
 int sm_chat_render(const sm_chat_tmpl *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
-                   const json_t *extra, sm_sbuf *out, char *param, int *raised, sm_err *e);
+                   const json_t *extra, sm_buf *out, char *param, int *raised, sm_err *e);
 /* Check a request's "tools" (NULL, null or [] for none; else OpenAI's list of {"type":
  * "function", "function": {"name", "description"?, "parameters"?, "strict"?}}).  0, or -1 with
  * one line in e and param the offending field ("tools[1].function.name"). */

@@ -59,7 +59,7 @@ typedef struct conn {
     size_t target_len;         /* its length then, to its first NUL */
     int nul;                   /* its path holds "%00": a NUL once unescaped */
     int route;                 /* enum route */
-    sm_sbuf body;              /* the request body read so far */
+    sm_buf body;              /* the request body read so far */
     size_t seen;               /* body bytes received, kept or not */
     int too_big;               /* the body passed max_body */
     sm_job *job;               /* a plain completion under way (its connection parks between news) */
@@ -340,10 +340,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->seen += n;
         if (c->too_big || c->body.n + n > s->o->max_body) {
             c->too_big = 1;
-            sm_sbuf_free(&c->body);
+            sm_buf_free(&c->body);
             return MHD_YES; /* read and dropped to its end: then the 413 (--request-timeout bounds it) */
         }
-        return sm_sbuf_add(&c->body, upload, n) ? MHD_NO : MHD_YES;
+        return sm_buf_add(&c->body, upload, n) ? MHD_NO : MHD_YES;
     }
     /* the whole request is in: from here on no deadline cuts it */
     if (answering(s, mc)) return MHD_NO;
@@ -428,7 +428,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     }
     if (!c) return;
     sm_job_free(c->job); /* a plain completion whose client left */
-    sm_sbuf_free(&c->body);
+    sm_buf_free(&c->body);
     free(c);
     *con_cls = NULL;
 }

@@ -180,7 +180,7 @@ int sm_job_pump(sm_job *j) {
 
 /* Append one SSE event "data: <json>\n\n" (json freed) to j->out. */
 static int sse(sm_job *j, char *json) {
-    int rc = !json || sm_sbuf_str(&j->out, "data: ") || sm_sbuf_str(&j->out, json) || sm_sbuf_str(&j->out, "\n\n");
+    int rc = !json || sm_buf_str(&j->out, "data: ") || sm_buf_str(&j->out, json) || sm_buf_str(&j->out, "\n\n");
     free(json);
     return rc ? -1 : 0;
 }
@@ -230,7 +230,7 @@ int sm_job_stream(sm_job *j, int st) {
         if (j->req.include_usage)
             rc |= sse(j, (j->chat ? sm_chat_usage_chunk : sm_api_usage_chunk)(j->id, s->created, s->api.name,
                                                                                j->prompt_tokens, completion_tokens(j)));
-        rc |= sm_sbuf_str(&j->out, "data: [DONE]\n\n");
+        rc |= sm_buf_str(&j->out, "data: [DONE]\n\n");
         j->closed = 1;
     }
     return rc ? -1 : 0;
@@ -294,12 +294,12 @@ void sm_job_free(sm_job *j) {
         sm_choice *c = &j->ch[i];
         sm_sreq_release(&s->sched, c->r); /* no notify after this */
         sm_detok_free(&c->dt);
-        sm_sbuf_free(&c->text);
+        sm_buf_free(&c->text);
         free(c->ids);
     }
     free(j->ch);
     sm_api_req_free(&j->req);
-    sm_sbuf_free(&j->out);
+    sm_buf_free(&j->out);
     __atomic_sub_fetch(&s->jobs, 1, __ATOMIC_RELAXED);
     free(j);
 }

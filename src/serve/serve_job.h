@@ -31,7 +31,7 @@ typedef struct sm_choice {
     int sent_ids;              /* stream: ids already put in a chunk */
     size_t lp_off;             /* completions logprobs: text_offset of the next id */
     sm_detok dt;               /* ids -> text (stop strings: the request's) */
-    sm_sbuf text;              /* text not yet put in a chunk (all of it for a plain answer) */
+    sm_buf text;              /* text not yet put in a chunk (all of it for a plain answer) */
     const char *finish;        /* "stop" / "length" once it ended normally */
     int ended;                 /* finish set, or the job ended it */
     int role_sent;             /* chat stream: its first chunk (role "assistant") written */
@@ -51,7 +51,7 @@ typedef struct sm_job {
     char err[256];             /* the reason once a choice failed or was cancelled by a shutdown */
     int err_status;            /* HTTP status of that reason (500 or 503) */
     int submitted;             /* its choices are in the scheduler */
-    sm_sbuf out;               /* stream bytes not yet handed to libmicrohttpd */
+    sm_buf out;               /* stream bytes not yet handed to libmicrohttpd */
     size_t off;                /* of out, already handed */
     int closed;                /* stream: [DONE] written */
     /* the connection (serve_http.c); parking fields under s->mu */

@@ -27,26 +27,26 @@ void sm_metrics_status(sm_metrics *m, unsigned code) {
 static long long ld(const long long *p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 
 /* printf into b; -1 when out of memory. */
-static int __attribute__((format(printf, 2, 3))) put(sm_sbuf *b, const char *fmt, ...) {
+static int __attribute__((format(printf, 2, 3))) put(sm_buf *b, const char *fmt, ...) {
     char line[512];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    return n < 0 || n >= (int)sizeof line ? -1 : sm_sbuf_add(b, line, (size_t)n);
+    return n < 0 || n >= (int)sizeof line ? -1 : sm_buf_add(b, line, (size_t)n);
 }
 
 /* The HELP and TYPE lines of one metric. */
-static int head(sm_sbuf *b, const char *name, const char *type, const char *help) {
+static int head(sm_buf *b, const char *name, const char *type, const char *help) {
     return put(b, "# HELP sparkmono_%s %s\n# TYPE sparkmono_%s %s\n", name, help, name, type);
 }
 
-static int scalar(sm_sbuf *b, const char *name, const char *type, const char *help, long long v) {
+static int scalar(sm_buf *b, const char *name, const char *type, const char *help, long long v) {
     return head(b, name, type, help) || put(b, "sparkmono_%s %lld\n", name, v);
 }
 
 /* A histogram: cumulative buckets, +Inf, sum and count. */
-static int hist(sm_sbuf *b, const char *name, const char *help, const sm_hist *h) {
+static int hist(sm_buf *b, const char *name, const char *help, const sm_hist *h) {
     if (head(b, name, "histogram", help)) return -1;
     long long cum = 0;
     for (int i = 0; i <= SM_HIST_BUCKETS; i++) {
@@ -59,7 +59,7 @@ static int hist(sm_sbuf *b, const char *name, const char *help, const sm_hist *h
 }
 
 /* The prefix cache (vLLM's prefix_cache_queries / _hits, in tokens) and the KV page pool. */
-static int cache_text(sm_sbuf *b, const sparkmono_cache_stats *c) {
+static int cache_text(sm_buf *b, const sparkmono_cache_stats *c) {
     int rc = scalar(b, "prefix_cache_queries_total", "counter", "prompt tokens looked up in the prefix cache", c->queries) ||
              scalar(b, "prefix_cache_hits_total", "counter", "prompt tokens served by cached KV pages (not computed)",
                     c->hits) ||
@@ -74,7 +74,7 @@ static int cache_text(sm_sbuf *b, const sparkmono_cache_stats *c) {
 }
 
 char *sm_metrics_text(const sm_metrics *m, const sm_metrics_now *now) {
-    sm_sbuf b = {0};
+    sm_buf b = {0};
     int rc = head(&b, "http_requests_total", "counter", "HTTP answers given, by status code");
     for (unsigned c = 0; c < SM_METRICS_CODES && !rc; c++) {
         long long v = ld(&m->status[c]);
@@ -98,7 +98,7 @@ char *sm_metrics_text(const sm_metrics *m, const sm_metrics_now *now) {
                 "the cache", now->cons_hits) ||
          scalar(&b, "structured_output_cached", "gauge", "compiled constraints the cache holds", now->cons_cached);
     if (rc) {
-        sm_sbuf_free(&b);
+        sm_buf_free(&b);
         return NULL;
     }
     return b.p;

@@ -119,7 +119,7 @@ int sm_misc_detokenize(const sm_api_model *m, const char *body, size_t len, char
         char *text = NULL;
         size_t tl = 0;
         sm_err e = {{0}};
-        sm_sbuf b = {0}; /* a list may end inside a character: repair it as a completion's text */
+        sm_buf b = {0}; /* a list may end inside a character: repair it as a completion's text */
         if (sm_tokenizer_decode(m->tok, ids, (int)n, &text, &tl, &e)) {
             st = fail(out, 400, e.msg, "tokens");
         } else {
@@ -128,7 +128,7 @@ int sm_misc_detokenize(const sm_api_model *m, const char *body, size_t len, char
             st = 200;
         }
         free(text);
-        sm_sbuf_free(&b);
+        sm_buf_free(&b);
     }
     free(ids);
     json_decref(root);

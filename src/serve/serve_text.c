@@ -8,28 +8,6 @@
 
 static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD in UTF-8 */
 
-int sm_sbuf_add(sm_sbuf *b, const void *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) return -1;
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return 0;
-}
-
-int sm_sbuf_str(sm_sbuf *b, const char *s) { return sm_sbuf_add(b, s, strlen(s)); }
-
-void sm_sbuf_free(sm_sbuf *b) {
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
 /* Length of the valid UTF-8 character at s [n] (1..4), 0 when invalid, -1 when s is a valid
  * start cut short by the end of the buffer.  Overlong forms, surrogates and code points above
  * U+10FFFF are invalid (RFC 3629). */
@@ -59,7 +37,7 @@ static int utf8_char(const unsigned char *s, size_t n) {
     return len;
 }
 
-int sm_utf8_sanitize(sm_sbuf *b, const char *s, size_t n) {
+int sm_utf8_sanitize(sm_buf *b, const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t i = 0, run = 0; /* run: start of the valid bytes not yet copied */
     while (i < n) {
@@ -68,11 +46,11 @@ int sm_utf8_sanitize(sm_sbuf *b, const char *s, size_t n) {
             i += (size_t)k;
             continue;
         }
-        if (sm_sbuf_add(b, s + run, i - run) || sm_sbuf_add(b, REPLACEMENT, 3)) return -1;
+        if (sm_buf_add(b, s + run, i - run) || sm_buf_add(b, REPLACEMENT, 3)) return -1;
         i++;
         run = i;
     }
-    return sm_sbuf_add(b, s + run, n - run);
+    return sm_buf_add(b, s + run, n - run);
 }
 
 size_t sm_utf8_complete(const char *s, size_t n) {
@@ -90,7 +68,7 @@ size_t sm_utf8_complete(const char *s, size_t n) {
 /* Append the text of ids [n] to b, special tokens left out unless keep_special (an eos id ends
  * the text, it is not part of it: the `tokenizers` library's skip_special_tokens); an id the
  * tokenizer refuses becomes U+FFFD. */
-static int decode_into(const sm_tokenizer *t, const int *ids, int n, int keep_special, sm_sbuf *b) {
+static int decode_into(const sm_tokenizer *t, const int *ids, int n, int keep_special, sm_buf *b) {
     int *keep = malloc((size_t)n * sizeof(int)), k = 0;
     if (!keep) return -1;
     for (int i = 0; i < n; i++)
@@ -102,10 +80,10 @@ static int decode_into(const sm_tokenizer *t, const int *ids, int n, int keep_sp
     if (k == 0) {
         /* nothing but special tokens */
     } else if (sm_tokenizer_decode(t, keep, k, &txt, &len, &e) == 0) {
-        rc = sm_sbuf_add(b, txt, len);
+        rc = sm_buf_add(b, txt, len);
         free(txt);
     } else if (k == 1) {
-        rc = sm_sbuf_add(b, REPLACEMENT, 3);
+        rc = sm_buf_add(b, REPLACEMENT, 3);
     } else {
         for (int i = 0; i < k && !rc; i++) rc = decode_into(t, keep + i, 1, 1, b); /* find the bad ids one by one */
     }
@@ -127,12 +105,12 @@ static size_t stop_prefix_tail(const sm_detok *d, const char *s, size_t n) {
     return best;
 }
 
-int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_sbuf *out, sm_err *e) {
+int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_buf *out, sm_err *e) {
     if (!d->tok) return 0;
     if (n > d->w0) {
-        sm_sbuf w = {0};
+        sm_buf w = {0};
         if (decode_into(d->tok, ids + d->w0, n - d->w0, d->keep_special, &w)) {
-            sm_sbuf_free(&w);
+            sm_buf_free(&w);
             return sm_errf(e, "serve: out of memory decoding text");
         }
         size_t done = final ? w.n : sm_utf8_complete(w.p, w.n);
@@ -140,8 +118,8 @@ int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_sbuf *out, s
          * end may be a character cut between two tokens, so it waits for the next token (the
          * window is decoded again, whole, with it) */
         if (!final && done == w.n && done >= 3 && !memcmp(w.p + done - 3, REPLACEMENT, 3)) done -= 3;
-        if (done > d->wb && sm_sbuf_add(&d->pend, w.p + d->wb, done - d->wb)) {
-            sm_sbuf_free(&w);
+        if (done > d->wb && sm_buf_add(&d->pend, w.p + d->wb, done - d->wb)) {
+            sm_buf_free(&w);
             return sm_errf(e, "serve: out of memory decoding text");
         }
         if (done > d->wb) d->wb = done;
@@ -149,7 +127,7 @@ int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_sbuf *out, s
             d->w0 = n;
             d->wb = 0;
         }
-        sm_sbuf_free(&w);
+        sm_buf_free(&w);
     }
     if (!d->pend.n) return 0;
     /* the earliest stop string in the held-back text ends the output (before it, or after it) */
@@ -172,4 +150,4 @@ int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_sbuf *out, s
     return 0;
 }
 
-void sm_detok_free(sm_detok *d) { sm_sbuf_free(&d->pend); }
+void sm_detok_free(sm_detok *d) { sm_buf_free(&d->pend); }

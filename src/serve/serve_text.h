@@ -20,23 +20,14 @@
 #ifndef SM_SERVE_TEXT_H
 #define SM_SERVE_TEXT_H
 #include <stddef.h>
+#include "base/buf.h"
 #include "base/err.h"
 #include "model/tokenizer.h"
 
 #define SM_MAX_STOP 4 /* stop strings a request may give (OpenAI's limit) */
 
-/* A growable byte buffer, always NUL-terminated once anything was added. */
-typedef struct sm_sbuf {
-    char *p;          /* [cap] bytes, p[n] = 0 */
-    size_t n, cap;
-} sm_sbuf;
-
-int sm_sbuf_add(sm_sbuf *b, const void *s, size_t n); /* 0, or -1 when out of memory */
-int sm_sbuf_str(sm_sbuf *b, const char *s);
-void sm_sbuf_free(sm_sbuf *b);
-
 /* Append s [n] to b with every invalid UTF-8 sequence replaced by U+FFFD. */
-int sm_utf8_sanitize(sm_sbuf *b, const char *s, size_t n);
+int sm_utf8_sanitize(sm_buf *b, const char *s, size_t n);
 /* Length of the longest prefix of s [n] that does not end inside a UTF-8 character (a
  * trailing lead byte still waiting for its continuation bytes). */
 size_t sm_utf8_complete(const char *s, size_t n);
@@ -45,7 +36,7 @@ typedef struct sm_detok {
     const sm_tokenizer *tok;   /* NULL: the model has no tokenizer; no text is produced */
     int w0;                    /* first id of the window not yet fully handed out */
     size_t wb;                 /* bytes of the window's text already handed out */
-    sm_sbuf pend;              /* text decoded but held back (a possible stop string start) */
+    sm_buf pend;              /* text decoded but held back (a possible stop string start) */
     const char *stop[SM_MAX_STOP]; /* [nstop] stop strings, non-empty (not owned) */
     size_t stop_len[SM_MAX_STOP];  /* [nstop] their bytes */
     int nstop;
@@ -58,7 +49,7 @@ typedef struct sm_detok {
  * back).  Returns 1 when a stop string matched (out ends just before it, or after it with
  * include_stop; the request is over), 0 otherwise, -1 when out of memory (e says so).  An id the
  * tokenizer cannot decode becomes U+FFFD. */
-int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_sbuf *out, sm_err *e);
+int sm_detok_push(sm_detok *d, const int *ids, int n, int final, sm_buf *out, sm_err *e);
 void sm_detok_free(sm_detok *d);
 
 #endif
