@@ -237,7 +237,9 @@ typedef struct sparkmono_request_info {
     int ngen;           /* tokens generated so far */
     int kv_len;         /* positions whose K/V are committed (prompt + ngen - 1 once generating) */
     int prefilled;      /* 1 after sparkmono_prefill */
-    int done;           /* 0 running, 1 eos emitted, 2 max_tokens reached */
+    int done;           /* 0 running, 1 eos emitted, 2 max_tokens reached, 3 failed alone in a verify step
+                           (its constraint or processors left no id; the step's other requests went on;
+                           sparkmono_verify fails only when every request of the step did) */
     int steps;          /* verify steps taken */
     int accepted;       /* drafts accepted over all steps */
 } sparkmono_request_info;

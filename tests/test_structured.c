@@ -385,6 +385,66 @@ static void test_min_tokens_conflict(void) {
     sparkmono_constraint_release(c);
 }
 
+/* A request whose constraint and processors leave no id fails alone: a batch's other requests
+ * go on and end as they would alone. */
+static void test_fails_alone(void) {
+    sparkmono_constraint *c = make(g_rnd, "choice", "[\"ab\"]");
+    if (!c) return;
+    sparkmono_engine_opts o = {0};
+    o.max_requests = 2;
+    o.max_len = 128;
+    o.threads = 2;
+    sparkmono_engine *g;
+    if (sparkmono_engine_create(g_rnd, &o, &g)) { CHECK(0, "%s", sparkmono_errmsg()); sparkmono_constraint_release(c); return; }
+    sparkmono_batch *b;
+    CHECK(sparkmono_batch_create(g, -1, &b) == SM_OK, "%s", sparkmono_errmsg());
+    /* allowed_token_ids: the id of 'a' alone: the first id passes, the second ('b') cannot (a verify
+     * step, where the other request runs beside it) */
+    int a_id = -1;
+    for (int id = 0; id < g_vu && a_id < 0; id++) {
+        const unsigned char *bytes;
+        size_t len;
+        if (sm_tokenizer_token_bytes(g_tok, id, &bytes, &len) == 1 && len == 1 && bytes[0] == 'a') a_id = id;
+    }
+    sparkmono_sampling bad = {0}, free_s = {0};
+    bad.constraint = c;
+    bad.n_allowed_ids = 1;
+    bad.allowed_ids[0] = a_id;
+    const int prompt[3] = {1, 2, 3};
+    long long id_bad, id_free;
+    CHECK(sparkmono_batch_submit(b, prompt, 3, 12, &bad, NULL, &id_bad) == SM_OK, "%s", sparkmono_errmsg());
+    CHECK(sparkmono_batch_submit(b, prompt, 3, 12, &free_s, NULL, &id_free) == SM_OK, "%s", sparkmono_errmsg());
+    int end_bad = 0, end_free = 0, nfree = 0, guard = 0;
+    int got[16];
+    char why[256] = "";
+    while ((!end_bad || !end_free) && guard++ < 100) {
+        const sparkmono_batch_event *ev;
+        int nev;
+        if (sparkmono_batch_step(b, &ev, &nev)) { CHECK(0, "batch: %s", sparkmono_errmsg()); break; }
+        for (int k = 0; k < nev; k++) {
+            if (ev[k].id == id_bad && ev[k].done) {
+                end_bad = ev[k].done;
+                snprintf(why, sizeof why, "%s", ev[k].err ? ev[k].err : "");
+            }
+            if (ev[k].id == id_free) {
+                for (int j = 0; j < ev[k].n && nfree < 16; j++) got[nfree++] = ev[k].ids[j];
+                if (ev[k].done) end_free = ev[k].done;
+            }
+        }
+    }
+    sparkmono_batch_destroy(b);
+    sparkmono_engine_destroy(g);
+    CHECK(a_id >= 0, "the vocabulary has no token 'a'");
+    CHECK(end_bad == SM_BATCH_FAILED && strstr(why, "leave no id"), "the conflicting request ended %d ('%s'), expected FAILED with a line",
+          end_bad, why);
+    CHECK(end_free == SM_BATCH_EOS || end_free == SM_BATCH_LENGTH, "the free request ended %d", end_free);
+    int alone[16], na, da;
+    if (!gen(g_rnd, 8, NULL, &free_s, 12, alone, &na, &da))
+        CHECK(na == nfree && !memcmp(alone, got, sizeof(int) * (size_t)na), "the free request: %d ids batched, %d alone", nfree, na);
+    printf("  the conflicting request: %s\n", why);
+    sparkmono_constraint_release(c);
+}
+
 int main(void) {
     if (tm_open_tiny_pair(g_tmp, sizeof g_tmp, "sm_test_structured", &g_cyc, &g_rnd, &g_V, &g_vu)) return 1;
     char dir[600], path[700];
@@ -403,6 +463,7 @@ int main(void) {
     RUN(test_refusals);
     RUN(test_logprobs_masked);
     RUN(test_min_tokens_conflict);
+    RUN(test_fails_alone);
     sm_tokenizer_free(g_tok);
     sparkmono_model_close(g_cyc);
     sparkmono_model_close(g_rnd);

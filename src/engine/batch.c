@@ -33,6 +33,8 @@ typedef struct bwait {
     struct bwait *next;        /* the FIFO's link */
 } bwait;
 
+_Static_assert(SM_REQ_FAILED == SM_BATCH_FAILED, "a request that failed alone ends its batch event FAILED");
+
 /* Free a waiting request (its constraint reference too). */
 static void wait_free(bwait *w) {
     if (!w) return;
@@ -345,7 +347,8 @@ static sm_status report(sparkmono_batch *b) {
             return sm_engine_fail(SM_E_NOMEM, "sparkmono_batch: out of memory for the step's events");
         sl->reported = n;
         e->ngen = n;
-        e->done = in.done; /* 1 eos, 2 max_tokens: SM_BATCH_EOS, SM_BATCH_LENGTH */
+        e->done = in.done; /* 1 eos, 2 max_tokens, 3 failed alone: SM_BATCH_EOS, _LENGTH, _FAILED */
+        if (in.done == SM_BATCH_FAILED) ev_err(b, e, sm_engine_req_err(b->g, q));
         e->steps = in.steps;
         e->accepted = in.accepted;
         if (in.done) slot_free(b, q);

@@ -308,6 +308,13 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
 }
 
 /* Free what request r owns and zero it (a free slot). */
+/* r failed alone: it ends SM_REQ_FAILED with this thread's last line, out of the step's rows. */
+static void req_failed(sm_request *r) {
+    snprintf(r->err, sizeof r->err, "%s", sparkmono_errmsg());
+    r->done = SM_REQ_FAILED;
+    r->nrows = 0;
+}
+
 static void req_free(sm_request *r) {
     sm_con_release(r->con);
     free(r->hist);
@@ -560,11 +567,20 @@ static sm_status token_at(sparkmono_engine *g, sm_request *r, const float *lg, c
         lg = sm_lp_apply(&g->lws, lg, nv, &r->samp, r->hist, r->nhist, r->prompt_len, extra, nextra, g->cfg->eos,
                          g->cfg->n_eos);
         /* a complete constrained text allows only eos, which min_tokens forbids: the constraint
-         * wins (its masked row, unprocessed), the text ends short of min_tokens */
-        if (r->con && sm_lp_argmax(lg, nv) < 0 && sm_lp_argmax(raw, nv) >= 0) lg = raw;
+         * wins over min_tokens (the other processors still apply), the text ends short of it */
+        if (r->con && r->samp.min_tokens > 0 && sm_lp_argmax(lg, nv) < 0) {
+            sparkmono_sampling s2 = r->samp;
+            s2.min_tokens = 0;
+            const float *lg2 = sm_lp_apply(&g->lws, raw, nv, &s2, r->hist, r->nhist, r->prompt_len, extra, nextra,
+                                           g->cfg->eos, g->cfg->n_eos);
+            if (sm_lp_argmax(lg2, nv) >= 0) lg = lg2;
+        }
     }
     if (!r->sampled) { /* greedy with processors: the argmax of the processed row */
         *tok = sm_lp_argmax(lg, nv);
+        if (*tok < 0 && r->con)
+            return fail(SM_E_INVALID, "request at position %lld: its %s constraint and its logit processors (allowed_token_ids, "
+                        "bad_words, logit_bias) leave no id", (long long)pos, r->con->kind);
         if (*tok < 0) return fail(SM_E_MODEL, "request at position %lld: every processed logit is -inf or NaN", (long long)pos);
         *accepted = draft >= 0 && *tok == draft;
     } else {
@@ -700,7 +716,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
     }
     if (n == 0) return ok(); /* nothing to do; the last step's aux stays readable */
     /* stage rows: per request, its last token then R-1 drafts, at positions nhist-1 .. */
-    int nrows = 0, nsel = 0, lp_k = 0, masked = 0;
+    int nrows = 0, nsel = 0, lp_k = 0, masked = 0, nfail = 0, first_fail = -1;
     sm_status s;
     for (int q = 0; q < g->max_req; q++) {
         sm_request *r = &g->reqs[q];
@@ -721,7 +737,11 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         /* a constrained request: each row's mask; the drafts end at the first one it forbids */
         for (int i = 0; i < rows; i++) g->mrow[nrows + i] = NULL;
         if (r->con) {
-            if ((s = sm_engine_con_rows(g, q, nrows, &rows))) return s;
+            if (sm_engine_con_rows(g, q, nrows, &rows) != SM_OK) { /* its constraint cannot go on: it alone fails */
+                req_failed(r);
+                first_fail = nfail++ ? first_fail : q;
+                continue;
+            }
             masked = 1;
         }
         for (int i = 0; i < rows; i++) {
@@ -738,6 +758,7 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         if (r->rows_back) nsel += rows;
         nrows += rows;
     }
+    if (nrows == 0) return fail(SM_E_STATE, "%s", g->reqs[first_fail].err); /* each one failed alone */
     if (nsel && (s = slog_reserve(g, nsel))) return s;
     if ((s = run_step(g, nrows, nsel ? g->slog : NULL, nsel ? g->logits_at : NULL, lp_k, masked))) return s;
     /* a non-finite row fails the step before anything is emitted or committed */
@@ -754,12 +775,17 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
             cnt = sm_accept_greedy(g->tok + r->row0, g->argmax + r->row0, r->nrows, g->draft);
             for (int j = 0; ls && j < cnt; j++) /* row j gave the token at p0 + 1 + j */
                 if ((s = lp_record(g, r, ls + j, NULL, g->draft[j], (int64_t)p0 + 1 + j))) return s;
-        } else if ((s = accept_rows(g, r, g->tok + r->row0, r->nrows, g->slog + (size_t)r->lrow0 * (size_t)g->cfg->V, ls,
-                                    p0, g->draft, &cnt))) {
-            return s;
+        } else if (accept_rows(g, r, g->tok + r->row0, r->nrows, g->slog + (size_t)r->lrow0 * (size_t)g->cfg->V, ls, p0,
+                               g->draft, &cnt) != SM_OK) {
+            req_failed(r); /* its processors or constraint left no id: it alone fails */
+            first_fail = nfail++ ? first_fail : q;
+            continue;
         }
         int kept = emit(g->cfg, r, g->draft, cnt);
-        if ((s = sm_engine_con_emit(g, q, g->draft, kept))) return s;
+        if (sm_engine_con_emit(g, q, g->draft, kept) != SM_OK) {
+            req_failed(r);
+            first_fail = nfail++ ? first_fail : q;
+        }
         r->steps++;
         r->accepted += kept < cnt - 1 ? kept : cnt - 1;
         g->kv.len[q] = p0 + kept; /* len grows by accepted + 1 */
@@ -767,7 +793,13 @@ sm_status sparkmono_verify(sparkmono_engine *g, int *ntok, int *toks, int *nreq)
         if (toks) memcpy(toks + (size_t)q * R, g->draft, (size_t)kept * sizeof(int));
     }
     if (nreq) *nreq = n;
+    /* every request of the step failed alone: the step failed (a lone request's caller sees it) */
+    if (nfail == n) return fail(SM_E_STATE, "%s", g->reqs[first_fail].err);
     return ok();
+}
+
+const char *sm_engine_req_err(const sparkmono_engine *g, int req) {
+    return req >= 0 && req < g->max_req && g->reqs[req].done == SM_REQ_FAILED ? g->reqs[req].err : "";
 }
 
 sm_status sparkmono_generate(sparkmono_engine *g) {

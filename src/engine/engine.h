@@ -29,7 +29,8 @@ typedef struct sm_request {
     int *hist;         /* [prompt_len + max_tokens] prompt, then generated ids */
     int nhist;         /* prompt_len + ngen */
     int prefilled;     /* prompt K/V committed */
-    int done;          /* 0 running, 1 eos emitted, 2 max_tokens reached */
+    int done;          /* 0 running, 1 eos emitted, 2 max_tokens reached, SM_REQ_FAILED: it alone
+                          failed in a verify step (err says why), the others went on */
     int steps;         /* verify steps taken */
     int accepted;      /* drafts accepted over all steps */
     int row0, nrows;   /* its rows in the engine's last step; nrows = 0 if absent */
@@ -44,6 +45,7 @@ typedef struct sm_request {
     int lrow0;         /* sampled or proc: its first row in the last verify step's logits (slog) */
     int swapped;       /* 1: preempted (its K/V pages given back; verify steps pass it by) until
                           sm_engine_resume recomputes them */
+    char err[1024];    /* done == SM_REQ_FAILED: the line */
     sparkmono_constraint *con; /* samp.constraint, retained; NULL: free text */
     int cpos;          /* con: its position after the generated ids (constrain.h) */
 } sm_request;
@@ -101,6 +103,10 @@ struct sparkmono_engine {
     void (*draft_fn)(void *arg, int req, const int *hist, int nhist, int ndraft, int *out);
     void *draft_arg;       /* passed to draft_fn */
 };
+
+#define SM_REQ_FAILED 3 /* sm_request.done: failed alone (= SM_BATCH_FAILED, its batch event's end) */
+/* The line of a request that failed alone (done == SM_REQ_FAILED), else "". */
+const char *sm_engine_req_err(const sparkmono_engine *g, int req);
 
 /* Greedy acceptance of one request's verify rows (docs/model.md section 8): t [r] the rows' input
  * tokens (t[0] the last accepted token, t[1..r) drafts), a [r] the rows' argmax.  Accepts
