@@ -107,6 +107,10 @@ typedef struct sparkmono_engine_opts {
                                 reuses them (read-only, shared) and prefills only the rest (at least
                                 its last token); unreferenced cached pages are evicted least
                                 recently used first when the pool needs pages */
+    float gpu_memory_utilization; /* cuda, (0, 1]: the KV pool takes the pages that fit in this share of
+                                each device's memory after the weights, the workspaces and a reserve
+                                (vLLM's --gpu-memory-utilization); kv_blocks must then be 0.  0
+                                (default): kv_blocks' pages */
 } sparkmono_engine_opts;
 
 /* The prefix cache and the KV page pool of an engine (sparkmono_cache_stats). */

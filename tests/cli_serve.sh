@@ -47,6 +47,9 @@ bad serve_rows_and_nospec serve "$T/tiny" --request-rows 4 --no-spec
 bad serve_no_connections serve "$T/tiny" --max-connections 0
 bad serve_zero_request_timeout serve "$T/tiny" --request-timeout 0
 bad serve_bad_idle_timeout serve "$T/tiny" --idle-timeout 5s
+bad serve_bad_gpu_util serve "$T/tiny" --gpu-memory-utilization 2
+bad serve_gpu_util_with_kv_blocks serve "$T/tiny" --gpu-memory-utilization 0.9 --kv-blocks 8
+bad serve_gpu_util_on_cpu serve "$T/tiny" --gpu-memory-utilization 0.9 --port 0
 mkdir "$T/badtok" && cp "$T/tiny/config.json" "$T/badtok/" && ln -s "$T/tiny/model.safetensors" "$T/badtok/" &&
     printf '{"model": {"type": "BPE", "vocab": 5}' >"$T/badtok/tokenizer.json"
 bad serve_broken_tokenizer serve "$T/badtok" --port 0

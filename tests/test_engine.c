@@ -486,6 +486,22 @@ static void test_bad_input(void) {
     o.naux = 0;
     o.world = 4;
     CHECK(sparkmono_engine_create(g_model, &o, &g) == SM_E_INVALID && strstr(sparkmono_errmsg(), "world"), "world: %s", sparkmono_errmsg());
+    o.world = 0;
+    /* gpu_memory_utilization: (0, 1], the cuda backend's, not with kv_blocks */
+    o.gpu_memory_utilization = 0.9f;
+    CHECK(sparkmono_engine_create(g_model, &o, &g) == SM_E_INVALID && strstr(sparkmono_errmsg(), "cuda backend") &&
+          one_line(sparkmono_errmsg()), "utilization on cpu: %s", sparkmono_errmsg());
+    o.gpu_memory_utilization = 1.5f;
+    CHECK(sparkmono_engine_create(g_model, &o, &g) == SM_E_INVALID && strstr(sparkmono_errmsg(), "(0, 1]"), "utilization 1.5: %s",
+          sparkmono_errmsg());
+    o.gpu_memory_utilization = 0.5f;
+    o.backend = "cuda";
+    o.kv_blocks = 8;
+    CHECK(sparkmono_engine_create(g_model, &o, &g) == SM_E_INVALID && strstr(sparkmono_errmsg(), "give one"), "with kv_blocks: %s",
+          sparkmono_errmsg());
+    o.kv_blocks = 0;
+    o.gpu_memory_utilization = 0;
+    o.backend = NULL;
 #ifndef SM_HAVE_CUDA
     o.world = 0;
     o.backend = "cuda";

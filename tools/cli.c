@@ -10,6 +10,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -363,4 +364,15 @@ double cli_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cli_number(const char *cmd, const cli_opt *o, double lo, double hi, double *out, sm_err *e) {
+    const char *s = cli_str(o);
+    char *end = NULL;
+    errno = 0;
+    double v = s ? strtod(s, &end) : NAN;
+    if (!s || !*s || *end || errno == ERANGE || !isfinite(v) || v < lo || v > hi)
+        return sm_errf(e, "%s: --%s %s is not a number in [%g, %g]", cmd, o->name, s ? s : "", lo, hi);
+    *out = v;
+    return 0;
 }

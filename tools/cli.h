@@ -53,6 +53,8 @@ const char *cli_str(const cli_opt *o);
 /* Integer value (or numeric default) of an option within [lo, hi]; 0 when absent with no
  * numeric default. */
 int cli_int(const char *cmd, const cli_opt *o, long lo, long hi, long *out, sm_err *e);
+/* Number value (or numeric default) of an option within [lo, hi]; an error names the flag. */
+int cli_number(const char *cmd, const cli_opt *o, double lo, double hi, double *out, sm_err *e);
 /* Comma-separated integers ("1,2,3") within [lo, hi]; *out malloc'd. */
 int cli_int_list(const char *what, const char *s, long lo, long hi, int **out, int *n, sm_err *e);
 /* The value of a string option (or its default) must be one of the '|'-separated words of

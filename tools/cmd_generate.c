@@ -62,27 +62,16 @@ const cli_cmd cli_help_generate = {
 
 
 /* A number option (its value, else its default) within [lo, hi]. */
-static int opt_number(const char *cmd, const cli_opt *o, double lo, double hi, double *out, sm_err *e) {
-    const char *s = cli_str(o);
-    char *end = NULL;
-    errno = 0;
-    double v = s ? strtod(s, &end) : NAN;
-    if (!s || !*s || *end || errno == ERANGE || !isfinite(v) || v < lo || v > hi)
-        return sm_errf(e, "%s: --%s %s is not a number in [%g, %g]", cmd, o->name, s ? s : "", lo, hi);
-    *out = v;
-    return 0;
-}
-
 /* The sampling and logit-processor flags into *s (temperature 0: greedy). */
 static int sampling_opts(const char *cmd, cli_opt *opts, int no, sparkmono_sampling *s, sm_err *e) {
     double t, p, pres, freq, rep;
     long k, seed, mint;
-    if (opt_number(cmd, cli_find(opts, no, "temperature"), 0, 1e6, &t, e) ||
-        opt_number(cmd, cli_find(opts, no, "top-p"), 0, 1, &p, e) || cli_int(cmd, cli_find(opts, no, "top-k"), 0, INT_MAX, &k, e) ||
+    if (cli_number(cmd, cli_find(opts, no, "temperature"), 0, 1e6, &t, e) ||
+        cli_number(cmd, cli_find(opts, no, "top-p"), 0, 1, &p, e) || cli_int(cmd, cli_find(opts, no, "top-k"), 0, INT_MAX, &k, e) ||
         cli_int(cmd, cli_find(opts, no, "seed"), 0, LONG_MAX, &seed, e) ||
-        opt_number(cmd, cli_find(opts, no, "presence-penalty"), -2, 2, &pres, e) ||
-        opt_number(cmd, cli_find(opts, no, "frequency-penalty"), -2, 2, &freq, e) ||
-        opt_number(cmd, cli_find(opts, no, "repetition-penalty"), 1e-6, 1e6, &rep, e) ||
+        cli_number(cmd, cli_find(opts, no, "presence-penalty"), -2, 2, &pres, e) ||
+        cli_number(cmd, cli_find(opts, no, "frequency-penalty"), -2, 2, &freq, e) ||
+        cli_number(cmd, cli_find(opts, no, "repetition-penalty"), 1e-6, 1e6, &rep, e) ||
         cli_int(cmd, cli_find(opts, no, "min-tokens"), 0, 1 << 24, &mint, e))
         return -1;
     memset(s, 0, sizeof *s);

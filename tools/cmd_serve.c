@@ -39,6 +39,8 @@ int cmd_serve(int argc, char **argv) {
                 "--chat-template: over tokenizer_config.json's and chat_template.jinja; special tokens still come from the directory"),
         CLI_OPT("kv-blocks", "N", "max-requests x max-len / 16", "KV pages of 16 tokens; fewer: requests wait for pages, and a "
                 "step short of pages preempts the newest request (recomputed later)"),
+        CLI_OPT("gpu-memory-utilization", "U", NULL, "cuda: the KV pool takes the pages that fit in this share (0, 1] of each "
+                "GPU's memory after the weights (vLLM's flag); instead of --kv-blocks"),
         CLI_OPT("max-body", "BYTES", "1048576", "largest request body; a longer one is answered 413"),
         CLI_OPT("max-connections", "N", "4096", "open connections served; past it requests but /health are answered 503"),
         CLI_OPT("request-timeout", "S", "10", "seconds a client has to send a whole request (headers and body); then 408"),
@@ -117,6 +119,12 @@ int cmd_serve(int argc, char **argv) {
     so.queue = (int)queue;
     so.max_len = (int)maxlen;
     so.kv_blocks = (int)kvb;
+    if (cli_find(opts, no, "gpu-memory-utilization")->present) {
+        double u;
+        if (cli_number(cmd, cli_find(opts, no, "gpu-memory-utilization"), 1e-3, 1, &u, &e)) goto bad;
+        if (kvb) { sm_errf(&e, "%s: give --kv-blocks or --gpu-memory-utilization, not both", cmd); goto bad; }
+        so.gpu_memory_utilization = (float)u;
+    }
     so.chat_template = cli_find(opts, no, "chat-template")->present ? cli_find(opts, no, "chat-template")->value : NULL;
     so.max_body = (size_t)maxbody;
     so.max_connections = (int)maxconn;

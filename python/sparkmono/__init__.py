@@ -347,13 +347,16 @@ class Engine:
     several ranks) and comm (cuda: "peer" or "nccl").  mono (cuda): "off", "auto" or "on", the
     monokernel for layers 1..L-2 of verify steps.  prefix_cache: the full 16-token pages of
     prompts stay cached and a later prompt beginning with them reuses them (False:
-    --no-prefix-cache; cache_stats() counts it).  The CLI's flags of the same names
-    (`sparkmono generate --help`) say the same."""
+    --no-prefix-cache; cache_stats() counts it).  gpu_memory_utilization (cuda, (0, 1]): the KV
+    pool takes the pages that fit in that share of each GPU's memory after the weights (None:
+    every request at max_len).  The CLI's flags of the same names (`sparkmono generate --help`,
+    `sparkmono serve --help`) say the same."""
 
     def __init__(self, model: Model, backend: str = "cpu", request_rows: int = 8, max_requests: int = 1,
                  max_len: int = 4096, threads: _t.Optional[int] = None, prefill_chunk: _t.Optional[int] = None,
                  world: int = 1, moe: str = "ep", devices: _t.Optional[_t.Sequence[int]] = None,
-                 comm: _t.Optional[str] = None, mono: str = "off", prefix_cache: bool = True) -> None:
+                 comm: _t.Optional[str] = None, mono: str = "off", prefix_cache: bool = True,
+                 gpu_memory_utilization: _t.Optional[float] = None) -> None:
         self._h: _t.Optional[_ctypes.c_void_p] = None
         # the C engine is used by one thread at a time (include/sparkmono.h): calls from several
         # threads take turns here (ctypes lets go of the GIL inside the library)
@@ -387,11 +390,20 @@ class Engine:
         if not isinstance(prefix_cache, bool):
             raise TypeError("prefix_cache must be a bool, not %s" % type(prefix_cache).__name__)
         self.prefix_cache: bool = prefix_cache
+        util = 0.0
+        if gpu_memory_utilization is not None:
+            if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)):
+                raise TypeError("gpu_memory_utilization must be a number, not %s" % type(gpu_memory_utilization).__name__)
+            util = float(gpu_memory_utilization)
+            if not 0 < util <= 1:
+                raise ValueError("gpu_memory_utilization %g is not in (0, 1]" % util)
+            if self.backend != "cuda":
+                raise ValueError("gpu_memory_utilization sizes the KV pool of backend 'cuda'")
         o = _lib.EngineOpts(backend=self.backend.encode(), request_rows=self.request_rows,
                             max_requests=self.max_requests, max_len=self.max_len, threads=nthreads,
                             prefill_chunk=chunk, world=self.world, moe_tp=int(moe_tp), mono=mono.encode(),
                             devices=dev.encode() if dev else None, comm=comm.encode() if comm else None,
-                            no_prefix_cache=int(not prefix_cache))
+                            no_prefix_cache=int(not prefix_cache), gpu_memory_utilization=util)
         h = _ctypes.c_void_p()
         _check(_lib.engine_create(model._h, _ctypes.byref(o), _ctypes.byref(h)))
         self._h = h

@@ -46,7 +46,8 @@ class EngineOpts(ctypes.Structure):
                 ("max_len", ctypes.c_int), ("kv_blocks", ctypes.c_int), ("prefill_chunk", ctypes.c_int),
                 ("naux", ctypes.c_int), ("aux_layers", c_int_p), ("threads", ctypes.c_int), ("world", ctypes.c_int),
                 ("moe_tp", ctypes.c_int), ("mono", ctypes.c_char_p),
-                ("devices", ctypes.c_char_p), ("comm", ctypes.c_char_p), ("no_prefix_cache", ctypes.c_int)]
+                ("devices", ctypes.c_char_p), ("comm", ctypes.c_char_p), ("no_prefix_cache", ctypes.c_int),
+                ("gpu_memory_utilization", ctypes.c_float)]
 
 
 class CacheStats(ctypes.Structure):

@@ -73,6 +73,8 @@ typedef struct sm_backend {
     void (*destroy)(void *ctx);
     int max_verify_rows;     /* most rows of one request a verify step may have (0 = any); a
                                 longer run of one request is a prefill (cuda: eager) */
+    int kv_pages;            /* cuda with kv_mem_util: the KV pages it allocated (the engine's pool
+                                is then made that size); 0: kv->nblocks, as given */
 } sm_backend;
 
 typedef struct sm_backend_opts {
@@ -89,6 +91,9 @@ typedef struct sm_backend_opts {
     int comm;                /* cuda, world > 1: SM_COMM_PEER (0, default) or SM_COMM_NCCL */
     int mono;                /* cuda: SM_MONO_AUTO (0, default), SM_MONO_ON, SM_MONO_OFF: layers 1..L-2 of
                                 verify steps as persistent launches (docs/architecture.md) */
+    double kv_mem_util;      /* cuda, > 0: size the KV pool from memory (sparkmono_engine_opts.
+                                gpu_memory_utilization): after the weights, the pages that fit in this
+                                share of each device; kv->nblocks only gives the pool's shape then */
 } sm_backend_opts;
 #define SM_MONO_AUTO 0   /* the monokernel where eligible, stock elsewhere (one log line a reason) */
 #define SM_MONO_ON 1     /* as auto, but a static refusal is an engine-creation error */

@@ -200,6 +200,19 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     int64_t need = (int64_t)max_req * ((max_len + SM_KV_BLOCK - 1) / SM_KV_BLOCK);
     if (o->kv_blocks == 0 && need > (1 << 30)) return fail(SM_E_INVALID, "engine options max_requests x max_len need %lld KV blocks, too many", (long long)need);
     if ((s = opt_int("kv_blocks", o->kv_blocks, (int)need, 1, 1 << 30, &nblocks))) return s;
+    /* gpu_memory_utilization: the pool sized by the cuda backend after the weights (the engine's
+     * pool made first with one request's pages, for its shape, then remade at the backend's size) */
+    const float util = o->gpu_memory_utilization;
+    if (util != 0) {
+        if (!(util > 0 && util <= 1))
+            return fail(SM_E_INVALID, "engine option gpu_memory_utilization %g is not in (0, 1]", (double)util);
+        if (strcmp(bname, "cuda") != 0)
+            return fail(SM_E_INVALID, "engine option gpu_memory_utilization sizes the KV pool of the cuda backend (backend '%s')",
+                        bname);
+        if (o->kv_blocks)
+            return fail(SM_E_INVALID, "engine options kv_blocks and gpu_memory_utilization both size the KV pool: give one");
+        nblocks = (max_len + SM_KV_BLOCK - 1) / SM_KV_BLOCK;
+    }
 
     sparkmono_engine *g = calloc(1, sizeof *g);
     if (!g) return fail(SM_E_NOMEM, "sparkmono_engine_create: out of memory");
@@ -244,6 +257,7 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
     bo.moe_tp = o->moe_tp;
     bo.max_rows = g->max_rows;
     bo.verify_rows = R;      /* a backend that captures fewer rows a request refuses here */
+    bo.kv_mem_util = util;
     if (!o->mono || !strcmp(o->mono, "off")) bo.mono = SM_MONO_OFF; /* the default: measured slower (bench/results.md) */
     else if (!strcmp(o->mono, "auto")) bo.mono = SM_MONO_AUTO;
     else if (!strcmp(o->mono, "on")) bo.mono = SM_MONO_ON;
@@ -292,6 +306,15 @@ sm_status sparkmono_engine_create(sparkmono_model *m, const sparkmono_engine_opt
         return fail_err(SM_E_BACKEND, &e);
     }
     g->have_be = 1;
+    if (g->be.kv_pages > 0 && g->be.kv_pages != g->kv.nblocks) { /* the pool the backend sized from memory */
+        sm_kv_free(&g->kv);
+        g->have_kv = 0;
+        if (sm_kv_init(&g->kv, g->be.kv_pages, max_req, max_len, 0, &e) != 0) {
+            sparkmono_engine_destroy(g);
+            return fail_err(SM_E_CACHE, &e);
+        }
+        g->have_kv = 1;
+    }
     /* the prefix cache: keyed also by what K/V depend on besides tokens (docs/model.md: the
      * config, the experts' numerics, the backend and its ranks) */
     if (!o->no_prefix_cache) {

@@ -78,6 +78,7 @@ int sm_serve_run(const sm_serve_opts *o, sm_err *e) {
     eo.max_requests = o->max_requests;
     eo.max_len = o->max_len;
     eo.kv_blocks = o->kv_blocks;
+    eo.gpu_memory_utilization = o->gpu_memory_utilization;
     eo.threads = o->threads;
     eo.world = o->world;
     eo.moe_tp = o->moe_tp;

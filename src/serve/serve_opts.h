@@ -19,6 +19,7 @@ typedef struct sm_serve_opts {
     int queue;               /* requests waiting beyond those; one more is a 503 */
     int max_len;             /* prompt + max_tokens of a request */
     int kv_blocks;           /* KV pages (0: the engine's default, every request at max_len) */
+    float gpu_memory_utilization; /* cuda: > 0 sizes the KV pool from memory instead (engine option) */
     const char *chat_template; /* --chat-template FILE: the chat template, over the model directory's; or NULL */
     size_t max_body;         /* bytes of a request body; more is a 413 */
     int max_connections;     /* open connections served; past it requests are a 503 (/health answered) */

@@ -566,6 +566,7 @@ int gpu_test_model(void) {
     fails += tm_spec(root, 77);
     fails += tm_prefix(root, 85);
     fails += tm_structured(root, 86);
+    fails += tm_kv_mem(root, 87);
     fails += tm_world_guards(root, 79);
     fails += tm_spec_loop(root, 78, 0, 0);
     fails += tm_spec_loop(root, 80, 2, 0);

@@ -51,6 +51,7 @@ void tm_rig_free(tm_rig *g);
 int tm_spec(const char *root, uint64_t seed);
 int tm_prefix(const char *root, uint64_t seed); /* the prefix cache: the same ids with it as without */
 int tm_structured(const char *root, uint64_t seed); /* constrained output on the GPU */
+int tm_kv_mem(const char *root, uint64_t seed); /* the KV pool sized from memory */
 int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp);
 int tm_synth(const char *root, uint64_t seed);
 int tm_mono_guards(void);

@@ -707,3 +707,75 @@ int tm_structured(const char *root, uint64_t seed) {
     fflush(stdout);
     return gh_case_fail ? 1 : 0;
 }
+
+/* ---- the KV pool sized from memory (sparkmono_engine_opts.gpu_memory_utilization) ---- */
+
+/* Ids of prompt p [n] (greedy, 24 ids) on the cuda backend, the pool sized from util (0: the
+ * default) over world virtual ranks (0: one); *pages: the pool's pages. */
+static int tm_kv_run(sparkmono_model *m, float util, int world, const int *p, int n, int *out, int *nout, int *pages) {
+    sparkmono_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = "cuda";
+    o.max_len = 256;
+    o.gpu_memory_utilization = util;
+    if (world > 1) {
+        o.world = world;
+        o.devices = "0,0";
+        o.comm = "peer";
+    }
+    sparkmono_engine *g = NULL;
+    if (sparkmono_engine_create(m, &o, &g)) { printf("  engine: %s\n", sparkmono_errmsg()); return -1; }
+    int r, rc = 0;
+    const int *t;
+    if (sparkmono_add(g, p, n, 24, &r) || sparkmono_generate(g) || sparkmono_output(g, r, &t, nout)) {
+        printf("  run: %s\n", sparkmono_errmsg());
+        rc = -1;
+    } else {
+        memcpy(out, t, sizeof(int) * (size_t)*nout);
+    }
+    sparkmono_cache_stats cs;
+    sparkmono_cache_stats_get(g, &cs);
+    *pages = cs.pages;
+    sparkmono_engine_destroy(g);
+    return rc;
+}
+
+/* The pool sized from 0.5 of the GPU holds many more pages than the default, gives the same ids,
+ * and a share too small for one request is refused in one line. */
+int tm_kv_mem(const char *root, uint64_t seed) {
+    gh_case_fail = 0;
+    sm_err e = {{0}};
+    sm_config c;
+    char dir[512];
+    sparkmono_model *m = NULL;
+    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "kvmem_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
+        sparkmono_model_open(dir, NULL, &m)) {
+        GH_CHECK(0, "model: %s %s", e.msg, sparkmono_errmsg());
+        printf("FAIL kv_pool_from_memory\n");
+        return 1;
+    }
+    int p[40], a[32], b[32], na = 0, nb = 0, pa = 0, pb = 0;
+    for (int i = 0; i < 40; i++) p[i] = 3 + (int)((seed * 31 + (uint64_t)i * 7) % 400);
+    for (int world = 0; world <= 2; world += 2) {
+        if (tm_kv_run(m, 0, world, p, 40, a, &na, &pa) || tm_kv_run(m, 0.5f, world, p, 40, b, &nb, &pb)) {
+            GH_CHECK(0, "world %d: a run failed", world);
+            continue;
+        }
+        GH_CHECK(pb > 16 * pa, "world %d: %d pages from half the memory, %d by default", world, pb, pa);
+        GH_CHECK(na == nb && !memcmp(a, b, sizeof(int) * (size_t)na), "world %d: the ids differ with the pool from memory", world);
+        printf("  world %d: %d KV pages from half the GPU's memory (%d by default)\n", world, pb, pa);
+    }
+    sparkmono_engine_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = "cuda";
+    o.gpu_memory_utilization = 0.001f;
+    sparkmono_engine *g = NULL;
+    sm_status st = sparkmono_engine_create(m, &o, &g);
+    GH_CHECK(st != SM_OK && strstr(sparkmono_errmsg(), "gpu memory utilization") && !strchr(sparkmono_errmsg(), '\n'),
+             "a share too small: status %d, '%s'", st, sparkmono_errmsg());
+    if (g) sparkmono_engine_destroy(g);
+    sparkmono_model_close(m);
+    printf("%s kv_pool_from_memory\n", gh_case_fail ? "FAIL" : "PASS");
+    fflush(stdout);
+    return gh_case_fail ? 1 : 0;
+}

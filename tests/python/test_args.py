@@ -122,6 +122,9 @@ def test_accepted_forms(engine, model_dir):
     (dict(prefix_cache=1), TypeError, "prefix_cache must be a bool, not int"),
     (dict(prefix_cache="off"), TypeError, "prefix_cache must be a bool, not str"),
     (dict(prefix_cache=None), TypeError, "prefix_cache must be a bool, not NoneType"),
+    (dict(gpu_memory_utilization="0.9"), TypeError, "gpu_memory_utilization must be a number, not str"),
+    (dict(gpu_memory_utilization=1.5), ValueError, r"gpu_memory_utilization 1.5 is not in \(0, 1\]"),
+    (dict(gpu_memory_utilization=0.9), ValueError, "gpu_memory_utilization sizes the KV pool of backend 'cuda'"),
     (dict(request_rows=1000), sparkmono.SparkmonoValueError, "request_rows"),  # the engine's bound
     (dict(max_len=1 << 25), sparkmono.SparkmonoValueError, "max_len"),
 ])

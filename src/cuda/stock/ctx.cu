@@ -189,14 +189,50 @@ static int cb_meta_alloc(sm_cuda_rank *cr, sm_err *e) {
     return 0;
 }
 
+size_t cb_kv_page_bytes(const sm_cuda_rank *cr) {
+    /* K and V, bf16, SM_KV_BLOCK positions of the rank's KV heads, every layer */
+    return (size_t)cr->plan.nKVl * SM_KV_BLOCK * 2 * cr->cfg.D * 2 * (size_t)cr->cfg.L;
+}
+
 /* KV pages of every layer (the rank's KV heads), plus the zero page nblocks, all zero. */
 static int cb_kv_alloc(sm_cuda_rank *cr, sm_err *e) {
-    size_t page = (size_t)cr->plan.nKVl * SM_KV_BLOCK * 2 * cr->cfg.D * 2;
+    size_t page = cb_kv_page_bytes(cr) / (size_t)cr->cfg.L;
     size_t bytes = page * ((size_t)cr->kvs.nblocks + 1);
     for (int l = 0; l < cr->cfg.L; l++) {
         SM_CUDA_CHECK(cudaMalloc(&cr->layers[l].kv, bytes));
         SM_CUDA_CHECK(cudaMemsetAsync(cr->layers[l].kv, 0, bytes, cr->st));
     }
+    return 0;
+}
+
+#define CB_KV_RESERVE ((size_t)512 << 20) /* for graphs, cuBLAS and what else comes on first use */
+
+int cb_kv_fit(const sm_cuda_rank *cr, double util, int k, int *pages, sm_err *e) {
+    size_t fr = 0, total = 0;
+    SM_CUDA_CHECK(cudaSetDevice(cr->device));
+    SM_CUDA_CHECK(cudaMemGetInfo(&fr, &total));
+    /* allocated on first use: the logits of a chunk, the masks' staging, the summaries */
+    const size_t later = (size_t)CB_LOGIT_ROWS * cr->cfg.V * 4 + (size_t)SM_MASK_ROWS * ((cr->cfg.V + 31) / 32) * 4 +
+                         (size_t)cr->cap * sizeof(sm_lp_sum) + CB_KV_RESERVE;
+    const double budget = util * (double)total - (double)(total - fr) - (double)k * (double)later;
+    /* one page a layer of every rank stays for its zero page */
+    const double n = budget / ((double)cb_kv_page_bytes(cr) * k) - 1;
+    const int need = (cr->kvs.max_len + SM_KV_BLOCK - 1) / SM_KV_BLOCK;
+    if (n < need)
+        return sm_errf(e, "gpu memory utilization %.2f of device %d (%.1f GiB, %.1f GiB in use after the weights) leaves %d KV pages "
+                       "for %d rank(s) there; one request of the max length %d needs %d: raise it or lower the max length",
+                       util, cr->device, (double)total / (1 << 30), (double)(total - fr) / (1 << 30), n > 0 ? (int)n : 0, k,
+                       cr->kvs.max_len, need);
+    *pages = n > (double)(1 << 30) ? 1 << 30 : (int)n;
+    return 0;
+}
+
+int cb_kv_finish(sm_cuda_rank *cr, int pages, sm_err *e) {
+    if (cb_enter(cr, e)) return -1;
+    cr->kvs.nblocks = pages;
+    if (cb_kv_alloc(cr, e)) return -1;
+    SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
+    cr->kv_deferred = 0;
     return 0;
 }
 
@@ -222,6 +258,7 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
     cr->mono_mode = o ? o->mono : SM_MONO_AUTO;
     sm_shard_plan(cfg, world, cr->rank, sm_moe_layout_of(o ? o->moe_tp : 0), &cr->plan);
     cr->kvs = sm_kv_shape_of(kv);
+    cr->kv_deferred = o && o->kv_mem_util > 0;
     /* rows per eager chunk: at least a full graph chunk; at most what the MoE stage takes
      * (max_rows * K <= 4096, moe.h); longer steps run in chunks */
     int cap = o && o->max_rows > 0 ? o->max_rows : 256;
@@ -298,7 +335,7 @@ static int cb_dev_setup(sm_cuda_rank *cr, sm_err *e) {
     if (sm_kernel_ctx_init(&cr->kc, cr->device, sm_cuda_ws_bytes(&cr->cfg, cr->cap), e)) return -1;
     cr->have_kc = 1;
     SM_CUDA_CHECK(cudaStreamCreateWithFlags(&cr->st, cudaStreamNonBlocking));
-    if (cb_act_alloc(cr, e) || cb_meta_alloc(cr, e) || cb_kv_alloc(cr, e)) return -1;
+    if (cb_act_alloc(cr, e) || cb_meta_alloc(cr, e) || (!cr->kv_deferred && cb_kv_alloc(cr, e))) return -1;
     if (cr->world > 1 && cb_world_alloc(cr, e)) return -1;
     if (cb_moe_ws(cr, e)) return -1;
     /* the memsets above ran on cr->st (sm_kernel_ctx_init waited for its own): wait for them */

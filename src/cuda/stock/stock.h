@@ -112,6 +112,7 @@ typedef struct sm_cuda_rank {
     uint32_t *mask_d, *mask_h; /* [SM_MASK_ROWS, ceil(V / 32)] the distinct constraint masks of a
                                   chunk's rows (sm_step.mask) and their pinned staging; first use */
     int mask_busy;             /* 1: a copy from mask_h may be in flight (until the step's wait) */
+    int kv_deferred;           /* 1: the KV pages wait for cb_kv_finish (sized from memory) */
     float *aux;                /* [aux_cap, cap, H] f32, allocated on first use */
     int aux_cap;               /* aux entries aux holds */
     sm_cuda_moe_ws mws;        /* MoE workspace for cap rows */
@@ -251,6 +252,14 @@ int cb_upload_model(sm_cuda_rank *cr, const sm_model *m, sm_err *e);
 /* The dense tensors of layer l of shard sh (l = -1: embedding, lm_head, final norm) as
  * copies to / from cr's buffers; returns their count (<= CB_MAX_XFER). */
 int cb_dense_xfers(const sm_cuda_rank *cr, const sm_shard *sh, int l, cb_xfer *t);
+
+/* The KV pool sized from memory (sm_backend_opts.kv_mem_util), after the weights: the bytes of
+ * one page of every layer of cr; the pages that fit in util x cr's device's memory shared by k
+ * ranks (what is allocated now, and a reserve for what is allocated on first use, left out);
+ * then cr's pages allocated (cr->kvs.nblocks = pages).  0, or -1 with one line. */
+size_t cb_kv_page_bytes(const sm_cuda_rank *cr);
+int cb_kv_fit(const sm_cuda_rank *cr, double util, int k, int *pages, sm_err *e);
+int cb_kv_finish(sm_cuda_rank *cr, int pages, sm_err *e);
 
 /* ---- step.cu ---- */
 /* Enqueue the copy of device logits [n, V] to the host: row i to row at[i] of host (none when

@@ -159,10 +159,14 @@ extern "C" int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const 
     if (cb_dev_create(&m->cfg, kv, o, 0, o ? o->device : 0, &cr, e)) return -1;
     int rc = cb_upload_model(cr, m, e);
     if (!rc) rc = cb_mono_init(cr, e);
+    /* the KV pool sized from memory: what is left after the weights and workspaces */
+    int pages = 0;
+    if (!rc && cr->kv_deferred) rc = cb_kv_fit(cr, o->kv_mem_util, 1, &pages, e) || cb_kv_finish(cr, pages, e) ? -1 : 0;
     if (rc) {
         cb_dev_destroy(cr);
         return -1;
     }
     cb_backend_fill(cr, b);
+    b->kv_pages = pages;
     return 0;
 }

@@ -27,7 +27,8 @@ typedef struct cw_world {
     sm_gcomm_world *gw;        /* their exchanges */
     sm_ranks *th;              /* [W] rank threads */
     sm_err *errs;              /* [W] each rank's error of the last job */
-    int job;                   /* CW_UPLOAD, CW_SYNTH or CW_STEP */
+    int job;                   /* CW_UPLOAD, CW_SYNTH, CW_STEP, CW_EXCH or CW_KV */
+    int kv_pages;              /* CW_KV: the pages every rank allocates */
     const sm_model *m;         /* CW_UPLOAD: the model */
     int fmt;                   /* CW_SYNTH: expert format of layers 1..L-2 */
     uint64_t seed;             /* CW_SYNTH: seed */
@@ -41,6 +42,7 @@ typedef struct cw_world {
 #define CW_SYNTH 1
 #define CW_STEP 2
 #define CW_EXCH 3
+#define CW_KV 4
 
 /* ---- the ranks' small kernels (stock.h) ---- */
 
@@ -138,6 +140,7 @@ static int cw_job(void *arg, int r, sm_err *e) {
     if (w->job == CW_UPLOAD) rc = cb_enter(cr, e) || cb_upload_model(cr, w->m, e) || cb_mono_init(cr, e) ? -1 : 0;
     else if (w->job == CW_SYNTH) rc = cb_synth_weights(cr, w->fmt, w->seed, e) || cb_mono_init(cr, e) ? -1 : 0;
     else if (w->job == CW_EXCH) rc = cw_time_exchanges(w, cr, e);
+    else if (w->job == CW_KV) rc = cb_kv_finish(cr, w->kv_pages, e);
     else rc = cb_step_run(cr, w->st, e); /* checked once in cw_step */
     if (rc) sm_gcomm_abort(w->gw, e->msg); /* the peers stop waiting for this rank */
     return rc;
@@ -246,6 +249,22 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
         rc = cw_run(w, e);
         w->m = NULL;
     }
+    int kv_pages = 0; /* sized from memory: the pages of every rank */
+    if (!rc && o->kv_mem_util > 0) { /* the KV pool from memory: the fewest pages any device fits, its ranks sharing it */
+        int pages = 1 << 30;
+        for (int r = 0; r < W && !rc; r++) {
+            int k = 0, p;
+            for (int q = 0; q < W; q++) k += dev[q] == dev[r];
+            if (cb_kv_fit(w->rk[r], o->kv_mem_util, k, &p, e)) rc = sm_errprefix(e, "cuda world: rank %d", r);
+            else if (p < pages) pages = p;
+        }
+        if (!rc) {
+            w->job = CW_KV;
+            w->kv_pages = pages;
+            rc = cw_run(w, e);
+            kv_pages = pages;
+        }
+    }
     if (!rc) { /* the monokernel across the ranks: the same path on every rank, the in-kernel exchanges */
         const unsigned long long *steps[64];
         for (int r = 0; r < W; r++) steps[r] = sm_gcomm_step(w->rk[r]->gc);
@@ -270,6 +289,7 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
     b->step = cw_step;
     b->destroy = cw_destroy;
     b->max_verify_rows = CB_GRAPH_REQ_ROWS;
+    b->kv_pages = kv_pages;
     return 0;
 }
 
