@@ -101,6 +101,12 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
                 >"$OUT/bench_${f}_baseline.log" 2>&1 || status=1
         fi
     done
+    # structured outputs on the host: compile and token-mask costs at Muse Spark's vocabulary size
+    echo "== sparkmono constrain --bench (log: $OUT/constrain.log)"
+    for f in bench/constrain/*.json; do
+        echo "-- $f"
+        ./build/sparkmono constrain --synthetic-vocab 202048 --json-schema "$f" --bench || status=1
+    done >"$OUT/constrain.log" 2>&1
 fi
 
 WORLDS=${WORLDS-2:ep 4:ep 8:ep 2:tp}
@@ -170,6 +176,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
             sed -n '/^summary/,$p' "$OUT/bench_$f.log"
             grep '^ttft:' "$OUT/bench_$f.log"
             grep '^masks:' "$OUT/bench_$f.log"
+            grep -E '^(-- |bench:|json_schema:)' "$OUT/constrain.log"
         else
             tail -n 5 "$OUT/bench_$f.log"
         fi
