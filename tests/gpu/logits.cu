@@ -279,7 +279,7 @@ void case_mask_rows(int n, int V, int vu, int allow, int k) {
     for (int i = 0; i < n; i++) am_got[i] = -7;
     int *dam = (int *)gh_dup_to_dev("argmax", am_got, 4, (size_t)n);
     gh_case_fail = 0;
-    if (sm_k_mask_rows(dl, (size_t)V, V, vu, dm, words, rows, midx, m, dam, g_st, &e)) {
+    if (sm_k_mask_rows(&g_ctx, dl, (size_t)V, V, vu, dm, words, rows, midx, m, dam, g_st, &e)) {
         gh_fail_line(name, e.msg);
         return;
     }

@@ -101,36 +101,56 @@ int sm_k_logits(sm_kernel_ctx *kc, const uint16_t *h, int n, int H, const uint16
 
 /* ---- constraint masks (sm_k_mask_rows) ---- */
 
+#define MK_EPT 16                       /* ids a thread of the slice kernel reads */
+#define MK_THREADS 256
+#define MK_SLICE (MK_THREADS * MK_EPT)  /* ids of a slice: one block */
+
 /* The rows of one mask launch (kernel parameter, by value). */
 typedef struct mask_rows {
     int row[SM_MASK_ROWS];     /* the logits row of each entry */
     int midx[SM_MASK_ROWS];    /* its mask in the masks buffer */
 } mask_rows;
 
-/* One block per entry: forbidden ids -> -inf in place, then the best allowed (value, id) among ids
- * < vocab_used (sm_better: larger value, then the lower id) and the NaN / +Inf flag; thread 0
- * writes the argmax. */
-__global__ void __launch_bounds__(256)
-mask_rows_kernel(float *__restrict__ logits, size_t ld, int V, int vocab_used, const uint32_t *__restrict__ masks, int words,
-                 mask_rows mr, int *__restrict__ argmax) {
-    __shared__ float sv[8];
-    __shared__ int si[8];
-    const int row = mr.row[blockIdx.x];
-    float *l = logits + (size_t)row * ld;
-    const uint32_t *m = masks + (size_t)mr.midx[blockIdx.x] * words;
+/* A slice's partial of one entry: its best allowed (value, id), and whether an allowed id < vocab_used is NaN or +Inf. */
+typedef struct mask_part {
+    float v;
+    int i;
+    int bad;
+} mask_part;
+
+/* Block (slice blockIdx.x, entry blockIdx.y): forbidden ids -> -inf in place, the best allowed
+ * (value, id) among ids < vocab_used (sm_better) and the NaN / +Inf flag into parts.  Every
+ * thread's MK_EPT loads are issued before any is used (lane-interleaved: coalesced): one block
+ * a row would wait on one load at a time. */
+__global__ void __launch_bounds__(MK_THREADS)
+mask_slice_kernel(float *__restrict__ logits, size_t ld, int V, int vocab_used, const uint32_t *__restrict__ masks, int words,
+                  mask_rows mr, int nslice, mask_part *__restrict__ parts) {
+    __shared__ float sv[MK_THREADS / 32];
+    __shared__ int si[MK_THREADS / 32];
+    float *l = logits + (size_t)mr.row[blockIdx.y] * ld;
+    const uint32_t *m = masks + (size_t)mr.midx[blockIdx.y] * words;
+    const int v0 = blockIdx.x * MK_SLICE;
+    float x[MK_EPT];
+#pragma unroll
+    for (int j = 0; j < MK_EPT; j++) {
+        const int v = v0 + j * MK_THREADS + threadIdx.x;
+        x[j] = v < V ? l[v] : -INFINITY;
+    }
     float bv = -INFINITY;
     int bi = -1, bad = 0;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+#pragma unroll
+    for (int j = 0; j < MK_EPT; j++) {
+        const int v = v0 + j * MK_THREADS + threadIdx.x;
+        if (v >= V) continue;
         if (!((m[v >> 5] >> (v & 31)) & 1)) { /* forbidden: -inf, never a candidate */
             l[v] = -INFINITY;
             continue;
         }
-        const float x = l[v];
         if (v >= vocab_used) continue;
-        if (isnan(x) || x == INFINITY) bad = 1;
-        else if (x != -INFINITY && sm_better(x, v, bv, bi)) { bv = x; bi = v; }
+        if (isnan(x[j]) || x[j] == INFINITY) bad = 1;
+        else if (x[j] != -INFINITY && sm_better(x[j], v, bv, bi)) { bv = x[j]; bi = v; }
     }
-    /* the block's best: warps by butterfly, then warp 0 over the warps */
+    /* the block's best: warps by butterfly, then thread 0 over the warps */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) {
@@ -141,25 +161,54 @@ mask_rows_kernel(float *__restrict__ logits, size_t ld, int V, int vocab_used, c
     if (lane == 0) { sv[w] = bv; si[w] = bi; }
     bad = __syncthreads_or(bad);
     if (threadIdx.x == 0) {
-        for (int q = 1; q < (int)(blockDim.x >> 5); q++)
+        for (int q = 1; q < MK_THREADS / 32; q++)
             if (sm_better(sv[q], si[q], sv[0], si[0])) { sv[0] = sv[q]; si[0] = si[q]; }
-        argmax[row] = bad ? -1 : si[0];
+        mask_part *p = parts + (size_t)blockIdx.y * nslice + blockIdx.x;
+        p->v = sv[0];
+        p->i = si[0];
+        p->bad = bad;
     }
 }
 
-int sm_k_mask_rows(float *logits, size_t ld, int V, int vocab_used, const uint32_t *masks, int words, const int *rows,
-                   const int *midx, int n, int *argmax, cudaStream_t st, sm_err *e) {
+/* One warp an entry: its slices' partials reduced in the same order; the argmax written. */
+__global__ void __launch_bounds__(32)
+mask_reduce_kernel(const mask_part *__restrict__ parts, int nslice, mask_rows mr, int *__restrict__ argmax) {
+    const mask_part *p = parts + (size_t)blockIdx.x * nslice;
+    float bv = -INFINITY;
+    int bi = -1, bad = 0;
+    for (int q = threadIdx.x; q < nslice; q += 32) {
+        bad |= p[q].bad;
+        if (sm_better(p[q].v, p[q].i, bv, bi)) { bv = p[q].v; bi = p[q].i; }
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+        const float ov = __shfl_xor_sync(0xFFFFFFFFu, bv, d);
+        const int oi = __shfl_xor_sync(0xFFFFFFFFu, bi, d);
+        if (sm_better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+    }
+    bad = __any_sync(0xFFFFFFFFu, bad);
+    if (threadIdx.x == 0) argmax[mr.row[blockIdx.x]] = bad ? -1 : bi;
+}
+
+int sm_k_mask_rows(sm_kernel_ctx *kc, float *logits, size_t ld, int V, int vocab_used, const uint32_t *masks, int words,
+                   const int *rows, const int *midx, int n, int *argmax, cudaStream_t st, sm_err *e) {
     if (n < 0 || n > SM_MASK_ROWS || V < 1 || (size_t)V > ld || vocab_used < 1 || vocab_used > V || words < (V + 31) / 32)
         return sm_errf(e, "sm_k_mask_rows: bad shape n=%d V=%d ld=%zu vocab_used=%d words=%d", n, V, ld, vocab_used, words);
     if (n == 0) return 0;
     if (!logits || !masks || !rows || !midx || !argmax) return sm_errf(e, "sm_k_mask_rows: NULL argument");
+    const int nslice = sm_cdiv(V, MK_SLICE);
+    const size_t need = (size_t)n * nslice * sizeof(mask_part);
+    if (need > kc->ws_bytes) return sm_errf(e, "sm_k_mask_rows: workspace of %zu bytes below the %zu of the partials", kc->ws_bytes, need);
     mask_rows mr;
     for (int i = 0; i < n; i++) {
         if (rows[i] < 0 || midx[i] < 0) return sm_errf(e, "sm_k_mask_rows: entry %d: row %d, mask %d", i, rows[i], midx[i]);
         mr.row[i] = rows[i];
         mr.midx[i] = midx[i];
     }
-    mask_rows_kernel<<<n, 256, 0, st>>>(logits, ld, V, vocab_used, masks, words, mr, argmax);
-    SM_LAUNCH_CHECK("mask_rows_kernel");
+    mask_part *parts = (mask_part *)kc->ws;
+    mask_slice_kernel<<<dim3(nslice, n), MK_THREADS, 0, st>>>(logits, ld, V, vocab_used, masks, words, mr, nslice, parts);
+    SM_LAUNCH_CHECK("mask_slice_kernel");
+    mask_reduce_kernel<<<n, 32, 0, st>>>(parts, nslice, mr, argmax);
+    SM_LAUNCH_CHECK("mask_reduce_kernel");
     return 0;
 }

@@ -213,10 +213,11 @@ int sm_k_logits(sm_kernel_ctx *kc, const uint16_t *h, int n, int H, const uint16
  * [*, ld] (f32, V ids) gets -inf at every id whose bit in mask midx[i] of masks [*, words]
  * (device, uint32 words, id v: word v / 32, bit v % 32) is clear, and argmax[rows[i]] becomes
  * the row's greedy id among ids < vocab_used, ties to the lowest; -1 when an allowed id there
- * is NaN or +Inf, or none is finite.  rows, midx: HOST ints [n], n <= SM_MASK_ROWS.
+ * is NaN or +Inf, or none is finite.  rows, midx: HOST ints [n], n <= SM_MASK_ROWS.  Slices of
+ * 4096 ids a block (the row's partials in kc->ws), then one warp a row reduces them.
  * Reference: ref_mask_row then ref_argmax_row (cpu/ops.h). */
 #define SM_MASK_ROWS 128
-int sm_k_mask_rows(float *logits, size_t ld, int V, int vocab_used, const uint32_t *masks, int words, const int *rows,
+int sm_k_mask_rows(sm_kernel_ctx *kc, float *logits, size_t ld, int V, int vocab_used, const uint32_t *masks, int words, const int *rows,
                    const int *midx, int n, int *argmax, cudaStream_t st, sm_err *e);
 /* ---- logprob summaries (ops/logprobs.cu) ---- */
 #define SM_LP_ROWS 128 /* rows of one sm_k_logprobs launch (more run in several) */

@@ -151,7 +151,7 @@ int cb_mask(sm_cuda_rank *cr, const uint32_t *const *mask, int n, float *dev, in
     cr->mask_busy = 1;
     for (int j = 0; j < nm; j++) memcpy(cr->mask_h + (size_t)j * words, seen[j], (size_t)words * 4);
     SM_CUDA_CHECK(cudaMemcpyAsync(cr->mask_d, cr->mask_h, (size_t)nm * words * 4, cudaMemcpyHostToDevice, cr->st));
-    if (sm_k_mask_rows(dev, (size_t)V, V, cr->cfg.vocab_used, cr->mask_d, words, rows, midx, m, am, cr->st, e))
+    if (sm_k_mask_rows(&cr->kc, dev, (size_t)V, V, cr->cfg.vocab_used, cr->mask_d, words, rows, midx, m, am, cr->st, e))
         return sm_errprefix(e, "cuda step: constraint masks");
     return 0;
 }
