@@ -268,7 +268,7 @@ static void test_mask_brute_force(void) {
         uint32_t *m = malloc(sizeof(uint32_t) * (size_t)c->v->words);
         for (int i = 0; m && i <= n && pos >= 0 && pos != SM_CON_ENDED; i++) {
             sm_err e = {{0}};
-            if (sm_con_mask(c, pos, m, &e)) { CHECK(0, "%s", e.msg); break; }
+            if (sm_con_mask(c, pos, m, &e) < 0) { CHECK(0, "%s", e.msg); break; }
             for (int id = 0; id < g_V; id++) {
                 const unsigned char *bytes;
                 size_t len;

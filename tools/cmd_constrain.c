@@ -128,7 +128,7 @@ static int bench(sparkmono_constraint *c, const sm_vocab *v, sm_err *e) {
     for (; steps < 256 && pos != SM_CON_ENDED; steps++) {
         const int isnew = pos >= 0 && !sm_gram_slot(c->g, pos);
         double t0 = cli_now();
-        if (sm_con_mask(c, pos, m, e)) { free(allowed); free(tf); free(m); return -1; }
+        if (sm_con_mask(c, pos, m, e) < 0) { free(allowed); free(tf); free(m); return -1; }
         double t1 = cli_now();
         if (isnew) {
             tf[fresh++] = (float)((t1 - t0) * 1e3);
@@ -213,7 +213,7 @@ int cmd_constrain(int argc, char **argv) {
     double t2 = cli_now();
     /* the first mask: what the first generated token waits for */
     if (!(m = malloc(sizeof(uint32_t) * (size_t)v->words))) { sm_errf(&e, "%s: out of memory", cmd); goto bad; }
-    if (sm_con_mask(c, sm_con_start(c), m, &e)) goto bad;
+    if (sm_con_mask(c, sm_con_start(c), m, &e) < 0) goto bad;
     double t3 = cli_now();
     int na = 0;
     for (int id = 0; id < v->V; id++) na += sm_mask_has(m, id);

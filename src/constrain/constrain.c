@@ -110,7 +110,7 @@ int sm_con_mask(sparkmono_constraint *c, int pos, uint32_t *out, sm_err *e) {
     const size_t bytes = sizeof(uint32_t) * (size_t)c->v->words;
     if (pos == SM_CON_ENDED) {
         memcpy(out, c->eos_mask, bytes);
-        return 0;
+        return c->v->n_eos > 0;
     }
     pthread_mutex_lock(&c->mu);
     /* a new mask past the budget: drop the cached ones first */
@@ -122,8 +122,9 @@ int sm_con_mask(sparkmono_constraint *c, int pos, uint32_t *out, sm_err *e) {
     const uint32_t *m = sm_vocab_mask(c->v, c->g, pos, e);
     if (m) memcpy(out, m, bytes);
     c->nmasks += m && fresh;
+    const int any = m ? (int)m[c->v->words] : 0;
     pthread_mutex_unlock(&c->mu);
-    return m ? 0 : sm_errprefix(e, "%s constraint", c->kind);
+    return m ? any : sm_errprefix(e, "%s constraint", c->kind);
 }
 
 int sm_con_advance(sparkmono_constraint *c, int pos, int tok, sm_err *e) {

@@ -47,7 +47,8 @@ void sm_con_release(sparkmono_constraint *c);
 /* The position before any generated id. */
 int sm_con_start(const sparkmono_constraint *c);
 /* The mask of position pos copied to out [v->words] (the cache may drop it once the call
- * returns: another thread's request may need room).  -1 with one line. */
+ * returns: another thread's request may need room): 1 when it allows an id, 0 when none (known
+ * once per state, not rescanned), -1 with one line. */
 int sm_con_mask(sparkmono_constraint *c, int pos, uint32_t *out, sm_err *e);
 /* The position after id tok from pos; SM_GRAM_DEAD when the constraint forbids tok there, -2
  * with one line in e when the grammar fails. */

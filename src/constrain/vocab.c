@@ -132,7 +132,7 @@ int sm_vocab_build_raw(int V, const unsigned char *const *bytes, const size_t *b
 const uint32_t *sm_vocab_mask(const sm_vocab *v, sm_gram *g, int cfg, sm_err *e) {
     uint32_t *m = sm_gram_slot(g, cfg);
     if (m) return m;
-    m = calloc((size_t)v->words, sizeof(uint32_t));
+    m = calloc((size_t)v->words + 1, sizeof(uint32_t)); /* + the word saying whether any id is allowed */
     int *at = malloc(sizeof(int) * ((size_t)v->maxdepth + 2)); /* configuration at each depth of the path */
     const int **row = malloc(sizeof(int *) * ((size_t)v->maxdepth + 2)); /* and its transition row */
     if (!m || !at || !row || !(row[0] = sm_gram_row(g, cfg))) {
@@ -157,13 +157,14 @@ const uint32_t *sm_vocab_mask(const sm_vocab *v, sm_gram *g, int cfg, sm_err *e)
             return NULL;
         }
         for (int k = v->tok_off[i]; k < v->tok_off[i + 1]; k++) m[v->ids[k] >> 5] |= 1u << (v->ids[k] & 31);
+        m[v->words] |= v->tok_off[i + 1] > v->tok_off[i];
         i++;
     }
     free(at);
     free(row);
     if (sm_gram_accepting(g, cfg))
         for (int k = 0; k < v->n_eos; k++)
-            if (v->eos[k] >= 0 && v->eos[k] < v->V) m[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31);
+            if (v->eos[k] >= 0 && v->eos[k] < v->V) m[v->eos[k] >> 5] |= 1u << (v->eos[k] & 31), m[v->words] = 1;
     sm_gram_set_slot(g, cfg, m);
     return m;
 }

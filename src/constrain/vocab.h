@@ -46,8 +46,9 @@ static inline const uint8_t *sm_vocab_bytes(const sm_vocab *v, int id, size_t *l
 }
 void sm_vocab_free(sm_vocab *v);
 
-/* The mask of configuration cfg of g (words [v->words] owned by g's slot; NULL with one line in e
- * when the grammar fails).  eos ids are set when cfg accepts. */
+/* The mask of configuration cfg of g (words [v->words] owned by g's slot, then one word: 1 when
+ * any bit is set; NULL with one line in e when the grammar fails).  eos ids are set when cfg
+ * accepts. */
 const uint32_t *sm_vocab_mask(const sm_vocab *v, sm_gram *g, int cfg, sm_err *e);
 
 /* 1 when bit id of mask m is set. */

@@ -68,13 +68,6 @@ sm_status sparkmono_constraint_create(sparkmono_model *m, const char *kind, cons
 void sparkmono_constraint_retain(sparkmono_constraint *c) { sm_con_retain(c); }
 void sparkmono_constraint_release(sparkmono_constraint *c) { sm_con_release(c); }
 
-/* 1 when mask m allows at least one id. */
-static int mask_any(const uint32_t *m, int words) {
-    for (int i = 0; i < words; i++)
-        if (m[i]) return 1;
-    return 0;
-}
-
 sm_status sm_engine_con_reserve(sparkmono_engine *g) {
     if (g->mbuf) return SM_OK;
     g->mbuf = malloc(sizeof(uint32_t) * (size_t)((g->cfg->V + 31) / 32) * (size_t)g->max_rows);
@@ -86,11 +79,12 @@ sm_status sm_engine_con_reserve(sparkmono_engine *g) {
 static sm_status row_mask(sm_request *r, int pos, int gi, uint32_t *m) {
     sm_err e = {{0}};
     char msg[1200];
-    if (sm_con_mask(r->con, pos, m, &e)) {
+    const int any = sm_con_mask(r->con, pos, m, &e);
+    if (any < 0) {
         snprintf(msg, sizeof msg, "generated token %d: %s", gi, e.msg);
         return sm_engine_fail(SM_E_BACKEND, msg);
     }
-    if (!mask_any(m, r->con->v->words)) {
+    if (!any) {
         snprintf(msg, sizeof msg, "generated token %d: no id of the vocabulary continues the %s constraint here", gi,
                  r->con->kind);
         return sm_engine_fail(SM_E_STATE, msg);
@@ -113,7 +107,7 @@ sm_status sm_engine_con_rows(sparkmono_engine *g, int req, int row0, int *rows) 
         int next = d >= 0 && d < g->cfg->V && sm_mask_has(m, d) ? sm_con_advance(r->con, pos, d, &e) : SM_GRAM_DEAD;
         if (next == -2) return sm_engine_fail(SM_E_BACKEND, e.msg);
         m += words;
-        if (next < 0 || next == SM_CON_ENDED || sm_con_mask(r->con, next, m, &e) || !mask_any(m, words)) {
+        if (next < 0 || next == SM_CON_ENDED || sm_con_mask(r->con, next, m, &e) <= 0) {
             *rows = j;
             return SM_OK;
         }
