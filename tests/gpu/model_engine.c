@@ -131,22 +131,29 @@ int tm_spec(const char *root, uint64_t seed) {
  * emits in an engine without the cache (docs/architecture.md: exact only if the backend's K/V
  * are the same bits however prompt rows are chunked and batched) ---- */
 
-/* Ids of b (after a, whose prompt shares b's first 64 tokens) on the cuda backend: the prefix
- * cache on or off, the monokernel mono, world virtual ranks (0: one rank). */
-static int tm_prefix_run(sparkmono_model *m, int cache, const char *mono, int world, const int *a, const int *b, int n, int *out,
-                         int *nout, long long *hits) {
+/* Engine options of the cases below: the cuda backend, max length 256, the monokernel mono, world
+ * virtual ranks of device 0 through peer memory (0 or 1: one rank). */
+static sparkmono_engine_opts tm_cuda_opts(const char *mono, int world) {
     sparkmono_engine_opts o;
     memset(&o, 0, sizeof o);
     o.backend = "cuda";
     o.mono = mono;
-    o.request_rows = 8;
     o.max_len = 256;
-    o.no_prefix_cache = !cache;
     if (world > 1) {
         o.world = world;
         o.devices = world == 2 ? "0,0" : "0,0,0,0";
         o.comm = "peer";
     }
+    return o;
+}
+
+/* Ids of b (after a, whose prompt shares b's first 64 tokens) on the cuda backend: the prefix
+ * cache on or off, the monokernel mono, world virtual ranks (0: one rank). */
+static int tm_prefix_run(sparkmono_model *m, int cache, const char *mono, int world, const int *a, const int *b, int n, int *out,
+                         int *nout, long long *hits) {
+    sparkmono_engine_opts o = tm_cuda_opts(mono, world);
+    o.request_rows = 8;
+    o.no_prefix_cache = !cache;
     sparkmono_engine *g = NULL;
     if (sparkmono_engine_create(m, &o, &g)) { printf("  engine: %s\n", sparkmono_errmsg()); return -1; }
     int rc = 0, r;
@@ -612,17 +619,8 @@ int tm_world_guards(const char *root, uint64_t seed) {
  * world virtual ranks (0: one), sampling s; with logprobs (top 5), their logprobs into lp. */
 static int tm_con_run(sparkmono_model *m, sparkmono_constraint *c, int R, const char *mono, int world, const sparkmono_sampling *s,
                       int *out, int *n, int *done, float *lp) {
-    sparkmono_engine_opts o;
-    memset(&o, 0, sizeof o);
-    o.backend = "cuda";
-    o.mono = mono;
+    sparkmono_engine_opts o = tm_cuda_opts(mono, world);
     o.request_rows = R;
-    o.max_len = 256;
-    if (world > 1) {
-        o.world = world;
-        o.devices = "0,0";
-        o.comm = "peer";
-    }
     sparkmono_engine *g = NULL;
     if (sparkmono_engine_create(m, &o, &g)) { printf("  engine: %s\n", sparkmono_errmsg()); return -1; }
     sparkmono_sampling smp = *s;
@@ -713,16 +711,8 @@ int tm_structured(const char *root, uint64_t seed) {
 /* Ids of prompt p [n] (greedy, 24 ids) on the cuda backend, the pool sized from util (0: the
  * default) over world virtual ranks (0: one); *pages: the pool's pages. */
 static int tm_kv_run(sparkmono_model *m, float util, int world, const int *p, int n, int *out, int *nout, int *pages) {
-    sparkmono_engine_opts o;
-    memset(&o, 0, sizeof o);
-    o.backend = "cuda";
-    o.max_len = 256;
+    sparkmono_engine_opts o = tm_cuda_opts(NULL, world);
     o.gpu_memory_utilization = util;
-    if (world > 1) {
-        o.world = world;
-        o.devices = "0,0";
-        o.comm = "peer";
-    }
     sparkmono_engine *g = NULL;
     if (sparkmono_engine_create(m, &o, &g)) { printf("  engine: %s\n", sparkmono_errmsg()); return -1; }
     int r, rc = 0;
@@ -765,9 +755,8 @@ int tm_kv_mem(const char *root, uint64_t seed) {
         GH_CHECK(na == nb && !memcmp(a, b, sizeof(int) * (size_t)na), "world %d: the ids differ with the pool from memory", world);
         printf("  world %d: %d KV pages from half the GPU's memory (%d by default)\n", world, pb, pa);
     }
-    sparkmono_engine_opts o;
-    memset(&o, 0, sizeof o);
-    o.backend = "cuda";
+    sparkmono_engine_opts o = tm_cuda_opts(NULL, 0);
+    o.max_len = 0;
     o.gpu_memory_utilization = 0.001f;
     sparkmono_engine *g = NULL;
     sm_status st = sparkmono_engine_create(m, &o, &g);
