@@ -12,7 +12,9 @@
  * is cut with a 408, as any slow request).  A
  * "job" is one completion request on its way out, its choices and the bytes not yet written
  * (serve_job.c); the plain answer and the stream share it, and here it is parked and resumed.
- * A "peer" is one open connection: its socket and its deadline, seen by the watch thread.  We
+ * A "peer" is one open connection: its socket and its deadline, seen by the watch thread; the
+ * accept front (serve_front.c) makes it at the accept and holds it until its first line can be
+ * judged, and libmicrohttpd's STARTED notice adopts it (on_connection).  We
  * rejected writing the stream from the engine thread: a slow client would stall every
  * request's next step.
  *
@@ -40,16 +42,6 @@
 
 enum route { R_NONE, R_HEALTH, R_MODELS, R_MODEL, R_COMPLETIONS, R_CHAT,
              R_TOKENIZE, R_DETOKENIZE, R_VERSION, R_METRICS /* serve_misc.c, serve_metrics.c */ };
-
-/* One open connection (libmicrohttpd's socket context); fields under s->mu. */
-typedef struct peer {
-    int fd;                    /* the socket, valid until libmicrohttpd's CLOSED notice */
-    double deadline;           /* monotonic seconds: cut when reached; 0: none (an answer is on its way) */
-    int in_request;            /* a request line was read: a cut is answered 408 */
-    int cut;                   /* the watch thread shut the socket down */
-    int over;                  /* opened past max_conns: only /health is served, then closed */
-    struct peer *prev, *next;  /* s->peers */
-} peer;
 
 /* One HTTP request (libmicrohttpd's per-request pointer, made by on_uri). */
 typedef struct conn {
@@ -433,30 +425,19 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     *con_cls = NULL;
 }
 
-/* A connection opened (idle until its request line) or closed (before its socket is). */
+/* A connection the front handed over was taken in (its peer, counted and idle since its
+ * accept, is adopted) or closed (before its socket is). */
 static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context, enum MHD_ConnectionNotificationCode code) {
     sm_server *s = cls;
     peer *p = *socket_context;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        p = calloc(1, sizeof *p);
-        if (!p) return; /* served without deadlines */
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-        p->fd = ci ? ci->connect_fd : -1;
         pthread_mutex_lock(&s->mu);
-        p->deadline = now_s() + s->o->idle_timeout_s;
-        p->over = s->npeers >= s->max_conns;
-        p->next = s->peers;
-        if (s->peers) s->peers->prev = p;
-        s->peers = p;
-        s->npeers++;
+        *socket_context = ci ? sm_front_adopt(s, ci->connect_fd) : NULL; /* NULL: served without deadlines */
         pthread_mutex_unlock(&s->mu);
-        *socket_context = p;
     } else if (p) {
         pthread_mutex_lock(&s->mu);
-        if (p->prev) p->prev->next = p->next;
-        else s->peers = p->next;
-        if (p->next) p->next->prev = p->prev;
-        s->npeers--;
+        sm_front_closed(s, p);
         pthread_mutex_unlock(&s->mu);
         free(p);
         *socket_context = NULL;
@@ -466,7 +447,8 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 /* ---- the watch thread ------------------------------------------------------------------- */
 
 /* Close p at its deadline: a request not received whole is answered 408 first; an idle
- * connection is just closed.  libmicrohttpd sees the shut-down socket and closes it.  Under s->mu. */
+ * connection is just closed.  libmicrohttpd (or the front) sees the shut-down socket and closes
+ * it.  Under s->mu. */
 static void cut_locked(sm_server *s, peer *p) {
     if (p->in_request && p->fd >= 0) (void)!send(p->fd, s->r408, (size_t)s->r408_len, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (p->fd >= 0) shutdown(p->fd, SHUT_RDWR);
@@ -507,7 +489,7 @@ static void *watch_main(void *arg) {
         double now = now_s();
         int late = 0;
         for (peer *p = s->peers; p; p = p->next)
-            if (p->deadline > 0 && now >= p->deadline) {
+            if (p->at != PEER_HANDED && p->deadline > 0 && now >= p->deadline) { /* a handed socket is in transit */
                 late += p->in_request;
                 if (p->in_request) sm_metrics_status(&s->met, 408);
                 cut_locked(s, p);
@@ -533,14 +515,8 @@ int sm_http_start(sm_server *s, sm_err *e) {
     /* the 408 the watch thread writes, whole */
     char msg[160];
     snprintf(msg, sizeof msg, "the request was not received whole within %d s (--request-timeout)", s->o->request_timeout_s);
-    char *body = sm_api_error(msg, "invalid_request_error", NULL, "request_timeout");
-    if (!body) return sm_errf(e, "serve: out of memory");
-    s->r408_len = snprintf(s->r408, sizeof s->r408,
-                           "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                           "Connection: close\r\n\r\n%s",
-                           strlen(body), body);
-    free(body);
-    if (s->r408_len < 0 || s->r408_len >= (int)sizeof s->r408) return sm_errf(e, "serve: the 408 answer is too long");
+    s->r408_len = sm_http_raw_answer(s->r408, sizeof s->r408, 408, "Request Timeout", msg, "request_timeout");
+    if (s->r408_len < 0) return sm_errf(e, "serve: the 408 answer does not fit");
 
     char port[16];
     snprintf(port, sizeof port, "%d", s->o->port);
@@ -550,47 +526,44 @@ int sm_http_start(sm_server *s, sm_err *e) {
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
     int rc = getaddrinfo(s->o->host, port, &hints, &ai);
     if (rc) return sm_errf(e, "serve: --host '%s': %s", s->o->host, gai_strerror(rc));
-    /* epoll (poll where there is none) in a pool of polling threads; parked connections.  A
-     * request line without a space ("HELLO", "GET") is closed by libmicrohttpd without an answer
-     * (0.9.75; 1.0 answers a known method's 400 itself, still not an unknown one's): it calls
-     * none of our callbacks for it and shuts the socket's sending side before its close notice
-     * (on_connection), so nothing here can answer it.  We rejected MHD_USE_TURBO, which leaves
-     * the socket open for that notice: it changes how every connection is polled and closed (a
-     * close with unread bytes resets the connection), for one malformed line. */
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    unsigned limit = (unsigned)s->max_conns + SM_HTTP_SPARE_CONNECTIONS;
+    /* the front accepts (serve_front.c: it answers a first line libmicrohttpd would close without
+     * a word, and keeps the connection limit: past it, connections wait in the kernel's queue) */
+    rc = sm_front_listen(s, ai->ai_addr, ai->ai_addrlen, e);
+    freeaddrinfo(ai);
+    if (rc) return -1;
+    /* epoll (poll where there is none) in a pool of polling threads; parked connections; the
+     * connections come from the front.  Its limit never refuses one: a polling thread counts a
+     * connection handed to it only once it takes it in, and one is picked by socket number, so
+     * each thread may get all of ours (and those closing, counted a moment longer). */
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | MHD_USE_NO_LISTEN_SOCKET;
+    unsigned limit = ((unsigned)s->max_conns + SM_HTTP_SPARE_CONNECTIONS + SM_HTTP_THREADS) * SM_HTTP_THREADS;
     /* libmicrohttpd's inactivity timeout only cuts a stalled answer: the watch thread's deadlines come first */
     int t = s->o->request_timeout_s > s->o->idle_timeout_s ? s->o->request_timeout_s : s->o->idle_timeout_s;
     unsigned send_timeout = (unsigned)(t > SM_HTTP_SEND_TIMEOUT_S ? t : SM_HTTP_SEND_TIMEOUT_S) + 1;
     sm_http_log_begin();
-    s->d = MHD_start_daemon(flags, (uint16_t)s->o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SM_HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT, limit,
-                            MHD_OPTION_CONNECTION_TIMEOUT, send_timeout,
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SM_HTTP_THREADS,
+                            MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT, send_timeout,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SM_HTTP_CONN_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
                             MHD_OPTION_EXTERNAL_LOGGER, sm_http_log, s, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!s->d)
-        return sm_errf(e, "serve: cannot listen on %s port %d: %s", s->o->host, s->o->port,
+    if (!s->d) {
+        sm_front_stop(s);
+        return sm_errf(e, "serve: cannot start serving on %s port %d: %s", s->o->host, s->o->port,
                        sm_http_log_last()[0] ? sm_http_log_last() : "libmicrohttpd refused to start");
-    sm_http_log_live();
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : s->o->port;
-    rc = pthread_create(&s->watch, NULL, watch_main, s);
-    if (rc) {
-        MHD_stop_daemon(s->d);
-        s->d = NULL;
-        return sm_errf(e, "serve: cannot start the watch thread: %s", strerror(rc));
     }
-    s->watching = 1;
+    sm_http_log_live();
+    rc = pthread_create(&s->watch, NULL, watch_main, s);
+    if (rc) sm_errf(e, "serve: cannot start the watch thread: %s", strerror(rc));
+    else s->watching = 1;
+    if (rc || sm_front_start(s, e)) {
+        sm_http_stop(s);
+        return -1;
+    }
     return 0;
 }
 
 void sm_http_quiesce(sm_server *s) {
-    if (!s->d) return;
-    MHD_socket fd = MHD_quiesce_daemon(s->d);
-    if (fd != MHD_INVALID_SOCKET) close(fd);
+    if (s->d) sm_front_quiesce(s);
 }
 
 void sm_http_stop(sm_server *s) {
@@ -602,7 +575,14 @@ void sm_http_stop(sm_server *s) {
     pthread_mutex_unlock(&s->mu);
     if (s->watching) pthread_join(s->watch, NULL);
     s->watching = 0;
+    sm_front_stop(s); /* first: nothing is handed to a stopping daemon */
     MHD_stop_daemon(s->d); /* closes every connection: their peers are freed */
     s->d = NULL;
+    while (s->peers) { /* handed over but never taken in: closed unadopted by the stop */
+        peer *p = s->peers;
+        s->peers = p->next;
+        free(p);
+    }
+    s->npeers = 0;
     pthread_mutex_destroy(&s->mu);
 }

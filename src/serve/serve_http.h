@@ -24,7 +24,10 @@
  *  - past max_connections open connections, a new connection's requests are answered 503
  *    (Retry-After, Connection: close) except /health, which is answered; past
  *    SM_HTTP_SPARE_CONNECTIONS more, new connections wait in the kernel's accept queue;
- *  - a full request queue is a 503 with Retry-After; /health never waits for the queue.
+ *  - a full request queue is a 503 with Retry-After; /health never waits for the queue;
+ *  - a first line libmicrohttpd cannot split into a method and a target (no space, or no
+ *    method) is answered 400 by the accept front (serve_front.h), which owns the listening
+ *    socket and hands every other connection to libmicrohttpd.
  */
 #ifndef SM_SERVE_HTTP_H
 #define SM_SERVE_HTTP_H
@@ -34,19 +37,20 @@
 #include "serve/serve_metrics.h"
 #include "serve/serve_chat.h"
 #include "serve/serve_sched.h"
+#include "serve/serve_front.h"
 
 #define SM_HTTP_POLL_MS 50            /* the watch thread's tick: a hang-up or deadline is seen within it */
 #define SM_HTTP_THREADS 4             /* libmicrohttpd's polling threads */
 #define SM_HTTP_SPARE_CONNECTIONS 64  /* connections past max_connections that are still answered (503, /health) */
 #define SM_HTTP_SEND_TIMEOUT_S 60     /* an answer the client takes no byte of for this long is cut */
 #define SM_HTTP_FD_RESERVE 128        /* open files besides the connections (model, epoll, pipes) */
+#define SM_HTTP_PEEK 4096             /* a first line's first space must come within its first this many bytes */
 /* bytes of a connection's buffers (request line, headers, body pieces, answer head); above
  * 32 KiB libmicrohttpd maps each connection's buffers on their own, so a closed connection's
  * memory goes back to the system instead of into the heap, where a thousand of them fragment it */
 #define SM_HTTP_CONN_MEMORY (64 << 10)
 
 struct MHD_Daemon;
-struct peer;
 struct sm_job;
 
 typedef struct sm_server {
@@ -65,8 +69,9 @@ typedef struct sm_server {
     sm_metrics met;            /* GET /metrics: the HTTP side's counters (atomic) */
     /* the HTTP side's own state; the lock is taken after the scheduler's, never before it */
     pthread_mutex_t mu;        /* guards the fields below and every peer's and job's parking fields */
-    struct peer *peers;        /* open connections (a list) */
+    struct peer *peers;        /* open connections (a list), from their accept */
     int npeers;                /* open connections */
+    sm_front front;            /* the accept front: the listening socket, the connections it holds */
     struct sm_job *parked;     /* completions whose connection is suspended (a list) */
     int stopping;              /* sm_http_stop: nothing parks any more, the watch thread ends */
     pthread_t watch;           /* the watch thread: hang-ups of parked connections, deadlines */
@@ -77,9 +82,9 @@ typedef struct sm_server {
 
 /* Raise the open-file limit, bind host:port and start serving s. */
 int sm_http_start(sm_server *s, sm_err *e);
-/* Stop accepting connections (the listening socket is closed); open ones go on. */
+/* Stop accepting connections (the listening socket is closed, on the front's thread); open ones go on. */
 void sm_http_quiesce(sm_server *s);
-/* Close every connection and stop (the polling and watch threads are joined). */
+/* Close every connection and stop (the front, polling and watch threads are joined). */
 void sm_http_stop(sm_server *s);
 
 #endif

@@ -261,10 +261,13 @@ def test_queue_full_retry_after(tmp, model_dir):
 
 
 def test_idle_connections_closed(load_server):
-    """A connection that sends nothing, and one kept alive after an answer, are closed after
-    --idle-timeout without a byte written; a keep-alive connection in use is not."""
+    """A connection that sends nothing, one that sends part of a first line (no request line
+    yet), and one kept alive after an answer, are closed after --idle-timeout without a byte
+    written; a keep-alive connection in use is not."""
     s = load_server
     silent = socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT)
+    partial = socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT)
+    partial.sendall(b"HEL")
     kept = socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT)
     kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     head = b""
@@ -273,8 +276,8 @@ def test_idle_connections_closed(load_server):
     assert head.startswith(b"HTTP/1.1 200 ")
     t0 = time.monotonic()
     time.sleep(IDLE_TIMEOUT - 1.0)
-    assert not readable([silent, kept])  # not before the idle timeout
-    for k in (silent, kept):
+    assert not readable([silent, partial, kept])  # not before the idle timeout
+    for k in (silent, partial, kept):
         data, closed = read_all(k, IDLE_TIMEOUT + 2)
         assert data == b"" and closed and time.monotonic() - t0 < IDLE_TIMEOUT + 1.5, (data, closed)
         k.close()

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -392,17 +393,61 @@ def test_nul_in_path(server):
     assert out.startswith(b"HTTP/1.1 200"), out[:200]
 
 
+PEEK = 4096  # SM_HTTP_PEEK: a first line's first space must come within this many bytes
+
+
+def bad_line_400(out, words):
+    """out is the front's whole 400 for a malformed request line (naming words), then the end."""
+    head, body = out.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n"), out[:200]
+    assert b"\r\nConnection: close" in head and b"\r\nContent-Length: %d" % len(body) in head, head
+    e = json.loads(body)["error"]
+    assert e == {"message": "malformed request line: " + words, "type": "invalid_request_error", "param": None,
+                 "code": "bad_request"}, e
+
+
 def test_malformed_request_line(server):
     """A request line libmicrohttpd can parse into method, target and version but not accept is
-    its 400; one without a space (HELLO, GET) it drops before the server sees anything: the
-    connection is closed at once, without an answer (README: Serving); the server stays up."""
+    its 400; one it cannot split (no space: HELLO, GET; a leading space: no method; no space in
+    its first 4096 bytes), which it would close without a word, the server's accept front answers
+    400 with an error body and closes, whole or sent in pieces (README: Serving); a request right
+    after is served."""
     for line in [b"GET /health\r\n\r\n", b"GET /health HTTP/1.x\r\n\r\n", b"GET  HTTP/1.1\r\n\r\n"]:
         out = raw(server, line)
         assert out.startswith(b"HTTP/1.1 400"), (line, out[:100])
-    for line in [b"HELLO\r\n\r\n", b"GET\r\n\r\n"]:
-        out = raw(server, line)
-        assert out == b"" or out.startswith(b"HTTP/1.1 400"), (line, out[:100])
-    assert server.health()["status"] == "ok"
+    cases = [(b"HELLO\r\n\r\n", "no request target"), (b"GET\r\n\r\n", "no request target"),
+             (b"HELLO\n", "no request target"), (b"\r\n\r\nGET\r\n\r\n", "no request target"),
+             (b" /health HTTP/1.1\r\n\r\n", "no method"),
+             (b"A" * (PEEK - 2) + b"\r\n", "no request target"),
+             (b"A" * PEEK, "no space in its first %d bytes" % PEEK),
+             (b"A" * 100000 + b" / HTTP/1.1\r\n\r\n", "no space in its first %d bytes" % PEEK)]
+    for line, words in cases:
+        bad_line_400(raw(server, line), words)
+        assert server.health()["status"] == "ok"
+    # in pieces: nothing until the line is whole, then the 400 and the end
+    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as sk:
+        sk.sendall(b"HEL")
+        time.sleep(0.3)
+        sk.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            sk.recv(1)
+        sk.setblocking(True)
+        sk.sendall(b"LO\r\n\r\n")
+        out = b""
+        while (d := sk.recv(65536)):
+            out += d
+    bad_line_400(out, "no request target")
+    # well formed, in pieces or after empty lines: served as ever
+    with socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT) as sk:
+        sk.sendall(b"GE")
+        time.sleep(0.3)
+        sk.sendall(b"T /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        out = b""
+        while (d := sk.recv(65536)):
+            out += d
+    assert out.startswith(b"HTTP/1.1 200"), out[:200]
+    out = raw(server, b"\r\n\nGET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200"), out[:200]
 
 
 def test_nul_in_json_strings(text_server, hf_tok):
