@@ -6,7 +6,8 @@ runs it; loopback only, every count and wait bounded).
   second, equal to the same request alone; the slow ones get nothing before the request
   timeout and a 408 right after it; then the connections are gone, the server has as many
   threads as before and its memory does not grow from one round of 1,000 to the next.
-- past --max-connections a completion is a 503 with Retry-After and /health is answered;
+- past --max-connections a completion is a 503 with Retry-After and /health is answered; 64
+  more are taken in, the next waits in the kernel's queue until one closes;
   an idle connection (new or kept alive) is closed after --idle-timeout; a body trickled a
   byte at a time still ends at the request timeout; a stream parked in the queue longer than
   every timeout is not cut.
@@ -237,6 +238,34 @@ def test_over_connection_limit(tmp, model_dir):
         held = []
         assert wait_connections(s, 1), s.health()
         assert complete(s, GREEDY).status_code == 200
+    finally:
+        for k in held:
+            k.close()
+        assert s.stop() == 0, s.read_log()[-2000:]
+
+
+def test_past_spare_connections_wait(tmp, model_dir):
+    """--max-connections 8: 64 connections past it are still taken in (SM_HTTP_SPARE_CONNECTIONS);
+    the next one waits in the kernel's accept queue, unanswered, until one of them closes, then
+    is served like any past the limit (/health answered, Connection: close)."""
+    s = Server(model_dir, tmp, "--max-connections", "8", "--idle-timeout", "60", "--request-timeout", "60", "--quiet")
+    taken = 8 + 64
+    held = []
+    try:
+        held = [socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT) for _ in range(taken - 1)]
+        t_end = time.monotonic() + 10
+        while s.health()["connections"] < taken:  # every silent one, and the health check's own
+            assert time.monotonic() < t_end, s.health()
+            time.sleep(0.05)
+        # the last one taken in, once the health check's connection is gone (the queue is in order)
+        held.append(socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT))
+        k = socket.create_connection(("127.0.0.1", s.port), timeout=TIMEOUT)
+        held.append(k)
+        k.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert not readable([k]) and not select.select([k], [], [], 0.5)[0], "answered past the spare connections"
+        held.pop(0).close()
+        data, closed = read_all(k, 5)
+        assert data.startswith(b"HTTP/1.1 200 ") and b"\r\nConnection: close\r\n" in data and closed, data[:300]
     finally:
         for k in held:
             k.close()
