@@ -166,10 +166,69 @@ static void test_summary(void) {
     ref_logprobs_row(lg, 3, 20, -1, &s);
     CHECK(s.n == 3 && s.top_ids[0] == 2 && s.top_ids[1] == 0 && s.top_ids[2] == 1 && s.tok_l == -INFINITY, "k > n: n %d", s.n);
     float nanrow[3] = {0.0f, NAN, 1.0f}, infrow[3] = {0.0f, INFINITY, 1.0f};
-    ref_logprobs_row(nanrow, 3, 2, -1, &s);
-    int b1 = s.bad;
-    ref_logprobs_row(infrow, 3, 2, -1, &s);
-    CHECK(b1 && s.bad, "a NaN / Inf row is not bad (%d, %d)", b1, s.bad);
+    ref_logprobs_row(nanrow, 3, 2, 2, &s);
+    int b1 = s.bad, r1 = s.tok_rank;
+    ref_logprobs_row(infrow, 3, 2, 0, &s);
+    CHECK(b1 && s.bad && r1 == 0 && s.tok_rank == 0, "a NaN / Inf row is not bad (%d, %d) or ranks its id (%d, %d)", b1, s.bad,
+          r1, s.tok_rank);
+}
+
+/* The oracle's rank of tok in l [n <= 16]: its place once the ids are sorted in the top list's order. */
+static const float *g_rank_row;
+static int rank_cmp(const void *a, const void *b) {
+    const int i = *(const int *)a, j = *(const int *)b;
+    const float x = g_rank_row[i], y = g_rank_row[j];
+    return x > y ? -1 : x < y ? 1 : i - j; /* larger first, ties to the lower id (-0 == +0) */
+}
+static int rank_oracle(const float *l, int n, int tok) {
+    int ids[16];
+    for (int v = 0; v < n; v++) ids[v] = v;
+    g_rank_row = l;
+    qsort(ids, (size_t)n, sizeof(int), rank_cmp);
+    for (int p = 0; p < n; p++)
+        if (ids[p] == tok) return p + 1;
+    return 0;
+}
+
+/* tok_rank: every id of rows with ties (3.0 twice, -0 beside +0) and masked ids (-inf) against
+ * the oracle, an id of the top list ranked as its place there; none, out of range, bad: 0. */
+static void test_summary_rank(void) {
+    enum { NV = 12 };
+    const float rows[3][NV] = {
+        {1.5f, -0.5f, 3.0f, 0.25f, -3.0f, 0.0f, 4.0f, -1.0f, 0.75f, 1.0f, -2.5f, 3.0f},
+        {-0.0f, 2.0f, -INFINITY, 0.0f, 2.0f, -INFINITY, -1.0f, 2.0f, -INFINITY, 0.5f, -0.0f, 2.0f},
+        {-INFINITY, 1.0f, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, 1.0f, -INFINITY, -INFINITY, -INFINITY, -INFINITY},
+    };
+    int bad = 0, seen_in = 0, seen_out = 0;
+    for (int r = 0; r < 3; r++)
+        for (int k = 1; k <= 5; k += 4)
+            for (int tok = 0; tok < NV; tok++) {
+                sm_lp_sum s;
+                ref_logprobs_row(rows[r], NV, k, tok, &s);
+                const int want = rank_oracle(rows[r], NV, tok);
+                int at = 0; /* its place in the top list, 0: not there */
+                for (int j = 0; j < s.n; j++) at = s.top_ids[j] == tok ? j + 1 : at;
+                seen_in += at > 0, seen_out += at == 0;
+                if ((s.bad || s.tok_rank != want || (at && s.tok_rank != at)) && bad++ < 4)
+                    printf("  row %d k %d id %d: rank %d, oracle %d, top place %d\n", r, k, tok, s.tok_rank, want, at);
+            }
+    CHECK(bad == 0 && seen_in > 0 && seen_out > 0, "tok_rank: %d ids differ (%d in a top list, %d out)", bad, seen_in, seen_out);
+    /* by hand: a tie to the lower id (vLLM ranks id 2 third: three logits >= its 3.0), an id
+     * after the top list, -0 tied with +0, a masked id after every finite one */
+    sm_lp_sum s;
+    int got[6];
+    ref_logprobs_row(rows[0], NV, 5, 2, &s), got[0] = s.tok_rank;
+    ref_logprobs_row(rows[0], NV, 5, 11, &s), got[1] = s.tok_rank;
+    ref_logprobs_row(rows[0], NV, 5, 3, &s), got[2] = s.tok_rank;
+    ref_logprobs_row(rows[1], NV, 5, 10, &s), got[3] = s.tok_rank;
+    ref_logprobs_row(rows[1], NV, 5, 5, &s), got[4] = s.tok_rank;
+    ref_logprobs_row(rows[2], NV, 5, 0, &s), got[5] = s.tok_rank;
+    CHECK(got[0] == 2 && got[1] == 3 && got[2] == 7 && got[3] == 8 && got[4] == 11 && got[5] == 3,
+          "tok_rank by hand: %d %d %d %d %d %d", got[0], got[1], got[2], got[3], got[4], got[5]);
+    /* none named, or an id >= vocab_used: unknown */
+    ref_logprobs_row(rows[0], NV, 5, -1, &s), got[0] = s.tok_rank;
+    ref_logprobs_row(rows[0], NV - 2, 5, NV - 1, &s), got[1] = s.tok_rank;
+    CHECK(got[0] == 0 && got[1] == 0, "tok_rank of no id %d, of an id >= vocab_used %d", got[0], got[1]);
 }
 
 static void test_check(void) {
@@ -558,6 +617,7 @@ int main(void) {
     RUN(test_spec_equals_plain);
     RUN(test_direction);
     RUN(test_summary);
+    RUN(test_summary_rank);
     RUN(test_logprobs);
     RUN(test_prompt_logprobs);
 

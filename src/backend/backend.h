@@ -22,8 +22,13 @@ extern "C" {
  * request that asked for logprobs, instead of the row): its largest logit, the log of the sum of
  * exp(l_v - lmax) in double, and its k most likely ids, largest first, ties to the lowest id.
  * The logprob of id v is sm_lp_value(sum, l_v): (l_v - lmax) - lse in double, rounded to f32
- * (the one formula, every backend and the engine).  Reference: ref_logprobs_row (cpu/ops.h);
- * kernel: sm_k_logprobs (cuda/ops/ops.h). */
+ * (the one formula, every backend and the engine).  The row's order (larger logit first, ties to
+ * the lower id; -inf, an id a mask forbids, after every finite logit) is the top list's, and the
+ * rank of a named id is its place in it, so an id of the top list ranks as its place there.
+ * vLLM's rank counts the ids whose logit is >= the id's (batched_count_greater_than, the v2
+ * runner's _ranks_kernel: a tie ranks as the last of its tied ids); the two differ only when a
+ * higher id has exactly the named id's logit.  Reference: ref_logprobs_row
+ * (cpu/ops.h); kernel: sm_k_logprobs (cuda/ops/ops.h). */
 #define SM_LP_MAX_TOP 20     /* most ids of a summary (= SPARKMONO_MAX_TOP_LOGPROBS) */
 typedef struct sm_lp_sum {
     float lmax;              /* the largest logit among ids < vocab_used */
@@ -34,6 +39,8 @@ typedef struct sm_lp_sum {
     float top_l[SM_LP_MAX_TOP]; /* [n] their logits */
     float tok_l;             /* the logit of the id the step named for this row (sm_step.lp_tok: a
                                 prompt's next id), -inf when none */
+    int tok_rank;            /* that id's rank: 1 + the ids < vocab_used before it in the row's
+                                order; 0 (unknown) when none is named, it is >= vocab_used, or bad */
 } sm_lp_sum;
 
 /* The logprob of a logit x of the row summarised by s. */

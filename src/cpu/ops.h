@@ -303,8 +303,9 @@ int ref_row_bad(const float *l, int n);
 void ref_mask_row(float *row, const uint32_t *mask, int v0, int nv);
 /* The logprob summary (backend.h: sm_lp_sum) of one logits row l [n] (n = vocab_used): lmax, lse
  * in double (the sum in id order), the min(k, n) largest logits with their ids, ties to the
- * lowest id (k <= SM_LP_MAX_TOP), and tok_l = l[tok] (-inf for tok outside [0, n)); out->bad = 1
- * and tok_l for a row ref_argmax_row refuses. */
+ * lowest id (k <= SM_LP_MAX_TOP), tok_l = l[tok] (-inf for tok outside [0, n)) and tok_rank (tok's
+ * place in that order, 1..n; 0 for tok outside [0, n)); out->bad = 1, tok_l and tok_rank 0 for a
+ * row ref_argmax_row refuses. */
 void ref_logprobs_row(const float *l, int n, int k, int tok, sm_lp_sum *out);
 /* sm_k_logits: ref_logits_rows over the whole vocabulary of m (logits [n, V]), then argmax [n]
  * (ref_argmax_row over ids < vocab_used) when non-NULL. */

@@ -93,17 +93,25 @@ void ref_logits_h(struct sm_pool *p, const sm_model *m, const float *h, int n, f
 
 void ref_logprobs_row(const float *l, int n, int k, int tok, sm_lp_sum *out) {
     memset(out, 0, sizeof *out);
-    out->tok_l = tok >= 0 && tok < n ? l[tok] : -INFINITY; /* the named id's logit */
+    const int named = tok >= 0 && tok < n;
+    const float tl = named ? l[tok] : -INFINITY;
+    out->tok_l = tl; /* the named id's logit */
     const int am = ref_argmax_row(l, n);
-    if (am < 0) { /* NaN or +-Inf: no distribution */
+    if (am < 0) { /* NaN or +-Inf: no distribution (rank 0: unknown) */
         out->bad = 1;
         return;
     }
     out->lmax = l[am];
-    /* lse = log(sum_v exp(l_v - lmax)), the sum in double in id order */
+    /* lse = log(sum_v exp(l_v - lmax)), the sum in double in id order; in the same pass the ids
+     * before tok in the row's order (larger logit, or equal and lower id: the top list's) */
     double sum = 0;
-    for (int v = 0; v < n; v++) sum += exp((double)l[v] - (double)out->lmax);
+    int before = 0;
+    for (int v = 0; v < n; v++) {
+        sum += exp((double)l[v] - (double)out->lmax);
+        before += l[v] > tl || (l[v] == tl && v < tok);
+    }
     out->lse = log(sum);
+    out->tok_rank = named ? 1 + before : 0;
     /* the k largest by insertion into a sorted list: strict > keeps the lowest id first */
     if (k > SM_LP_MAX_TOP) k = SM_LP_MAX_TOP;
     int m = 0;

@@ -1,7 +1,7 @@
 /* logits.cu: lm_head + softcap + argmax (src/cuda/ops/logits.cu, every path) against
  * ref_logits_h (src/cpu/ops_logits.c), and the argmax's non-finite guard with planted NaN / Inf
  * values; the logprob summaries (src/cuda/ops/logprobs.cu) against ref_logprobs_row: ids, top
- * logits, the named id's logit and lmax bit for bit, lse within 1e-12 relative (its sum's order), every logprob
+ * logits, the named id's logit and rank, and lmax bit for bit, lse within 1e-12 relative (its sum's order), every logprob
  * within one f32 ulp; benchmark: bench/gpu/logits.cu.  The `kernels` group (kernel_cases.h); bounds: the
  * f32 logits rel 1e-3, each element within GH_ELEM_FACTOR times that (harness.h), masked ids
  * -inf exactly, the argmax compared on rows that are no near-tie.  We rejected comparing the
@@ -189,6 +189,10 @@ void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
     for (int i = 0; i < nsel; i++) {
         rows[i] = gh_rndi(n);
         toks[i] = gh_rndi(4) == 0 ? -1 : gh_rndi(V); /* a named id (a masked one sometimes), or none */
+        const float *l = hl + (size_t)rows[i] * V;
+        const int am = gh_rndi(4) == 0 ? ref_argmax_row(l, vu) : -1;
+        for (int v = 0; am >= 0 && v < vu; v++) /* or the last id at the maximum: a tie, ranked 2.. */
+            toks[i] = l[v] == l[am] ? v : toks[i];
     }
     float *dl = (float *)gh_dup_to_dev("logits", hl, 4, (size_t)n * V);
     sm_lp_sum *dout = (sm_lp_sum *)gh_dalloc("summaries", sizeof(sm_lp_sum), nsel);
@@ -204,7 +208,7 @@ void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
     }
     gh_to_host(got, dout, (size_t)nsel * sizeof(sm_lp_sum));
     double worst_lse = 0;
-    int nbad = 0;
+    int nbad = 0, nin = 0, nout = 0; /* named ids in / past the top list */
     for (int i = 0; i < nsel && gh_case_fail < 4; i++) {
         const float *l = hl + (size_t)rows[i] * V;
         sm_lp_sum ref, *g = &got[i];
@@ -213,6 +217,9 @@ void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
         GH_CHECK(g->bad == ref.bad, "entry %d (row %d): bad %d, reference %d", i, rows[i], g->bad, ref.bad);
         GH_CHECK(memcmp(&g->tok_l, &ref.tok_l, sizeof(float)) == 0, "entry %d: logit of id %d %g, reference %g", i, toks[i],
                  (double)g->tok_l, (double)ref.tok_l);
+        GH_CHECK(g->tok_rank == ref.tok_rank, "entry %d: rank of id %d %d, reference %d", i, toks[i], g->tok_rank, ref.tok_rank);
+        nin += !ref.bad && ref.tok_rank >= 1 && ref.tok_rank <= ref.n;
+        nout += !ref.bad && ref.tok_rank > ref.n;
         if (ref.bad || g->bad) continue;
         GH_CHECK(g->lmax == ref.lmax && g->n == ref.n, "entry %d: lmax %g n %d, reference %g %d", i, (double)g->lmax, g->n,
                  (double)ref.lmax, ref.n);
@@ -226,7 +233,8 @@ void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
         worst_lse = d > worst_lse ? d : worst_lse;
     }
     GH_CHECK(worst_lse <= 1e-12, "lse relative error %.3g", worst_lse);
-    gh_result(gh_case_fail == 0 && gh_guards_ok(), "%s (lse rel %.2g, %d NaN / Inf rows)", name, worst_lse, nbad);
+    gh_result(gh_case_fail == 0 && gh_guards_ok(), "%s (lse rel %.2g, %d NaN / Inf rows, named ids %d in / %d past the top)", name,
+              worst_lse, nbad, nin, nout);
     gh_case_end();
 }
 
@@ -236,7 +244,8 @@ void case_logprobs(int n, int V, int vu, int k, int nsel, int ties) {
  * half of them), rows i % 3 == 2 have none (free rows, untouched); a NaN planted at a forbidden
  * id of row 0 (masked away: not bad) and at an allowed id of row 1 (bad: argmax -1).  The kernel
  * against ref_mask_row + ref_argmax_row, logits bit for bit; then the summaries of the masked
- * rows (sm_k_logprobs) against ref_logprobs_row, as case_logprobs checks them. */
+ * rows (sm_k_logprobs) against ref_logprobs_row, as case_logprobs checks them, each naming an
+ * allowed id, a forbidden one (-inf: ranked after every allowed id) or none. */
 void case_mask_rows(int n, int V, int vu, int allow, int k) {
     sm_err e = {""};
     char name[160];
@@ -294,18 +303,31 @@ void case_mask_rows(int n, int V, int vu, int allow, int k) {
         GH_CHECK(am_got[i] == am_want[i], "row %d: argmax %d, reference %d", i, am_got[i], am_want[i]);
         GH_CHECK(memcmp(got + (size_t)i * V, want + (size_t)i * V, (size_t)V * 4) == 0, "row %d: the masked logits differ", i);
     }
-    /* the summaries of the masked rows */
+    /* the summaries of the masked rows, each naming an allowed id, a forbidden one or none */
     sm_lp_sum *dout = (sm_lp_sum *)gh_dalloc("summaries", sizeof(sm_lp_sum), m);
     sm_lp_sum *sum = (sm_lp_sum *)gh_halloc((size_t)m * sizeof(sm_lp_sum));
-    if (sm_k_logprobs(&g_ctx, dl, (size_t)V, rows, NULL, m, vu, k, dout, g_st, &e) || !gh_sync(g_st)) {
+    int *toks = (int *)gh_halloc((size_t)m * 4);
+    for (int j = 0; j < m; j++) {
+        const uint32_t *mk = hm + (size_t)midx[j] * words;
+        const int want_allowed = j % 3 == 0, v0 = gh_rndi(vu);
+        toks[j] = -1;
+        for (int d = 0; j % 3 != 2 && d < vu && toks[j] < 0; d++) { /* the first such id from a random one */
+            const int v = (v0 + d) % vu;
+            if ((((mk[v >> 5] >> (v & 31)) & 1) != 0) == want_allowed) toks[j] = v;
+        }
+    }
+    if (sm_k_logprobs(&g_ctx, dl, (size_t)V, rows, toks, m, vu, k, dout, g_st, &e) || !gh_sync(g_st)) {
         gh_fail_line(name, e.msg[0] ? e.msg : "the summaries failed");
         return;
     }
     gh_to_host(sum, dout, (size_t)m * sizeof(sm_lp_sum));
     for (int j = 0; j < m && gh_case_fail < 4; j++) {
         sm_lp_sum ref, *g = &sum[j];
-        ref_logprobs_row(want + (size_t)rows[j] * V, vu, k, -1, &ref);
+        ref_logprobs_row(want + (size_t)rows[j] * V, vu, k, toks[j], &ref);
         GH_CHECK(g->bad == ref.bad, "row %d: summary bad %d, reference %d", rows[j], g->bad, ref.bad);
+        GH_CHECK(memcmp(&g->tok_l, &ref.tok_l, sizeof(float)) == 0 && g->tok_rank == ref.tok_rank,
+                 "row %d: id %d logit %g rank %d, reference %g %d", rows[j], toks[j], (double)g->tok_l, g->tok_rank,
+                 (double)ref.tok_l, ref.tok_rank);
         if (ref.bad || g->bad) continue;
         GH_CHECK(g->lmax == ref.lmax && g->n == ref.n, "row %d: lmax %g n %d, reference %g %d", rows[j], (double)g->lmax, g->n,
                  (double)ref.lmax, ref.n);

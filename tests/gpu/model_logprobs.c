@@ -2,9 +2,10 @@
  * cb_logprobs in src/cuda/stock/step.cu and cb_head in forward.cu) against ref_logprobs_row of
  * the same step's logits handed back: one rank and W virtual ranks, the prefill (eager) form,
  * the verify (graph or bucket) form with the logits, and with the summaries alone (the form a
- * greedy request with logprobs runs).  ids, top logits and lmax bit for bit, lse within 1e-12
- * relative (its sum's order), the first id the step's argmax.  Then through the engine: each
- * generated id's logprob against the prefill logits of its prefix.  model.c's group.
+ * greedy request with logprobs runs).  ids, top logits, lmax, the named id's logit and rank bit
+ * for bit, lse within 1e-12 relative (its sum's order), the first id the step's argmax.  Then
+ * through the engine: each generated id's logprob against the prefill logits of its prefix.
+ * model.c's group.
  */
 #include "gpu_tests.h"
 #include "harness.h"
@@ -33,8 +34,8 @@ static double tl_compare(const char *what, const sm_config *c, int n, const int 
         sm_lp_sum ref;
         const sm_lp_sum *g = &got[at[i]];
         ref_logprobs_row(logits + (size_t)i * c->V, c->vocab_used, k, tok ? tok[i] : -1, &ref);
-        GH_CHECK(g->tok_l == ref.tok_l, "%s row %d: logit of id %d %g, reference %g", what, i, tok ? tok[i] : -1,
-                 (double)g->tok_l, (double)ref.tok_l);
+        GH_CHECK(g->tok_l == ref.tok_l && g->tok_rank == ref.tok_rank, "%s row %d: id %d logit %g rank %d, reference %g %d",
+                 what, i, tok ? tok[i] : -1, (double)g->tok_l, g->tok_rank, (double)ref.tok_l, ref.tok_rank);
         GH_CHECK(!g->bad && !ref.bad && g->n == ref.n && g->n == k && g->lmax == ref.lmax,
                  "%s row %d: bad %d / %d, n %d / %d, lmax %g / %g", what, i, g->bad, ref.bad, g->n, ref.n, (double)g->lmax,
                  (double)ref.lmax);

@@ -3,9 +3,10 @@
  * (V f32: 800 KB in the real model).  Reference: ref_logprobs_row (src/cpu/ops_logits.c).
  *
  * The row is cut into slices of LP_SLICE ids, one warp each.  Two launches:
- *  1. lp_slice_kernel, one warp per (slice, row): the slice's non-finite flag, its maximum m_w
- *     and the sum s_w of exp(l - m_w) in double (each lane in id order, lanes by butterfly).
- *     This is the one full read of the row.
+ *  1. lp_slice_kernel, one warp per (slice, row): the slice's non-finite flag, its maximum m_w,
+ *     the sum s_w of exp(l - m_w) in double (each lane in id order, lanes by butterfly) and the
+ *     count c_w of its ids before the named id in the row's order (backend.h).  This is the one
+ *     full read of the row.
  *  2. lp_row_kernel, one block per row: lmax = max m_w; lse = log(sum_w s_w exp(m_w - lmax)) in
  *     a fixed order; T = the k-th largest slice maximum (k rounds of a warp argmax).  Every
  *     one of the row's k largest logits is >= T (k slices hold a value >= T), and only the
@@ -13,6 +14,7 @@
  *     again: their ids with a logit >= T become candidates in shared memory, and k rounds of a
  *     warp argmax over the candidates give the top k.  When more than LP_CAND ids tie at
  *     or above T (a flat row), the rounds run over the selected slices themselves instead.
+ *     The named id's rank is 1 + the sum of c_w, integers: exact, the reference's count.
  * Every argmax is common.cuh's order (larger value, then lower id), so the ids, their logits
  * and lmax are the reference's bit for bit; lse differs from the reference's id-order sum only
  * in the last bits of a double, below the f32 rounding of a logprob.  A row's summary never
@@ -39,6 +41,7 @@ typedef struct lp_part {
     float m;                              /* the slice's maximum */
     int bad;                              /* a NaN or +Inf among its ids (-inf: an id a mask forbids) */
     double s;                             /* sum of exp(l - m) over its ids */
+    int before;                           /* its ids before the named id in the row's order */
 } lp_part;
 
 /* The rows of one launch (kernel parameter, by value: capturable, no metadata copy). */
@@ -54,16 +57,22 @@ lp_slice_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int v
     if (w >= nw) return;
     const float *l = logits + (size_t)rows.row[blockIdx.y] * ld + (size_t)w * LP_SLICE;
     const int n = vu - w * LP_SLICE < LP_SLICE ? vu - w * LP_SLICE : LP_SLICE;
+    const int tok = rows.tok[blockIdx.y], named = tok >= 0 && tok < vu;
+    /* the named id's logit (one address for the warp: a broadcast load) */
+    const float tl = named ? logits[(size_t)rows.row[blockIdx.y] * ld + tok] : -INFINITY;
     float x[LP_EPT], m = -INFINITY;
-    int bad = 0;
+    int bad = 0, before = 0;
 #pragma unroll
     for (int j = 0; j < LP_EPT; j++) { /* lane-interleaved: coalesced */
         const int v = j * 32 + lane;
         x[j] = v < n ? l[v] : -INFINITY;
         bad |= v < n && (isnan(x[j]) || x[j] == INFINITY);
         m = fmaxf(m, x[j]);
+        /* before tok in the row's order: a larger logit, or an equal one at a lower id */
+        before += v < n && (x[j] > tl || (x[j] == tl && w * LP_SLICE + v < tok));
     }
     m = sm_warp_max(m);
+    before = __reduce_add_sync(0xFFFFFFFFu, before);
     /* sum of exp(l - m) in double, each lane in id order, then the lanes by butterfly */
     double s = 0.0;
 #pragma unroll
@@ -77,6 +86,7 @@ lp_slice_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int v
         p->m = m;
         p->bad = bad;
         p->s = s;
+        p->before = before;
     }
 }
 
@@ -208,6 +218,7 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     __shared__ float red_v[LP_WARPS];
     __shared__ int red_i[LP_WARPS];
     __shared__ double red_d[LP_WARPS];
+    __shared__ int red_c[LP_WARPS];
     __shared__ float cv[LP_CAND];
     __shared__ int ci[LP_CAND];
     __shared__ int sel[LP_THREADS * LP_MAXW_T];
@@ -237,6 +248,7 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     if (__syncthreads_or(bad || mx == -INFINITY)) { /* NaN or +Inf: the row has no distribution */
         if (t == 0) {
             o->bad = 1;
+            o->tok_rank = 0;
             o->lmax = 0.0f;
             o->lse = 0.0;
             o->n = 0;
@@ -246,14 +258,20 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     /* lse = log(sum_w s_w exp(m_w - lmax)): each thread its slices in order, then the lanes by
      * butterfly, the warps in order */
     double s = 0.0;
+    int before = 0;
 #pragma unroll
     for (int j = 0; j < LP_MAXW_T; j++) {
         const int q = t + j * LP_THREADS;
         if (q < nw && wm[j] != -INFINITY) s += p[q].s * exp((double)wm[j] - (double)mx);
+        if (q < nw) before += p[q].before;
     }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, d);
-    if (lane == 0) red_d[w] = s;
+    before = __reduce_add_sync(0xFFFFFFFFu, before);
+    if (lane == 0) {
+        red_d[w] = s;
+        red_c[w] = before;
+    }
     /* T = the k-th largest slice maximum (slice index: the tie order), -inf with fewer slices:
      * warp 0's rounds over the maxima, staged in cv / sel (free until the candidates) */
 #pragma unroll
@@ -335,8 +353,10 @@ lp_row_kernel(const float *__restrict__ logits, size_t ld, lp_rows rows, int vu,
     }
     if (t == 0) {
         double sum = 0.0;
-        for (int q = 0; q < LP_WARPS; q++) sum += red_d[q];
+        int nb = 0;
+        for (int q = 0; q < LP_WARPS; q++) sum += red_d[q], nb += red_c[q];
         o->bad = 0;
+        o->tok_rank = tok >= 0 && tok < vu ? 1 + nb : 0;
         o->lmax = mx;
         o->lse = log(sum);
         o->n = n;

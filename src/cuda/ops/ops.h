@@ -222,8 +222,8 @@ int sm_k_mask_rows(sm_kernel_ctx *kc, float *logits, size_t ld, int V, int vocab
 /* ---- logprob summaries (ops/logprobs.cu) ---- */
 #define SM_LP_ROWS 128 /* rows of one sm_k_logprobs launch (more run in several) */
 /* out [nsel] (device sm_lp_sum, backend.h) = the summary of row rows[i] of logits [*, ld] (f32)
- * over its ids < vocab_used, with the k largest (1 <= k <= SM_LP_MAX_TOP) and the logit of id
- * toks[i] (toks NULL or -1: none): ref_logprobs_row, but for the order of the double sum lse
+ * over its ids < vocab_used, with the k largest (1 <= k <= SM_LP_MAX_TOP) and the logit and rank
+ * of id toks[i] (toks NULL or -1: none): ref_logprobs_row, but for the order of the double sum lse
  * (its last bits).  rows, toks: HOST ints [nsel].  Uses kc->ws for the partials of the row's
  * slices. */
 int sm_k_logprobs(sm_kernel_ctx *kc, const float *logits, size_t ld, const int *rows, const int *toks, int nsel, int vocab_used,
