@@ -158,36 +158,28 @@ static void judge(sm_server *s, peer *p, uint32_t ev) {
         return;
     }
     char b[SM_HTTP_PEEK];
-    for (;;) {
-        ssize_t n = recv(p->fd, b, sizeof b, MSG_PEEK);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            if (ev & (EPOLLHUP | EPOLLRDHUP)) drop(s, p);
-            return;
-        }
-        if (n <= 0) { /* the client left (or the connection failed) before a whole first line */
-            drop(s, p);
-            return;
-        }
-        /* empty lines before the request line: read and dropped, as libmicrohttpd would */
-        size_t i = 0;
-        while (i < (size_t)n && (b[i] == '\n' || (b[i] == '\r' && i + 1 < (size_t)n && b[i + 1] == '\n')))
-            i += b[i] == '\n' ? 1 : 2;
-        if (i) {
-            if (recv(p->fd, b, i, 0) != (ssize_t)i) {
-                drop(s, p);
-                return;
-            }
-            continue;
-        }
-        const char *sp = memchr(b, ' ', (size_t)n), *nl = memchr(b, '\n', (size_t)n);
-        if (sp == b) answer(s, p, F400_NO_METHOD);
-        else if (sp && (!nl || sp < nl)) hand(s, p); /* a method and more: libmicrohttpd's to parse */
-        else if (nl) answer(s, p, F400_NO_TARGET);
-        else if (n == (ssize_t)sizeof b) answer(s, p, F400_LONG);
-        else if (ev & (EPOLLHUP | EPOLLRDHUP)) drop(s, p); /* the line can never end */
-        return; /* else: wait for more */
+    ssize_t n;
+    while ((n = recv(p->fd, b, sizeof b, MSG_PEEK)) < 0 && errno == EINTR) {}
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (ev & (EPOLLHUP | EPOLLRDHUP)) drop(s, p);
+        return;
     }
+    if (n <= 0) { /* the client left (or the connection failed) before a whole first line */
+        drop(s, p);
+        return;
+    }
+    /* empty lines before the request line are skipped, as libmicrohttpd skips them (they count
+     * toward the limit: nothing here reads them, so a flood of them cannot hold the thread) */
+    size_t i = 0;
+    while (i < (size_t)n && (b[i] == '\n' || (b[i] == '\r' && i + 1 < (size_t)n && b[i + 1] == '\n')))
+        i += b[i] == '\n' ? 1 : 2;
+    const char *l = b + i, *sp = memchr(l, ' ', (size_t)n - i), *nl = memchr(l, '\n', (size_t)n - i);
+    if (sp == l) answer(s, p, F400_NO_METHOD);
+    else if (sp && (!nl || sp < nl)) hand(s, p); /* a method and more: libmicrohttpd's to parse */
+    else if (nl) answer(s, p, F400_NO_TARGET);
+    else if (n == (ssize_t)sizeof b) answer(s, p, F400_LONG);
+    else if (ev & (EPOLLHUP | EPOLLRDHUP)) drop(s, p); /* the line can never end */
+    /* else: wait for more */
 }
 
 /* ---- the thread ----------------------------------------------------------------------------- */

@@ -409,9 +409,9 @@ def bad_line_400(out, words):
 def test_malformed_request_line(server):
     """A request line libmicrohttpd can parse into method, target and version but not accept is
     its 400; one it cannot split (no space: HELLO, GET; a leading space: no method; no space in
-    its first 4096 bytes), which it would close without a word, the server's accept front answers
-    400 with an error body and closes, whole or sent in pieces (README: Serving); a request right
-    after is served."""
+    its first 4096 bytes, empty lines before it counted), which it would close without a word,
+    the server's accept front answers 400 with an error body and closes, whole or sent in pieces
+    (README: Serving); a request right after is served."""
     for line in [b"GET /health\r\n\r\n", b"GET /health HTTP/1.x\r\n\r\n", b"GET  HTTP/1.1\r\n\r\n"]:
         out = raw(server, line)
         assert out.startswith(b"HTTP/1.1 400"), (line, out[:100])
@@ -420,7 +420,8 @@ def test_malformed_request_line(server):
              (b" /health HTTP/1.1\r\n\r\n", "no method"),
              (b"A" * (PEEK - 2) + b"\r\n", "no request target"),
              (b"A" * PEEK, "no space in its first %d bytes" % PEEK),
-             (b"A" * 100000 + b" / HTTP/1.1\r\n\r\n", "no space in its first %d bytes" % PEEK)]
+             (b"A" * 100000 + b" / HTTP/1.1\r\n\r\n", "no space in its first %d bytes" % PEEK),
+             (b"\r\n" * (PEEK // 2) + b"GET /health HTTP/1.1\r\n\r\n", "no space in its first %d bytes" % PEEK)]
     for line, words in cases:
         bad_line_400(raw(server, line), words)
         assert server.health()["status"] == "ok"
