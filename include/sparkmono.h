@@ -258,11 +258,13 @@ sm_status sparkmono_output(const sparkmono_engine *g, int req, const int **ids, 
 sm_status sparkmono_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
                              const float **top_lp, int *k);
 /* Logprobs of req's prompt ids (a request added with prompt_logprobs = 1, once prefilled): *lp
- * [prompt_len] (entry 0, the first id, has no distribution: NaN), *top_ids / *top_lp
+ * [prompt_len] (entry 0, the first id, has no distribution: NaN), *rank [prompt_len] each id's
+ * rank in its position's distribution (1: the most likely; the order of the top ids, ties to the
+ * lowest id, so an id among them ranks as its place there; entry 0's: 0), *top_ids / *top_lp
  * [prompt_len * *k] each position's k most likely ids and theirs (entry 0's: -1 / NaN).  Owned by
  * the engine like its ids. */
-sm_status sparkmono_prompt_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
-                                    const float **top_lp, int *k);
+sm_status sparkmono_prompt_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **rank,
+                                    const int **top_ids, const float **top_lp, int *k);
 /* Auxiliary hidden states of req's rows in the last step that carried them (the last prefill
  * chunk or a verify step): out [naux, *nrows, H] f32 with *nrows <= max(R, prefill_chunk).
  * Error when the engine has no aux layers or req was not in the last step. */
@@ -304,6 +306,7 @@ typedef struct sparkmono_batch_event {
                                 0 NaN), else NULL; owned like ids */
     const int *prompt_top_ids; /* [prompt_len * top] */
     const float *prompt_top_lp; /* [prompt_len * top] */
+    const int *prompt_rank;  /* with prompt_lp: [prompt_len] each prompt id's rank (sparkmono_prompt_logprobs) */
 } sparkmono_batch_event;
 
 /* A batch over g's request slots (g must outlive it) with at most queue_cap requests waiting

@@ -546,11 +546,11 @@ static void test_prompt_logprobs(void) {
         sparkmono_engine *g, *g1;
         int req, r1, k = 0, bad = 0;
         const float *lp, *tlp;
-        const int *tid;
+        const int *rank, *tid;
         float *lg = malloc((size_t)PL * g_V * sizeof(float));
         double *ls = malloc((size_t)g_V * sizeof(double));
         CHECK(sparkmono_engine_create(g_rnd, &o, &g) == SM_OK && sparkmono_add_sampled(g, g_prompt, PL, 4, &s, &req) == SM_OK &&
-                  sparkmono_prefill(g, req, NULL) == SM_OK && sparkmono_prompt_logprobs(g, req, &lp, &tid, &tlp, &k) == SM_OK,
+                  sparkmono_prefill(g, req, NULL) == SM_OK && sparkmono_prompt_logprobs(g, req, &lp, &rank, &tid, &tlp, &k) == SM_OK,
               "%s", sparkmono_errmsg());
         sparkmono_engine_opts o1 = {0};
         o1.max_len = 32;
@@ -558,17 +558,30 @@ static void test_prompt_logprobs(void) {
         o1.world = o.world;
         CHECK(sparkmono_engine_create(g_rnd, &o1, &g1) == SM_OK && sparkmono_add(g1, g_prompt, PL, 0, &r1) == SM_OK &&
                   sparkmono_prefill(g1, r1, lg) == SM_OK, "%s", sparkmono_errmsg());
-        CHECK(k == K && isnan(lp[0]) && tid[0] == -1, "k %d, entry 0: %g %d", k, (double)lp[0], tid[0]);
+        CHECK(k == K && isnan(lp[0]) && rank[0] == 0 && tid[0] == -1, "k %d, entry 0: %g rank %d %d", k, (double)lp[0], rank[0],
+              tid[0]);
+        int past = 0; /* prompt ids past their position's top list */
         for (int j = 1; j < PL; j++) {
-            log_softmax_d(lg + (size_t)(j - 1) * g_V, g_vu, ls);
+            const float *row = lg + (size_t)(j - 1) * g_V;
+            log_softmax_d(row, g_vu, ls);
             if (fabs(ls[g_prompt[j]] - lp[j]) > 1e-5) bad++;
             for (int t = 0; t < K; t++) bad += fabs(ls[tid[j * K + t]] - tlp[j * K + t]) > 1e-5;
+            /* the rank: the ids before it (a larger logit, or an equal one at a lower id), its
+             * place in the top list when it is there */
+            int before = 0, at = 0;
+            for (int v = 0; v < g_vu; v++) before += row[v] > row[g_prompt[j]] || (row[v] == row[g_prompt[j]] && v < g_prompt[j]);
+            for (int t = 0; t < K; t++) at = tid[j * K + t] == g_prompt[j] ? t + 1 : at;
+            bad += rank[j] != 1 + before || (at && rank[j] != at);
+            past += rank[j] > K;
         }
-        CHECK(bad == 0, "case %d: %d prompt logprobs differ from the log-softmax of the prefill logits", c, bad);
+        CHECK(bad == 0 && past > 0, "case %d: %d prompt logprobs or ranks differ from the prefill logits' (%d ids past the top)", c,
+              bad, past);
         /* through the batch: the first event with ids carries them; max_tokens 0 (the prompt
          * alone, as echo scores a text), its one event, an end without ids */
         float first[PL];
+        int first_rank[PL];
         memcpy(first, lp, sizeof first);
+        memcpy(first_rank, rank, sizeof first_rank);
         sparkmono_engine_destroy(g);
         sparkmono_batch *bt;
         long long id[2];
@@ -590,7 +603,8 @@ static void test_prompt_logprobs(void) {
                 if (ev[i].prompt_lp) {
                     seen[w]++;
                     CHECK(ev[i].prompt_len == PL && ev[i].top == K &&
-                              memcmp(ev[i].prompt_lp + 1, first + 1, (PL - 1) * sizeof(float)) == 0,
+                              memcmp(ev[i].prompt_lp + 1, first + 1, (PL - 1) * sizeof(float)) == 0 &&
+                              memcmp(ev[i].prompt_rank, first_rank, sizeof first_rank) == 0,
                           "the batch event's prompt logprobs differ (max_tokens %d)", w ? 0 : 4);
                 }
             }

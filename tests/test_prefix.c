@@ -211,9 +211,9 @@ static void t_prompt_logprobs(void) {
         int req;
         CHECK(sparkmono_add_sampled(g, p, N, 2, &s, &req) == SM_OK && sparkmono_generate(g) == SM_OK, "%s", sparkmono_errmsg());
         const float *l, *tl;
-        const int *ti;
+        const int *rk, *ti;
         int k;
-        CHECK(sparkmono_prompt_logprobs(g, req, &l, &ti, &tl, &k) == SM_OK, "prompt logprobs: %s", sparkmono_errmsg());
+        CHECK(sparkmono_prompt_logprobs(g, req, &l, &rk, &ti, &tl, &k) == SM_OK, "prompt logprobs: %s", sparkmono_errmsg());
         lp[v] = malloc(sizeof(float) * N);
         memcpy(lp[v], l, sizeof(float) * N);
         sparkmono_remove(g, req);

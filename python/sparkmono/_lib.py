@@ -93,7 +93,7 @@ class BatchEvent(ctypes.Structure):
                 ("accepted", ctypes.c_int), ("err", ctypes.c_char_p), ("logprobs", ctypes.POINTER(ctypes.c_float)),
                 ("top_ids", c_int_p), ("top_lp", ctypes.POINTER(ctypes.c_float)), ("top", ctypes.c_int),
                 ("prompt_lp", ctypes.POINTER(ctypes.c_float)), ("prompt_top_ids", c_int_p),
-                ("prompt_top_lp", ctypes.POINTER(ctypes.c_float))]
+                ("prompt_top_lp", ctypes.POINTER(ctypes.c_float)), ("prompt_rank", c_int_p)]
 
 
 class Err(ctypes.Structure):

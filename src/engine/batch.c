@@ -76,7 +76,8 @@ struct sparkmono_batch {
     size_t *evplp;             /* [evcap] offset of each event's prompt logprobs in lpbuf (SIZE_MAX: none):
                                   prompt_len of them, then prompt_len * top of top_lp */
     float *lpbuf;              /* [lpcap] this call's logprobs: per event n, then n * top of top_lp */
-    int *topbuf;               /* [lpcap] the same offsets: n unused, then n * top of top_ids */
+    int *topbuf;               /* [lpcap] the same offsets: n unused (prompt logprobs: the prompt ids'
+                                  ranks), then n * top of top_ids */
     size_t nlp, lpcap;
 };
 
@@ -282,13 +283,14 @@ static int ev_logprobs(sparkmono_batch *b, sparkmono_batch_event *e, int q, int 
  * -1 when out of memory. */
 static int ev_prompt_logprobs(sparkmono_batch *b, sparkmono_batch_event *e, int q, int from, int done) {
     const float *lp, *tlp;
-    const int *tid;
+    const int *rank, *tid;
     int k;
-    if (from || (!e->n && !done) || sparkmono_prompt_logprobs(b->g, q, &lp, &tid, &tlp, &k) != SM_OK) return 0;
+    if (from || (!e->n && !done) || sparkmono_prompt_logprobs(b->g, q, &lp, &rank, &tid, &tlp, &k) != SM_OK) return 0;
     const size_t P = (size_t)e->prompt_len, need = P * (size_t)(1 + k);
     if (lp_reserve(b, need)) return -1;
     float *o = b->lpbuf + b->nlp;
     memcpy(o, lp, P * sizeof(float));
+    memcpy(b->topbuf + b->nlp, rank, P * sizeof(int));
     memcpy(o + P, tlp, P * (size_t)k * sizeof(float));
     memcpy(b->topbuf + b->nlp + P, tid, P * (size_t)k * sizeof(int));
     b->evplp[e - b->ev] = b->nlp;
@@ -495,9 +497,10 @@ static sm_status hand_out(sparkmono_batch *b, sm_status st, const sparkmono_batc
             b->ev[k].top_lp = b->lpbuf + b->evlp[k] + b->ev[k].n;
             b->ev[k].top_ids = b->topbuf + b->evlp[k] + b->ev[k].n;
         }
-        if (b->evplp[k] != SIZE_MAX) { /* prompt logprobs: prompt_len, then prompt_len * top */
+        if (b->evplp[k] != SIZE_MAX) { /* prompt logprobs: prompt_len (and ranks), then prompt_len * top */
             const size_t P = (size_t)b->ev[k].prompt_len;
             b->ev[k].prompt_lp = b->lpbuf + b->evplp[k];
+            b->ev[k].prompt_rank = b->topbuf + b->evplp[k];
             b->ev[k].prompt_top_lp = b->lpbuf + b->evplp[k] + P;
             b->ev[k].prompt_top_ids = b->topbuf + b->evplp[k] + P;
         }

@@ -466,6 +466,7 @@ sm_status sparkmono_add_sampled(sparkmono_engine *g, const int *prompt, int n, i
     r->plp = plp;
     if (want_plp) { /* the first prompt id has no distribution */
         r->plp.lp[0] = NAN;
+        r->plp.rank[0] = 0;
         for (int i = 0; i < plp.k; i++) r->plp.top_ids[i] = -1, r->plp.top_lp[i] = NAN;
     }
     if (smp) r->samp = *smp; /* else all zero: greedy, eos ends it */
@@ -541,10 +542,11 @@ _Static_assert(SM_LP_MAX_TOP == SPARKMONO_MAX_TOP_LOGPROBS, "a step's summary ho
  * (the summary's first id is the greedy id). */
 static int lp_k_of(const sm_request *r) { return r->samp.top_logprobs > 1 ? r->samp.top_logprobs : 1; }
 
-/* Position j of track t from a row's summary ls: the logprob of logit x and the track's k most
- * likely ids (the first of the step's lp_k >= k). */
-static void lp_put(sm_lp_track *t, size_t j, const sm_lp_sum *ls, float x) {
+/* Position j of track t from a row's summary ls: the logprob of logit x, the id's rank (0:
+ * unknown) and the track's k most likely ids (the first of the step's lp_k >= k). */
+static void lp_put(sm_lp_track *t, size_t j, const sm_lp_sum *ls, float x, int rank) {
     t->lp[j] = sm_lp_value(ls, x);
+    t->rank[j] = rank;
     for (int i = 0; i < t->k; i++) {
         t->top_ids[j * (size_t)t->k + i] = i < ls->n ? ls->top_ids[i] : -1;
         t->top_lp[j * (size_t)t->k + i] = i < ls->n ? sm_lp_value(ls, ls->top_l[i]) : -INFINITY;
@@ -563,15 +565,15 @@ static sm_status lp_record(const sparkmono_engine *g, sm_request *r, const sm_lp
     while (j < ls->n && ls->top_ids[j] != tok) j++;
     if (j == ls->n && (!raw || tok < 0 || tok >= g->cfg->vocab_used))
         return fail(SM_E_BACKEND, "request at position %lld: id %d is not in its logprob summary", (long long)pos, tok);
-    lp_put(&r->glp, (size_t)gi, ls, j < ls->n ? ls->top_l[j] : raw[tok]);
+    lp_put(&r->glp, (size_t)gi, ls, j < ls->n ? ls->top_l[j] : raw[tok], j < ls->n ? j + 1 : 0);
     return SM_OK;
 }
 
-/* The logprobs of prompt id j >= 1 of r (its position's summary ls, whose tok_l is that id's
- * logit) and its position's top alternatives. */
+/* The logprobs of prompt id j >= 1 of r (its position's summary ls, whose tok_l and tok_rank
+ * are that id's logit and rank) and its position's top alternatives. */
 static sm_status plp_record(sm_request *r, const sm_lp_sum *ls, int j) {
     if (ls->bad) return fail(SM_E_MODEL, "request prompt position %d: its logits are NaN or Inf", j);
-    lp_put(&r->plp, (size_t)j, ls, ls->tok_l);
+    lp_put(&r->plp, (size_t)j, ls, ls->tok_l, ls->tok_rank);
     return SM_OK;
 }
 
@@ -879,15 +881,16 @@ sm_status sparkmono_logprobs(const sparkmono_engine *g, int req, const float **l
     return ok();
 }
 
-sm_status sparkmono_prompt_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **top_ids,
-                                    const float **top_lp, int *k) {
+sm_status sparkmono_prompt_logprobs(const sparkmono_engine *g, int req, const float **lp, const int **rank,
+                                    const int **top_ids, const float **top_lp, int *k) {
     sm_status s;
     const sm_request *r = get_req(g, req, "sparkmono_prompt_logprobs", &s);
     if (!r) return s;
-    if (!lp || !top_ids || !top_lp || !k) return fail(SM_E_INVALID, "sparkmono_prompt_logprobs: NULL argument");
+    if (!lp || !rank || !top_ids || !top_lp || !k) return fail(SM_E_INVALID, "sparkmono_prompt_logprobs: NULL argument");
     if (!r->plp.lp) return fail(SM_E_STATE, "sparkmono_prompt_logprobs: request %d was added without prompt_logprobs", req);
     if (!r->prefilled) return fail(SM_E_STATE, "sparkmono_prompt_logprobs: request %d is not prefilled", req);
     *lp = r->plp.lp;
+    *rank = r->plp.rank;
     *top_ids = r->plp.top_ids;
     *top_lp = r->plp.top_lp;
     *k = r->samp.top_logprobs;

@@ -40,7 +40,7 @@ typedef struct sm_request {
     sm_lp_track glp;   /* [max_tokens] positions: each generated id's logprobs (samp.logprobs; k =
                           samp.top_logprobs), else empty (glp.lp NULL) */
     sm_lp_track plp;   /* [prompt_len] positions: each prompt id's (samp.prompt_logprobs; entry 0
-                          NaN, its ids -1), else empty */
+                          NaN, rank 0, its ids -1), else empty */
     sparkmono_sampling samp; /* its sampling parameters and processors (all zero: plain greedy) */
     int lrow0;         /* sampled or proc: its first row in the last verify step's logits (slog) */
     int swapped;       /* 1: preempted (its K/V pages given back; verify steps pass it by) until

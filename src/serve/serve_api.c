@@ -518,12 +518,10 @@ json_t *sm_api_prompt_logprobs(const sm_tokenizer *tok, const sm_api_lp_pre *pre
         }
         const int *tid = pre->top_ids + (size_t)i * stride;
         const float *tlp = pre->top_lp + (size_t)i * stride;
-        int rank = 0;
-        for (int j = 0; j < stride && !rank; j++) rank = tid[j] == pre->ids[i] ? j + 1 : 0;
         json_t *m = json_object();
         char key[16];
         snprintf(key, sizeof key, "%d", pre->ids[i]);
-        if (m) json_object_set_new(m, key, plp_entry(tok, pre->ids[i], pre->lp[i], rank));
+        if (m) json_object_set_new(m, key, plp_entry(tok, pre->ids[i], pre->lp[i], pre->rank[i]));
         for (int j = 0; m && j < k; j++) { /* ids as keys, as vLLM's maps of token id to Logprob */
             if (tid[j] < 0 || tid[j] == pre->ids[i]) continue;
             snprintf(key, sizeof key, "%d", tid[j]);

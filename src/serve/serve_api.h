@@ -99,6 +99,7 @@ int sm_api_encode(const sm_api_model *m, const char *text, size_t len, int **ids
 typedef struct sm_api_lp_pre {
     const int *ids;            /* [n] the echoed prompt's ids */
     const float *lp;           /* [n] their logprobs ([0] NaN: null) */
+    const int *rank;           /* [n] their ranks in their positions' rows (0: unknown) */
     const int *top_ids;        /* [n * k] */
     const float *top_lp;       /* [n * k] */
 } sm_api_lp_pre;
@@ -115,11 +116,12 @@ typedef struct sm_api_lp {
     int stride;                /* alternatives a position holds in top_ids / top_lp (>= k) */
 } sm_api_lp;
 
-/* vLLM's prompt_logprobs of a prompt's ids [n] (pre: its logprobs, top lists of stride ids, k
- * shown): [null, {"id": {"logprob", "rank", "decoded_token"}, ...}, ...], each position's map the
- * prompt id first, then its k most likely ids (ranks 1..k); the prompt id's rank is its place in
- * that list, null when it is not in it (the engine keeps the top k, not the whole row's order).
- * NULL when out of memory. */
+/* vLLM's prompt_logprobs of a prompt's ids [n] (pre: its logprobs and ranks, top lists of stride
+ * ids, k shown): [null, {"id": {"logprob", "rank", "decoded_token"}, ...}, ...], each position's
+ * map the prompt id first, then its k most likely ids (ranks 1..k); the prompt id's rank is its
+ * place in the whole row's order (the summary's tok_rank, backend.h: its place in the list when
+ * it is there; ties to the lower id where vLLM ranks a tie last), null only when unknown.  NULL
+ * when out of memory. */
 json_t *sm_api_prompt_logprobs(const sm_tokenizer *tok, const sm_api_lp_pre *pre, int n, int k, int stride);
 
 /* One choice of an answer, or of a stream chunk (its news since the last chunk). */

@@ -19,7 +19,7 @@ static const sm_api_lp *choice_lp(const sm_job *j, sm_choice *c, int i, sm_api_l
     *lp = (sm_api_lp){j->s->api.tok, g->lp + i, g->top_ids + (size_t)i * g->k, g->top_lp + (size_t)i * g->k, j->req.lp_k,
                       &c->lp_off, NULL, 0, g->k};
     if (i == 0 && p->lp && (c->nids > 0 || c->finish)) { /* they came with the first ids (or the end) */
-        *pre = (sm_api_lp_pre){c->r->prompt, p->lp, p->top_ids, p->top_lp};
+        *pre = (sm_api_lp_pre){c->r->prompt, p->lp, p->rank, p->top_ids, p->top_lp};
         lp->pre = pre;
         lp->npre = c->r->n;
     }
@@ -240,7 +240,7 @@ int sm_job_stream(sm_job *j, int st) {
 static json_t *choice_plp(const sm_job *j, const sm_choice *c) {
     const sm_lp_track *p = &c->r->plp;
     if (j->req.prompt_lp_k < 0 || !p->lp) return NULL;
-    const sm_api_lp_pre pre = {c->r->prompt, p->lp, p->top_ids, p->top_lp};
+    const sm_api_lp_pre pre = {c->r->prompt, p->lp, p->rank, p->top_ids, p->top_lp};
     return sm_api_prompt_logprobs(j->s->api.tok, &pre, c->r->n, j->req.prompt_lp_k, p->k);
 }
 

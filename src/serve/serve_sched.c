@@ -117,11 +117,12 @@ static void publish_locked(sm_sched *s, const sparkmono_batch_event *ev, int nev
         sm_sreq *r = ev[k].user;
         int n = ev[k].n < r->cap - r->nids ? ev[k].n : r->cap - r->nids; /* the engine stops at max_tokens */
         if (r->plp.lp && ev[k].prompt_lp && ev[k].prompt_len == r->n) /* with the first ids, or the end */
-            sm_lp_track_put(&r->plp, 0, ev[k].prompt_lp, ev[k].prompt_top_ids, ev[k].prompt_top_lp, (size_t)r->n);
+            sm_lp_track_put(&r->plp, 0, ev[k].prompt_lp, ev[k].prompt_rank, ev[k].prompt_top_ids, ev[k].prompt_top_lp,
+                            (size_t)r->n);
         if (n > 0) {
             memcpy(r->ids + r->nids, ev[k].ids, (size_t)n * sizeof(int));
             if (r->glp.lp && ev[k].logprobs) /* their logprobs, at the same places */
-                sm_lp_track_put(&r->glp, (size_t)r->nids, ev[k].logprobs, ev[k].top_ids, ev[k].top_lp, (size_t)n);
+                sm_lp_track_put(&r->glp, (size_t)r->nids, ev[k].logprobs, NULL, ev[k].top_ids, ev[k].top_lp, (size_t)n);
             s->tokens += n;
             if (!r->nids) r->t_first = sm_sched_now();
             r->nids += n;

@@ -268,10 +268,18 @@ def prompt_rows(ids_dir, tmp, prompt):
     return np.load(out).astype(np.float64)
 
 
+def row_rank(row, t):
+    """The rank of id t in the raw logits row: 1 + the ids before it in the top list's order
+    (a larger logit, or an equal one at a lower id; vLLM would count every equal one)."""
+    return 1 + int((row > row[t]).sum()) + int((row[:t] == row[t]).sum())
+
+
 def check_prompt_logprobs(plp, prompt, rows, k):
     """vLLM's shape: [null, {"id": {"logprob", "rank", "decoded_token"}}, ...], the prompt id first,
-    then the k most likely ids, ranks 1..k; values a log-softmax of the row before."""
+    then the k most likely ids, ranks 1..k; values a log-softmax of the row before; the prompt
+    id's rank its place in the whole row.  Returns the positions whose prompt id is past the top k."""
     assert len(plp) == len(prompt) and plp[0] is None
+    past = 0
     for j in range(1, len(prompt)):
         ref = log_softmax(rows[j - 1])
         best = [int(a) for a in np.argsort(-ref, kind="stable")[:k]]
@@ -284,9 +292,13 @@ def check_prompt_logprobs(plp, prompt, rows, k):
         for r, a in enumerate(best):
             if a != prompt[j]:
                 assert m[str(a)]["rank"] == r + 1
-        # the prompt id's rank: known (and right) when it is among the top ids the engine kept
-        own, true = m[str(prompt[j])]["rank"], 1 + int((ref > ref[prompt[j]]).sum())
-        assert own in (None, true) and (own == true or prompt[j] not in best), (j, own, true)
+        # the prompt id's rank: always known, its place in the top ids when it is one of them,
+        # else from the whole row
+        own = m[str(prompt[j])]["rank"]
+        assert isinstance(own, int) and own >= 1 and own == row_rank(rows[j - 1], prompt[j]), (j, own)
+        assert prompt[j] not in best or own == best.index(prompt[j]) + 1, (j, own, best)
+        past += own > k
+    return past
 
 
 @pytest.mark.parametrize("k", [0, 3])
@@ -295,7 +307,7 @@ def test_prompt_logprobs(server, ids_dir, tmp, k):
     echo's; the openai client sees the field; with n the same for every choice."""
     rows = prompt_rows(ids_dir, tmp, PROMPT)
     c = choice(server, max_tokens=3, prompt_logprobs=k)
-    check_prompt_logprobs(c["prompt_logprobs"], PROMPT, rows, k)
+    assert check_prompt_logprobs(c["prompt_logprobs"], PROMPT, rows, k) >= 3  # ranks past the top list checked
     assert c["logprobs"] is None
     both = choice(server, max_tokens=3, prompt_logprobs=k, logprobs=1, echo=True)
     check_prompt_logprobs(both["prompt_logprobs"], PROMPT, rows, k)
@@ -308,6 +320,17 @@ def test_prompt_logprobs(server, ids_dir, tmp, k):
     assert "prompt_logprobs" not in choice(server, max_tokens=2)
 
 
+def test_prompt_logprobs_greedy_ids_rank_first(server, ids_dir, tmp):
+    """A prompt that goes on with its own greedy ids: each of those ranks 1, the first of its
+    position's top ids; the others against the whole row."""
+    more = ids_of(server, max_tokens=4)
+    prompt = PROMPT + more
+    plp = choice(server, prompt=prompt, max_tokens=1, prompt_logprobs=2)["prompt_logprobs"]
+    check_prompt_logprobs(plp, prompt, prompt_rows(ids_dir, tmp, prompt), 2)
+    for j in range(len(PROMPT), len(prompt)):
+        assert plp[j][str(prompt[j])]["rank"] == 1 and list(plp[j])[0] == str(prompt[j]), (j, plp[j])
+
+
 def test_prompt_logprobs_chat(text_server, hf_tok):
     """Chat: vLLM's prompt_logprobs beside the choices, of the rendered prompt's ids."""
     r = post(text_server, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "prompt_logprobs": 1},
@@ -317,6 +340,7 @@ def test_prompt_logprobs_chat(text_server, hf_tok):
     plp = body["prompt_logprobs"]
     assert len(plp) == body["usage"]["prompt_tokens"] and plp[0] is None
     assert all(len(m) in (1, 2) for m in plp[1:])
+    assert all(isinstance(e["rank"], int) and e["rank"] >= 1 for m in plp[1:] for e in m.values())
     for m in plp[1:]:
         for key, e in m.items():
             want = hf_tok.decode([int(key)], skip_special_tokens=False)
