@@ -29,8 +29,8 @@
 #include <string.h>
 #include <time.h>
 #ifdef SM_HAVE_CUDA
-#include "cuda/stock/synth.h"
-#include "cuda/stock/bench.h"
+#include "cuda/rank/synth.h"
+#include "cuda/bench/bench.h"
 #endif
 
 #define B_DEFAULT_R 8

@@ -15,7 +15,7 @@
 #include <time.h>
 #include "cuda/common.cuh"
 #include "backend/stats.h"
-#include "cuda/stock/bench.h"
+#include "cuda/bench/bench.h"
 #include "bench.h"
 #include "../../tests/gpu/gpu_tests.h"
 

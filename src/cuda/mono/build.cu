@@ -12,8 +12,8 @@
  * descriptor rewritten per layer (a graph holds all layers' launches at once).
  */
 #include "cuda/mono/mono.cuh"
-#include "cuda/stock/stock.h"
-#include "cuda/stock/bench.h"
+#include "cuda/rank/rank.h"
+#include "cuda/bench/bench.h"
 #include "cuda/mono/mono.h"
 extern "C" {
 #include "parallel/hbar.h"

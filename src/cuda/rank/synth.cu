@@ -14,8 +14,8 @@
  * We rejected generating through cuRAND: its streams cannot reproduce make-model checkpoints,
  * and then a synthetic benchmark could never be cross-checked against a loaded one.
  */
-#include "stock.h"
-#include "cuda/stock/synth.h"
+#include "rank.h"
+#include "cuda/rank/synth.h"
 #include "model/rng.h"
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
  * it.  We rejected one graph per exact row count (too many captures, each costing a few ms)
  * and re-capturing per step with new pointers (capture costs more than the step it saves).
  */
-#include "stock.h"
+#include "rank.h"
 #include <string.h>
 
 static const int cb_buckets[CB_NBUCKETS] = {8, 16, 24, 32, 48, 64, 96, 128};

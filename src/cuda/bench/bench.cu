@@ -8,10 +8,10 @@
  * Every hook makes the backend's device current first (cb_from_backend).  We rejected host
  * clocks around single launches: launch gaps and host jitter dominate small row counts.
  */
-#include "stock.h"
+#include "cuda/rank/rank.h"
 #include "backend/stats.h"
 #include "model/rng.h"
-#include "cuda/stock/bench.h"
+#include "bench.h"
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>

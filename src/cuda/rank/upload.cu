@@ -14,7 +14,7 @@
  * checkpoint afterwards.  We rejected copying each rank's slice into a contiguous host buffer
  * first: the strided copy does it on the way, without a second host copy of the model.
  */
-#include "stock.h"
+#include "rank.h"
 #include <stdio.h>
 #include <string.h>
 #include <time.h>

@@ -11,8 +11,8 @@
  * We rejected one host thread driving every rank: a rank's host-side wait (a virtual barrier,
  * a cudaStreamSynchronize) would stall the others' enqueues.
  */
-#include "stock.h"
-#include "cuda/stock/bench.h"
+#include "rank.h"
+#include "cuda/bench/bench.h"
 extern "C" {
 #include "parallel/ranks.h"
 #include "backend/stats.h"

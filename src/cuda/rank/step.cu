@@ -16,7 +16,7 @@
  * We rejected eager execution of wide verify steps: it is several times slower than a replay
  * and would be a silent slow path.
  */
-#include "stock.h"
+#include "rank.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -9,8 +9,8 @@
  * and scattered pointers a future peer mapping would have to export one by one) and the
  * legacy default stream (it serializes with every other rank's work on the same host).
  */
-#include "stock.h"
-#include "cuda/stock/bench.h"
+#include "rank.h"
+#include "cuda/bench/bench.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

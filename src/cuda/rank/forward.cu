@@ -9,7 +9,7 @@
  * runs of one request; graph: one generic call) and where the logits go.  We rejected two
  * copies of the layer loop (eager and graph): they would drift apart.
  */
-#include "stock.h"
+#include "rank.h"
 #include <math.h>
 
 /* 1 when run r copies the residual stream entering layer j. */

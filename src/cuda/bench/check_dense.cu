@@ -7,8 +7,8 @@
  * different tensor lists.  We rejected comparing checksums: the first differing byte and
  * tensor name is what a failing test must print.
  */
-#include "stock.h"
-#include "cuda/stock/bench.h"
+#include "cuda/rank/rank.h"
+#include "bench.h"
 #include <stdlib.h>
 #include <string.h>
 

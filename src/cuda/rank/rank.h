@@ -15,8 +15,8 @@
  * change between steps: a graph bakes its pointers in, so everything it touches lives at a
  * fixed address for the context's life.
  */
-#ifndef SM_CUDA_STOCK_H
-#define SM_CUDA_STOCK_H
+#ifndef SM_CUDA_RANK_H
+#define SM_CUDA_RANK_H
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <string.h>
