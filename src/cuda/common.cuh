@@ -1,4 +1,4 @@
-/* common.cuh: what every CUDA file shares: the CUDA check macros, bf16 helpers, warp/block
+/* common.cuh: what every CUDA file shares: the CUDA check macros, the device check, bf16 helpers, warp/block
  * reductions, the argmax order, and the mma.sync / cp.async wrappers.  The op bodies live in
  * ops/<family>.cuh, the MoE stage in moe.cu.
  *
@@ -75,6 +75,24 @@ extern "C" {
                            __FILE__, __LINE__, sm_dev_, cudaGetErrorString(sm_rc_));         \
         }                                                                                    \
     } while (0)
+
+/* 0 when `device` exists (and, hopper != 0, is a compute capability 9.x device); else one
+ * line "<who>: ..." naming the device (the backend's ranks, the monokernel's check, the bench). */
+static inline int sm_cuda_device_check(int device, int hopper, const char *who, sm_err *e) {
+    int n = 0;
+    cudaError_t r = cudaGetDeviceCount(&n);
+    if (r != cudaSuccess || n == 0)
+        return sm_errf(e, "%s: no CUDA device available (%s)", who, r != cudaSuccess ? cudaGetErrorString(r) : "0 devices");
+    if (device < 0 || device >= n)
+        return sm_errf(e, "%s: device %d does not exist (%d CUDA device%s: 0..%d)", who, device, n, n == 1 ? "" : "s", n - 1);
+    if (!hopper) return 0;
+    cudaDeviceProp p;
+    SM_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    if (p.major != 9)
+        return sm_errf(e, "%s: device %d (%s) has compute capability %d.%d; this build targets sm_90a (Hopper)", who, device,
+                       p.name, p.major, p.minor);
+    return 0;
+}
 
 static inline int sm_cdiv(int a, int b) { return (a + b - 1) / b; }
 static inline int sm_aligned(const void *p, size_t a) { return ((uintptr_t)p % a) == 0; }

@@ -1,6 +1,6 @@
-/* bench.cu: the bench hooks of the CUDA stock backend (stock/bench.h): the read-bandwidth
+/* bench.cu: the bench hooks of the CUDA backend (bench.h): device facts, the read-bandwidth
  * probe, random KV fill, graph-replay timing of whole steps and of single layers, routing
- * and expert facts for the floors.
+ * and expert facts for the floors, a world's exchanges alone and its ranks' aux outputs.
  *
  * Timing follows DESIGN.md: CUDA events on the context's stream around a graph replay (plus
  * the metadata copy for whole steps), after warm-up, median over many replays (stats.h); the
@@ -15,6 +15,26 @@
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>
+
+/* ---- device facts ---------------------------------------------------------------------------- */
+
+extern "C" int sm_cuda_device_info(int device, sm_cuda_devinfo *d, sm_err *e) {
+    memset(d, 0, sizeof *d);
+    if (sm_cuda_device_check(device, 0, "cuda", e)) return -1;
+    cudaDeviceProp p;
+    SM_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    SM_CUDA_CHECK(cudaSetDevice(device));
+    snprintf(d->name, sizeof d->name, "%s", p.name);
+    d->cc_major = p.major;
+    d->cc_minor = p.minor;
+    d->sms = p.multiProcessorCount;
+    d->l2_bytes = (double)p.l2CacheSize;
+    size_t fr = 0, tot = 0;
+    SM_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    d->mem_total = (double)tot;
+    d->mem_free = (double)fr;
+    return 0;
+}
 
 /* ---- read bandwidth ---------------------------------------------------------------------------- */
 
@@ -57,7 +77,7 @@ static int cb_time_reads(const void *buf, size_t bytes, uint32_t *sink, int sms,
 extern "C" int sm_cuda_read_bandwidth(int device, double gib, int reps, double *bytes_per_s, sm_err *e) {
     size_t bytes = (size_t)(gib * 1073741824.0) / 16 * 16;
     if (bytes < 16 || reps < 1) return sm_errf(e, "read bandwidth: bad size %.2f GiB or reps %d", gib, reps);
-    if (cb_device_check(device, 0, "read bandwidth", e)) return -1;
+    if (sm_cuda_device_check(device, 0, "read bandwidth", e)) return -1;
     SM_CUDA_CHECK(cudaSetDevice(device));
     int sms = 132;
     SM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -253,7 +273,7 @@ extern "C" int sm_cuda_bench_layers(const sm_backend *b, const sm_step *s, int i
             r.n = nb;
             if (l < 0) { r.embed = 1; r.head = 1; r.l0 = r.l1 = cr->cfg.L; } /* embedding + logits alone */
             else { r.l0 = l; r.l1 = l + 1; r.moe_only = part; }
-            r.mono = !part && cb_mono_bucket(cr, nb, e) == 1; /* a mono layer: its launches alone */
+            r.mono = !part && cb_exec_pick(cr, nb, e) == 1; /* a mono layer: its launches alone */
             cudaGraphExec_t ex;
             if (cb_capture(cr, &r, &ex, e)) return -1;
             float us = 0;
@@ -265,5 +285,23 @@ extern "C" int sm_cuda_bench_layers(const sm_backend *b, const sm_step *s, int i
             else layer_us[l] = us;
         }
     }
+    return 0;
+}
+
+/* ---- W ranks --------------------------------------------------------------------------------- */
+
+extern "C" int sm_cuda_world_bench_exchanges(const sm_backend *b, int n, int iters, float *us, sm_err *e) {
+    return cb_world_time_exchanges(b, n, iters, us, e);
+}
+
+extern "C" int sm_cuda_world_aux(const sm_backend *b, int rank, int a, int n, float *host, sm_err *e) {
+    sm_cuda_rank **rk;
+    const int W = cb_world_ranks(b, &rk);
+    if (!W) return sm_errf(e, "sm_cuda_world_aux: not a CUDA world backend");
+    if (rank < 0 || rank >= W) return sm_errf(e, "sm_cuda_world_aux: rank %d outside [0, %d)", rank, W);
+    sm_cuda_rank *cr = rk[rank];
+    if (a < 0 || a >= cr->aux_cap || n < 0 || n > cr->cap) return sm_errf(e, "sm_cuda_world_aux: entry %d / %d rows out of range", a, n);
+    if (cb_enter(cr, e)) return -1;
+    SM_CUDA_CHECK(cudaMemcpy(host, cr->aux + (size_t)a * cr->cap * cr->cfg.H, (size_t)n * cr->cfg.H * 4, cudaMemcpyDeviceToHost));
     return 0;
 }

@@ -1,7 +1,8 @@
-/* bench.h: the hooks benchmarks and tests drive the CUDA stock backend with, beyond
+/* bench.h: the hooks benchmarks and tests drive the CUDA backend with, beyond
  * backend.h: device facts, the read-bandwidth probe that floors are computed from, KV fill,
  * graph-replay timing of whole steps and of single layers, the routing of the last step, and
- * the bit-exact check of the uploaded dense weights.  C-compatible, no CUDA types:
+ * the bit-exact check of the uploaded dense weights (src/cuda/bench/: bench.cu, check_dense.cu),
+ * the monokernel's mode, activations and timeline (trace.cu).  C-compatible, no CUDA types:
  * tools/cmd_bench.c and the GPU tests include it.  Only meaningful when SM_HAVE_CUDA is
  * defined.  Every hook that takes a backend runs on that backend's device; the others take a
  * device ordinal.  We rejected exposing the device context to C: the hooks are the seam.

@@ -1,5 +1,5 @@
 /* check_dense.cu: the bit-exact check of a CUDA backend's dense weights against the rank's
- * shard of a loaded model (stock/bench.h: sm_cuda_backend_check_dense), for the tests.
+ * shard of a loaded model (bench.h: sm_cuda_backend_check_dense), for the tests.
  *
  * It walks the same tensor table as the upload (upload.cu: cb_dense_xfers), downloads each
  * device tensor on the context's stream and compares it row by row with the shard's view

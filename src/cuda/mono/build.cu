@@ -1,10 +1,11 @@
-/* mono/build.cu: the host side of the monokernel on one rank's context (stock.h): static
- * eligibility at engine creation, the per-bucket descriptors, the launches of one layer, the
- * health words after a step, and the bench hooks (mode, trace).
+/* mono/build.cu: the monokernel as an executor (exec.h) on one rank's view: static eligibility
+ * when it is made, the per-bucket descriptors, the launches of a run of layers, the health
+ * words after a step, the ranks' agreement with W > 1, and its timeline (the trace hooks the
+ * bench drives).
  *
  * A bucket's descriptors (one per layer 1..L-2) are planned the first time the bucket runs,
- * before its graph is captured, from the context's fixed buffers: the same calls the stock
- * enqueue makes (sm_wg_plan_mm, sm_att_plan, moe_*_make), so the descriptors hold the stock
+ * before its graph is captured, from the rank's fixed buffers: the same calls the stock
+ * layers make (sm_wg_plan_mm, sm_att_plan, moe_*_make), so the descriptors hold the stock
  * decomposition.  They are written once and never while a graph runs; a mode change drops
  * the graphs.  Static refusals are collected, all of them, into one line; --mono on turns
  * them into an engine-creation error, auto into one log line and stock steps.
@@ -12,13 +13,10 @@
  * descriptor rewritten per layer (a graph holds all layers' launches at once).
  */
 #include "cuda/mono/mono.cuh"
-#include "cuda/rank/rank.h"
-#include "cuda/bench/bench.h"
+#include "cuda/exec/exec.h"
 #include "cuda/mono/mono.h"
 extern "C" {
 #include "parallel/hbar.h"
-#include "base/outfile.h"
-#include "backend/stats.h"
 }
 #include <math.h>
 #include <stdarg.h>
@@ -26,22 +24,21 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
-/* The monokernel state of one context. */
-struct cb_mono {
+/* The monokernel state of one rank. */
+typedef struct mono_rank {
+    const sm_exec_view *v;      /* the rank's weights, buffers, KV cache and stream */
     mono_ctl *ctl;              /* device control words */
     mono_ctl *ctl_h;            /* pinned host copy (health words after a step) */
     void *ws;                   /* device: wgmma partial tiles | router partials | attention partials */
     size_t part_bytes, rpart_bytes, att_bytes;
-    mono_desc *desc[CB_NBUCKETS]; /* host [L] per bucket (layers 1..L-2 filled), NULL: not built */
-    int refused[CB_NBUCKETS];   /* 1: the bucket's plan failed (its steps run stock) */
+    mono_desc *desc[SM_EXEC_NBUCKETS]; /* host [L] per bucket (layers 1..L-2 filled), NULL: not built */
+    int refused[SM_EXEC_NBUCKETS]; /* 1: the bucket's plan failed (its steps run stock) */
     int grid;                   /* blocks of a dense launch: one per SM */
     int moe_grid;               /* blocks of an expert launch: 2 per SM (the stock expert grid) */
     size_t smem;                /* dynamic shared memory of a launch */
     unsigned long long *trace;  /* device trace buffer (bench), NULL */
     mono_prog prog;             /* launch scratch (a launch copies it into its parameters) */
     mono_moe moe;               /* expert launch scratch */
-    long layers_run;            /* monokernel layers enqueued (tests) */
-    int logged_eager;           /* "stock step (prefill rows)" said */
     int att_fuse;               /* 1: attention inside the launch where one wave of teams holds it
                                    (SPARKMONO_MONO_FUSED_ATT=1); 0: the stock tile kernel between
                                    launches, measured faster (bench/results.md, 2026-12-03 night) */
@@ -49,9 +46,9 @@ struct cb_mono {
     uint8_t *xbuf;              /* device: this rank's exchange area, 2 parities of xbytes */
     size_t xbytes;
     unsigned long long *xflag;  /* device [W]: the epochs the ranks published to this one */
-    mono_xc xc;                 /* every rank's areas and flags (cb_mono_world_link) */
+    mono_xc xc;                 /* every rank's areas and flags (mono_world_link) */
     struct mono_world *mw;      /* virtual ranks: the joint launches (NULL: one rank a device) */
-};
+} mono_rank;
 
 /* Virtual ranks of one world (several on one GPU): every launch is one cooperative launch of
  * all ranks' blocks, issued by rank 0's thread once every rank has enqueued what comes before
@@ -68,8 +65,6 @@ typedef struct mono_world {
     mono_moe jm;
     int N, fmt;                 /* the current launch's token box / expert format (rank 0's) */
 } mono_world;
-
-static const int mono_buckets[CB_NBUCKETS] = {8, 16, 24, 32, 48, 64, 96, 128};
 
 /* Token box of bucket rows nb: the wgmma N (8, 16, 32, 64, 128). */
 static int mono_box(int nb) { return nb <= 8 ? 8 : nb <= 16 ? 16 : nb <= 32 ? 32 : nb <= 64 ? 64 : 128; }
@@ -119,47 +114,47 @@ static void mono_reasons(const sm_config *cf, const int *fmt, int device, int wo
     (void)cudaGetLastError();
 }
 
-/* Every static refusal of the context, into buf ("" = eligible). */
-static void mono_static_reasons(const sm_cuda_rank *cr, char *buf, size_t cap) {
+/* Every static refusal of the rank, into buf ("" = eligible). */
+static void mono_static_reasons(const sm_exec_view *v, char *buf, size_t cap) {
     int fmt[SM_MAX_LAYERS];
-    for (int l = 0; l < cr->cfg.L; l++) fmt[l] = cr->layers[l].have_moe ? cr->layers[l].moe.fmt : -1;
-    mono_reasons(&cr->cfg, fmt, cr->device, cr->world, buf, cap);
+    for (int l = 0; l < v->cfg->L; l++) fmt[l] = v->layers[l].have_moe ? v->layers[l].moe.fmt : -1;
+    mono_reasons(v->cfg, fmt, v->device, v->world, buf, cap);
 }
 
 extern "C" int sm_cuda_mono_check(const sm_config *cf, const int *fmt, int device, char *buf, size_t cap, sm_err *e) {
-    if (cb_device_check(device, 0, "monokernel check", e)) return -1;
+    if (sm_cuda_device_check(device, 0, "monokernel check", e)) return -1;
     SM_CUDA_CHECK(cudaSetDevice(device));
     mono_reasons(cf, fmt, device, 1, buf, cap);
     return 0;
 }
 
 /* Descriptor of layer l for bucket rows nb (host copy): the rank's slices and, with W > 1, its
- * exchanges (the producing phases write into the rank's exchange area, forward.cu's collectives
- * at the same points). */
-static int mono_plan_layer(sm_cuda_rank *cr, int nb, int l, mono_desc *d, sm_err *e) {
-    cb_mono *M = cr->mono;
-    const sm_config *cf = &cr->cfg;
-    const cb_layer *L = &cr->layers[l], *Ln = &cr->layers[l + 1];
-    const int W = cr->world, nh = cr->plan.nHl, nkv = cr->plan.nKVl, tp = W > 1 && cr->plan.moe == SM_MOE_TP;
+ * exchanges (the producing phases write into the rank's exchange area, the stock layers'
+ * collectives at the same points). */
+static int mono_plan_layer(mono_rank *M, int nb, int l, mono_desc *d, sm_err *e) {
+    const sm_exec_view *v = M->v;
+    const sm_config *cf = v->cfg;
+    const sm_exec_layer *L = &v->layers[l], *Ln = &v->layers[l + 1];
+    const int W = v->world, nh = v->plan->nHl, nkv = v->plan->nKVl, tp = W > 1 && v->plan->moe == SM_MOE_TP;
     const int H = cf->H, Hm = cf->Hm, QD = nh * cf->D, KD = nkv * cf->D, NQ = 2 * QD + 2 * KD, N = mono_box(nb);
-    uint16_t *q = (l & 1) ? cr->qkv2 : cr->qkvg, *nq = ((l + 1) & 1) ? cr->qkv2 : cr->qkvg;
+    uint16_t *q = v->qkv[l & 1], *nq = v->qkv[(l + 1) & 1];
     memset(d, 0, sizeof *d);
     char *ws = (char *)M->ws;
     void *part = ws;
     uint8_t *x0 = M->xbuf, *x1 = M->xbuf + M->xbytes; /* parities 0, 1 of this rank's exchange area */
-    const int np = W > 1 ? cr->plan.np : Hm, nu = W > 1 ? cr->plan.nu : H;
+    const int np = W > 1 ? v->plan->np : Hm, nu = W > 1 ? v->plan->nu : H;
     /* the matmuls' stream-K split over the rank's blocks (virtual ranks: its share of the SMs) */
-    sm_kernel_ctx kg = cr->kc;
+    sm_kernel_ctx kg = *v->kc;
     kg.num_sms = M->grid;
-    int rc = W > 1 ? sm_wg_plan_mm_f32(&kg, N, cr->att, nb, QD, L->wo, H, (float *)x0, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw,
+    int rc = W > 1 ? sm_wg_plan_mm_f32(&kg, N, v->att, nb, QD, L->wo, H, (float *)x0, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw,
                                        &d->mm[0].tx, e)
-                   : sm_wg_plan_mm(&kg, N, cr->att, nb, QD, L->wo, H, cr->a, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw, &d->mm[0].tx, e);
+                   : sm_wg_plan_mm(&kg, N, v->att, nb, QD, L->wo, H, v->a, part, M->part_bytes, &d->mm[0].a, &d->mm[0].tw, &d->mm[0].tx, e);
     if (rc ||
-        sm_wg_plan_mm(&kg, N, cr->xf, nb, H, L->pooler, np, W > 1 ? (uint16_t *)x1 : cr->h1, part, M->part_bytes, &d->mm[1].a,
+        sm_wg_plan_mm(&kg, N, v->xf, nb, H, L->pooler, np, W > 1 ? (uint16_t *)x1 : v->h1, part, M->part_bytes, &d->mm[1].a,
                       &d->mm[1].tw, &d->mm[1].tx, e) ||
-        sm_wg_plan_mm(&kg, N, cr->mo, nb, Hm, L->unpooler, nu, W > 1 ? (uint16_t *)x1 : cr->f, part, M->part_bytes, &d->mm[2].a,
+        sm_wg_plan_mm(&kg, N, v->mo, nb, Hm, L->unpooler, nu, W > 1 ? (uint16_t *)x1 : v->f, part, M->part_bytes, &d->mm[2].a,
                       &d->mm[2].tw, &d->mm[2].tx, e) ||
-        sm_wg_plan_mm(&kg, N, cr->x, nb, H, Ln->wqkvg, NQ, nq, part, M->part_bytes, &d->mm[3].a, &d->mm[3].tw, &d->mm[3].tx, e))
+        sm_wg_plan_mm(&kg, N, v->x, nb, H, Ln->wqkvg, NQ, nq, part, M->part_bytes, &d->mm[3].a, &d->mm[3].tw, &d->mm[3].tx, e))
         return sm_errprefix(e, "layer %d", l);
     d->ctl = M->ctl;
     d->xc = M->xc;
@@ -169,11 +164,11 @@ static int mono_plan_layer(sm_cuda_rank *cr, int nb, int l, mono_desc *d, sm_err
     d->n = nb;
     d->H = H; d->Hm = Hm; d->E = cf->E; d->K = cf->K; d->nh = nh; d->nkv = nkv; d->G = nh / nkv;
     d->eps = cf->rms_eps; d->post_eps = cf->post_eps;
-    /* attention of layer l (the rank's heads): as cb_attention's graph-form call */
+    /* attention of layer l (the rank's heads): as the stock layers' graph-form call */
     d->q = q; d->gate = q + QD + 2 * KD; d->ldq = NQ;
-    d->kv = L->kv; d->tables = cr->d_tab; d->max_bpr = cr->kvs.max_bpr; d->rreq = cr->d_rreq; d->pos = cr->d_pos;
+    d->kv = L->kv; d->tables = v->tab; d->max_bpr = v->kvs->max_bpr; d->rreq = v->rreq; d->pos = v->pos;
     d->window = L->full ? 0 : cf->window;
-    d->nsplit = sm_att_plan(&cr->kc, nb, nh, nkv, d->window, cr->kvs.max_len, &d->chunk);
+    d->nsplit = sm_att_plan(v->kc, nb, nh, nkv, d->window, v->kvs->max_len, &d->chunk);
     d->scale = cf->qk_scale_factor / sqrtf((float)cf->D);
     const size_t per = (size_t)nb * nh;
     if ((size_t)d->nsplit * per * 66 * 4 > M->att_bytes) return sm_errf(e, "layer %d: attention partials exceed the workspace", l);
@@ -184,102 +179,104 @@ static int mono_plan_layer(sm_cuda_rank *cr, int nb, int l, mono_desc *d, sm_err
     d->wsO = (float *)(ws + M->part_bytes + M->rpart_bytes);
     d->wsM = d->wsO + (size_t)d->nsplit * per * 64;
     d->wsL = d->wsM + (size_t)d->nsplit * per;
-    d->att = cr->att;
+    d->att = v->att;
     /* post-attention boundary (W > 1: a = r16(attn_sum) of the parts first) */
-    d->s = cr->s; d->a = cr->a; d->att_alpha = L->att_alpha; d->att_beta = L->att_beta; d->pre_ffn = L->pre_ffn_norm; d->xf = cr->xf;
+    d->s = v->s; d->a = v->a; d->att_alpha = L->att_alpha; d->att_beta = L->att_beta; d->pre_ffn = L->pre_ffn_norm; d->xf = v->xf;
     /* router (replicated): the GEMV body's split (sm_k_mm_f32w's main path) */
     d->router = L->router; d->rbias = L->router_bias;
     d->rS = sm_cdiv(H, SM_RG_KL);
     d->rnt = nb <= 8 ? 8 : 16;
     const size_t need = d->rS > 1 ? (size_t)d->rS * nb * cf->E * 4 : 0;
-    if (need > cr->kc.ws_bytes || sm_cdiv(nb, d->rnt) > 65535)
+    if (need > v->kc->ws_bytes || sm_cdiv(nb, d->rnt) > 65535)
         return sm_errf(e, "layer %d: the stock router takes its fallback body at %d rows", l, nb);
     if ((size_t)d->rS * nb * cf->E * 4 > M->rpart_bytes) return sm_errf(e, "layer %d: router partials exceed the workspace", l);
     d->rpart = (float *)(ws + M->part_bytes);
-    d->rlog = cr->rlog;
-    d->idx = cr->idx + (size_t)l * cr->cap * cf->K;
-    d->w = cr->rw + (size_t)l * cr->cap * cf->K;
+    d->rlog = v->rlog;
+    d->idx = v->idx + (size_t)l * v->cap * cf->K;
+    d->w = v->rw + (size_t)l * v->cap * cf->K;
     d->m_o = cf->out_mult; d->route_scale = cf->route_scale;
     /* pooler norm (W > 1: h1 gathered first), experts: the rank's (EP: routes to its experts;
      * TP: every route over its I slice) */
-    d->h1 = cr->h1; d->pre_expert = L->pre_expert_norm;
-    d->h1_mx = L->moe.act_mx; /* cr->mws.h1_mx: the experts take h1 as rounded here */
+    d->h1 = v->h1; d->pre_expert = L->pre_expert_norm;
+    d->h1_mx = L->moe.act_mx; /* mws->h1_mx: the experts take h1 as rounded here */
     d->fmt = L->moe.fmt;
-    d->ga = moe_group_make(&L->moe, d->idx, nb, &cr->mws);
-    if (W > 1 && !tp) d->ga.e0 = cf->E / W * cr->rank;
-    d->mq = moe_q_make(&L->moe, cr->h1, &cr->mws, NULL);
-    d->ca = moe_combine_make(&L->moe, d->w, nb, cr->mo, &cr->mws);
+    d->ga = moe_group_make(&L->moe, d->idx, nb, v->mws);
+    if (W > 1 && !tp) d->ga.e0 = cf->E / W * v->rank;
+    d->mq = moe_q_make(&L->moe, v->h1, v->mws, NULL);
+    d->ca = moe_combine_make(&L->moe, d->w, nb, v->mo, v->mws);
     if (W > 1 && !tp) d->ca.m_f32 = (float *)x0; /* the rank's partial m, summed by XSUM_M into mo */
     if (tp) {
         d->mq.a2.y32 = (float *)x0;               /* the rank's partial y per route, summed by XSUM_Y */
-        d->xc.ysum = cr->xpart;
+        d->xc.ysum = v->xpart;
         d->ca.y = NULL;
         d->ca.route_slot = NULL;
-        d->ca.y32 = cr->xpart;
+        d->ca.y32 = v->xpart;
         d->ca.idx = d->idx;
         d->ca.E = L->moe.E;
     }
     /* post-FFN boundary + the next layer's input norm (W > 1: f gathered first) */
-    d->f = cr->f; d->post_ffn = L->post_ffn_norm; d->ffn_alpha = L->ffn_alpha; d->ffn_beta = L->ffn_beta;
-    d->next_norm = Ln->in_norm; d->x = cr->x;
+    d->f = v->f; d->post_ffn = L->post_ffn_norm; d->ffn_alpha = L->ffn_alpha; d->ffn_beta = L->ffn_beta;
+    d->next_norm = Ln->in_norm; d->x = v->x;
     /* the next layer's qk norm / rope / kv insert */
-    d->nq = nq; d->nkvc = Ln->kv; d->slot = cr->d_slot; d->nslots = (int64_t)cr->kvs.nblocks * SM_KV_BLOCK;
+    d->nq = nq; d->nkvc = Ln->kv; d->slot = v->slot; d->nslots = (int64_t)v->kvs->nblocks * SM_KV_BLOCK;
     d->rope = !Ln->full;
     d->tab = sm_rope_make_tab(Ln->full ? 0.0 : cf->rope_theta);
     return 0;
 }
 
-int cb_mono_init(sm_cuda_rank *cr, sm_err *e) {
-    if (cr->mono_mode == SM_MONO_OFF) return 0;
+/* The state of the rank of view v into *out (NULL when refused: strict, an error; else one
+ * line); on error *out may hold what was made. */
+static int mono_init(const sm_exec_view *v, int strict, mono_rank **out, sm_err *e) {
+    *out = NULL;
     char why[1024];
-    mono_static_reasons(cr, why, sizeof why);
-    const sm_config *cf = &cr->cfg;
+    mono_static_reasons(v, why, sizeof why);
+    const sm_config *cf = v->cfg;
     const int G = cf->nKV > 0 ? cf->nH / cf->nKV : 0;
     int mocc = 0;
     size_t smem = 0;
     if (!why[0]) {
         smem = mono_smem_bytes(128, G, cf->Hm, cf->I, cf->E);
-        for (int i = 0; i < CB_NBUCKETS; i++) {
-            const size_t sb = mono_smem_bytes(mono_box(mono_buckets[i]), G, cf->Hm, cf->I, cf->E);
+        for (int i = 0; i < SM_EXEC_NBUCKETS; i++) {
+            const size_t sb = mono_smem_bytes(mono_box(sm_exec_bucket_rows(i)), G, cf->Hm, cf->I, cf->E);
             if (sb > smem) smem = sb;
         }
         sm_err e2;
         mono_moe mm;
         memset(&mm, 0, sizeof mm);
-        mm.q[0] = moe_q_make(&cr->layers[1].moe, cr->h1, &cr->mws, NULL);
+        mm.q[0] = moe_q_make(&v->layers[1].moe, v->h1, v->mws, NULL);
         if (mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
         else if (mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
     }
     if (why[0]) {
-        if (cr->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: the monokernel cannot run this model here: %s", why);
+        if (strict) return sm_errf(e, "--mono on: the monokernel cannot run this model here: %s", why);
         fprintf(stderr, "sparkmono: monokernel not eligible (%s): every step runs stock\n", why);
-        cr->mono_mode = SM_MONO_OFF;
         return 0;
     }
-    cb_mono *M = (cb_mono *)calloc(1, sizeof *M);
+    mono_rank *M = (mono_rank *)calloc(1, sizeof *M);
     if (!M) return sm_errf(e, "monokernel: out of host memory");
-    cr->mono = M;
+    *out = M;
+    M->v = v;
     /* a launch's blocks: the rank's SMs (virtual ranks: its share, kc.num_sms set by the world) */
-    M->grid = cr->kc.num_sms;
-    M->moe_grid = cr->kc.num_sms * (mocc < 2 ? mocc : 2);
+    M->grid = v->kc->num_sms;
+    M->moe_grid = v->kc->num_sms * (mocc < 2 ? mocc : 2);
     M->smem = smem;
-    const size_t R = (size_t)(cr->cap < CB_GRAPH_ROWS ? cr->cap : CB_GRAPH_ROWS);
+    const size_t R = (size_t)(v->cap < SM_EXEC_MAX_ROWS ? v->cap : SM_EXEC_MAX_ROWS);
     const int Nmax = mono_box((int)R);
     M->part_bytes = (size_t)2 * M->grid * SM_WG_BM(1) * Nmax * 4;
     M->rpart_bytes = (size_t)sm_cdiv(cf->H, SM_RG_KL) * R * cf->E * 4;
     M->att_bytes = 0;
-    for (int i = 0; i < CB_NBUCKETS; i++) {
-        if ((size_t)mono_buckets[i] > R) break;
+    for (int i = 0; i < SM_EXEC_NBUCKETS; i++) {
+        const int nb = sm_exec_bucket_rows(i);
+        if ((size_t)nb > R) break;
         for (int w = 0; w < 2; w++) {
-            const int ns = sm_att_plan(&cr->kc, mono_buckets[i], cf->nH, cf->nKV, w ? cf->window : 0, cr->kvs.max_len, NULL);
-            const size_t b = (size_t)ns * mono_buckets[i] * cf->nH * 66 * 4;
+            const int ns = sm_att_plan(v->kc, nb, cf->nH, cf->nKV, w ? cf->window : 0, v->kvs->max_len, NULL);
+            const size_t b = (size_t)ns * nb * cf->nH * 66 * 4;
             if (b > M->att_bytes) M->att_bytes = b;
         }
     }
     M->part_bytes = (M->part_bytes + 255) & ~(size_t)255;
     M->rpart_bytes = (M->rpart_bytes + 255) & ~(size_t)255;
     SM_CUDA_CHECK(cudaMalloc(&M->ws, M->part_bytes + M->rpart_bytes + M->att_bytes + 256));
-    SM_CUDA_CHECK(cudaMalloc((void **)&cr->qkv2, (size_t)cr->cap * (2 * cf->nH + 2 * cf->nKV) * cf->D * 2));
     SM_CUDA_CHECK(cudaMalloc((void **)&M->ctl, sizeof(mono_ctl)));
     SM_CUDA_CHECK(cudaMallocHost((void **)&M->ctl_h, sizeof(mono_ctl)));
     memset(M->ctl_h, 0, sizeof(mono_ctl));
@@ -287,33 +284,33 @@ int cb_mono_init(sm_cuda_rank *cr, sm_err *e) {
     M->ctl_h->bound_ns = (unsigned long long)((b && atof(b) > 0 ? atof(b) : 2000.0) * 1e6);
     M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1;
     const char *fa = getenv("SPARKMONO_MONO_FUSED_ATT"); /* measurement / test hook: "1" (one rank) */
-    M->att_fuse = fa && !strcmp(fa, "1") && cr->world == 1;
+    M->att_fuse = fa && !strcmp(fa, "1") && v->world == 1;
     const char *f = getenv("SPARKMONO_MONO_FAULT"); /* test hook: "layer:phase" or "layer:phase:rank" */
     if (f) {
         int fr = -1, k = sscanf(f, "%d:%d:%d", &M->ctl_h->fault_layer, &M->ctl_h->fault_phase, &fr);
         if (k < 2) return sm_errf(e, "SPARKMONO_MONO_FAULT='%s': expected layer:phase[:rank]", f);
-        if (k == 3 && fr != cr->rank) M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1; /* another rank's fault */
+        if (k == 3 && fr != v->rank) M->ctl_h->fault_layer = M->ctl_h->fault_phase = -1; /* another rank's fault */
     }
     /* W > 1: this rank's exchange area (2 parities of the largest part) and flags */
     M->xc.W = 1;
-    if (cr->world > 1) {
-        const size_t tpk = cr->plan.moe == SM_MOE_TP ? (size_t)cf->K : 1;
+    if (v->world > 1) {
+        const size_t tpk = v->plan->moe == SM_MOE_TP ? (size_t)cf->K : 1;
         size_t xb = R * cf->H * 4;
         if (R * cf->Hm * 4 * tpk > xb) xb = R * cf->Hm * 4 * tpk;
         M->xbytes = (xb + 255) & ~(size_t)255;
         SM_CUDA_CHECK(cudaMalloc((void **)&M->xbuf, 2 * M->xbytes));
-        SM_CUDA_CHECK(cudaMalloc((void **)&M->xflag, sizeof(unsigned long long) * (size_t)cr->world));
-        SM_CUDA_CHECK(cudaMemsetAsync(M->xflag, 0, sizeof(unsigned long long) * (size_t)cr->world, cr->st));
+        SM_CUDA_CHECK(cudaMalloc((void **)&M->xflag, sizeof(unsigned long long) * (size_t)v->world));
+        SM_CUDA_CHECK(cudaMemsetAsync(M->xflag, 0, sizeof(unsigned long long) * (size_t)v->world, v->st));
     }
-    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, cr->st));
-    SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
+    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, v->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(v->st));
     return 0;
 }
 
-void cb_mono_free(sm_cuda_rank *cr) {
-    cb_mono *M = cr->mono;
+static void mono_free(void *ctx) {
+    mono_rank *M = (mono_rank *)ctx;
     if (!M) return;
-    for (int i = 0; i < CB_NBUCKETS; i++)
+    for (int i = 0; i < SM_EXEC_NBUCKETS; i++)
         free(M->desc[i]);
     if (M->ws) SM_CUDA_CHECK_PRINT(cudaFree(M->ws));
     if (M->ctl) SM_CUDA_CHECK_PRINT(cudaFree(M->ctl));
@@ -321,40 +318,38 @@ void cb_mono_free(sm_cuda_rank *cr) {
     if (M->trace) SM_CUDA_CHECK_PRINT(cudaFree(M->trace));
     if (M->xbuf) SM_CUDA_CHECK_PRINT(cudaFree(M->xbuf));
     if (M->xflag) SM_CUDA_CHECK_PRINT(cudaFree(M->xflag));
-    if (M->mw && cr->rank == 0) { /* rank 0 owns the joint-launch state */
+    if (M->mw && M->v->rank == 0) { /* rank 0 owns the joint-launch state */
         for (int q = 0; q < M->mw->W; q++) SM_CUDA_CHECK_PRINT(cudaEventDestroy(M->mw->ev[q]));
         SM_CUDA_CHECK_PRINT(cudaEventDestroy(M->mw->done));
         sm_hbar_destroy(&M->mw->bar);
         free(M->mw);
     }
-    if (cr->qkv2) SM_CUDA_CHECK_PRINT(cudaFree(cr->qkv2));
-    cr->qkv2 = NULL;
     free(M);
-    cr->mono = NULL;
 }
 
 static int mono_bucket_index(int nb) {
-    for (int i = 0; i < CB_NBUCKETS; i++)
-        if (mono_buckets[i] == nb) return i;
+    for (int i = 0; i < SM_EXEC_NBUCKETS; i++)
+        if (sm_exec_bucket_rows(i) == nb) return i;
     return -1;
 }
 
-int cb_mono_bucket(sm_cuda_rank *cr, int nb, sm_err *e) {
-    cb_mono *M = cr->mono;
+static int mono_plan(void *ctx, int nb, int strict, sm_err *e) {
+    mono_rank *M = (mono_rank *)ctx;
+    const sm_exec_view *v = M->v;
     const int bi = mono_bucket_index(nb);
-    if (!M || cr->mono_mode == SM_MONO_OFF || bi < 0 || nb > cr->cap || M->refused[bi]) return 0;
+    if (bi < 0 || nb > v->cap || M->refused[bi]) return 0;
     if (M->desc[bi]) return 1;
-    const int L = cr->cfg.L;
+    const int L = v->cfg->L;
     mono_desc *h = (mono_desc *)calloc((size_t)L, sizeof(mono_desc));
     if (!h) return sm_errf(e, "monokernel: out of host memory");
     sm_err pe;
     pe.msg[0] = 0;
     for (int l = 1; l < L - 1; l++)
-        if (mono_plan_layer(cr, nb, l, &h[l], &pe)) break;
+        if (mono_plan_layer(M, nb, l, &h[l], &pe)) break;
     if (pe.msg[0]) {
         free(h);
         M->refused[bi] = 1;
-        if (cr->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: %d-row steps: %s", nb, pe.msg);
+        if (strict) return sm_errf(e, "--mono on: %d-row steps: %s", nb, pe.msg);
         fprintf(stderr, "sparkmono: stock step (%d rows: %s)\n", nb, pe.msg);
         return 0;
     }
@@ -377,10 +372,11 @@ static void mono_seg(mono_prog *P, const mono_desc &d, int p0, int p1) {
 
 /* The start of layer l (attention .. pre-expert norm) as segment of P; the stock attention
  * kernel first (enqueued now) when the layer's attention is unfused. */
-static int mono_start(sm_cuda_rank *cr, const mono_desc &d, int nb, mono_prog *P, sm_err *e) {
+static int mono_start(mono_rank *M, const mono_desc &d, int nb, mono_prog *P, sm_err *e) {
+    const sm_exec_view *v = M->v;
     if (!d.att_fused &&
-        sm_k_attention(&cr->kc, d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, nb, d.nh, d.nkv, d.window, d.scale,
-                       d.eps, cr->kvs.max_len, cr->att, cr->st, e))
+        sm_k_attention(v->kc, d.q, d.ldq, d.gate, d.ldq, d.kv, d.tables, d.max_bpr, d.rreq, d.pos, nb, d.nh, d.nkv, d.window, d.scale,
+                       d.eps, v->kvs->max_len, v->att, v->st, e))
         return sm_errprefix(e, "monokernel layer %d: attention", d.layer);
     mono_seg(P, d, d.att_fused ? MP_ATT : MP_OPROJ, MP_MM1);
     return 0;
@@ -388,74 +384,69 @@ static int mono_start(sm_cuda_rank *cr, const mono_desc &d, int nb, mono_prog *P
 
 /* ---- W ranks ---- */
 
-/* The monokernel off on every rank of a world, with one line saying why (--mono on on any
- * rank: an error instead, nothing freed). */
-static int mono_world_off(sm_cuda_rank **rk, int W, const char *why, sm_err *e) {
-    for (int r = 0; r < W; r++)
-        if (rk[r]->mono_mode == SM_MONO_ON) return sm_errf(e, "--mono on: %s", why);
-    for (int r = 0; r < W; r++) {
-        if (rk[r]->mono && cb_enter(rk[r], e) == 0) cb_mono_free(rk[r]);
-        rk[r]->mono_mode = SM_MONO_OFF;
-    }
+/* The monokernel off on every rank of a world, with one line saying why (strict, --mono on on
+ * any rank: an error instead); the caller frees every rank's state. */
+static int mono_world_off(const char *why, int strict, sm_err *e) {
+    if (strict) return sm_errf(e, "--mono on: %s", why);
     fprintf(stderr, "sparkmono: monokernel not eligible (%s): every step runs stock\n", why);
     return 0;
 }
 
-int cb_mono_world_link(sm_cuda_rank **rk, int W, int virt, int peer, const unsigned long long *const *steps, sm_err *e) {
+static int mono_world_link(void *const *ctx, int W, const sm_exec_world *w, int strict, sm_err *e) {
+    mono_rank *const *rk = (mono_rank *const *)ctx;
     int on = 0;
-    for (int r = 0; r < W; r++) on += rk[r]->mono != NULL;
-    if (!on) return 0;
+    for (int r = 0; r < W; r++) on += rk[r] != NULL;
     /* every rank takes the same path: a refusal anywhere refuses everywhere */
     char why[160];
     if (on < W) {
         snprintf(why, sizeof why, "%d of %d ranks refused it (see their lines)", W - on, W);
-        return mono_world_off(rk, W, why, e);
+        return mono_world_off(why, strict, e);
     }
-    if (!peer) return mono_world_off(rk, W, "--comm nccl: the exchanges inside the launches go through peer memory; use --comm peer", e);
-    for (int r = 1; virt && r < W; r++) /* virtual ranks share one joint launch: all on one device */
-        if (rk[r]->device != rk[0]->device) {
+    if (!w->peer) return mono_world_off("--comm nccl: the exchanges inside the launches go through peer memory; use --comm peer", strict, e);
+    for (int r = 1; w->virt && r < W; r++) /* virtual ranks share one joint launch: all on one device */
+        if (rk[r]->v->device != rk[0]->v->device) {
             snprintf(why, sizeof why, "virtual ranks on several devices (%d and %d): all ranks on one device or one rank a device",
-                     rk[0]->device, rk[r]->device);
-            return mono_world_off(rk, W, why, e);
+                     rk[0]->v->device, rk[r]->v->device);
+            return mono_world_off(why, strict, e);
         }
     mono_xc xc;
     memset(&xc, 0, sizeof xc);
     xc.W = W;
-    xc.moe_tp = rk[0]->plan.moe == SM_MOE_TP;
-    xc.bytes = rk[0]->mono->xbytes;
+    xc.moe_tp = rk[0]->v->plan->moe == SM_MOE_TP;
+    xc.bytes = rk[0]->xbytes;
     for (int q = 0; q < W; q++) {
-        xc.buf[q] = rk[q]->mono->xbuf;
-        xc.flag[q] = rk[q]->mono->xflag;
+        xc.buf[q] = rk[q]->xbuf;
+        xc.flag[q] = rk[q]->xflag;
     }
     for (int r = 0; r < W; r++) {
-        rk[r]->mono->xc = xc;
-        rk[r]->mono->xc.rank = r;
-        rk[r]->mono->xc.step = steps[r];
+        rk[r]->xc = xc;
+        rk[r]->xc.rank = r;
+        rk[r]->xc.step = w->steps[r];
     }
-    if (!virt) return 0;
+    if (!w->virt) return 1;
     mono_world *mw = (mono_world *)calloc(1, sizeof *mw);
     if (!mw) return sm_errf(e, "monokernel: out of host memory");
     mw->W = W;
     sm_hbar_init(&mw->bar, W);
-    mw->bound_s = (double)rk[0]->mono->ctl_h->bound_ns / 1e9 + 1.0;
-    if (cb_enter(rk[0], e)) return -1;
+    mw->bound_s = (double)rk[0]->ctl_h->bound_ns / 1e9 + 1.0;
+    SM_CUDA_CHECK(cudaSetDevice(rk[0]->v->device));
     for (int q = 0; q < W; q++) SM_CUDA_CHECK(cudaEventCreateWithFlags(&mw->ev[q], cudaEventDisableTiming));
     SM_CUDA_CHECK(cudaEventCreateWithFlags(&mw->done, cudaEventDisableTiming));
-    for (int r = 0; r < W; r++) rk[r]->mono->mw = mw;
-    return 0;
+    for (int r = 0; r < W; r++) rk[r]->mw = mw;
+    return 1;
 }
 
 /* The rendezvous of the virtual ranks before / after a joint launch. */
-static int mono_meet(sm_cuda_rank *cr, const char *what, sm_err *e) {
-    mono_world *mw = cr->mono->mw;
+static int mono_meet(mono_rank *M, const char *what, sm_err *e) {
+    mono_world *mw = M->mw;
     int who = -1;
     char msg[512];
-    if (sm_hbar_wait(&mw->bar, cr->rank, mw->bound_s, what, &who, msg, sizeof msg)) return sm_errf(e, "monokernel: %s", msg);
+    if (sm_hbar_wait(&mw->bar, M->v->rank, mw->bound_s, what, &who, msg, sizeof msg)) return sm_errf(e, "monokernel: %s", msg);
     return 0;
 }
 
 /* Rank 0's part of a joint launch: the launch of every rank's program (mw->prog or mw->moe). */
-static int mono_joint_dense(sm_cuda_rank *cr, mono_world *mw, sm_err *e) {
+static int mono_joint_dense(mono_rank *M, mono_world *mw, sm_err *e) {
     mono_prog *J = &mw->jp;
     const mono_prog *P = mw->prog[0];
     J->nseg = 1;
@@ -463,10 +454,10 @@ static int mono_joint_dense(sm_cuda_rank *cr, mono_world *mw, sm_err *e) {
     J->p0[0] = P->p0[0];
     J->p1[0] = P->p1[0];
     for (int q = 0; q < mw->W; q++) J->d[q] = mw->prog[q]->d[0];
-    return mono_launch(mw->N, *J, cr->mono->grid * mw->W, cr->mono->smem, cr->st, e);
+    return mono_launch(mw->N, *J, M->grid * mw->W, M->smem, M->v->st, e);
 }
 
-static int mono_joint_moe(sm_cuda_rank *cr, mono_world *mw, sm_err *e) {
+static int mono_joint_moe(mono_rank *M, mono_world *mw, sm_err *e) {
     mono_moe *J = &mw->jm;
     memset(J, 0, sizeof *J);
     J->layer = mw->moe[0]->layer;
@@ -476,56 +467,60 @@ static int mono_joint_moe(sm_cuda_rank *cr, mono_world *mw, sm_err *e) {
         J->ctl[q] = mw->moe[q]->ctl[0];
         J->xc[q] = mw->moe[q]->xc[0];
     }
-    return mono_moe_launch(mw->fmt, *J, cr->mono->moe_grid * mw->W, cr->st, e);
+    return mono_moe_launch(mw->fmt, *J, M->moe_grid * mw->W, M->v->st, e);
 }
 
 /* A joint launch of the virtual ranks: every rank records its work so far and meets the others;
  * rank 0 waits for all of it on its stream and runs `go`; every rank then orders its stream
  * after the launch.  A failure on rank 0 aborts the rendezvous, so no rank waits for it. */
-static int mono_joint(sm_cuda_rank *cr, const char *what, int (*go)(sm_cuda_rank *, mono_world *, sm_err *), sm_err *e) {
-    mono_world *mw = cr->mono->mw;
-    SM_CUDA_CHECK(cudaEventRecord(mw->ev[cr->rank], cr->st));
-    if (mono_meet(cr, what, e)) return -1;
+static int mono_joint(mono_rank *M, const char *what, int (*go)(mono_rank *, mono_world *, sm_err *), sm_err *e) {
+    const sm_exec_view *v = M->v;
+    mono_world *mw = M->mw;
+    SM_CUDA_CHECK(cudaEventRecord(mw->ev[v->rank], v->st));
+    if (mono_meet(M, what, e)) return -1;
     int rc = 0;
-    if (cr->rank == 0) {
+    if (v->rank == 0) {
         for (int q = 0; q < mw->W && !rc; q++)
-            if (cudaStreamWaitEvent(cr->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
-        if (!rc) rc = go(cr, mw, e);
-        if (!rc && cudaEventRecord(mw->done, cr->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
+            if (cudaStreamWaitEvent(v->st, mw->ev[q], 0) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaStreamWaitEvent failed");
+        if (!rc) rc = go(M, mw, e);
+        if (!rc && cudaEventRecord(mw->done, v->st) != cudaSuccess) rc = sm_errf(e, "monokernel: cudaEventRecord failed");
         if (rc) sm_hbar_abort(&mw->bar, 0, e->msg);
     }
-    if (mono_meet(cr, what, e)) return -1;
+    if (mono_meet(M, what, e)) return -1;
     if (rc) return -1;
-    if (cr->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(cr->st, mw->done, 0));
+    if (v->rank != 0) SM_CUDA_CHECK(cudaStreamWaitEvent(v->st, mw->done, 0));
     return 0;
 }
 
 /* A dense launch of program P (this rank's), or with virtual ranks the joint launch of every
  * rank's program. */
-static int mono_go_dense(sm_cuda_rank *cr, int N, mono_prog *P, sm_err *e) {
-    cb_mono *M = cr->mono;
+static int mono_go_dense(mono_rank *M, int N, mono_prog *P, sm_err *e) {
+    const sm_exec_view *v = M->v;
     P->nrank = 1;
-    if (!M->mw) return mono_launch(N, *P, M->grid, M->smem, cr->st, e);
+    if (!M->mw) return mono_launch(N, *P, M->grid, M->smem, v->st, e);
     if (P->nseg != 1) return sm_errf(e, "monokernel: a joint launch of virtual ranks takes one segment");
-    M->mw->prog[cr->rank] = P;
-    if (cr->rank == 0) M->mw->N = N;
-    return mono_joint(cr, "monokernel launch", mono_joint_dense, e);
+    M->mw->prog[v->rank] = P;
+    if (v->rank == 0) M->mw->N = N;
+    return mono_joint(M, "monokernel launch", mono_joint_dense, e);
 }
 
 /* The expert launch, as mono_go_dense. */
-static int mono_go_moe(sm_cuda_rank *cr, int fmt, mono_moe *P, sm_err *e) {
-    cb_mono *M = cr->mono;
+static int mono_go_moe(mono_rank *M, int fmt, mono_moe *P, sm_err *e) {
+    const sm_exec_view *v = M->v;
     P->nrank = 1;
-    if (!M->mw) return mono_moe_launch(fmt, *P, M->moe_grid, cr->st, e);
-    M->mw->moe[cr->rank] = P;
-    if (cr->rank == 0) M->mw->fmt = fmt;
-    return mono_joint(cr, "monokernel expert launch", mono_joint_moe, e);
+    if (!M->mw) return mono_moe_launch(fmt, *P, M->moe_grid, v->st, e);
+    M->mw->moe[v->rank] = P;
+    if (v->rank == 0) M->mw->fmt = fmt;
+    return mono_joint(M, "monokernel expert launch", mono_joint_moe, e);
 }
 
-int cb_mono_layer(sm_cuda_rank *cr, int nb, int l, int prev_mono, int next_mono, sm_err *e) {
-    cb_mono *M = cr->mono;
+/* Enqueue layer l's launches (1 <= l <= L-2) for a planned bucket nb: its start (attention ..
+ * pre-expert norm) unless prev_mono (the layer before ran here in this run and its last launch
+ * ran this start), the experts, and its end (unpooler .. the next layer's projections), merged
+ * with the next layer's start when next_mono. */
+static int mono_layer(mono_rank *M, int nb, int l, int prev_mono, int next_mono, sm_err *e) {
     const int bi = mono_bucket_index(nb);
-    if (!M || bi < 0 || !M->desc[bi] || l < 1 || l > cr->cfg.L - 2) return sm_errf(e, "monokernel: layer %d of a %d-row step not planned", l, nb);
+    if (bi < 0 || !M->desc[bi] || l < 1 || l > M->v->cfg->L - 2) return sm_errf(e, "monokernel: layer %d of a %d-row step not planned", l, nb);
     const mono_desc *D = M->desc[bi];
     const mono_desc &d = D[l];
     const int N = mono_box(nb);
@@ -533,291 +528,154 @@ int cb_mono_layer(sm_cuda_rank *cr, int nb, int l, int prev_mono, int next_mono,
     /* the start of layer l, unless the previous layer's launch ran it */
     if (!(prev_mono && d.att_fused)) {
         P->nseg = 0;
-        if (mono_start(cr, d, nb, P, e) || mono_go_dense(cr, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
+        if (mono_start(M, d, nb, P, e) || mono_go_dense(M, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
     }
     /* the experts */
     mono_moe *mm = &M->moe;
     memset(mm, 0, sizeof *mm);
     mm->q[0] = d.mq; mm->ctl[0] = d.ctl; mm->xc[0] = d.xc; mm->layer = l;
-    if (mono_go_moe(cr, d.fmt, mm, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
+    if (mono_go_moe(M, d.fmt, mm, e)) return sm_errprefix(e, "monokernel layer %d experts", l);
     /* the end of layer l (+ the start of layer l+1 when it runs mono with fused attention) */
     P->nseg = 0;
     mono_seg(P, d, d.xc.W > 1 && d.xc.moe_tp ? MP_XSUM_Y : MP_COMBINE, MP_NPHASE);
     if (next_mono && D[l + 1].att_fused) mono_seg(P, D[l + 1], D[l + 1].att_fused ? MP_ATT : MP_OPROJ, MP_MM1);
-    if (mono_go_dense(cr, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
-    M->layers_run++;
+    if (mono_go_dense(M, N, P, e)) return sm_errprefix(e, "monokernel layer %d", l);
     return 0;
 }
 
-int cb_mono_health_fetch(sm_cuda_rank *cr, sm_err *e) {
-    if (!cr->mono) return 0;
-    SM_CUDA_CHECK(cudaMemcpyAsync(cr->mono->ctl_h->health, cr->mono->ctl->health, sizeof cr->mono->ctl_h->health, cudaMemcpyDeviceToHost,
-                                  cr->st));
+/* Layers [a, b): each starts from its projections (made before this run, or by the launch
+ * before it) and ends with the next layer's, whatever the flags say. */
+static int mono_layers(void *ctx, const sm_exec_run *r, int a, int b, unsigned flags, sm_err *e) {
+    (void)flags;
+    for (int l = a; l < b; l++)
+        if (mono_layer((mono_rank *)ctx, r->n, l, l > a, l + 1 < b, e)) return -1;
     return 0;
 }
 
-int cb_mono_health_check(sm_cuda_rank *cr, sm_err *e) {
-    cb_mono *M = cr->mono;
-    if (!M || !M->ctl_h->health[0]) return 0;
+static int mono_health_fetch(void *ctx, sm_err *e) {
+    mono_rank *M = (mono_rank *)ctx;
+    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl_h->health, M->ctl->health, sizeof M->ctl_h->health, cudaMemcpyDeviceToHost,
+                                  M->v->st));
+    return 0;
+}
+
+static int mono_health_check(void *ctx, sm_err *e) {
+    mono_rank *M = (mono_rank *)ctx;
+    const sm_exec_view *v = M->v;
+    if (!M->ctl_h->health[0]) return 0;
     const unsigned l = M->ctl_h->health[1], p = M->ctl_h->health[2], b = M->ctl_h->health[3], peer = M->ctl_h->health[4];
     if (peer)
         sm_errf(e, "monokernel: rank %d (device %d), layer %u, %s: block %u waited past the %.0f ms bound for rank %u; the step's "
                    "results are void",
-                cr->rank, cr->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6, peer - 1);
+                v->rank, v->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6, peer - 1);
     else
         sm_errf(e, "monokernel: rank %d (device %d), layer %u, phase %s: block %u waited past the %.0f ms bound at the grid barrier (a "
                    "block stopped arriving); the step's results are void",
-                cr->rank, cr->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6);
+                v->rank, v->device, l, p < MP_N ? mono_phase_name[p] : "?", b, (double)M->ctl_h->bound_ns / 1e6);
     /* reset the control words so later steps run again */
     memset(M->ctl_h->health, 0, sizeof M->ctl_h->health);
     mono_ctl z = *M->ctl_h;
     z.count = 0; z.gen = 0; z.abort = 0;
     *M->ctl_h = z;
-    if (cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, cr->st) != cudaSuccess ||
-        cudaStreamSynchronize(cr->st) != cudaSuccess)
+    if (cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, v->st) != cudaSuccess ||
+        cudaStreamSynchronize(v->st) != cudaSuccess)
         cudaGetLastError();
     return -1;
 }
 
-void cb_mono_note_eager(sm_cuda_rank *cr) {
-    if (cr->mono && !cr->mono->logged_eager) {
-        cr->mono->logged_eager = 1;
-        fprintf(stderr, "sparkmono: stock step (a prefill row in the step)\n");
+/* The layers' arguments changed (a bench's activations): every bucket planned again. */
+static void mono_forget(void *ctx) {
+    mono_rank *M = (mono_rank *)ctx;
+    for (int i = 0; i < SM_EXEC_NBUCKETS; i++) {
+        free(M->desc[i]);
+        M->desc[i] = NULL;
     }
 }
 
-/* ---- bench hooks ---- */
+/* ---- the timeline (the bench's trace hooks) ---- */
 
-extern "C" long sm_cuda_mono_layers_run(const sm_backend *b) {
-    sm_cuda_rank **rk = NULL;
-    if (cb_world_ranks(b, &rk) > 0) return rk[0]->mono ? rk[0]->mono->layers_run : 0;
-    sm_err e;
-    sm_cuda_rank *cr = cb_from_backend(b, "mono layers", &e);
-    return cr && cr->mono ? cr->mono->layers_run : 0;
+static_assert(MP_N <= SM_EXEC_TRACE_PHASES, "the monokernel's phases fit a timeline");
+
+/* Per layer, per block, per phase (MP_*) its start and end; a weight phase's floor is the
+ * rank's bytes times the ranks that share its GPU (virtual ranks run their phases side by side
+ * on one GPU's bandwidth). */
+static void mono_trace_fmt(void *ctx, sm_exec_trace *t) {
+    const mono_rank *M = (const mono_rank *)ctx;
+    const sm_exec_view *v = M->v;
+    const sm_config *cf = v->cfg;
+    memset(t, 0, sizeof *t);
+    t->what = "monokernel";
+    t->layers = MONO_TRACE_MAX;
+    t->phases = MP_N;
+    t->name = mono_phase_name;
+    const int W = v->world, share = M->mw ? W : 1;
+    const int H = cf->H, Hm = cf->Hm, nh = v->plan->nHl, nkv = v->plan->nKVl, NQ = (2 * nh + 2 * nkv) * cf->D;
+    const int np = W > 1 ? v->plan->np : Hm, nu = W > 1 ? v->plan->nu : H;
+    t->floor[MP_OPROJ] = (double)H * nh * cf->D * 2 * share;
+    t->floor[MP_ROUTER] = (double)cf->E * H * 4 * share;
+    t->floor[MP_POOLER] = (double)np * H * 2 * share;
+    t->floor[MP_UNPOOL] = (double)nu * Hm * 2 * share;
+    t->floor[MP_QKVG] = (double)NQ * H * 2 * share;
+    for (int p = MP_MM1; p <= MP_MM2; p++) t->pair[p] = 1; /* the expert blocks: two an SM */
+    for (int p = MP_XW0; p <= MP_XW3; p++) t->wait[p] = 1;
+    t->lead = "attention slot";
+    t->lead_note = "(the stock attention kernel + split merge + launch boundaries)";
 }
 
-/* The ranks of backend b (a world's, or the one rank's in *one); 0 with e when b is not CUDA. */
-static int mono_ranks(const sm_backend *b, sm_cuda_rank **one, sm_cuda_rank ***rk, sm_err *e) {
-    const int W = cb_world_ranks(b, rk);
-    if (W > 0) return W;
-    *one = cb_from_backend(b, "cuda bench", e);
-    if (!*one) return 0;
-    *rk = one;
-    return 1;
+/* A layer's timeline holds the larger grid's blocks (the expert launch: two an SM). */
+static int mono_trace_blocks(void *ctx) {
+    const mono_rank *M = (const mono_rank *)ctx;
+    return M->moe_grid > M->grid ? M->moe_grid : M->grid;
 }
 
-extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
-    sm_cuda_rank *one, **rk;
-    const int W = mono_ranks(b, &one, &rk, e);
-    if (!W) return -1;
-    for (int r = 0; r < W; r++)
-        if (on && !rk[r]->mono) return sm_errf(e, "cuda bench: the monokernel is not available on this engine (see the log line)");
-    for (int r = 0; r < W; r++) { /* every rank together: they must take the same path */
-        sm_cuda_rank *cr = rk[r];
-        if (cb_enter(cr, e)) return -1;
-        SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
-        cb_graphs_drop(cr, 0);
-        cr->mono_mode = on ? SM_MONO_AUTO : SM_MONO_OFF;
-    }
+static int mono_trace_on(void *ctx, int blocks, sm_err *e) {
+    mono_rank *M = (mono_rank *)ctx;
+    const size_t nb = (size_t)MONO_TRACE_MAX * blocks * MP_N * 2;
+    if (!M->trace) SM_CUDA_CHECK(cudaMalloc((void **)&M->trace, nb * 8));
+    SM_CUDA_CHECK(cudaMemsetAsync(M->trace, 0, nb * 8, M->v->st));
+    M->ctl_h->trace = M->trace;
+    M->ctl_h->trace_blocks = blocks;
+    SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, M->v->st));
+    SM_CUDA_CHECK(cudaStreamSynchronize(M->v->st));
     return 0;
 }
 
-extern "C" int sm_cuda_bench_set_acts(const sm_backend *b, int mx, sm_err *e) {
-    sm_cuda_rank *one, **rk;
-    const int W = mono_ranks(b, &one, &rk, e);
-    if (!W) return -1;
-    int any = 0;
-    for (int r = 0; r < W; r++) {
-        sm_cuda_rank *cr = rk[r];
-        if (cb_enter(cr, e)) return -1;
-        SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
-        for (int l = 0; l < cr->cfg.L; l++) {
-            sm_cuda_moe_layer *ml = &cr->layers[l].moe;
-            if (!cr->layers[l].have_moe || ml->fmt != SM_EXP_MXFP4) continue;
-            if (mx && ml->I % SM_MX_BLOCK) return sm_errf(e, "cuda bench: layer %d's I slice %d cuts 32-blocks", l, ml->I);
-            ml->act_mx = mx;
-            any = 1;
-        }
-        /* the graphs and the monokernel's plans hold the experts' arguments by value */
-        cb_graphs_drop(cr, 0);
-        if (cr->mono)
-            for (int i = 0; i < CB_NBUCKETS; i++) {
-                free(cr->mono->desc[i]);
-                cr->mono->desc[i] = NULL;
-            }
-    }
-    if (mx && !any) return sm_errf(e, "cuda bench: MXFP4 activations need MXFP4 expert layers; this model has none");
-    return 0;
+static int mono_trace_off(void *ctx, unsigned long long *host, sm_err *e) {
+    mono_rank *M = (mono_rank *)ctx;
+    const sm_exec_view *v = M->v;
+    const size_t nb = (size_t)MONO_TRACE_MAX * M->ctl_h->trace_blocks * MP_N * 2;
+    int rc = 0;
+    if (host && (cudaMemcpyAsync(host, M->trace, nb * 8, cudaMemcpyDeviceToHost, v->st) != cudaSuccess ||
+                 cudaStreamSynchronize(v->st) != cudaSuccess))
+        rc = sm_errf(e, "copy failed on device %d", v->device);
+    M->ctl_h->trace = NULL;
+    if (cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, v->st) != cudaSuccess ||
+        cudaStreamSynchronize(v->st) != cudaSuccess)
+        if (!rc) rc = sm_errf(e, "cannot switch the trace off on device %d", v->device);
+    return rc;
 }
 
-/* Per-phase summary of a traced step h (tb blocks a layer): per monokernel layer 2..L-2, each
- * phase's span over all blocks (first start to last end), the attention slot (from the end of
- * the previous layer's last phase to this layer's first: the stock attention kernel, its split
- * merge and the launch boundaries) and the gaps (the layer's cycle minus the spans); the median
- * over the layers, printed with the weight phases' floors (bytes / bw). */
-static void mono_trace_summary(const sm_cuda_rank *cr, const unsigned long long *h, int tb, int nrows, double bw) {
-    const sm_config *cf = &cr->cfg;
-    const int L = cf->L;
-    float span[MP_N][MONO_TRACE_MAX], att[MONO_TRACE_MAX], gap[MONO_TRACE_MAX], cyc[MONO_TRACE_MAX];
-    int nl = 0;
-    unsigned long long prev_end = 0;
-    for (int l = 1; l <= L - 2 && l < MONO_TRACE_MAX; l++) {
-        unsigned long long s0[MP_N], s1[MP_N], first = ~0ull, last = 0;
-        for (int p = 0; p < MP_N; p++) {
-            s0[p] = ~0ull; s1[p] = 0;
-            for (int bk = 0; bk < tb; bk++) {
-                const unsigned long long *q = h + (((size_t)l * tb + bk) * MP_N + p) * 2;
-                if (!q[0] || !q[1]) continue;
-                if (q[0] < s0[p]) s0[p] = q[0];
-                if (q[1] > s1[p]) s1[p] = q[1];
-            }
-            if (s1[p] && s0[p] < first) first = s0[p];
-            if (s1[p] > last) last = s1[p];
-        }
-        if (!last) break;
-        if (prev_end) { /* layers 2..: the cycle from the previous layer's end */
-            float sum = 0;
-            for (int p = 0; p < MP_N; p++) {
-                span[p][nl] = s1[p] ? (float)((s1[p] - s0[p]) / 1e3) : 0.f;
-                sum += span[p][nl];
-            }
-            att[nl] = first > prev_end ? (float)((first - prev_end) / 1e3) : 0.f;
-            cyc[nl] = (float)((last - prev_end) / 1e3);
-            gap[nl] = cyc[nl] - att[nl] - sum;
-            nl++;
-        }
-        prev_end = last;
-    }
-    if (!nl) return;
-    /* a phase's floor: the rank's bytes x the ranks that share its GPU (virtual ranks run their
-     * phases side by side on one GPU's bandwidth) / bw */
-    const int W = cr->world, share = cr->mono && cr->mono->mw ? W : 1;
-    const int H = cf->H, Hm = cf->Hm, nh = cr->plan.nHl, nkv = cr->plan.nKVl, NQ = (2 * nh + 2 * nkv) * cf->D;
-    const int np = W > 1 ? cr->plan.np : Hm, nu = W > 1 ? cr->plan.nu : H;
-    double fb[MP_N] = {0};
-    fb[MP_OPROJ] = (double)H * nh * cf->D * 2 * share;
-    fb[MP_ROUTER] = (double)cf->E * H * 4 * share;
-    fb[MP_POOLER] = (double)np * H * 2 * share;
-    fb[MP_UNPOOL] = (double)nu * Hm * 2 * share;
-    fb[MP_QKVG] = (double)NQ * H * 2 * share;
-    printf("monokernel trace of one %d-row step%s: median over layers 2..%d, us (span of each phase over all blocks)\n", nrows,
-           W > 1 ? " (rank 0)" : "", nl + 1);
-    printf("  %-40s %9.1f   (the stock attention kernel + split merge + launch boundaries)\n", "attention slot", sm_median(att, nl));
-    for (int p = 0; p < MP_N; p++) {
-        const double m = sm_median(span[p], nl);  /* sorts this phase's samples only */
-        if (m <= 0) continue;
-        if (fb[p] > 0)
-            printf("  %-40s %9.1f   floor %7.1f  %5.1f%%\n", mono_phase_name[p], m, fb[p] / bw * 1e6, 100 * fb[p] / bw * 1e6 / m);
-        else
-            printf("  %-40s %9.1f\n", mono_phase_name[p], m);
-    }
-    printf("  %-40s %9.1f   (barriers, skew, launch tails)\n", "gaps between phases", sm_median(gap, nl));
-    printf("  %-40s %9.1f\n\n", "layer cycle", sm_median(cyc, nl));
-    fflush(stdout);
-}
-
-extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, double bw, sm_err *e) {
-    sm_cuda_rank *one, **rk;
-    const int W = mono_ranks(b, &one, &rk, e);
-    if (!W) return -1;
-    int tb = 0;
-    for (int r = 0; r < W; r++) {
-        cb_mono *M = rk[r]->mono;
-        if (!M || rk[r]->mono_mode == SM_MONO_OFF) return sm_errf(e, "cuda bench --trace: the monokernel is off on this engine");
-        if ((M->moe_grid > M->grid ? M->moe_grid : M->grid) > tb) tb = M->moe_grid > M->grid ? M->moe_grid : M->grid;
-    }
-    const size_t nb = (size_t)MONO_TRACE_MAX * tb * MP_N * 2;
-    /* every rank's trace buffer on (its blocks' timestamps; the exchange waits in their slots) */
-    for (int r = 0; r < W; r++) {
-        sm_cuda_rank *cr = rk[r];
-        cb_mono *M = cr->mono;
-        if (cb_enter(cr, e)) return -1;
-        if (!M->trace) SM_CUDA_CHECK(cudaMalloc((void **)&M->trace, nb * 8));
-        SM_CUDA_CHECK(cudaMemsetAsync(M->trace, 0, nb * 8, cr->st));
-        M->ctl_h->trace = M->trace;
-        M->ctl_h->trace_blocks = tb;
-        SM_CUDA_CHECK(cudaMemcpyAsync(M->ctl, M->ctl_h, sizeof(mono_ctl), cudaMemcpyHostToDevice, cr->st));
-        SM_CUDA_CHECK(cudaStreamSynchronize(cr->st));
-    }
-    int rc = b->step(b->ctx, s, e);
-    unsigned long long *h = NULL;
-    if (!rc) {
-        h = (unsigned long long *)malloc(nb * 8 * (size_t)W);
-        if (!h) rc = sm_errf(e, "cuda bench --trace: out of host memory");
-    }
-    for (int r = 0; r < W; r++) {
-        sm_cuda_rank *cr = rk[r];
-        cb_mono *M = cr->mono;
-        if (cb_enter(cr, e)) return -1;
-        if (!rc && (cudaMemcpyAsync(h + nb * r, M->trace, nb * 8, cudaMemcpyDeviceToHost, cr->st) != cudaSuccess ||
-                    cudaStreamSynchronize(cr->st) != cudaSuccess))
-            rc = sm_errf(e, "cuda bench --trace: copy failed on device %d", cr->device);
-        M->ctl_h->trace = NULL;
-        if (cudaMemcpyAsync(&M->ctl->trace, &M->ctl_h->trace, sizeof M->trace, cudaMemcpyHostToDevice, cr->st) != cudaSuccess ||
-            cudaStreamSynchronize(cr->st) != cudaSuccess)
-            if (!rc) rc = sm_errf(e, "cuda bench --trace: cannot switch the trace off on device %d", cr->device);
-    }
-    if (rc) {
-        free(h);
-        return -1;
-    }
-    mono_trace_summary(rk[0], h, tb, s->nrows, bw);
-    if (W > 1) { /* each rank's exchange waits: their share of its layer cycles (the longest block's wait per exchange) */
-        printf("exchange waits inside the launches, per rank (sum over layers 2..L-2 of the longest block's wait):\n");
-        for (int r = 0; r < W; r++) {
-            const unsigned long long *hr = h + nb * r;
-            double wsum = 0, t0 = 0, t1 = 0;
-            for (int l = 2; l <= rk[r]->cfg.L - 2 && l < MONO_TRACE_MAX; l++)
-                for (int bk = 0; bk < tb; bk++)
-                    for (int p = 0; p < MP_N; p++) {
-                        const unsigned long long *q = hr + (((size_t)l * tb + bk) * MP_N + p) * 2;
-                        if (!q[0] || !q[1]) continue;
-                        if (!t0 || q[0] < t0) t0 = (double)q[0];
-                        if (q[1] > t1) t1 = (double)q[1];
-                    }
-            for (int l = 2; l <= rk[r]->cfg.L - 2 && l < MONO_TRACE_MAX; l++)
-                for (int p = MP_XW0; p <= MP_XW3; p++) {
-                    double m = 0;
-                    for (int bk = 0; bk < tb; bk++) {
-                        const unsigned long long *q = hr + (((size_t)l * tb + bk) * MP_N + p) * 2;
-                        if (q[0] && q[1] && (double)(q[1] - q[0]) > m) m = (double)(q[1] - q[0]);
-                    }
-                    wsum += m;
-                }
-            printf("  rank %d: %.1f us of %.1f us (%.1f%%)\n", r, wsum / 1e3, (t1 - t0) / 1e3, t1 > t0 ? 100 * wsum / (t1 - t0) : 0.0);
-        }
-        printf("\n");
-    }
-    if (!path) {
-        free(h);
-        return 0;
-    }
-    /* Chrome / Perfetto trace: a process per rank, a track (tid) per SM block, a slice per (layer, phase) */
-    unsigned long long t0 = ~0ull;
-    for (size_t i = 0; i < nb * W; i++)
-        if (h[i] && h[i] < t0) t0 = h[i];
-    sm_outfile of;
-    if (sm_outfile_open(&of, path, e)) {
-        free(h);
-        return sm_errprefix(e, "bench --trace");
-    }
-    FILE *fp = of.f;
-    fprintf(fp, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
-    int first = 1;
-    for (int r = 0; r < W; r++)
-        for (int l = 0; l < MONO_TRACE_MAX; l++)
-            for (int bk = 0; bk < tb; bk++)
-                for (int p = 0; p < MP_N; p++) {
-                    const unsigned long long *q = h + nb * r + (((size_t)l * tb + bk) * MP_N + p) * 2;
-                    if (!q[0] || !q[1]) continue;
-                    /* dense blocks: one per SM; expert-stage blocks: two per SM, shown on their SM's track */
-                    const int sm_track = p >= MP_MM1 && p <= MP_MM2 ? bk / 2 : bk;
-                    fprintf(fp, "%s{\"name\":\"L%d %s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", first ? "" : ",\n",
-                            l, mono_phase_name[p], r, sm_track, (double)(q[0] - t0) / 1000.0, (double)(q[1] - q[0]) / 1000.0);
-                    first = 0;
-                }
-    fprintf(fp, "\n]}\n");
-    free(h);
-    if (sm_outfile_commit(&of, e)) return sm_errprefix(e, "bench --trace");
-    return 0;
+int sm_exec_mono_create(const sm_exec_view *v, int strict, sm_exec *x, sm_err *e) {
+    memset(x, 0, sizeof *x);
+    x->name = "monokernel";
+    x->lo = 1; /* layer 0 and layer L-1 keep BF16 experts in the quantized export: stock */
+    x->hi = v->cfg->L - 1;
+    x->qkv_in = 1;
+    x->qkv_out = 1;
+    x->qkv_alt = 1;
+    x->plan = mono_plan;
+    x->layers = mono_layers;
+    x->health_fetch = mono_health_fetch;
+    x->health_check = mono_health_check;
+    x->forget = mono_forget;
+    x->world_link = mono_world_link;
+    x->trace_fmt = mono_trace_fmt;
+    x->trace_blocks = mono_trace_blocks;
+    x->trace_on = mono_trace_on;
+    x->trace_off = mono_trace_off;
+    x->free = mono_free;
+    mono_rank *M = NULL;
+    const int rc = mono_init(v, strict, &M, e);
+    x->ctx = M;
+    return rc;
 }

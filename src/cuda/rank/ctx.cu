@@ -1,4 +1,4 @@
-/* ctx.cu: the device context of one rank (stock.h: sm_cuda_rank): device checks, creation of
+/* ctx.cu: the device context of one rank (rank.h: sm_cuda_rank): device checks, creation of
  * everything but the weights, the carving of weight allocations, destruction.
  *
  * Few large allocations, carved: one per layer for its dense weights, one for embed /
@@ -10,29 +10,12 @@
  * legacy default stream (it serializes with every other rank's work on the same host).
  */
 #include "rank.h"
-#include "cuda/bench/bench.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define CB_ALIGN 256
 static size_t cb_al(size_t x) { return (x + CB_ALIGN - 1) / CB_ALIGN * CB_ALIGN; }
-
-int cb_device_check(int device, int hopper, const char *who, sm_err *e) {
-    int n = 0;
-    cudaError_t r = cudaGetDeviceCount(&n);
-    if (r != cudaSuccess || n == 0)
-        return sm_errf(e, "%s: no CUDA device available (%s)", who, r != cudaSuccess ? cudaGetErrorString(r) : "0 devices");
-    if (device < 0 || device >= n)
-        return sm_errf(e, "%s: device %d does not exist (%d CUDA device%s: 0..%d)", who, device, n, n == 1 ? "" : "s", n - 1);
-    if (!hopper) return 0;
-    cudaDeviceProp p;
-    SM_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
-    if (p.major != 9)
-        return sm_errf(e, "%s: device %d (%s) has compute capability %d.%d; this build targets sm_90a (Hopper)", who, device,
-                       p.name, p.major, p.minor);
-    return 0;
-}
 
 /* ---- weight allocations ---------------------------------------------------------------- */
 
@@ -60,7 +43,7 @@ static cb_dense_layout cb_layout(const sm_cuda_rank *cr) {
 
 size_t cb_layer_bytes(const sm_cuda_rank *cr) { return cb_layout(cr).total; }
 
-int cb_layer_alloc(sm_cuda_rank *cr, cb_layer *L, sm_err *e) {
+int cb_layer_alloc(sm_cuda_rank *cr, sm_exec_layer *L, sm_err *e) {
     cb_dense_layout d = cb_layout(cr);
     SM_CUDA_CHECK(cudaMalloc(&L->dense, d.total));
     L->dense_bytes = d.total;
@@ -93,7 +76,7 @@ void *cb_tensor_dev(const sm_cuda_rank *cr, int l, sm_tensor_role r, int k) {
         default: return NULL;
         }
     }
-    const cb_layer *L = &cr->layers[l];
+    const sm_exec_layer *L = &cr->layers[l];
     const size_t H = (size_t)cr->cfg.H, QD = (size_t)cr->plan.nHl * cr->cfg.D, KD = (size_t)cr->plan.nKVl * cr->cfg.D;
     switch (r) {
     /* q, k, v and the attention gate: row blocks of one matrix [(2 QD + 2 KD), H] */
@@ -247,7 +230,7 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
         return sm_errf(e, "cuda backend: a kv cache with pages and request slots is required");
     if (cfg->D != 64) return sm_errf(e, "cuda backend: head_dim %d: the kernels support 64 only", cfg->D);
     if (cfg->L > SM_MAX_LAYERS) return sm_errf(e, "cuda backend: %d layers, more than %d", cfg->L, SM_MAX_LAYERS);
-    if (cb_device_check(device, 1, "cuda backend", e)) return -1;
+    if (sm_cuda_device_check(device, 1, "cuda backend", e)) return -1;
     sm_cuda_rank *cr = (sm_cuda_rank *)calloc(1, sizeof *cr);
     if (!cr) return sm_errf(e, "cuda backend: out of host memory");
     *out = cr;
@@ -266,7 +249,7 @@ static int cb_dev_new(const sm_config *cfg, const sm_kv *kv, const sm_backend_op
     if (cap < CB_GRAPH_ROWS) cap = CB_GRAPH_ROWS;
     cr->cap = cap;
     cr->ntab = (cap < kv->max_req ? cap : kv->max_req) + 1;
-    cr->layers = (cb_layer *)calloc((size_t)cfg->L, sizeof(cb_layer));
+    cr->layers = (sm_exec_layer *)calloc((size_t)cfg->L, sizeof(sm_exec_layer));
     cr->tab_of_req = (int *)malloc(sizeof(int) * (size_t)kv->max_req);
     if (!cr->layers || !cr->tab_of_req) return sm_errf(e, "cuda backend: out of host memory");
     for (int r = 0; r < kv->max_req; r++) cr->tab_of_req[r] = -1;
@@ -310,7 +293,7 @@ static int cb_world_alloc(sm_cuda_rank *cr, sm_err *e) {
 }
 
 /* The MoE workspace for the rank's experts: EP sizes it for its ne experts, TP for its I slice.
- * h1_mx: the pre-expert norm of a W4A4 layer rounds h1 (forward.cu, the monokernel's norm). */
+ * h1_mx: the pre-expert norm of a W4A4 layer rounds h1 (the stock layers' and the monokernel's norm). */
 static int cb_moe_ws(sm_cuda_rank *cr, sm_err *e) {
     int rc;
     if (cr->world == 1) {
@@ -364,10 +347,10 @@ void cb_dev_destroy(sm_cuda_rank *cr) {
     SM_CUDA_CHECK_PRINT(cudaSetDevice(cr->device));
     if (cr->st) SM_CUDA_CHECK_PRINT(cudaStreamSynchronize(cr->st));
     cb_graphs_drop(cr, 0);
-    cb_mono_free(cr);
+    cb_exec_detach(cr);
     if (cr->layers) {
         for (int l = 0; l < cr->cfg.L; l++) {
-            cb_layer *L = &cr->layers[l];
+            sm_exec_layer *L = &cr->layers[l];
             if (L->have_moe) sm_cuda_moe_free(&L->moe);
             if (L->dense) SM_CUDA_CHECK_PRINT(cudaFree(L->dense));
             if (L->kv) SM_CUDA_CHECK_PRINT(cudaFree(L->kv));
@@ -423,24 +406,4 @@ sm_cuda_rank *cb_from_backend(const sm_backend *b, const char *who, sm_err *e) {
     sm_cuda_rank *cr = (sm_cuda_rank *)b->ctx;
     if (cb_enter(cr, e)) return NULL;
     return cr;
-}
-
-/* ---- device info (stock/bench.h) ---------------------------------------------------------- */
-
-extern "C" int sm_cuda_device_info(int device, sm_cuda_devinfo *d, sm_err *e) {
-    memset(d, 0, sizeof *d);
-    if (cb_device_check(device, 0, "cuda", e)) return -1;
-    cudaDeviceProp p;
-    SM_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
-    SM_CUDA_CHECK(cudaSetDevice(device));
-    snprintf(d->name, sizeof d->name, "%s", p.name);
-    d->cc_major = p.major;
-    d->cc_minor = p.minor;
-    d->sms = p.multiProcessorCount;
-    d->l2_bytes = (double)p.l2CacheSize;
-    size_t fr = 0, tot = 0;
-    SM_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
-    d->mem_total = (double)tot;
-    d->mem_free = (double)fr;
-    return 0;
 }

@@ -13,15 +13,13 @@
 #include "rank.h"
 #include <string.h>
 
-static const int cb_buckets[CB_NBUCKETS] = {8, 16, 24, 32, 48, 64, 96, 128};
-
 static int cb_bucket(int n) {
-    for (int b = 0; b < CB_NBUCKETS; b++)
-        if (n <= cb_buckets[b]) return b;
+    for (int b = 0; b < SM_EXEC_NBUCKETS; b++)
+        if (n <= sm_exec_bucket_rows(b)) return b;
     return -1;
 }
 
-int cb_bucket_rows(int n) { return cb_buckets[cb_bucket(n)]; }
+int cb_bucket_rows(int n) { return sm_exec_bucket_rows(cb_bucket(n)); }
 
 int cb_graph_form(const sm_step *s) {
     int run = 0;
@@ -33,7 +31,7 @@ int cb_graph_form(const sm_step *s) {
 }
 
 void cb_graphs_drop(sm_cuda_rank *cr, int aux_only) {
-    for (int b = 0; b < CB_NBUCKETS; b++)
+    for (int b = 0; b < SM_EXEC_NBUCKETS; b++)
         for (int w = 0; w < 2; w++) {
             cb_graph *G = &cr->graphs[b][w];
             if (G->exec && (!aux_only || G->naux > 0)) {
@@ -110,7 +108,7 @@ int cb_launch_graph(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int nb, in
     }
     cb_run r = cb_run_step(cr, s, nb);
     r.logits_dev = wl ? cr->logits : NULL;
-    r.mono = cb_mono_bucket(cr, nb, e); /* plans the bucket's launches before the capture */
+    r.mono = cb_exec_pick(cr, nb, e); /* plans the bucket's launches before the capture */
     if (r.mono < 0) return -1;
     /* first use: run eagerly (warms every launcher up), then capture for the next steps */
     if (cb_enqueue(cr, &r, e)) return -1;
@@ -125,7 +123,7 @@ int cb_launch_bucket_eager(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int
     SM_CUDA_CHECK(cudaMemcpyAsync(cr->meta_d, cr->meta_h, bytes, cudaMemcpyHostToDevice, cr->st));
     cb_run r = cb_run_step(cr, s, nb);
     r.logits_dev = s->logits || s->lp_at || s->mask ? cr->logits : NULL;
-    r.mono = cb_mono_bucket(cr, nb, e); /* plans the bucket's launches on first use */
+    r.mono = cb_exec_pick(cr, nb, e); /* plans the bucket's launches on first use */
     if (r.mono < 0) return -1;
     return cb_enqueue(cr, &r, e);
 }

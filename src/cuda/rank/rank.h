@@ -1,14 +1,15 @@
-/* stock.h: one rank of the CUDA stock backend (sm_cuda_rank), shared by the files of
- * src/cuda/stock/ (ctx: create / destroy / allocation, upload: a rank's shard, forward: the
- * math of a step on the stream, graph: buckets and capture, step: the backend's step entry,
- * synth: weights made on the device, bench and check_dense: hooks).  CUDA types allowed:
- * included by .cu files only.
+/* rank.h: one rank of the CUDA backend (sm_cuda_rank), shared by the files of src/cuda/rank/
+ * (ctx: create / destroy / allocation, upload: a rank's shard, synth: weights made on the
+ * device, forward: a step on the stream, exec: the executors of its layers, graph: buckets and
+ * capture, step: the backend's step entry, world: W ranks) and by the bench hooks
+ * (src/cuda/bench/).  CUDA types allowed: included by .cu files only.
  *
  * All device state of a rank lives in one plain struct, sm_cuda_rank: its device ordinal, its
  * stream, the kernels' launch context (sm_kernel_ctx: cuBLAS, workspace), the rank's weights (dense matrices
  * carved from one allocation per layer, experts in the MoE module's layout, src/cuda/moe/),
  * the paged KV cache, fixed activation buffers for `cap` rows, one packed metadata buffer that
- * every kernel of a step reads, and the captured graphs.  Every call that touches it first makes its device
+ * every kernel of a step reads, the captured graphs, and the executors that run its layers
+ * (exec.h), which see it only through one view.  Every call that touches it first makes its device
  * current (cb_enter) and runs on its stream: another rank's context may have switched the
  * device of this host thread.  We rejected file statics and the implicit device 0: W ranks
  * on W GPUs need W contexts side by side; and per-step allocations or pointer arguments that
@@ -30,37 +31,13 @@ extern "C" { /* C headers without their own extern "C" guards: include them firs
 #include "cuda/ops/ops.h"
 #include "cuda/moe/moe.h"
 #include "cuda/comm/gcomm.h"
+#include "cuda/exec/exec.h"
 #include "cuda/common.cuh"
 
-#define CB_NBUCKETS 8          /* graph row buckets: 8 16 24 32 48 64 96 128 */
-#define CB_GRAPH_ROWS 128      /* most rows of one graph replay (wider steps run in chunks) */
+#define CB_GRAPH_ROWS SM_EXEC_MAX_ROWS /* most rows of one graph replay (wider steps run in chunks) */
 #define CB_GRAPH_REQ_ROWS 16   /* most rows of one request in a graph-captured (verify) step */
 #define CB_LOGIT_ROWS 128      /* rows of the device logits buffer (lm_head runs in chunks) */
 #define CB_MAX_AUX SM_STEP_MAX_AUX
-
-/* One layer of the rank on the device.  Dense fields are carved from `dense` (one cudaMalloc);
- * widths are the rank's (nHl, nKVl, np, nu of its plan; all global when world = 1). */
-typedef struct cb_layer {
-    int full;                  /* 1: full attention (NoPE), 0: sliding window + RoPE */
-    uint16_t *wqkvg;           /* [(2 nHl + 2 nKVl) D, H] bf16: rows q | k | v | gate */
-    uint16_t *wo;              /* [H, nHl D] bf16 */
-    float *in_norm;            /* [H] eff(input_layernorm) */
-    float *att_alpha, *att_beta; /* [H] post-attention residual gate */
-    float *pre_ffn_norm;       /* [H] eff(pre_feedforward_layernorm) */
-    float *post_ffn_norm;      /* [H] eff(post_feedforward_layernorm) */
-    float *ffn_alpha, *ffn_beta; /* [H] post-FFN residual gate */
-    float *router;             /* [E, H] f32 */
-    float *router_bias;        /* [E] f32 */
-    uint16_t *pooler;          /* [np, H] bf16 */
-    float *pre_expert_norm;    /* [Hm] eff(pre_expert_norm) */
-    uint16_t *unpooler;        /* [nu, Hm] bf16 */
-    sm_cuda_moe_layer moe;     /* experts and post_expert_norm (the MoE module's layout, moe.h) */
-    int have_moe;              /* moe holds device memory */
-    void *dense;               /* the allocation the dense fields live in */
-    size_t dense_bytes;        /* its size */
-    uint16_t *kv;              /* [nblocks + 1][nKVl][16][2 D] bf16; page nblocks stays zero
-                                  (the page of padding rows) */
-} cb_layer;
 
 /* A captured step graph: one per (row bucket, logits wanted). */
 typedef struct cb_graph {
@@ -81,7 +58,7 @@ typedef struct sm_cuda_rank {
     sm_kernel_ctx kc;          /* stock-kernel context (cuBLAS handle, workspace) */
     int have_kc;               /* kc initialized */
     /* the rank's weights */
-    cb_layer *layers;          /* [L] */
+    sm_exec_layer *layers;     /* [L] */
     uint16_t *embed;           /* [nv, H] bf16 */
     uint16_t *lm_head;         /* [nv, H] bf16 */
     float *final_norm;         /* [H] final norm weight as is */
@@ -127,12 +104,16 @@ typedef struct sm_cuda_rank {
     int *h_am;                 /* [cap] pinned argmax staging */
     int *tab_of_req;           /* [max_req] host scratch: table index of a request, -1 */
     /* graphs */
-    cb_graph graphs[CB_NBUCKETS][2]; /* [bucket][logits wanted] */
-    /* monokernel (src/cuda/mono/) */
-    int mono_mode;             /* SM_MONO_* (backend.h); OFF when not eligible */
-    struct cb_mono *mono;      /* its state (mono/build.cu), NULL: none */
-    uint16_t *qkv2;            /* [cap, NQ] second projections buffer: mono layer l reads layer l's
-                                  projections (buffer l & 1) while it writes layer l+1's */
+    cb_graph graphs[SM_EXEC_NBUCKETS][2]; /* [bucket][logits wanted] */
+    /* the executors of its layers (exec.h, exec.cu), chosen per bucket */
+    sm_exec_view view;         /* what they see of this context (made by cb_exec_attach) */
+    sm_exec stock;             /* the stock layers: every layer of every step */
+    sm_exec mono;              /* the monokernel: its layers of the buckets it plans; ctx NULL: none */
+    int mono_mode;             /* SM_MONO_* (backend.h, --mono); OFF when it is not eligible */
+    uint16_t *qkv2;            /* [cap, NQ] the second projections buffer (view.qkv[1]), while an
+                                  executor alternates them (sm_exec.qkv_alt) */
+    long mono_layers;          /* layers the monokernel ran (tests) */
+    int logged_eager;          /* "stock step (prefill rows)" said */
     int last_nb;               /* rows (padded) of the last step's final chunk */
     int last_graph;            /* that chunk ran through a graph */
     /* tensor + expert parallelism (world > 1, world.cu; docs/parallelism.md): the rank's
@@ -151,15 +132,6 @@ typedef struct sm_cuda_rank {
     int *argmax_part;          /* [cap] the rank's argmax (local id; -1 none, -2 non-finite) */
 } sm_cuda_rank;
 
-/* One attention call of an eager step: a run of rows through sm_k_attention (kind 0) or one
- * request's long run through sm_k_attention_prefill (kind 1). */
-typedef struct cb_att_item {
-    int kind;                  /* 0 generic, 1 prefill */
-    int r0, cnt;               /* rows [r0, r0 + cnt) of the chunk */
-    int pos0, tab;             /* prefill: first position, block-table index */
-    int max_ctx;               /* generic: max position + 1 over its rows */
-} cb_att_item;
-
 /* What cb_enqueue runs. */
 typedef struct cb_run {
     int n;                     /* rows (a graph bucket: padded) */
@@ -177,10 +149,10 @@ typedef struct cb_run {
     const uint32_t *const *mask; /* head, eager: NULL, or [n] sm_step.mask of the rows */
     int naux;                  /* aux entries */
     const int *aux;            /* [naux] layer ids */
-    const cb_att_item *att;    /* [natt] eager attention plan; NULL: one generic call */
+    const sm_exec_att *att;    /* [natt] eager attention plan; NULL: one generic call */
     int natt;
     int moe_only;              /* bench: only layer l0's MoE stage */
-    int mono;                  /* layers 1..L-2 run as monokernel launches (n is a planned bucket) */
+    int mono;                  /* layers [mono.lo, mono.hi) run on the monokernel (n: a bucket it planned) */
 } cb_run;
 
 /* The run of a whole step of n rows: embedding, every layer, logits, the step's aux layers. */
@@ -216,9 +188,6 @@ typedef struct cb_xfer {
 #define CB_MAX_XFER (2 * SM_T_NLAYER) /* dense tensor vectors of one layer (at most two a role) */
 
 /* ---- ctx.cu ---- */
-/* 0 when `device` exists (and, hopper != 0, is a compute capability 9.x device); else one
- * line "<who>: ..." naming the device. */
-int cb_device_check(int device, int hopper, const char *who, sm_err *e);
 /* A context on `device` for rank `rank` of o->world with everything but the weights (stream,
  * kernel context, activations, metadata, KV, the world buffers); cfg, cap and the kv geometry
  * come from the arguments.  Refuses o->verify_rows > CB_GRAPH_REQ_ROWS and a missing or
@@ -230,7 +199,7 @@ void cb_dev_destroy(sm_cuda_rank *cr);
 /* Bytes of one layer's dense allocation (the rank's widths). */
 size_t cb_layer_bytes(const sm_cuda_rank *cr);
 /* Carve one layer's dense allocation (fills every dense pointer of L). */
-int cb_layer_alloc(sm_cuda_rank *cr, cb_layer *L, sm_err *e);
+int cb_layer_alloc(sm_cuda_rank *cr, sm_exec_layer *L, sm_err *e);
 /* Allocate embed / lm_head / final_norm. */
 int cb_glob_alloc(sm_cuda_rank *cr, sm_err *e);
 /* Device address of role r (tensors.h) of layer l (-1: a model-level role), vector k (1: a
@@ -295,33 +264,25 @@ int cb_launch_bucket_eager(sm_cuda_rank *cr, const sm_step *s, size_t bytes, int
 /* Destroy every graph (aux_only: only those that copy aux entries). */
 void cb_graphs_drop(sm_cuda_rank *cr, int aux_only);
 
-/* ---- mono/build.cu ---- */
-/* Static eligibility of the monokernel after the upload (cr->mono_mode from the options):
- * auto + refused: one log line, mode OFF; on + refused: error listing every reason. */
-int cb_mono_init(sm_cuda_rank *cr, sm_err *e);
-void cb_mono_free(sm_cuda_rank *cr);
-/* 1 when steps of bucket rows nb run mono (plans the bucket's descriptors on first use),
- * 0 for stock (mode off, refused bucket: logged once), -1 on error. */
-int cb_mono_bucket(sm_cuda_rank *cr, int nb, sm_err *e);
-/* Enqueue layer l's launches (1 <= l <= L-2) for a planned bucket nb on cr->st: its start
- * (attention .. pre-expert norm) unless prev_mono (the previous layer ran mono in this run and
- * its last launch ran this start), the experts, and its end (unpooler .. the next layer's
- * projections), merged with the next layer's start when next_mono. */
-int cb_mono_layer(sm_cuda_rank *cr, int nb, int l, int prev_mono, int next_mono, sm_err *e);
-/* W > 1, after every rank's cb_mono_init: a refusal on any rank, a transport other than peer
- * memory (peer 0) or virtual ranks on several devices turn the monokernel off on all ranks
- * (--mono on: an error); else every rank learns the others' exchange areas and flags (steps[r]:
- * rank r's step counter, sm_gcomm_step) and, with virtual ranks (virt), the joint launches. */
-int cb_mono_world_link(sm_cuda_rank **rk, int W, int virt, int peer, const unsigned long long *const *steps, sm_err *e);
-/* Enqueue the health words' copy to the host (before the step's sync); after it, check them:
- * -1 with one line naming device, layer, phase and block when a grid barrier timed out. */
-int cb_mono_health_fetch(sm_cuda_rank *cr, sm_err *e);
-int cb_mono_health_check(sm_cuda_rank *cr, sm_err *e);
-/* An eager (prefill) step ran stock while the monokernel is on: logged once. */
-void cb_mono_note_eager(sm_cuda_rank *cr);
+/* ---- exec.cu ---- */
+/* After the weights (and, W > 1, the exchange handle): the view, the stock executor and, unless
+ * mono_mode is OFF, the monokernel (auto + refused: one log line, mode OFF; on + refused: an
+ * error listing every reason), with the second projections buffer it needs. */
+int cb_exec_attach(sm_cuda_rank *cr, sm_err *e);
+/* Free the executors (device current). */
+void cb_exec_detach(sm_cuda_rank *cr);
+/* 1 when steps of bucket rows nb run the monokernel's layers (planned on first use), 0 for
+ * stock (mode off, refused bucket: logged once), -1 on error. */
+int cb_exec_pick(sm_cuda_rank *cr, int nb, sm_err *e);
+/* W > 1, after every rank's cb_exec_attach: the ranks' executors agree (a refusal anywhere
+ * turns the monokernel off on every rank; --mono on: an error). */
+int cb_exec_world_link(sm_cuda_rank **rk, int W, int virt, int peer, sm_err *e);
+/* The executors' health words: copy enqueued before the step's sync, checked after it. */
+int cb_exec_health_fetch(sm_cuda_rank *cr, sm_err *e);
+int cb_exec_health_check(sm_cuda_rank *cr, sm_err *e);
 
 /* ---- synth.cu ---- */
-/* Every weight of rank cr made on its device (cuda/stock/synth.h's values; a rank of a world: its
+/* Every weight of rank cr made on its device (synth.h's values; a rank of a world: its
  * slices); drains cr->st. */
 int cb_synth_weights(sm_cuda_rank *cr, int expert_fmt, uint64_t seed, sm_err *e);
 
@@ -338,6 +299,9 @@ int cb_embed_local(sm_cuda_rank *cr, int n, sm_err *e);
 /* The rank contexts of a world backend: their count W and *rk [W]; 0 for any other backend. */
 int cb_world_ranks(const sm_backend *b, sm_cuda_rank ***rk);
 int cb_best_local(sm_cuda_rank *cr, int n, int vu_local, sm_err *e);
+/* The cross-rank exchanges of one step of n rows alone, timed on every rank of world backend b
+ * (bench.h: sm_cuda_world_bench_exchanges says how). */
+int cb_world_time_exchanges(const sm_backend *b, int n, int iters, float *us, sm_err *e);
 
 /* ---- step.cu ---- */
 /* The sm_backend step entry (backend.h): sm_step_check, then cb_step_run (a world checks a step

@@ -17,6 +17,7 @@
  * and would be a silent slow path.
  */
 #include "rank.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,13 +56,13 @@ size_t cb_pack(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int nb) {
 
 /* Attention plan of rows [r0, r0 + n) of s: long runs of one request -> prefill kernel,
  * the rows between them -> generic calls. */
-static int cb_plan(const sm_step *s, int r0, int n, cb_att_item *att) {
+static int cb_plan(const sm_step *s, int r0, int n, sm_exec_att *att) {
     int na = 0, i = 0;
     while (i < n) {
         int j = i + 1;
         while (j < n && s->req[r0 + j] == s->req[r0 + i] && s->pos[r0 + j] == s->pos[r0 + j - 1] + 1) j++;
         if (j - i > CB_GRAPH_REQ_ROWS) {
-            cb_att_item *it = &att[na++];
+            sm_exec_att *it = &att[na++];
             it->kind = 1;
             it->r0 = i;
             it->cnt = j - i;
@@ -75,7 +76,7 @@ static int cb_plan(const sm_step *s, int r0, int n, cb_att_item *att) {
                 att[na - 1].cnt += j - i;
                 if (mx > att[na - 1].max_ctx) att[na - 1].max_ctx = mx;
             } else {
-                cb_att_item *it = &att[na++];
+                sm_exec_att *it = &att[na++];
                 it->kind = 0;
                 it->r0 = i;
                 it->cnt = j - i;
@@ -90,7 +91,7 @@ static int cb_plan(const sm_step *s, int r0, int n, cb_att_item *att) {
 }
 
 /* Enqueue rows [r0, r0 + n) of s eagerly (metadata copy included). */
-static int cb_launch_eager(sm_cuda_rank *cr, const sm_step *s, int r0, int n, cb_att_item *att, sm_err *e) {
+static int cb_launch_eager(sm_cuda_rank *cr, const sm_step *s, int r0, int n, sm_exec_att *att, sm_err *e) {
     size_t bytes = cb_pack(cr, s, r0, n, n);
     int na = cb_plan(s, r0, n, att);
     const int *rreq_h = (const int *)((char *)cr->meta_h + ((char *)cr->d_rreq - (char *)cr->meta_d));
@@ -196,12 +197,12 @@ static int cb_collect(sm_cuda_rank *cr, const sm_step *s, int r0, int n, int gra
     for (int a = 0; a < s->naux && out; a++)
         SM_CUDA_CHECK(cudaMemcpyAsync(s->aux + ((size_t)a * s->nrows + r0) * cf->H, cr->aux + (size_t)a * cr->cap * cf->H,
                                       (size_t)n * cf->H * 4, cudaMemcpyDeviceToHost, cr->st));
-    if (cb_mono_health_fetch(cr, e)) return -1;
+    if (cb_exec_health_fetch(cr, e)) return -1;
     if (cr->gc && sm_gcomm_health_fetch(cr->gc, cr->st, e)) return -1;
     cudaError_t r = cudaStreamSynchronize(cr->st);
     if (r != cudaSuccess) return sm_errf(e, "cuda step: the step failed on device %d: %s", cr->device, cudaGetErrorString(r));
     cr->mask_busy = 0;
-    if (cb_mono_health_check(cr, e)) return sm_errprefix(e, "cuda step");
+    if (cb_exec_health_check(cr, e)) return sm_errprefix(e, "cuda step");
     if (cr->gc && sm_gcomm_health_check(cr->gc, e)) return sm_errprefix(e, "cuda step");
     if (s->argmax && out) memcpy(s->argmax + r0, cr->h_am, (size_t)n * 4);
     for (int i = 0, j = 0; nlp && i < n; i++) /* the summaries to the slots lp_at names */
@@ -227,7 +228,7 @@ static int cb_step_graphs(sm_cuda_rank *cr, const sm_step *s, int eager, sm_err 
 
 /* Prefill form: eager chunks of cap rows. */
 static int cb_step_eager(sm_cuda_rank *cr, const sm_step *s, sm_err *e) {
-    cb_att_item *att = (cb_att_item *)malloc(sizeof(cb_att_item) * (size_t)cr->cap);
+    sm_exec_att *att = (sm_exec_att *)malloc(sizeof(sm_exec_att) * (size_t)cr->cap);
     if (!att) return sm_errf(e, "cuda step: out of host memory");
     int rc = 0;
     for (int r0 = 0; r0 < s->nrows && !rc; r0 += cr->cap) {
@@ -250,7 +251,10 @@ int cb_step_run(sm_cuda_rank *cr, const sm_step *s, sm_err *e) {
      * devices replays (the prefill form would split the matmuls and the attention keys of the
      * same rows otherwise, so the monokernel world and the stock world would differ in bits) */
     const int bucketed = gf && cr->eager_only;
-    if (!graphs && !bucketed && cr->mono_mode != SM_MONO_OFF) cb_mono_note_eager(cr);
+    if (!graphs && !bucketed && cr->mono_mode != SM_MONO_OFF && cr->mono.ctx && !cr->logged_eager) {
+        cr->logged_eager = 1; /* once: the monokernel takes graph-form buckets only */
+        fprintf(stderr, "sparkmono: stock step (a prefill row in the step)\n");
+    }
     int rc = graphs || bucketed ? cb_step_graphs(cr, s, bucketed, e) : cb_step_eager(cr, s, e);
     if (rc) cudaStreamSynchronize(cr->st); /* leave nothing of a failed step in flight */
     return rc;

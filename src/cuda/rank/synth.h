@@ -1,7 +1,7 @@
-/* synth.h: a CUDA stock backend whose weights are generated on the device (benchmarks of the
+/* synth.h: a CUDA backend whose weights are generated on the device (benchmarks of the
  * real widths without a checkpoint).  C-compatible, no CUDA types: tools/cmd_bench.c and the
  * GPU tests include it.  Only meaningful when SM_HAVE_CUDA is defined; the hooks that time or
- * check a backend are in cuda/stock/bench.h.
+ * check a backend are in cuda/bench/bench.h.
  *
  * The synthetic weights are those sm_make_model (makemodel.h) writes for the same config,
  * expert format and seed: the same counter-based normals, keyed by the same tensor names, so a

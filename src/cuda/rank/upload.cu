@@ -1,4 +1,4 @@
-/* upload.cu: the CUDA stock backend from a loaded checkpoint (backend.h:
+/* upload.cu: the CUDA backend from a loaded checkpoint (backend.h:
  * sm_cuda_backend_create): the rank's shard (shard.h: sm_shard_make) goes to the device tensor
  * by tensor, straight from the mapped checkpoint (no host copy of the model).
  *
@@ -106,7 +106,7 @@ static int cb_room(const sm_cuda_rank *cr, const sm_shard *sh, double *need, sm_
 
 /* Layer l: dense allocation and copies, then the experts. */
 static int cb_upload_layer(sm_cuda_rank *cr, const sm_shard *sh, int l, cb_progress *p, sm_err *e) {
-    cb_layer *L = &cr->layers[l];
+    sm_exec_layer *L = &cr->layers[l];
     L->full = sh->m->layers[l].full;
     if (cb_layer_alloc(cr, L, e)) return sm_errprefix(e, "cuda backend: layer %d", l);
     cb_xfer t[CB_MAX_XFER];
@@ -158,7 +158,7 @@ extern "C" int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const 
     sm_cuda_rank *cr;
     if (cb_dev_create(&m->cfg, kv, o, 0, o ? o->device : 0, &cr, e)) return -1;
     int rc = cb_upload_model(cr, m, e);
-    if (!rc) rc = cb_mono_init(cr, e);
+    if (!rc) rc = cb_exec_attach(cr, e);
     /* the KV pool sized from memory: what is left after the weights and workspaces */
     int pages = 0;
     if (!rc && cr->kv_deferred) rc = cb_kv_fit(cr, o->kv_mem_util, 1, &pages, e) || cb_kv_finish(cr, pages, e) ? -1 : 0;

@@ -1,8 +1,8 @@
 /* world.cu: the CUDA backend of W > 1 ranks (tensor + expert parallelism, docs/parallelism.md
- * "The GPU path"): one device context per rank (stock.h: sm_cuda_rank, on the rank's device),
+ * "The GPU path"): one device context per rank (rank.h: sm_cuda_rank, on the rank's device),
  * one host thread per rank (ranks.h), the cross-rank exchanges of cuda/comm/gcomm.h on each rank's
  * stream.  Each rank uploads only its shard (sm_shard_make) and runs the same layer loop as one
- * rank (forward.cu: the collectives sit where the CPU world has them); rank 0 writes the step's
+ * rank (forward.cu; the stock layers' collectives sit where the CPU world has them); rank 0 writes the step's
  * outputs.  Ranks on distinct devices replay per-bucket CUDA graphs with the exchanges inside;
  * virtual ranks (a device listed twice) run eagerly, because their exchanges meet at host
  * barriers (gcomm.h).  A failed step (an error on a rank, or a peer that stopped publishing:
@@ -12,7 +12,6 @@
  * a cudaStreamSynchronize) would stall the others' enqueues.
  */
 #include "rank.h"
-#include "cuda/bench/bench.h"
 extern "C" {
 #include "parallel/ranks.h"
 #include "backend/stats.h"
@@ -44,7 +43,7 @@ typedef struct cw_world {
 #define CW_EXCH 3
 #define CW_KV 4
 
-/* ---- the ranks' small kernels (stock.h) ---- */
+/* ---- the ranks' small kernels (rank.h) ---- */
 
 /* embed_part[i] = embed row tok[i] - v0 when the token lies in [v0, v0 + nv), zeros else. */
 __global__ void cw_embed_local_kernel(const uint16_t *__restrict__ embed, int v0, int nv, int H, const int *__restrict__ tok,
@@ -137,8 +136,8 @@ static int cw_job(void *arg, int r, sm_err *e) {
     cw_world *w = (cw_world *)arg;
     sm_cuda_rank *cr = w->rk[r];
     int rc;
-    if (w->job == CW_UPLOAD) rc = cb_enter(cr, e) || cb_upload_model(cr, w->m, e) || cb_mono_init(cr, e) ? -1 : 0;
-    else if (w->job == CW_SYNTH) rc = cb_synth_weights(cr, w->fmt, w->seed, e) || cb_mono_init(cr, e) ? -1 : 0;
+    if (w->job == CW_UPLOAD) rc = cb_enter(cr, e) || cb_upload_model(cr, w->m, e) || cb_exec_attach(cr, e) ? -1 : 0;
+    else if (w->job == CW_SYNTH) rc = cb_synth_weights(cr, w->fmt, w->seed, e) || cb_exec_attach(cr, e) ? -1 : 0;
     else if (w->job == CW_EXCH) rc = cw_time_exchanges(w, cr, e);
     else if (w->job == CW_KV) rc = cb_kv_finish(cr, w->kv_pages, e);
     else rc = cb_step_run(cr, w->st, e); /* checked once in cw_step */
@@ -265,11 +264,8 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
             kv_pages = pages;
         }
     }
-    if (!rc) { /* the monokernel across the ranks: the same path on every rank, the in-kernel exchanges */
-        const unsigned long long *steps[64];
-        for (int r = 0; r < W; r++) steps[r] = sm_gcomm_step(w->rk[r]->gc);
-        if (cb_mono_world_link(w->rk, W, sm_gcomm_is_virtual(w->gw), o->comm == SM_COMM_PEER, steps, e)) rc = sm_errprefix(e, "cuda world");
-    }
+    if (!rc) /* the executors across the ranks: the same path on every rank, the in-kernel exchanges */
+        if (cb_exec_world_link(w->rk, W, sm_gcomm_is_virtual(w->gw), o->comm == SM_COMM_PEER, e)) rc = sm_errprefix(e, "cuda world");
     if (!rc) { /* one line of what was built */
         char dl[256] = "";
         size_t k = 0;
@@ -293,7 +289,7 @@ int cb_world_create(const sm_model *m, const sm_config *cf, int fmt, uint64_t se
     return 0;
 }
 
-/* ---- hooks (stock.h, bench.h) ---- */
+/* ---- hooks (rank.h; the bench's, cuda/bench/) ---- */
 
 int cb_world_ranks(const sm_backend *b, sm_cuda_rank ***rk) {
     if (!b || b->step != cw_step || !b->ctx) return 0;
@@ -302,7 +298,7 @@ int cb_world_ranks(const sm_backend *b, sm_cuda_rank ***rk) {
     return w->W;
 }
 
-extern "C" int sm_cuda_world_bench_exchanges(const sm_backend *b, int n, int iters, float *us, sm_err *e) {
+int cb_world_time_exchanges(const sm_backend *b, int n, int iters, float *us, sm_err *e) {
     if (!b || b->step != cw_step) return sm_errf(e, "cuda bench: the exchanges need a CUDA world backend (--world W)");
     cw_world *w = (cw_world *)b->ctx;
     if (w->broken) return sm_errf(e, "cuda bench: refused after a failed step (%s)", w->why);
@@ -317,15 +313,4 @@ extern "C" int sm_cuda_world_bench_exchanges(const sm_backend *b, int n, int ite
         snprintf(w->why, sizeof w->why, "%s", e->msg);
     }
     return rc;
-}
-
-extern "C" int sm_cuda_world_aux(const sm_backend *b, int rank, int a, int n, float *host, sm_err *e) {
-    if (!b || b->step != cw_step) return sm_errf(e, "sm_cuda_world_aux: not a CUDA world backend");
-    cw_world *w = (cw_world *)b->ctx;
-    if (rank < 0 || rank >= w->W) return sm_errf(e, "sm_cuda_world_aux: rank %d outside [0, %d)", rank, w->W);
-    sm_cuda_rank *cr = w->rk[rank];
-    if (a < 0 || a >= cr->aux_cap || n < 0 || n > cr->cap) return sm_errf(e, "sm_cuda_world_aux: entry %d / %d rows out of range", a, n);
-    if (cb_enter(cr, e)) return -1;
-    SM_CUDA_CHECK(cudaMemcpy(host, cr->aux + (size_t)a * cr->cap * cr->cfg.H, (size_t)n * cr->cfg.H * 4, cudaMemcpyDeviceToHost));
-    return 0;
 }
