@@ -1,5 +1,5 @@
 /* rng.h: the project's one random generator (splitmix64): the counter-based normals of random
- * models, shared by make-model (host) and the device-synthesized models (src/cuda/stock/synth.cu
+ * models, shared by make-model (host) and the device-synthesized models (src/cuda/rank/synth.cu
  * for the dense tensors, src/cuda/moe/synth.cu for the experts), so that a synthetic model and
  * a make-model checkpoint of the same seed hold the same bits; and a sequential stream
  * (sm_rng_next) for everything else that needs seeded numbers (the KV page shuffle, benchmark

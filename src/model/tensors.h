@@ -9,7 +9,7 @@
  * CUDA upload, its dense check and the device-synthesized models all walk these tables; code
  * that must treat one tensor specially (the device address of q inside the fused qkvg matrix,
  * the cycle model's lm_head) is keyed by the role enum, never by the name string.  Adding a
- * tensor is one row here, a field for its loaded form (weights.h, cuda/stock/stock.h) and the
+ * tensor is one row here, a field for its loaded form (weights.h, cuda/exec/exec.h) and the
  * code that uses it.  We rejected one list per consumer (the previous state): five lists of
  * the same names and shapes drift apart silently.
  */
