@@ -116,11 +116,11 @@ int sm_cpu_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_o
 int sm_world_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 
 #ifdef SM_HAVE_CUDA
-/* The CUDA stock backend (src/cuda/stock/), one GPU (o->device): rank 0 of world 1's shard
+/* The CUDA backend (src/cuda/rank/), one GPU (o->device): rank 0 of world 1's shard
  * uploaded from the mapped checkpoint, paged KV cache on the device, verify steps
  * graph-captured per row bucket.  Refuses o->verify_rows above its max_verify_rows (16).
  * o->world > 1: W ranks, each on its device (o->devices) with its own context and host thread,
- * exchanging through o->comm (src/cuda/stock/world.cu, docs/parallelism.md). */
+ * exchanging through o->comm (src/cuda/rank/world.cu, docs/parallelism.md). */
 int sm_cuda_backend_create(const sm_model *m, const sm_kv *kv, const sm_backend_opts *o, sm_backend *b, sm_err *e);
 #endif
 

@@ -1,5 +1,5 @@
 /* model_logprobs.c: the logprob summaries of a CUDA step (sm_step.lp_at, made on the device by
- * cb_logprobs in src/cuda/stock/step.cu and cb_head in forward.cu) against ref_logprobs_row of
+ * cb_logprobs in src/cuda/rank/step.cu and cb_head in forward.cu) against ref_logprobs_row of
  * the same step's logits handed back: one rank and W virtual ranks, the prefill (eager) form,
  * the verify (graph or bucket) form with the logits, and with the summaries alone (the form a
  * greedy request with logprobs runs).  ids, top logits, lmax, the named id's logit and rank bit

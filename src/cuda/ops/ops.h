@@ -39,7 +39,7 @@ extern "C" { /* err.h and config.h are C headers without their own guards */
                                 * registers a thread): the key splits fill one wave (sm_att_plan) */
 
 /* The kernels' launch context on one device: what every launcher below needs (cuBLAS handle,
- * workspaces), nothing of a model.  A rank of the stock backend (stock/stock.h: sm_cuda_rank,
+ * workspaces), nothing of a model.  A rank of the CUDA backend (rank/rank.h: sm_cuda_rank,
  * its weights, buffers and graphs) holds one, as do the GPU tests and benchmarks.  One ctx
  * serves one stream at a time: its workspace is reused by consecutive launches (stream order
  * makes that safe). */
