@@ -92,8 +92,6 @@ cfloor() { case $1 in ops|moe|comm) echo 1;; exec) echo 2;; stock|mono|rank) ech
 side=""
 for f in $(find src/cuda -mindepth 2 -name '*.h' -o -mindepth 2 -name '*.cuh' -o -mindepth 2 -name '*.cu'); do
     a=$(echo "$f" | cut -d/ -f3); fa=$(cfloor "$a")
-    # forwarders of two moved headers, until the GPU tests include cuda/rank/synth.h, cuda/bench/bench.h
-    case $f in src/cuda/stock/synth.h|src/cuda/stock/bench.h) continue;; esac
     for b in $(sed -n 's|^ *# *include *"cuda/\([a-z_]*\)/.*|\1|p' "$f" | sort -u); do
         fb=$(cfloor "$b")
         if [ "$b" != "$a" ] && ! { [ "$fb" -gt 0 ] && [ "$fb" -lt "$fa" ]; }; then side="$side $f->cuda/$b/"; fi

@@ -36,8 +36,8 @@
 #include "model/rng.h"
 #include "model/weights.h"
 #include "sparkmono.h"
-#include "cuda/stock/synth.h"
-#include "cuda/stock/bench.h"
+#include "cuda/rank/synth.h"
+#include "cuda/bench/bench.h"
 #include "../condition.h"
 #include "cpu/debug.h"
 #include <ftw.h>

@@ -16,8 +16,8 @@
 #include "model/weights.h"
 #include "sparkmono.h"
 #include "constrain/constrain.h"
-#include "cuda/stock/synth.h"
-#include "cuda/stock/bench.h"
+#include "cuda/rank/synth.h"
+#include "cuda/bench/bench.h"
 #include "../condition.h"
 #include <ftw.h>
 #include <math.h>

@@ -1,5 +1,6 @@
 /* moe.h: the MoE expert stage on the GPU (docs/model.md section 6, from h1 to m), shared by the
- * stock backend and (later) the monokernel.  Included by .cu files only (CUDA types allowed).
+ * stock layers and the monokernel (both executors, src/cuda/exec/exec.h).  Included by .cu files
+ * only (CUDA types allowed).
  *
  * Given h1 [n, Hm] (bf16, after pooler + pre-expert norm) and the routing of each row
  * (idx [n, K] expert ids, w [n, K] route weights, both on the device), computes for every
