@@ -29,6 +29,7 @@ extern "C" { /* C headers without their own extern "C" guards */
 #include "base/err.h"
 #include "model/config.h"
 #include "parallel/shard.h"
+#include "model/tensors.h"
 }
 #include "backend/step.h"
 #include "cuda/ops/ops.h"
@@ -145,9 +146,47 @@ typedef struct sm_exec_world {
     const unsigned long long *const *steps; /* [W] rank r's step counter (sm_gcomm_step) */
 } sm_exec_world;
 
+/* The phases of a decoder layer as the bench reports them (`sparkmono bench --phases`, one
+ * line each): the one table both executors' timelines map their own phases onto
+ * (sm_exec_trace.part), so a phase has one name whichever executor ran it.  Its weights are
+ * the tensor roles (model/tensors.h) whose bytes make its floor; the norm and gate vectors (a
+ * few KB) count as none: a phase without weights is latency work. */
+enum {
+    SM_LP_NONE,        /* not a layer phase (a wait inside another phase) */
+    SM_LP_QKVG, SM_LP_ROPE_KV, SM_LP_ATTENTION, SM_LP_OPROJ, SM_LP_POST_ATTN, SM_LP_ROUTER, SM_LP_POOLER, SM_LP_PRE_NORM,
+    SM_LP_EXPERTS, SM_LP_COMBINE, SM_LP_EXPERT_SUM, SM_LP_UNPOOLER, SM_LP_POST_FFN, SM_LP_GAPS,
+    SM_LP_N
+};
+#define SM_LP_ROLE(r) (1u << (r)) /* a role's bit in sm_exec_lphase.weights */
+typedef struct sm_exec_lphase {
+    const char *name;          /* one word: the bench's lines */
+    const char *what;          /* what it runs (stock; the monokernel's differences in brackets) */
+    unsigned weights;          /* SM_LP_ROLE(r) of each role r it reads as weights (the expert
+                                  roles: the experts the step's rows route to); 0: none */
+} sm_exec_lphase;
+inline const sm_exec_lphase sm_exec_lphases[SM_LP_N] = {
+    {"-", "-", 0},
+    {"qkvg", "q | k | v | gate projection",
+     SM_LP_ROLE(SM_T_WQ) | SM_LP_ROLE(SM_T_WK) | SM_LP_ROLE(SM_T_WV) | SM_LP_ROLE(SM_T_WG)},
+    {"rope_kv", "qk norm / rope / kv insert", 0},
+    {"attention", "paged attention + output norm + gate (mono: the slot between its launches)", 0},
+    {"o_proj", "o_proj", SM_LP_ROLE(SM_T_WO)},
+    {"post_attn", "post-attention boundary + pre-FFN norm", 0},
+    {"router", "router logits + top-k (mono: logits only)", SM_LP_ROLE(SM_T_ROUTER) | SM_LP_ROLE(SM_T_ROUTER_BIAS)},
+    {"pooler", "pooler", SM_LP_ROLE(SM_T_POOLER)},
+    {"pre_norm", "pre-expert norm (mono: + top-k + route grouping)", 0},
+    {"experts", "route grouping + expert FFN + combine (mono: the expert FFN)",
+     SM_LP_ROLE(SM_T_EXPERTS_GU) | SM_LP_ROLE(SM_T_EXPERTS_DN)},
+    {"combine", "expert combine (mono; stock: inside experts)", 0},
+    {"expert_sum", "the ranks' expert sum (W > 1)", 0},
+    {"unpooler", "unpooler", SM_LP_ROLE(SM_T_UNPOOLER)},
+    {"post_ffn", "post-FFN boundary + next layer's input norm", 0},
+    {"gaps", "between the phases (launch gaps, barriers, trace events)", 0},
+};
+
 /* The layout of an executor's timeline (trace hooks): per layer, per block, per phase, the
- * start and end (globaltimer ns; 0: the block did not run it), and what the bench summary
- * says of each phase. */
+ * start and end (globaltimer ns, or any ns clock of the rank; 0: the block did not run it),
+ * and what the bench summary says of each phase. */
 #define SM_EXEC_TRACE_PHASES 32 /* most phases a timeline names */
 typedef struct sm_exec_trace {
     const char *what;          /* the executor's name in the summary ("monokernel") */
@@ -158,6 +197,8 @@ typedef struct sm_exec_trace {
     unsigned char wait[SM_EXEC_TRACE_PHASES]; /* 1: a wait for the other ranks (W > 1) */
     const char *lead;          /* the time before a layer's first phase: its name */
     const char *lead_note;     /* what it holds */
+    unsigned char part[SM_EXEC_TRACE_PHASES]; /* the layer phase (SM_LP_*) a phase is part of */
+    unsigned char lead_part;   /* the lead's layer phase (SM_LP_NONE: counted in gaps) */
 } sm_exec_trace;
 
 /* An executor on one rank: its operations and its state (ctx).  Every hook runs with the view's
