@@ -695,6 +695,7 @@ int gpu_test_model(void) {
     fails += tm_logprobs_engine(root, 84);
     fails += tm_synth(root, 4242);
     fails += tm_mono_guards();
+    fails += tm_phases();
     tm_rm_rf(root);
     return fails;
 }

@@ -55,6 +55,8 @@ int tm_kv_mem(const char *root, uint64_t seed); /* the KV pool sized from memory
 int tm_spec_loop(const char *root, uint64_t seed, int world, int moe_tp);
 int tm_synth(const char *root, uint64_t seed);
 int tm_mono_guards(void);
+/* model_phases.c: a traced step's layer phases (sm_cuda_bench_phases), stock and monokernel */
+int tm_phases(void);
 int tm_world_guards(const char *root, uint64_t seed);
 /* model_logprobs.c */
 int tm_logprobs_steps(const char *root, uint64_t seed, int world);

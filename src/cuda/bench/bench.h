@@ -2,7 +2,8 @@
  * backend.h: device facts, the read-bandwidth probe that floors are computed from, KV fill,
  * graph-replay timing of whole steps and of single layers, the routing of the last step, and
  * the bit-exact check of the uploaded dense weights (src/cuda/bench/: bench.cu, check_dense.cu),
- * the monokernel's mode, activations and timeline (trace.cu).  C-compatible, no CUDA types:
+ * the monokernel's mode, activations and timeline, the per-phase time of a layer on either
+ * path (trace.cu).  C-compatible, no CUDA types:
  * tools/cmd_bench.c and the GPU tests include it.  Only meaningful when SM_HAVE_CUDA is
  * defined.  Every hook that takes a backend runs on that backend's device; the others take a
  * device ordinal.  We rejected exposing the device context to C: the hooks are the seam.
@@ -79,6 +80,27 @@ int sm_cuda_bench_set_acts(const sm_backend *b, int mx, sm_err *e);
  * bandwidth bw bytes/s) and, when path is not NULL, write the timestamps to path as a Chrome /
  * Perfetto trace (one track per SM, slices "L<layer> <phase>"). */
 int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const char *path, double bw, sm_err *e);
+/* The phases of a decoder layer in one traced step (sm_cuda_bench_phases): the table both
+ * executors' timelines map onto (SM_LP_* of cuda/exec/exec.h, index 0 unused), each phase's
+ * median time over a set of layers. */
+#define SM_BENCH_LPHASES 16
+typedef struct sm_bench_phases {
+    int n;                               /* phases [1, n) */
+    const char *name[SM_BENCH_LPHASES];  /* one word each: "qkvg", "attention", ... */
+    unsigned weights[SM_BENCH_LPHASES];  /* bit r: tensor role r (model/tensors.h) is read as its
+                                            weights (the expert roles: the routed experts); 0: none */
+    float us[SM_BENCH_LPHASES];          /* median over the set's layers that ran it, us; < 0: none */
+    int layers;                          /* layers of the set the traced step ran on that path */
+} sm_bench_phases;
+/* One traced step s (one graph-form chunk; logits allowed) of a one-rank backend on the stock
+ * path (mono 0: every layer stock, the bucket's launches run eagerly between CUDA events, the
+ * same launches as its graph) or the monokernel's (mono 1: its graph with the per-block
+ * timestamps on; its layers only): the phases of every layer into layer_us [L][SM_BENCH_LPHASES]
+ * (may be NULL; -1: not measured) and their medians over the layers l with set[l] != 0 (NULL:
+ * all) into p.  The gaps phase (the layer's cycle minus its phases) needs the layer before it
+ * traced too.  The mode of the next steps is left as it was. */
+int sm_cuda_bench_phases(const sm_backend *b, const sm_step *s, int mono, const unsigned char *set, sm_bench_phases *p,
+                         float *layer_us, sm_err *e);
 /* Tests: monokernel layers rank 0 of backend b (one rank or a world) has run (0: none / off). */
 long sm_cuda_mono_layers_run(const sm_backend *b);
 /* Tests: 0 when every dense tensor of the CUDA backend b (everything but the experts and the

@@ -1,6 +1,7 @@
 /* bench/trace.cu: the bench hooks of the monokernel executor (bench.h): its mode and the
  * experts' activations for the next steps, the layers it ran, and the timeline of one step
- * (sparkmono bench --trace): a per-phase summary and a Chrome / Perfetto trace.
+ * (sparkmono bench --trace): a per-phase summary and a Chrome / Perfetto trace; and the layer
+ * phases of one traced step on either executor (sparkmono bench --phases).
  *
  * They reach the executor only through the rank's table (exec.h): the mode is the rank's
  * choice per bucket, a change of the layers' arguments asks it to forget its plans, and the
@@ -19,6 +20,8 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static_assert(SM_LP_N <= SM_BENCH_LPHASES, "the layer phases fit sm_bench_phases");
 
 extern "C" long sm_cuda_mono_layers_run(const sm_backend *b) {
     sm_cuda_rank **rk = NULL;
@@ -238,4 +241,116 @@ extern "C" int sm_cuda_bench_trace(const sm_backend *b, const sm_step *s, const 
     rc = path ? tr_write(path, &t, h, nb, W, tb, e) : 0;
     free(h);
     return rc;
+}
+
+/* ---- the layer phases of a traced step (bench --phases) ---- */
+
+/* Per layer l of X's timeline h (tb blocks a layer), each layer phase's time in us into
+ * lus [t->layers][SM_LP_N] (-1: not measured): the spans of the phases that make it up (first
+ * start to last end over the blocks), summed; the lead (the previous layer's last end to this
+ * layer's first start) into t->lead_part; the gaps, the layer's cycle minus both, known only
+ * where the layer before it ran in the timeline too. */
+static void tr_layer_phases(const sm_exec *X, const sm_exec_trace *t, const unsigned long long *h, int tb, float *lus) {
+    for (size_t i = 0; i < (size_t)t->layers * SM_LP_N; i++) lus[i] = -1.f;
+    unsigned long long prev_end = 0;
+    for (int l = X->lo; l < X->hi && l < t->layers; l++) {
+        float *u = lus + (size_t)l * SM_LP_N;
+        unsigned long long first = ~0ull, last = 0;
+        double sum = 0;
+        for (int p = 0; p < t->phases; p++) {
+            unsigned long long s0 = ~0ull, s1 = 0;
+            for (int bk = 0; bk < tb; bk++) {
+                const unsigned long long *q = h + (((size_t)l * tb + bk) * t->phases + p) * 2;
+                if (!q[0] || !q[1]) continue;
+                if (q[0] < s0) s0 = q[0];
+                if (q[1] > s1) s1 = q[1];
+            }
+            if (!s1) continue;
+            if (s0 < first) first = s0;
+            if (s1 > last) last = s1;
+            const int lp = t->part[p];
+            if (lp == SM_LP_NONE || lp >= SM_LP_N) continue; /* a wait: inside its consumer */
+            const double us = s1 > s0 ? (double)(s1 - s0) / 1e3 : 0.0;
+            u[lp] = (float)((u[lp] < 0 ? 0.0 : (double)u[lp]) + us);
+            sum += us;
+        }
+        if (!last) { /* the layer ran on another executor */
+            prev_end = 0;
+            continue;
+        }
+        if (prev_end) {
+            const double lead = first > prev_end ? (double)(first - prev_end) / 1e3 : 0.0;
+            double gap = (last > prev_end ? (double)(last - prev_end) / 1e3 : 0.0) - sum;
+            if (t->lead_part != SM_LP_NONE && t->lead_part < SM_LP_N) {
+                u[t->lead_part] = (float)((u[t->lead_part] < 0 ? 0.0 : (double)u[t->lead_part]) + lead);
+                gap -= lead;
+            }
+            u[SM_LP_GAPS] = (float)(gap > 0 ? gap : 0.0);
+        }
+        prev_end = last;
+    }
+}
+
+extern "C" int sm_cuda_bench_phases(const sm_backend *b, const sm_step *s, int mono, const unsigned char *set, sm_bench_phases *p,
+                                    float *layer_us, sm_err *e) {
+    sm_cuda_rank **rk;
+    if (cb_world_ranks(b, &rk)) return sm_errf(e, "cuda bench phases: one rank only (not a world)");
+    sm_cuda_rank *cr = cb_from_backend(b, "cuda bench phases", e);
+    if (!cr) return -1;
+    if (s->nrows < 1 || s->nrows > CB_GRAPH_ROWS || !cb_graph_form(s))
+        return sm_errf(e, "cuda bench phases: a step of %d rows is not one graph-form chunk", s->nrows);
+    if (mono && (!cr->mono.ctx || cr->mono_mode == SM_MONO_OFF))
+        return sm_errf(e, "cuda bench phases: the monokernel is off on this engine");
+    const sm_exec *X = mono ? &cr->mono : &cr->stock;
+    const int tb = X->trace_blocks(X->ctx), L = cr->cfg.L;
+    sm_exec_trace t;
+    X->trace_fmt(X->ctx, &t);
+    const size_t nb = (size_t)t.layers * tb * t.phases * 2;
+    unsigned long long *h = (unsigned long long *)malloc(nb * 8);
+    float *lus = (float *)malloc(sizeof(float) * (size_t)t.layers * SM_LP_N), *v = (float *)malloc(sizeof(float) * (size_t)L);
+    if (!h || !lus || !v) {
+        free(h), free(lus), free(v);
+        return sm_errf(e, "cuda bench phases: out of host memory");
+    }
+    /* stock: every layer stock and the bucket's launches eager (events time an eager stream);
+     * the monokernel: its graph, the timestamps written by its blocks */
+    const int mode = cr->mono_mode, eager = cr->eager_only;
+    int rc = cb_enter(cr, e) || X->trace_on(X->ctx, tb, e) ? -1 : 0;
+    if (!rc) {
+        if (!mono) {
+            cr->mono_mode = SM_MONO_OFF;
+            cr->eager_only = 1;
+        }
+        rc = b->step(b->ctx, s, e);
+        cr->mono_mode = mode;
+        cr->eager_only = eager;
+        sm_err e2;
+        if (X->trace_off(X->ctx, rc ? NULL : h, &e2) && !rc) {
+            *e = e2;
+            rc = -1;
+        }
+    }
+    if (!rc) {
+        tr_layer_phases(X, &t, h, tb, lus);
+        memset(p, 0, sizeof *p);
+        p->n = SM_LP_N;
+        for (int l = 0; l < L && l < t.layers; l++) {
+            int ran = 0;
+            for (int q = 1; q < SM_LP_N; q++) ran |= lus[(size_t)l * SM_LP_N + q] >= 0;
+            p->layers += ran && (!set || set[l]);
+        }
+        for (int q = 1; q < SM_LP_N; q++) {
+            int k = 0;
+            for (int l = 0; l < L && l < t.layers; l++)
+                if ((!set || set[l]) && lus[(size_t)l * SM_LP_N + q] >= 0) v[k++] = lus[(size_t)l * SM_LP_N + q];
+            p->name[q] = sm_exec_lphases[q].name;
+            p->weights[q] = sm_exec_lphases[q].weights;
+            p->us[q] = k ? sm_median(v, k) : -1.f;
+        }
+        for (int l = 0; layer_us && l < L; l++)
+            for (int q = 0; q < SM_BENCH_LPHASES; q++)
+                layer_us[(size_t)l * SM_BENCH_LPHASES + q] = l < t.layers && q < SM_LP_N ? lus[(size_t)l * SM_LP_N + q] : -1.f;
+    }
+    free(h), free(lus), free(v);
+    return rc ? sm_errprefix(e, "cuda bench phases (%s)", X->name) : 0;
 }
