@@ -11,7 +11,9 @@
  * experts its rows routed to in every layer (read back from the device after the step) and the
  * KV keys its rows attend to; floor = bytes / read bandwidth measured in the same run by a
  * read-only streaming kernel.  Then a per-layer table: each layer alone and its MoE stage alone,
- * each a graph timed the same way.  --preset builds the model on the device (no checkpoint);
+ * each a graph timed the same way; with --phases, one traced step per path and each phase of
+ * the median MXFP4 layer beside its own floor (its weights at the same bandwidth), one line
+ * each (bench_phase_line).  --preset builds the model on the device (no checkpoint);
  * --model loads one.  We rejected timing single launches with host clocks: launch gaps and
  * host jitter would dominate the small row counts.
  */
@@ -53,6 +55,7 @@ typedef struct bench_args {
     double bw_gib;          /* size of the bandwidth probe */
     int mono;               /* 0 both (stock, then the monokernel where eligible), 1 mono only, 2 stock only */
     const char *trace;      /* --trace FILE.json: a traced monokernel step, or NULL */
+    int phases;             /* --phases: per row count and path, the layer phases of one traced step */
     int ttft;               /* --ttft: time to first token with and without the prefix cache */
     int masks;              /* --masks: whole steps with and without a constraint mask on every row */
     cli_world_sel ws;       /* --world W (--moe, --devices, --comm): W ranks, stock steps */
@@ -94,7 +97,9 @@ const cli_cmd cli_help_bench = {
     "A step of N rows is N / 8 requests of 8 rows (the last token + 7 drafts), or --requests Q\n"
     "requests of N / Q rows; below 8 rows it is one request.  Each step is replayed as a CUDA\n"
     "graph and its median printed beside the bytes it must read and the floor they set; then a\n"
-    "per-layer table and a summary.  See bench/README.md.",
+    "per-layer table and a summary.  --phases adds, per row count and path, one line per phase of\n"
+    "the median MXFP4 layer: layer-phase PATH ROWS NAME US us floor FLOOR us PCT% (no weights:\n"
+    "floor - us -), then its total and latency (the phases without weights).  See bench/README.md.",
 };
 
 static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
@@ -115,6 +120,7 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
         CLI_OPT("bw-gib", "N", "4", "GiB read by the bandwidth probe"),
         CLI_OPT("mono", "both|on|off", "both", "stock and monokernel timed in the same run (both), or one of them"),
         CLI_OPT("trace", "FILE", NULL, "trace one monokernel step of every row count: print each one's per-phase times; FILE gets the first one's Chrome / Perfetto trace (one track per SM)"),
+        CLI_SWITCH("phases", "per row count, after the timed steps: one traced step per path (stock, mono), each phase of the median MXFP4 layer (1..L-2) against its weights' floor, with the total and the latency work (the phases without weights)"),
         CLI_SWITCH("masks", "per row count: whole verify steps (host wall clock) with a structured-output mask on every row against the same steps without, the masks' cost per step"),
         CLI_SWITCH("ttft", "after the steps: time to first token of one request of ctx + 64 prompt tokens, computed whole, then with its first ctx tokens from the prefix cache"),
         CLI_WORLD_OPTS,
@@ -163,12 +169,25 @@ static int parse_args(int argc, char **argv, bench_args *a, sm_err *e) {
     a->ttft = cli_find(opts, no, "ttft")->present;
     a->masks = cli_find(opts, no, "masks")->present;
     if (a->trace && a->mono == 2) return sm_errf(e, "bench: --trace needs the monokernel (not --mono off)");
+    a->phases = cli_find(opts, no, "phases")->present;
     if (cli_world("bench", opts, no, &a->ws, e)) return -1;
+    if (a->phases && a->ws.world > 1) return sm_errf(e, "bench: --phases traces the layers of one rank (not --world %d)", a->ws.world);
+    if (a->phases && a->preset && a->fmt != SM_EXP_MXFP4)
+        return sm_errf(e, "bench: --phases reports the MXFP4 expert layers (--experts mxfp4, not %s)", sm_expert_fmt_name((sm_expert_fmt)a->fmt));
     for (int i = 0; i < a->nstep_rows; i++) {
         int q, r;
         if (split_rows(a, a->step_rows[i], &q, &r, e)) return -1;
     }
     return 0;
+}
+
+/* One phase line of --phases into buf: "layer-phase PATH ROWS NAME US us floor FLOOR us PCT%",
+ * or "... floor - us -" for a phase without a floor (floor_us <= 0); snprintf's count. */
+static inline int bench_phase_line(char *buf, size_t n, const char *path, int rows, const char *name, double us, double floor_us) {
+    if (floor_us > 0)
+        return snprintf(buf, n, "layer-phase %s %d %s %.1f us floor %.1f us %.1f%%", path, rows, name, us, floor_us,
+                        us > 0 ? 100 * floor_us / us : 0.0);
+    return snprintf(buf, n, "layer-phase %s %d %s %.1f us floor - us -", path, rows, name, us);
 }
 
 #ifdef SM_HAVE_CUDA
@@ -238,6 +257,7 @@ typedef struct bench_run {
     int *pos, *req;         /* [max_step_rows] position and request of each row */
     sm_step *sets;          /* [sets] */
     int have_mono;          /* the engine has a monokernel */
+    unsigned char *mx_set;  /* [L] --phases: 1 for the MXFP4 expert layers of 1..L-2 */
 } bench_run;
 
 /* Device 0 must be a Hopper GPU; its line. */
@@ -395,6 +415,10 @@ static int bench_distinct(bench_run *b, int step_rows, double *sum, sm_err *e) {
     return 0;
 }
 
+/* Bytes of the experts layer l reads: the distinct experts its rows routed to (b->dist, the
+ * last bench_distinct) times the device bytes of one. */
+static double bench_expert_bytes(const bench_run *b, int l) { return b->dist[l] * b->xb[l]; }
+
 /* Bytes of KV keys and values a step's nreq requests of R rows read in layer l. */
 static double bench_kv_bytes(const bench_run *b, int l, int nreq, int R) {
     const sm_config *c = &b->cfg;
@@ -413,7 +437,7 @@ static int bench_step(bench_run *b, bench_row *br, sm_err *e) {
     double dsum, xbytes = 0, kvb = 0;
     if (bench_distinct(b, br->step_rows, &dsum, e)) return -1;
     for (int l = 0; l < c->L; l++) {
-        xbytes += b->dist[l] * b->xb[l];
+        xbytes += bench_expert_bytes(b, l);
         kvb += bench_kv_bytes(b, l, br->nreq, br->R);
     }
     br->distinct = dsum / c->L;
@@ -443,7 +467,7 @@ static int bench_layers(bench_run *b, bench_row *br, sm_err *e) {
     double fsum = 0;
     int nf = 0;
     for (int l = 0; l < c->L; l++) {
-        double lb = dense + b->dist[l] * b->xb[l] + bench_kv_bytes(b, l, br->nreq, br->R);
+        double lb = dense + bench_expert_bytes(b, l) + bench_kv_bytes(b, l, br->nreq, br->R);
         if (l >= 1 && l <= c->L - 2 && b->fmt[l] == SM_EXP_MXFP4) { fsum += lb / b->bw * 1e6 / b->lay[l]; nf++; }
         printf("  layer %3d %-7s %-5s: %9.1f us (moe %9.1f us, %3.0f experts; layer floor %8.1f us = %5.1f%%)\n", l,
                c->full[l] ? "full" : "sliding", sm_expert_fmt_name((sm_expert_fmt)b->fmt[l]), b->lay[l], b->moe[l],
@@ -453,6 +477,65 @@ static int bench_layers(bench_run *b, bench_row *br, sm_err *e) {
     printf("  embed+logits      : %9.1f us (lm_head floor %.1f us); sum of parts %.1f us vs step %.1f us\n\n", head,
            lm / b->bw * 1e6, sum, br->med_us);
     br->layer_frac = nf ? fsum / nf : 0;
+    fflush(stdout);
+    return 0;
+}
+
+/* --phases: the layers its medians run over (the MXFP4 expert layers of 1..L-2, the
+ * monokernel's layers; the same set for both paths). */
+static int bench_phase_set(bench_run *b, sm_err *e) {
+    const sm_config *c = &b->cfg;
+    int n = 0;
+    if (!(b->mx_set = calloc((size_t)c->L, 1))) return sm_errf(e, "bench: out of host memory");
+    for (int l = 1; l <= c->L - 2; l++) n += b->mx_set[l] = b->fmt[l] == SM_EXP_MXFP4;
+    if (!n) return sm_errf(e, "bench --phases: no layer of 1..L-2 of this model (L %d) has MXFP4 experts", c->L);
+    return 0;
+}
+
+/* --phases: one traced step of set 0 on br's path (the same inputs as its timed steps), each
+ * layer phase's median over the MXFP4 layers beside its floor: its weights' bytes
+ * (model/tensors.h; the experts: the distinct experts the traced step's rows routed to, times
+ * one expert's device bytes, as the layer floor counts them) at the read bandwidth; then the
+ * sum of the phases (total) and of those without weights (latency: the issue's budget). */
+static int bench_phases(bench_run *b, const bench_row *br, sm_err *e) {
+    const sm_config *c = &b->cfg;
+    const unsigned xbits = (1u << SM_T_EXPERTS_GU) | (1u << SM_T_EXPERTS_DN);
+    sm_bench_phases p;
+    double dsum;
+    if (sm_cuda_bench_phases(&b->be, &b->sets[0], br->mono, b->mx_set, &p, NULL, e)) return sm_errprefix(e, "bench --phases");
+    if (bench_distinct(b, br->step_rows, &dsum, e)) return -1;
+    float xv[SM_MAX_LAYERS];
+    int nx = 0;
+    for (int l = 0; l < c->L; l++)
+        if (b->mx_set[l]) xv[nx++] = (float)bench_expert_bytes(b, l);
+    const double xbytes = nx ? sm_median(xv, nx) : 0.0;
+    char path[32], line[256];
+    snprintf(path, sizeof path, "%s%s", br->mono ? "mono" : "stock",
+             br->acts == SM_ACTS_MXFP4 ? "-w4a4" : br->acts == SM_ACTS_BF16 ? "-w4a16" : "");
+    printf("layer phases of one traced %s step of %d rows: median over the %d MXFP4 layers of 1..%d it ran; floor = weight "
+           "bytes / %.0f GB/s\n", br->mono ? "monokernel" : "stock", br->step_rows, p.layers, c->L - 2, b->bw / 1e9);
+    double tot = 0, tfl = 0, lat = 0;
+    for (int i = 1; i < p.n && p.layers; i++) {
+        if (p.us[i] < 0) continue;
+        double fb = p.weights[i] & xbits ? xbytes : 0.0;
+        for (int r = 0; r < SM_T_NLAYER; r++)
+            if ((p.weights[i] & (1u << r)) && !((1u << r) & xbits)) fb += (double)sm_tensor_loaded_bytes(c, (sm_tensor_role)r);
+        const double fu = fb / b->bw * 1e6;
+        tot += p.us[i];
+        tfl += fu;
+        if (!p.weights[i]) lat += p.us[i];
+        bench_phase_line(line, sizeof line, path, br->step_rows, p.name[i], p.us[i], fu);
+        printf("%s\n", line);
+    }
+    if (p.layers) {
+        bench_phase_line(line, sizeof line, path, br->step_rows, "total", tot, tfl);
+        printf("%s\n", line);
+        bench_phase_line(line, sizeof line, path, br->step_rows, "latency", lat, 0);
+        printf("%s\n", line);
+    } else {
+        printf("  (no MXFP4 layer ran on this path: the bucket ran stock)\n");
+    }
+    printf("\n");
     fflush(stdout);
     return 0;
 }
@@ -626,7 +709,7 @@ static void bench_free(bench_run *b) {
     sm_kv_free(&b->kv);
     if (b->have_m) sm_model_free(&b->m);
     free(b->res); free(b->idx); free(b->fmt); free(b->xb); free(b->ms); free(b->lay); free(b->moe); free(b->dist);
-    free(b->seen); free(b->tok); free(b->am); free(b->pos); free(b->req); free(b->sets);
+    free(b->seen); free(b->tok); free(b->am); free(b->pos); free(b->req); free(b->sets); free(b->mx_set);
 }
 
 static int run(const bench_args *a, sm_err *e) {
@@ -637,6 +720,7 @@ static int run(const bench_args *a, sm_err *e) {
     if (!rc) rc = bench_model(&b, e);
     if (!rc) rc = bench_alloc(&b, e);
     if (!rc) rc = bench_backend(&b, e);
+    if (!rc && a->phases) rc = bench_phase_set(&b, e);
     if (!rc && a->mono != 2) {
         sm_err me = {{0}};
         b.have_mono = sm_cuda_bench_set_mono(&b.be, 1, &me) == 0;
@@ -675,6 +759,7 @@ static int run(const bench_args *a, sm_err *e) {
                 if (acts[ai] != SM_ACTS_AUTO) printf("activations: %s\n", acts[ai] == SM_ACTS_MXFP4 ? "mxfp4 (W4A4)" : "bf16 (W4A16)");
                 if (!rc) rc = bench_step(&b, br, e);
                 if (!rc) rc = a->ws.world > 1 ? bench_world(&b, br, e) : bench_layers(&b, br, e);
+                if (!rc && a->phases) rc = bench_phases(&b, br, e);
             }
         }
         if (!rc && a->masks) {
