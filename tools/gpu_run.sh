@@ -6,9 +6,11 @@
 # tests/gpu/serve_cuda.py (the server on the GPU: logprobs made there vs the CPU server, n),
 # the per-op microbenchmarks (`gpu_test --bench all`: norm, router, attention, matmul, moe,
 # logits, logprobs) and `sparkmono bench` on the synthetic real-width 4-layer model (both expert
-# numerics, W4A16 and W4A4; the prefix cache's time to first token, --ttft; the structured-output
+# numerics, W4A16 and W4A4; with MXFP4 experts each phase of the median MXFP4 layer on both paths,
+# --phases; the prefix cache's time to first token, --ttft; the structured-output
 # masks' cost per step, --masks, and `sparkmono constrain --bench` at Muse Spark's vocabulary size), writes every full
-# log under $OUT (default ./out) and prints a short table last.  Environment knobs:
+# log under $OUT (default ./out) and prints a short table last (with each path's layer total and
+# latency work of every row count).  Environment knobs:
 #   BENCH_FORMATS  expert formats to bench, space separated (default "mxfp4")
 #   BENCH_ROWS     rows per verify step, bench --step-rows (default 8,16,32,64,128)
 #   BENCH_CTX      context tokens per request (default 4096)
@@ -88,8 +90,9 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
     for f in $FORMATS; do
         echo "== bench spark1x-l4 experts $f (log: $OUT/bench_$f.log)"
         t0=$(date +%s)
+        phases=; [ "$f" = mxfp4 ] && phases=--phases  # the layer phases of the MXFP4 layers
         ./build/sparkmono bench --preset spark1x-l4 --layers "$LAYERS" --experts "$f" --step-rows "$ROWS" --ctx "$CTX" \
-            --iters "$ITERS" --trace "$OUT/trace_$f.json" --ttft --masks >"$OUT/bench_$f.log" 2>&1
+            --iters "$ITERS" --trace "$OUT/trace_$f.json" $phases --ttft --masks >"$OUT/bench_$f.log" 2>&1
         rc=$?
         [ "$rc" -eq 0 ] || status=1
         brcs="$brcs $f:$rc"
@@ -174,6 +177,8 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
         echo "-- bench spark1x-l4, $f experts, ctx $CTX (per-layer table in $OUT/bench_$f.log)"
         if grep -q '^summary' "$OUT/bench_$f.log"; then
             sed -n '/^summary/,$p' "$OUT/bench_$f.log"
+            # the median MXFP4 layer's phases summed, and its latency work (every phase: the log)
+            grep -E '^layer-phase [^ ]+ [0-9]+ (total|latency) ' "$OUT/bench_$f.log"
             grep '^ttft:' "$OUT/bench_$f.log"
             grep '^masks:' "$OUT/bench_$f.log"
             grep -E '^(-- |bench:|json_schema:)' "$OUT/constrain.log"
