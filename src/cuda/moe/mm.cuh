@@ -290,75 +290,47 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
     }
 }
 
-/* Stage 1's act values of a lane (columns 2t, 2t+1 of rows g, g+8): a = r16(silu(r16(gate)) *
- * r16(up)) from the accumulators (result factor mul). */
-__device__ __forceinline__ void moe_act_values(const float (&acc)[2][4], float mul, float (&v)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        /* gate, up = r16(sums); a = r16(silu(gate) * up) */
-        const float gg = sm_r16d(acc[0][i] * mul), uu = sm_r16d(acc[1][i] * mul);
-        v[i] = sm_r16d(gg * (1.0f / (1.0f + expf(-gg))) * uu);
-    }
-}
-
-/* W4A4: the warp's share of the act block amax of columns 2t, 2t+1 (rows g, g+8 of the lane,
- * then the warp's 8 g), written to amx[warp * MOE_CH + column]. */
-__device__ __forceinline__ void moe_act_amax_put(const float (&v)[4], int warp, int lane, float *amx, float &m0, float &m1) {
-    const int g = lane >> 2, t = lane & 3;
-    m0 = fmaxf(fabsf(v[0]), fabsf(v[2]));
-    m1 = fmaxf(fabsf(v[1]), fabsf(v[3]));
-#pragma unroll
-    for (int d = 4; d < 32; d <<= 1) {
-        m0 = fmaxf(m0, __shfl_xor_sync(0xFFFFFFFFu, m0, d));
-        m1 = fmaxf(m1, __shfl_xor_sync(0xFFFFFFFFu, m1, d));
-    }
-    if (g == 0) { amx[warp * MOE_CH + 2 * t] = m0; amx[warp * MOE_CH + 2 * t + 1] = m1; }
-}
-
-/* W4A4: round the lane's act values to MXFP4, the block amax completed by the partner warp's
- * (warp ^ 1) share in amx (written before a barrier both warps passed). */
-__device__ __forceinline__ void moe_act_round(float (&v)[4], float m0, float m1, int warp, int lane, const float *amx) {
-    const int t = lane & 3;
-    m0 = fmaxf(m0, amx[(warp ^ 1) * MOE_CH + 2 * t]);
-    m1 = fmaxf(m1, amx[(warp ^ 1) * MOE_CH + 2 * t + 1]);
-    const uint8_t b0 = sm_mx_scale_byte(m0), b1 = sm_mx_scale_byte(m1);
-#pragma unroll
-    for (int i = 0; i < 4; i++) v[i] = sm_mx_round_value(v[i], (i & 1) ? b1 : b0);
-}
-
-/* Store the lane's act values of tile pair p of a job (first slot s0, cnt routes). */
-__device__ __forceinline__ void moe_act_store(const moe_args &a, int p, int s0, int cnt, int lane, const float (&v)[4]) {
-    const int g = lane >> 2, t = lane & 3;
-    if (p >= a.tiles) return;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int col = 2 * t + (i & 1), j = p * 16 + g + (i >> 1) * 8;
-        if (col < cnt && j < a.rows_out) a.out[(size_t)(s0 + col) * a.rows_out + j] = sm_tobf(v[i]);
-    }
-}
-
 /* Write the outputs of tile pair p of a job (first slot s0, cnt routes, result factor mul)
  * from the accumulators: stage 1 act = r16(silu(r16(gate)) * r16(up)), stage 2 y = r16(sum)
  * (Y32: f32 y per route).  Stage 1 with MOE_AQ_OUT (W4A4): act rounded to MXFP4 per 32 values
  * of a route, a block being the 16 rows of this warp and the 16 of warp ^ 1 (tile pairs 2k,
  * 2k + 1): each warp's per-route amax goes through amx (shared, [MOE_WARPS][MOE_CH]) and
- * every warp of the team must call it (a team barrier; the early return waits for it).
- * (The queue schedule splits this around its own barrier instead: queue.cuh.) */
+ * every warp of the team must call it (a team barrier; the early return waits for it). */
 template <int STAGE, int Y32>
 __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0, int cnt, float mul, int lane,
                                                 const float (&acc)[2][4], float *amx = NULL, const sm_team *tm = NULL) {
     const int g = lane >> 2, t = lane & 3;
     if (STAGE == 1) {
         float v[4];
-        moe_act_values(acc, mul, v);
-        if (a.aq & MOE_AQ_OUT) {
-            const int warp = (tm->tid >> 5);
-            float m0, m1;
-            moe_act_amax_put(v, warp, lane, amx, m0, m1);
-            sm_team_sync(*tm);
-            moe_act_round(v, m0, m1, warp, lane, amx);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* gate, up = r16(sums); a = r16(silu(gate) * up) */
+            const float gg = sm_r16d(acc[0][i] * mul), uu = sm_r16d(acc[1][i] * mul);
+            v[i] = sm_r16d(gg * (1.0f / (1.0f + expf(-gg))) * uu);
         }
-        moe_act_store(a, p, s0, cnt, lane, v);
+        if (a.aq & MOE_AQ_OUT) {
+            /* the block amax of columns 2t, 2t+1: rows g, g+8 of the lane, the warp's 8 g, the partner warp */
+            const int warp = (tm->tid >> 5);
+            float m0 = fmaxf(fabsf(v[0]), fabsf(v[2])), m1 = fmaxf(fabsf(v[1]), fabsf(v[3]));
+#pragma unroll
+            for (int d = 4; d < 32; d <<= 1) {
+                m0 = fmaxf(m0, __shfl_xor_sync(0xFFFFFFFFu, m0, d));
+                m1 = fmaxf(m1, __shfl_xor_sync(0xFFFFFFFFu, m1, d));
+            }
+            if (g == 0) { amx[warp * MOE_CH + 2 * t] = m0; amx[warp * MOE_CH + 2 * t + 1] = m1; }
+            sm_team_sync(*tm);
+            m0 = fmaxf(m0, amx[(warp ^ 1) * MOE_CH + 2 * t]);
+            m1 = fmaxf(m1, amx[(warp ^ 1) * MOE_CH + 2 * t + 1]);
+            const uint8_t b0 = sm_mx_scale_byte(m0), b1 = sm_mx_scale_byte(m1);
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = sm_mx_round_value(v[i], (i & 1) ? b1 : b0);
+        }
+        if (p >= a.tiles) return;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int col = 2 * t + (i & 1), j = p * 16 + g + (i >> 1) * 8;
+            if (col < cnt && j < a.rows_out) a.out[(size_t)(s0 + col) * a.rows_out + j] = sm_tobf(v[i]);
+        }
     } else {
 #pragma unroll
         for (int X = 0; X < 2; X++) {

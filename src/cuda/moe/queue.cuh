@@ -35,14 +35,11 @@
 typedef struct moe_qargs {
     moe_args a1, a2;          /* stage 1 and stage 2 (moe_mm_make; a2.y32 for TP ranks) */
     const moe_jobt *jobt;     /* [njobs] the grouping's job table */
-    int *done1;               /* [njobs] stage-1 signals per job (MOE_Q_SIGNALS a unit; zeroed by the grouping) */
+    int *done1;               /* [njobs] stage-1 units finished per job (zeroed by the grouping) */
     int *qctr;                /* units claimed (zeroed by the grouping) */
     unsigned long long *prof; /* NULL, or [SM_MOE_PROF_MAX_UNITS][3]: per unit its compute's begin
                                  and end (globaltimer ns, thread 0) and block (benchmarks) */
 } moe_qargs;
-
-/* done1 signals of one stage-1 unit: one by the block, or (W4A4) one by each warp. */
-#define MOE_Q_SIGNALS(a1) (((a1).aq & MOE_AQ_OUT) ? MOE_WARPS : 1)
 
 /* One slot of the ring: unit u (-1: the queue is empty) with sequence number seq in the
  * block's list of units, and its job's entry. */
@@ -237,7 +234,7 @@ template <int F>
 __device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qargs &q, const moe_jobt &jt, uint2 *Bs, int tid) {
     if (Q.stage == 2) {
         if (tid == 0) {
-            const unsigned *c = (const unsigned *)(q.done1 + Q.job), need = (unsigned)(q.a1.ipj * MOE_Q_SIGNALS(q.a1));
+            const unsigned *c = (const unsigned *)(q.done1 + Q.job), need = (unsigned)q.a1.ipj;
             if (sm_ld_acquire_gpu_u32(c) < need) {
                 const uint64_t t0 = sm_now_ns();
                 while (sm_ld_acquire_gpu_u32(c) < need) {
@@ -282,35 +279,15 @@ __device__ __forceinline__ void moe_q_unit_end(moe_qstate &Q, const moe_qargs &q
     if (q.prof && tid == 0 && Q.u < SM_MOE_PROF_MAX_UNITS) q.prof[3 * Q.u + 1] = sm_now_ns();
     const moe_qslot *cs = ring + (Q.cm & (MOE_Q_RING - 1));
     const int p = Q.itile * MOE_WARPS + warp;
-    const int s0 = cs->jt.s0, cnt = cs->jt.cnt;
-    /* W4A4: the act block amax of a warp pair crosses this unit's one barrier; two sets by
-     * unit parity (a warp writes a set again only after the next unit's barrier, which its
-     * partner passes after reading it).  Each warp then stores its act and signals done1 itself
-     * (MOE_Q_SIGNALS), so W4A4 adds no barrier to the unit. */
-    __shared__ float amx[2][MOE_WARPS * MOE_CH];
-    const int aqo = Q.stage == 1 && (q.a1.aq & MOE_AQ_OUT);
-    float v[4], m0 = 0.0f, m1 = 0.0f;
-    if (aqo) {
-        moe_act_values(Q.acc, cs->jt.mul[0], v);
-        moe_act_amax_put(v, warp, lane, amx[Q.cm & 1], m0, m1);
-    } else if (Q.stage == 1) {
-        moe_epilogue_at<1, 0>(q.a1, p, s0, cnt, cs->jt.mul[0], lane, Q.acc);
-    } else {
-        moe_epilogue_at<2, Y32>(q.a2, p, s0, cnt, cs->jt.mul[1], lane, Q.acc);
-    }
+    __shared__ float amx[MOE_WARPS * MOE_CH]; /* W4A4: the warps' act amax (moe_epilogue_at) */
+    const sm_team tm = sm_team_block();
+    if (Q.stage == 1) moe_epilogue_at<1, 0>(q.a1, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[0], lane, Q.acc, amx, &tm);
+    else moe_epilogue_at<2, Y32>(q.a2, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[1], lane, Q.acc);
 #pragma unroll
     for (int X = 0; X < 2; X++) Q.acc[X][0] = Q.acc[X][1] = Q.acc[X][2] = Q.acc[X][3] = 0.0f;
     Q.S = 0;
-    __syncthreads(); /* every warp's outputs (W4A4: its amax) written, B no longer read */
-    if (aqo) {
-        moe_act_round(v, m0, m1, warp, lane, amx[Q.cm & 1]);
-        moe_act_store(q.a1, p, s0, cnt, lane, v);
-        __syncwarp();
-        if (lane == 0) {
-            __threadfence(); /* the warp's act stores (ordered by the warp barrier) before the count */
-            atomicAdd(q.done1 + Q.job, 1);
-        }
-    } else if (Q.stage == 1 && tid == 0) {
+    __syncthreads(); /* every warp's outputs written, B no longer read */
+    if (Q.stage == 1 && tid == 0) {
         __threadfence(); /* the block's act stores (ordered by the barrier) before the count */
         atomicAdd(q.done1 + Q.job, 1);
     }
