@@ -27,6 +27,22 @@
 #include <sys/stat.h>
 #include <time.h>
 
+/* Make the tiny MXFP4 model `name` under root and open it; NULL (the case `cas` failed, said)
+ * when either fails. */
+static sparkmono_model *tm_open_tiny(const char *root, const char *name, uint64_t seed, const char *cas) {
+    sm_err e = {{0}};
+    sm_config c;
+    char dir[512];
+    sparkmono_model *m = NULL;
+    if (sm_config_preset("tiny", &c, &e) || tm_make(root, name, &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
+        sparkmono_model_open(dir, NULL, &m)) {
+        GH_CHECK(0, "model: %s %s", e.msg, sparkmono_errmsg());
+        printf("FAIL %s\n", cas);
+        return NULL;
+    }
+    return m;
+}
+
 /* ---- speculative == plain greedy, through the engine API ---- */
 
 /* The engine option devices of tm_generate: "" = one rank, else e.g. "0,0,0,0" (virtual ranks). */
@@ -176,16 +192,8 @@ static int tm_prefix_run(sparkmono_model *m, int cache, const char *mono, int wo
 
 int tm_prefix(const char *root, uint64_t seed) {
     gh_case_fail = 0;
-    sm_err e = {{0}};
-    sm_config c;
-    char dir[512];
-    sparkmono_model *m = NULL;
-    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "prefix_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
-        sparkmono_model_open(dir, NULL, &m)) {
-        GH_CHECK(0, "model: %s %s", e.msg, sparkmono_errmsg());
-        printf("FAIL prefix_cache_exact\n");
-        return 1;
-    }
+    sparkmono_model *m = tm_open_tiny(root, "prefix_tiny", seed, "prefix_cache_exact");
+    if (!m) return 1;
     enum { N = 100 };
     int a[N], b[N];
     uint64_t rng = seed + 9;
@@ -650,16 +658,9 @@ static int tm_con_run(sparkmono_model *m, sparkmono_constraint *c, int R, const 
  * finite logprobs; R = 8 == R = 1, the monokernel == stock, 2 virtual ranks == 1 (the same ids). */
 int tm_structured(const char *root, uint64_t seed) {
     gh_case_fail = 0;
+    sparkmono_model *m = tm_open_tiny(root, "structured_tiny", seed, "structured_outputs");
+    if (!m) return 1;
     sm_err e = {{0}};
-    sm_config c;
-    char dir[512];
-    sparkmono_model *m = NULL;
-    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "structured_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
-        sparkmono_model_open(dir, NULL, &m)) {
-        GH_CHECK(0, "model: %s %s", e.msg, sparkmono_errmsg());
-        printf("FAIL structured_outputs\n");
-        return 1;
-    }
     static const struct { const char *kind, *spec; } cs[] = {
         {"regex", "[a-z]{2,8}( [a-z]{2,8}){0,3}\\."},
         {"choice", "[\"yes\", \"no\", \"maybe later\"]"},
@@ -734,16 +735,8 @@ static int tm_kv_run(sparkmono_model *m, float util, int world, const int *p, in
  * and a share too small for one request is refused in one line. */
 int tm_kv_mem(const char *root, uint64_t seed) {
     gh_case_fail = 0;
-    sm_err e = {{0}};
-    sm_config c;
-    char dir[512];
-    sparkmono_model *m = NULL;
-    if (sm_config_preset("tiny", &c, &e) || tm_make(root, "kvmem_tiny", &c, SM_EXP_MXFP4, seed, dir, sizeof dir) ||
-        sparkmono_model_open(dir, NULL, &m)) {
-        GH_CHECK(0, "model: %s %s", e.msg, sparkmono_errmsg());
-        printf("FAIL kv_pool_from_memory\n");
-        return 1;
-    }
+    sparkmono_model *m = tm_open_tiny(root, "kvmem_tiny", seed, "kv_pool_from_memory");
+    if (!m) return 1;
     int p[40], a[32], b[32], na = 0, nb = 0, pa = 0, pb = 0;
     for (int i = 0; i < 40; i++) p[i] = 3 + (int)((seed * 31 + (uint64_t)i * 7) % 400);
     for (int world = 0; world <= 2; world += 2) {
