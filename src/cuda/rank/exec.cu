@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The view of cr its executors see (exec.h: sm_exec_view). */
+/* The view of cr its executors see (exec.h: sm_exec_view): a copy of the rank's buffer pointers,
+ * made once after they exist (cb_exec_attach); a buffer the rank replaced later would have to be
+ * copied again (none is: the KV pool is seen through &cr->kvs). */
 static void cb_view(sm_cuda_rank *cr) {
     sm_exec_view *v = &cr->view;
     memset(v, 0, sizeof *v);
