@@ -138,13 +138,17 @@ SM_HD uint8_t sm_mx_quantize_block(const float *x, uint8_t *q) {
 /* The value of x rounded to MXFP4 under scale byte b (e = b - 127): e2m1(x / 2^e) x 2^e, the
  * value of the code sm_mx_quantize_block gives x in a block of byte b (+0 for a zero code).
  * Without branches or the code table, for the kernels that round activations (W4A4,
- * docs/model.md section 6): the e2m1 grid has step 1/2 below 2, 1 below 4 and 2 up to 6, so
- * rint at that step is round-to-nearest with ties to the even code; then saturate at 6.
- * tests/test_w4a4.c checks it against the codes for every bf16 value and byte. */
+ * docs/model.md section 6): the e2m1 grid has step 2^(max(ey, 0) - 1) for y = |x| / 2^e in
+ * binade ey (1/2 below 2, 1 below 4, 2 up to 8), so adding and subtracting C = 2^(max(ey, 0) + 22),
+ * whose f32 ulp is that step, rounds y to the grid with ties to the even code; then saturate
+ * at 6.  For y >= 2^106 C's bits leave the finite range (inf, or a wrapped tiny negative) and
+ * the sum is NaN or y itself: fminf still gives 6.  tests/test_w4a4.c checks it against the
+ * codes for every bf16 value and byte. */
 SM_HD float sm_mx_round_value(float x, uint8_t b) {
-    float y = fabsf(x * sm_e8m0_inv(b));
-    float st = y < 2.0f ? 0.5f : (y < 4.0f ? 1.0f : 2.0f), ist = y < 2.0f ? 2.0f : (y < 4.0f ? 1.0f : 0.5f);
-    float q = fminf(rintf(y * ist) * st, 6.0f); /* y * ist == y / st exactly: no division */
+    const float y = fabsf(x * sm_e8m0_inv(b));
+    const uint32_t ey = sm_f32_bits(y) & 0x7F800000u;
+    const float c = sm_bits_f32((ey > 0x3F800000u ? ey : 0x3F800000u) + (22u << 23));
+    const float q = fminf((y + c) - c, 6.0f);
     return (copysignf(q, x) + 0.0f) * sm_e8m0_to_f32(b);
 }
 /* Element j of a packed row (two codes a byte, low nibble first). */

@@ -294,11 +294,12 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
  * from the accumulators: stage 1 act = r16(silu(r16(gate)) * r16(up)), stage 2 y = r16(sum)
  * (Y32: f32 y per route).  Stage 1 with MOE_AQ_OUT (W4A4): act rounded to MXFP4 per 32 values
  * of a route, a block being the 16 rows of this warp and the 16 of warp ^ 1 (tile pairs 2k,
- * 2k + 1): each warp's per-route amax goes through amx (shared, [MOE_WARPS][MOE_CH]) and
+ * 2k + 1): each warp's per-route amax goes through amx (shared, [MOE_WARPS][MOE_CH / 2] route pairs) and
  * every warp of the team must call it (a team barrier; the early return waits for it). */
 template <int STAGE, int Y32>
 __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0, int cnt, float mul, int lane,
-                                                const float (&acc)[2][4], float *amx = NULL, const sm_team *tm = NULL) {
+                                                const float (&acc)[2][4], __nv_bfloat162 *amx = NULL,
+                                                const sm_team *tm = NULL) {
     const int g = lane >> 2, t = lane & 3;
     if (STAGE == 1) {
         float v[4];
@@ -309,19 +310,16 @@ __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0
             v[i] = sm_r16d(gg * (1.0f / (1.0f + expf(-gg))) * uu);
         }
         if (a.aq & MOE_AQ_OUT) {
-            /* the block amax of columns 2t, 2t+1: rows g, g+8 of the lane, the warp's 8 g, the partner warp */
+            /* the block amax of columns 2t, 2t+1 as one bf16 pair (v are bf16 values, so the
+             * pair is exact): rows g, g+8 of the lane, the warp's 8 g, the partner warp */
             const int warp = (tm->tid >> 5);
-            float m0 = fmaxf(fabsf(v[0]), fabsf(v[2])), m1 = fmaxf(fabsf(v[1]), fabsf(v[3]));
+            __nv_bfloat162 m = __floats2bfloat162_rn(fmaxf(fabsf(v[0]), fabsf(v[2])), fmaxf(fabsf(v[1]), fabsf(v[3])));
 #pragma unroll
-            for (int d = 4; d < 32; d <<= 1) {
-                m0 = fmaxf(m0, __shfl_xor_sync(0xFFFFFFFFu, m0, d));
-                m1 = fmaxf(m1, __shfl_xor_sync(0xFFFFFFFFu, m1, d));
-            }
-            if (g == 0) { amx[warp * MOE_CH + 2 * t] = m0; amx[warp * MOE_CH + 2 * t + 1] = m1; }
+            for (int d = 4; d < 32; d <<= 1) m = __hmax2(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));
+            if (g == 0) amx[warp * MOE_CH / 2 + t] = m;
             sm_team_sync(*tm);
-            m0 = fmaxf(m0, amx[(warp ^ 1) * MOE_CH + 2 * t]);
-            m1 = fmaxf(m1, amx[(warp ^ 1) * MOE_CH + 2 * t + 1]);
-            const uint8_t b0 = sm_mx_scale_byte(m0), b1 = sm_mx_scale_byte(m1);
+            m = __hmax2(m, amx[(warp ^ 1) * MOE_CH / 2 + t]);
+            const uint8_t b0 = sm_mx_scale_byte(__low2float(m)), b1 = sm_mx_scale_byte(__high2float(m));
 #pragma unroll
             for (int i = 0; i < 4; i++) v[i] = sm_mx_round_value(v[i], (i & 1) ? b1 : b0);
         }
@@ -349,7 +347,7 @@ __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0
 }
 
 template <int STAGE, int Y32>
-__device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp, int lane, const float (&acc)[2][4], float *amx,
+__device__ __forceinline__ void moe_epilogue(const moe_args &a, int it, int warp, int lane, const float (&acc)[2][4], __nv_bfloat162 *amx,
                                              const sm_team &tm) {
     const int job = it / a.ipj, itile = it - job * a.ipj;
     const int4 jb = a.jobs[job];
@@ -379,7 +377,7 @@ __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur,
         /* W4A4: the warps' act amax (moe_epilogue_at), two sets by item parity: a warp writes
          * a set again only after the next item's barrier, which its partner passes after
          * reading that set (no barrier separates consecutive items of one job) */
-        __shared__ float amx[2][MOE_WARPS * MOE_CH];
+        __shared__ __nv_bfloat162 amx[2][MOE_WARPS * MOE_CH / 2];
         moe_epilogue<STAGE, Y32>(a, L.it, warp, lane, L.acc, amx[L.it & 1], tm);
 #pragma unroll
         for (int X = 0; X < 2; X++) L.acc[X][0] = L.acc[X][1] = L.acc[X][2] = L.acc[X][3] = 0.0f;

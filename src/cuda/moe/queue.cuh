@@ -279,7 +279,7 @@ __device__ __forceinline__ void moe_q_unit_end(moe_qstate &Q, const moe_qargs &q
     if (q.prof && tid == 0 && Q.u < SM_MOE_PROF_MAX_UNITS) q.prof[3 * Q.u + 1] = sm_now_ns();
     const moe_qslot *cs = ring + (Q.cm & (MOE_Q_RING - 1));
     const int p = Q.itile * MOE_WARPS + warp;
-    __shared__ float amx[MOE_WARPS * MOE_CH]; /* W4A4: the warps' act amax (moe_epilogue_at) */
+    __shared__ __nv_bfloat162 amx[MOE_WARPS * MOE_CH / 2]; /* W4A4: the warps' act amax (moe_epilogue_at) */
     const sm_team tm = sm_team_block();
     if (Q.stage == 1) moe_epilogue_at<1, 0>(q.a1, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[0], lane, Q.acc, amx, &tm);
     else moe_epilogue_at<2, Y32>(q.a2, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[1], lane, Q.acc);
