@@ -1,7 +1,8 @@
 /* moe.cu: the `moe` group (moe_cases.h): the MoE expert stage (src/cuda/moe/moe.h) against the
  * CPU reference (its microbenchmark is bench/gpu/moe.cu).
  *
- * Cases: the device dequantizers against codec.h (every code x scale); tiny / mini models
+ * Cases: the device dequantizers against codec.h (every code x scale); W4A4's packed rounding
+ * (moe_aq_round2) against codec.h's for every bf16 value x every bf16 amax; tiny / mini models
  * written by sm_make_model in each expert format, where ref_moe gives idx, w, h1 and m and the
  * GPU stage is fed the same idx, w, h1 (n = 1, 8, 16, 64, 128 rows); a real-width layer
  * (Hm = I = 4096) built in memory with random MXFP4 bytes (random routing, and every row on
@@ -48,6 +49,7 @@ extern "C" {
 }
 #include "model/codec.h"
 #include "cuda/moe/moe.h"
+#include "cuda/moe/mm.cuh"
 #include "gpu_tests.h"
 #include "harness.h"
 #include "moe_cases.h"
@@ -597,6 +599,37 @@ static void test_errors(void) {
 }
 
 /* Synthetic layers: same seed -> same bits; every format finite. */
+/* moe_aq_round2 (stage 1's W4A4 epilogue, bf16x2) against sm_mx_round_value under
+ * sm_mx_scale_byte (codec.h, checked on the CPU by tests/test_w4a4.c), bit for bit: thread
+ * (a, x) rounds x under amax a in the low half and another pair in the high half (amax
+ * 3a + 1, value x ^ 0x8055), over every non-negative bf16 amax (inf and NaN included) and
+ * every bf16 value.  bad[0] counts mismatches, bad[1..3] the first (amax, value, got). */
+__device__ __forceinline__ uint16_t aq_want(uint16_t x, uint16_t a) {
+    return sm_tobf(sm_mx_round_value(sm_bf(x), sm_mx_scale_byte(sm_bf(a))));
+}
+__global__ void aq_round2_sweep(unsigned *bad) {
+    const uint64_t n = (uint64_t)0x8000 << 16;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+        const uint16_t a = (uint16_t)(i >> 16), x = (uint16_t)i, a2 = (uint16_t)((3u * a + 1u) & 0x7FFFu), x2 = x ^ 0x8055u;
+        const uint32_t r = moe_aq_round2(x | ((uint32_t)x2 << 16), a | ((uint32_t)a2 << 16));
+        const int lo = (uint16_t)r != aq_want(x, a), hi = (uint16_t)(r >> 16) != aq_want(x2, a2);
+        if (lo || hi) {
+            if (atomicAdd(bad, 1u) == 0) { bad[1] = lo ? a : a2; bad[2] = lo ? x : x2; bad[3] = lo ? (r & 0xFFFFu) : (r >> 16); }
+        }
+    }
+}
+static void test_aq_round2(void) {
+    unsigned *d = NULL, h[4] = {0, 0, 0, 0};
+    int ok = cudaMalloc(&d, sizeof h) == cudaSuccess && cudaMemsetAsync(d, 0, sizeof h, m_st) == cudaSuccess;
+    if (ok) aq_round2_sweep<<<1024, 256, 0, m_st>>>(d);
+    ok = ok && cudaStreamSynchronize(m_st) == cudaSuccess && cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess;
+    if (!ok) printf("  aq_round2: %s\n", cudaGetErrorString(cudaGetLastError()));
+    if (h[0]) printf("  aq_round2: %u mismatches; first amax 0x%04x value 0x%04x: got 0x%04x, want 0x%04x\n", h[0], h[1], h[2], h[3],
+                     (unsigned)sm_f32_to_bf16(sm_mx_round_value(sm_bf16_to_f32((uint16_t)h[2]), sm_mx_scale_byte(sm_bf16_to_f32((uint16_t)h[1])))));
+    gh_result(ok && h[0] == 0, "%s", "moe_w4a4_round2_every_value_and_amax");
+    if (d) cudaFree(d);
+}
+
 static void test_synth(void) {
     sm_err e = {{0}};
     sm_config c;
@@ -648,6 +681,7 @@ extern "C" int gpu_test_moe(void) {
     if (sm_pool_create(0, &m_pool, &e)) { printf("  pool: %s\n", e.msg); m_pool = NULL; }
     if (cudaStreamCreate(&m_st) != cudaSuccess) { printf("FAIL moe stream\n"); return 1; }
     test_selfcheck();
+    test_aq_round2();
     test_errors();
     test_made_model("tiny", SM_EXP_MXFP4);
     test_made_model("mini", SM_EXP_MXFP4);

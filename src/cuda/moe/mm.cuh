@@ -228,6 +228,28 @@ __device__ __forceinline__ uint32_t moe_aq_word(uint32_t w, uint8_t b) {
     const float hi = sm_mx_round_value(__uint_as_float(w & 0xFFFF0000u), b);
     return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xFFFF0000u);
 }
+/* W4A4: the two bf16 values of p rounded to MXFP4, each under the scale byte of the block amax
+ * in the same half of m (sm_mx_scale_byte's rule), in bf16x2 arithmetic: for each half the bits
+ * sm_mx_round_value(x, sm_mx_scale_byte(amax)) gives (tests/gpu/moe.cu checks every bf16 value
+ * against every amax), in about half its instructions, for stage 1's epilogue.  The same rule
+ * at bf16 width: exponent fields are bits 7..14 of a half; the amax rounds up at bf16 bit 5
+ * (f32 bit 21); 2^-e has field 256 - max(ex, 2), 2^e field max(ex, 2) - 2 (the subnormal 2^-127
+ * for field 0); C = 2^(max(ey, 0) + 6) has the grid step as its bf16 ulp.  No half carries into
+ * the other: every field sum stays below 2^16. */
+__device__ __forceinline__ uint32_t moe_aq_round2(uint32_t p, uint32_t m) {
+    const uint32_t ex = __vmaxu2((m + 0x00200020u) & 0x7F807F80u, 0x01000100u); /* max(ex, 2) << 7 */
+    const uint32_t inv = 0x80008000u - ex;                                             /* 2^-e */
+    const uint32_t sc = __vmaxu2(ex - 0x01000100u, 0x00400040u);                  /* 2^e */
+    const __nv_bfloat162 y = __hmul2(__habs2(*(const __nv_bfloat162 *)&p), *(const __nv_bfloat162 *)&inv);
+    const uint32_t cb = __vmaxu2(*(const uint32_t *)&y & 0x7F807F80u, 0x3F803F80u) + 0x03000300u;
+    const uint32_t six = 0x40C040C0u, zero = 0u;                                        /* bf16 6, +0 */
+    const __nv_bfloat162 c = *(const __nv_bfloat162 *)&cb;
+    const __nv_bfloat162 q = __hmin2(__hsub2_rn(__hadd2_rn(y, c), c), *(const __nv_bfloat162 *)&six);
+    const uint32_t qs = *(const uint32_t *)&q | (p & 0x80008000u);                     /* copysign */
+    const __nv_bfloat162 r = __hfma2(*(const __nv_bfloat162 *)&qs, *(const __nv_bfloat162 *)&sc,
+                                     *(const __nv_bfloat162 *)&zero);                  /* x 2^e; -0 -> +0 */
+    return *(const uint32_t *)&r;
+}
 template <int D1, int D2>
 __device__ __forceinline__ void moe_aq_round(uint4 &A, uint4 &B, unsigned mask) {
     uint32_t ma = moe_aq_amax8(A), mb = moe_aq_amax8(B);
@@ -302,32 +324,34 @@ __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0
                                                 const sm_team *tm = NULL) {
     const int g = lane >> 2, t = lane & 3;
     if (STAGE == 1) {
-        float v[4];
+        uint16_t o[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             /* gate, up = r16(sums); a = r16(silu(gate) * up) */
             const float gg = sm_r16d(acc[0][i] * mul), uu = sm_r16d(acc[1][i] * mul);
-            v[i] = sm_r16d(gg * (1.0f / (1.0f + expf(-gg))) * uu);
+            o[i] = sm_tobf(gg * (1.0f / (1.0f + expf(-gg))) * uu);
         }
         if (a.aq & MOE_AQ_OUT) {
-            /* the block amax of columns 2t, 2t+1 as one bf16 pair (v are bf16 values, so the
-             * pair is exact): rows g, g+8 of the lane, the warp's 8 g, the partner warp */
+            /* the block amax of columns 2t, 2t+1 as one bf16 pair: rows g, g+8 of the lane,
+             * the warp's 8 g, the partner warp; then each pair rounded */
             const int warp = (tm->tid >> 5);
-            __nv_bfloat162 m = __floats2bfloat162_rn(fmaxf(fabsf(v[0]), fabsf(v[2])), fmaxf(fabsf(v[1]), fabsf(v[3])));
+            const __nv_bfloat162 p0 = __halves2bfloat162(__ushort_as_bfloat16(o[0]), __ushort_as_bfloat16(o[1]));
+            const __nv_bfloat162 p1 = __halves2bfloat162(__ushort_as_bfloat16(o[2]), __ushort_as_bfloat16(o[3]));
+            __nv_bfloat162 m = __hmax2(__habs2(p0), __habs2(p1));
 #pragma unroll
             for (int d = 4; d < 32; d <<= 1) m = __hmax2(m, __shfl_xor_sync(0xFFFFFFFFu, m, d));
             if (g == 0) amx[warp * MOE_CH / 2 + t] = m;
             sm_team_sync(*tm);
             m = __hmax2(m, amx[(warp ^ 1) * MOE_CH / 2 + t]);
-            const uint8_t b0 = sm_mx_scale_byte(__low2float(m)), b1 = sm_mx_scale_byte(__high2float(m));
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = sm_mx_round_value(v[i], (i & 1) ? b1 : b0);
+            const uint32_t r0 = moe_aq_round2(*(const uint32_t *)&p0, *(const uint32_t *)&m);
+            const uint32_t r1 = moe_aq_round2(*(const uint32_t *)&p1, *(const uint32_t *)&m);
+            o[0] = (uint16_t)r0; o[1] = (uint16_t)(r0 >> 16); o[2] = (uint16_t)r1; o[3] = (uint16_t)(r1 >> 16);
         }
         if (p >= a.tiles) return;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int col = 2 * t + (i & 1), j = p * 16 + g + (i >> 1) * 8;
-            if (col < cnt && j < a.rows_out) a.out[(size_t)(s0 + col) * a.rows_out + j] = sm_tobf(v[i]);
+            if (col < cnt && j < a.rows_out) a.out[(size_t)(s0 + col) * a.rows_out + j] = o[i];
         }
     } else {
 #pragma unroll
