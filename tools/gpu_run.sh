@@ -22,7 +22,9 @@
 #   SKIP_TESTS=1   skip build/gpu_test;  SKIP_BENCH=1  skip the bench;  SKIP_OPS=1  skip the per-op benches
 #   SKIP_BUILD=1   use the binaries already in build/ (built elsewhere with the same nvcc)
 #   BASELINE=BIN   also run the whole-step bench with an older sparkmono binary, in the same run,
-#                  so old and new are compared on the same machine and bandwidth
+#                  so old and new are compared on the same machine and bandwidth; when BIN's
+#                  directory holds a gpu_test too, the expert stage's interleaved W4A16 / W4A4
+#                  lines (`gpu_test --bench moe`, `mxfp4 ab`) of both, alternated new, old, old, new
 #   WORLDS         tensor + expert parallel benches on virtual ranks of this one GPU, "W:moe" words
 #                  (default "2:ep 4:ep 8:ep 2:tp"; "" skips them), rows WORLD_ROWS (default 8,32),
 #                  stock and monokernel with a traced monokernel step (the exchange waits),
@@ -104,6 +106,17 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
                 >"$OUT/bench_${f}_baseline.log" 2>&1 || status=1
         fi
     done
+    # old and new expert stage alternated on the same warm GPU (run-to-run spread is ~0.1-0.3%)
+    bgt=
+    [ -n "${BASELINE:-}" ] && bgt="$(dirname "$BASELINE")/gpu_test" && [ -x "$bgt" ] || bgt=
+    if [ -n "$bgt" ]; then
+        echo "== expert stage, new and baseline alternated (log: $OUT/moe_ab.log)"
+        : >"$OUT/moe_ab.log"
+        for g in ./build/gpu_test "$bgt" "$bgt" ./build/gpu_test; do
+            echo "-- $g" >>"$OUT/moe_ab.log"
+            "$g" --bench moe 2>&1 | grep ' ab ' >>"$OUT/moe_ab.log" || status=1
+        done
+    fi
     # structured outputs on the host: compile and token-mask costs at Muse Spark's vocabulary size
     echo "== sparkmono constrain --bench (log: $OUT/constrain.log)"
     for f in bench/constrain/*.json; do
@@ -190,6 +203,10 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
             sed -n '/^summary/,$p' "$OUT/bench_${f}_baseline.log" | head -n 8
         fi
     done
+    if [ -s "$OUT/moe_ab.log" ]; then
+        echo "-- expert stage W4A4 / W4A16, new and baseline alternated"
+        cat "$OUT/moe_ab.log"
+    fi
     if [ "${SKIP_OPS:-0}" != 1 ]; then
         echo "-- per-op microbenchmarks (every table in $OUT/bench_ops.log)"
         if grep -q '^op summary' "$OUT/bench_ops.log"; then
