@@ -37,6 +37,14 @@ static int tp_at(const sm_bench_phases *p, const char *name) {
 /* 1 when the two logits [n] are the same bits. */
 static int tp_same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
 
+/* Print a path's median phases over layers 1..L-2 (those it has). */
+static void tp_print(const char *path, int L, const sm_bench_phases *p) {
+    printf("  %s, median of layers 1..%d:", path, L - 2);
+    for (int q = 1; q < p->n; q++)
+        if (p->us[q] >= 0) printf(" %s %.1f", p->name[q], p->us[q]);
+    printf(" us\n");
+}
+
 int tm_phases(void) {
     gh_case_fail = 0;
     enum { NP = 16, NV = 8, L = 6 };
@@ -97,10 +105,7 @@ int tm_phases(void) {
     for (int i = 0; i < TP_NSTOCK; i++) GH_CHECK(p.us[q[i]] >= 0, "stock median of %s: %.1f", tp_stock[i], p.us[q[i]]);
     GH_CHECK(p.weights[tp_at(&p, "qkvg")] && p.weights[q_exp] && !p.weights[tp_at(&p, "rope_kv")] && !p.weights[q_gaps],
              "the weights of the table");
-    printf("  stock, median of layers 1..%d:", L - 2);
-    for (int q = 1; q < p.n; q++)
-        if (p.us[q] >= 0) printf(" %s %.1f", p.name[q], p.us[q]);
-    printf(" us\n");
+    tp_print("stock", L, &p);
     /* an untraced step after it: still the same bits (graph replay) */
     s.logits = lg[2];
     if (b.step(b.ctx, &s, &e)) { GH_CHECK(0, "verify after the trace: %s", e.msg); goto out; }
@@ -124,10 +129,7 @@ int tm_phases(void) {
     }
     GH_CHECK(!bad, "mono trace: %d phases missing, negative or outside layers 1..%d", bad, L - 2);
     GH_CHECK(p.layers == L - 2, "mono trace: %d layers of the set (expected %d)", p.layers, L - 2);
-    printf("  mono, median of layers 1..%d:", L - 2);
-    for (int q = 1; q < p.n; q++)
-        if (p.us[q] >= 0) printf(" %s %.1f", p.name[q], p.us[q]);
-    printf(" us\n");
+    tp_print("mono", L, &p);
     s.logits = lg[2];
     if (b.step(b.ctx, &s, &e)) { GH_CHECK(0, "mono verify after the trace: %s", e.msg); goto out; }
     GH_CHECK(tp_same(lg[0], lg[2], (size_t)NV * c.V), "the untraced mono step after the trace differs");
