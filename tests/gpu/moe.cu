@@ -598,7 +598,6 @@ static void test_errors(void) {
     mem_layer_free(&ml);
 }
 
-/* Synthetic layers: same seed -> same bits; every format finite. */
 /* moe_aq_round2 (stage 1's W4A4 epilogue, bf16x2) against sm_mx_round_value under
  * sm_mx_scale_byte (codec.h, checked on the CPU by tests/test_w4a4.c), bit for bit: thread
  * (a, x) rounds x under amax a in the low half and another pair in the high half (amax
@@ -630,6 +629,7 @@ static void test_aq_round2(void) {
     if (d) cudaFree(d);
 }
 
+/* Synthetic layers: same seed -> same bits; every format finite. */
 static void test_synth(void) {
     sm_err e = {{0}};
     sm_config c;
