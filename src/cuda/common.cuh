@@ -135,6 +135,36 @@ __device__ __forceinline__ float sm_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
     return v;
 }
+/* The warp sums of V values a lane (V a power of two) by recursive halving: at each offset o
+ * (16, 8, .., as sm_warp_sum) a lane keeps half its values and adds the partner's copy of that
+ * half, own + partner's: every sum is sm_warp_sum's bit for bit, in 31 shuffles when V >= 32
+ * instead of 5 V.  On return v[j] (j < max(V / 32, 1)) is the sum of value
+ * sm_warp_sum_many_idx<V>(lane, j); with V < 32 lanes 32 / V apart hold the same sum. */
+/* One level of sm_warp_sum_many: offset O, C values still a lane (template recursion keeps
+ * every index a compile-time constant: the values stay in registers). */
+template <int V, int O, int C>
+__device__ __forceinline__ void sm_warp_sum_level(float (&v)[V], int lane) {
+    if constexpr (C > 1) {
+        const bool up = lane & O;
+#pragma unroll
+        for (int i = 0; i < C / 2; i++) {
+            const float send = up ? v[i] : v[i + C / 2], keep = up ? v[i + C / 2] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xFFFFFFFFu, send, O);
+        }
+    } else {
+        v[0] += __shfl_xor_sync(0xFFFFFFFFu, v[0], O);
+    }
+    if constexpr (O > 1) sm_warp_sum_level<V, O / 2, (C > 1 ? C / 2 : 1)>(v, lane);
+}
+template <int V>
+__device__ __forceinline__ void sm_warp_sum_many(float (&v)[V]) {
+    static_assert(V >= 1 && (V & (V - 1)) == 0, "sm_warp_sum_many: V must be a power of two");
+    sm_warp_sum_level<V, 16, V>(v, (int)(threadIdx.x & 31));
+}
+template <int V>
+__device__ __forceinline__ int sm_warp_sum_many_idx(int lane, int j) {
+    return V >= 32 ? lane * (V / 32) + j : lane / (32 / (V >= 32 ? 32 : V));
+}
 __device__ __forceinline__ float sm_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));

@@ -50,6 +50,7 @@ void case_post_ffn(int n, int H, int last);
 void case_rms_bf16(int n, int d, int inplace, int mx = 0); /* mx: MXFP4 output (W4A4's h1) */
 /* router.cu */
 void case_route(int n, int H, int E, int K);
+void case_route_ties(int n, int H, int E, int K, int groups);
 /* attention.cu */
 void case_rope_kv(int n, int nh, int nkv, double theta);
 /* decode / verify attention (prefill 0) or the prefill kernel (1), with a split hint mode */

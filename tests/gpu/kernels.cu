@@ -310,6 +310,11 @@ int gpu_test_kernels(void) {
     for (int i = 0; i < nn; i++) case_route(ns[i], 8192, 256, 8);
     case_route(300, 8192, 256, 8);
     case_route(13, 256, 16, 4);
+    case_route(9, 512, 1024, 16);  /* the top-K's 32 experts a lane */
+    case_route(21, 256, 200, 8);   /* a partial last tile of experts */
+    case_route_ties(8, 8192, 256, 8, 5);
+    case_route_ties(40, 1024, 256, 8, 3);
+    case_route_ties(9, 512, 1024, 32, 7);
     /* QK norm + RoPE + KV insert */
     for (int i = 0; i < nn; i++) case_rope_kv(ns[i], 128, 16, 500000.0);
     case_rope_kv(13, 128, 16, 0.0);

@@ -150,24 +150,32 @@ __device__ __forceinline__ void sm_mm_reduce_range(const float *__restrict__ par
         y[i] = sm_tobf(a);
     }
 }
-/* Same, f32 output (router logits). */
-__device__ __forceinline__ void sm_mm_reduce_f32_range(const float *__restrict__ part, int S, size_t count,
-                                                       float *__restrict__ y, size_t i0, size_t step) {
-    for (size_t i = i0; i < count; i += step) {
-        float a = part[i];
+/* Same, f32 output (router logits), elements [i0, i1) by step of partials split s at
+ * part[s * count + i]; read at L2 (ld.cg): the partials may come from other blocks of the
+ * same launch. */
+__device__ __forceinline__ void sm_mm_reduce_f32_span(const float *part, int S, size_t count, float *__restrict__ y,
+                                                      size_t i0, size_t i1, size_t step) {
+    for (size_t i = i0; i < i1; i += step) {
+        float a = __ldcg(part + i);
 #pragma unroll 8
-        for (int s = 1; s < S; s++) a += part[(size_t)s * count + i]; /* in split order; loads run ahead */
+        for (int s = 1; s < S; s++) a += __ldcg(part + (size_t)s * count + i); /* in split order; loads run ahead */
         y[i] = a;
     }
+}
+/* Every element [0, count). */
+__device__ __forceinline__ void sm_mm_reduce_f32_range(const float *part, int S, size_t count, float *__restrict__ y,
+                                                       size_t i0, size_t step) {
+    sm_mm_reduce_f32_span(part, S, count, y, i0, count, step);
 }
 
 /* ---- f32-weight matmul (router) ----
  * Main body (sm_mm_f32w_gemv_block): a block owns 32 rows of W x 16 (or 8) tokens x 512 k (one
  * split); each warp 4 rows, each lane 4 k of every 128, so a lane's 16 float4 of W are all in
- * flight at once before the first FMA; x goes to shared memory as f32 once per block; partial
- * dots are summed over the warp (butterfly) and the splits by sm_mm_reduce_f32_range in split
- * order.  f32 x f32 FMAs throughout (no tensor cores: the router's f32 products must stay
- * exact).  Fallback (workspace too small for the splits): the older register-tiled body
+ * flight at once before the first FMA; x goes to shared memory as f32 once per block (its loads
+ * all issued before the stores); partial dots are summed over the warp (sm_warp_sum_many: the
+ * butterfly's sums by recursive halving, a lane storing the sums it ends with) and the splits
+ * by sm_mm_reduce_f32_range in split order.  f32 x f32 FMAs throughout (no tensor cores: the
+ * router's f32 products must stay exact).  Fallback (workspace too small for the splits): the older register-tiled body
  * below.  We rejected that body as the main one: its 4 slabs of 32 k a block each waited
  * for a full memory round trip (a latency, not a bandwidth, bound at few rows), and at 128 rows its
  * 6 shared loads per 8 FMAs made it shared-memory bound. */
@@ -198,15 +206,19 @@ __device__ __forceinline__ void sm_mm_f32w_gemv_block(const uint16_t *__restrict
             w[r][j] = 4 * q < kl ? __ldcs(wr + q) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     }
-    /* x [t0, t0 + NT) x [kb, kb + kl) as f32, zeros outside */
-    for (int i = tm.tid; i < NT * (SM_RG_KL / 4); i += 256) {
-        const int tt = i / (SM_RG_KL / 4), q = i % (SM_RG_KL / 4);
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (t0 + tt < n && 4 * q < kl) {
-            const uint2 u = *(const uint2 *)(x + (size_t)(t0 + tt) * k + kb + 4 * q);
-            v = make_float4(sm_bf_lo(u.x), sm_bf_hi(u.x), sm_bf_lo(u.y), sm_bf_hi(u.y));
-        }
-        xs[tt][q] = v;
+    /* x [t0, t0 + NT) x [kb, kb + kl) as f32, zeros outside; every load issued before the
+     * first store (one L2 round trip, not NT / 2) */
+    constexpr int XI = NT * (SM_RG_KL / 4) / 256; /* x loads a thread */
+    uint2 xu[XI];
+#pragma unroll
+    for (int u = 0; u < XI; u++) {
+        const int i = tm.tid + 256 * u, tt = i / (SM_RG_KL / 4), q = i % (SM_RG_KL / 4);
+        xu[u] = t0 + tt < n && 4 * q < kl ? *(const uint2 *)(x + (size_t)(t0 + tt) * k + kb + 4 * q) : make_uint2(0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < XI; u++) {
+        const int i = tm.tid + 256 * u;
+        xs[i / (SM_RG_KL / 4)][i % (SM_RG_KL / 4)] = make_float4(sm_bf_lo(xu[u].x), sm_bf_hi(xu[u].x), sm_bf_lo(xu[u].y), sm_bf_hi(xu[u].y));
     }
     sm_team_sync(tm);
 #pragma unroll 1
@@ -232,17 +244,18 @@ __device__ __forceinline__ void sm_mm_f32w_gemv_block(const uint16_t *__restrict
                 }
             }
         }
-        /* sum over the warp's lanes; lane 0 stores the split's partial out [split][n][m] */
+        /* sum over the warp's lanes (sm_warp_sum's bits); each lane stores the sums it holds of
+         * the split's partial out [split][n][m] */
+        constexpr int V = 4 * TC;
+        float v[V];
 #pragma unroll
-        for (int r = 0; r < 4; r++)
+        for (int i = 0; i < V; i++) v[i] = acc[i / TC][i % TC];
+        sm_warp_sum_many<V>(v);
 #pragma unroll
-            for (int t = 0; t < TC; t++) acc[r][t] = sm_warp_sum(acc[r][t]);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-#pragma unroll
-                for (int t = 0; t < TC; t++)
-                    if (r0 + r < m && t0 + c0 + t < n) out[((size_t)bz * n + t0 + c0 + t) * m + r0 + r] = acc[r][t];
+        for (int j = 0; j < (V >= 32 ? V / 32 : 1); j++) {
+            const int i = sm_warp_sum_many_idx<V>(lane, j), r = i / TC, t = i % TC;
+            if (lane % (V >= 32 ? 1 : 32 / V) == 0 && r0 + r < m && t0 + c0 + t < n)
+                out[((size_t)bz * n + t0 + c0 + t) * m + r0 + r] = v[j];
         }
     }
 }

@@ -147,7 +147,8 @@ int sm_k_mm_f32w(sm_kernel_ctx *kc, const uint16_t *x, int n, int k, const float
  * output: a scratch the caller owns), sc = sigmoid(logits * m_o), idx [n, K] int32 = top-K of
  * sc + bias (descending, ties to the lowest expert id), w [n, K] f32 =
  * sc[idx] / (sum_k sc[idx_k] + 1e-15) * route_scale.  xf bf16 [n, H]; router f32 [E, H];
- * bias f32 [E].  E <= 1024, K <= min(E, 32). */
+ * bias f32 [E].  E <= 1024, K <= min(E, 32), H % 4 == 0.  One launch (kc->ws holds the k
+ * splits, kc->tile_cnt counts their arrivals); the logits' bits are sm_k_mm_f32w's. */
 int sm_k_route(sm_kernel_ctx *kc, const uint16_t *xf, int n, int H, const float *router,
                const float *bias, int E, int K, float m_o, float route_scale, float *logits,
                int *idx, float *w, cudaStream_t st, sm_err *e);
