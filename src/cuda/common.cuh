@@ -163,7 +163,8 @@ __device__ __forceinline__ void sm_warp_sum_many(float (&v)[V]) {
 }
 template <int V>
 __device__ __forceinline__ int sm_warp_sum_many_idx(int lane, int j) {
-    return V >= 32 ? lane * (V / 32) + j : lane / (32 / (V >= 32 ? 32 : V));
+    if constexpr (V >= 32) return lane * (V / 32) + j;
+    else return lane / (32 / V);
 }
 __device__ __forceinline__ float sm_warp_max(float v) {
 #pragma unroll
@@ -209,6 +210,23 @@ __device__ __forceinline__ float sm_team_sum(float v, float *red, const sm_team 
 }
 /* Sum over the block (sm_team_sum of the whole block). */
 __device__ __forceinline__ float sm_block_sum(float v, float *red) { return sm_team_sum(v, red, sm_team_block()); }
+/* 1 in every thread of the block that arrives last of `total` blocks at counter *c, 0 in the
+ * others: the block's global stores are made visible before it counts itself, the last one
+ * resets the counter (the next launch finds it zero) and then sees every block's stores.
+ * Every thread of the block calls it (it holds block barriers). */
+__device__ __forceinline__ int sm_block_last_arrival(unsigned *c, unsigned total) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(c, 1u) == total - 1;
+        if (last) *c = 0u;
+    }
+    __syncthreads();
+    const int l = last;
+    if (l) __threadfence();
+    return l;
+}
 /* (value, id) order of every argmax here: larger value first, then the lower id; id < 0 = none. */
 __device__ __forceinline__ int sm_better(float v, int i, float bv, int bi) {
     return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));

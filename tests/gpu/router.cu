@@ -24,10 +24,47 @@ extern "C" {
 
 /* ------------------------------------------------------------------ router */
 
+/* One case's reference and kernel on the same inputs (xf hx [n, H] bf16, router hr [E, H], bias
+ * hb [E], c's widths and multipliers): the reference's logits, ids and weights (host), the kernel's ids and
+ * weights copied to the host and its logits left on the device.  0: the kernel failed (its
+ * line printed under name). */
+typedef struct rt_out {
+    float *lg;   /* host [n][E]: ref_route's logits */
+    int *ridx;   /* host [n][K]: its ids */
+    float *rw;   /* host [n][K]: its weights */
+    int *gi;     /* host [n][K]: sm_k_route's ids */
+    float *gw;   /* host [n][K]: its weights */
+    float *dl;   /* device [n][E]: its logits */
+} rt_out;
+
+static int rt_run(const char *name, const sm_config *c, int n, const uint16_t *hx, const float *hr, const float *hb, rt_out *o) {
+    const int H = c->H, E = c->E, K = c->K;
+    sm_err e = {""};
+    float *xf = (float *)gh_halloc((size_t)n * H * 4), *lg = (float *)gh_halloc((size_t)n * E * 4);
+    gh_bf16_to_f32(hx, xf, (size_t)n * H);
+    int *ridx = (int *)gh_halloc((size_t)n * K * 4);
+    float *rw = (float *)gh_halloc((size_t)n * K * 4);
+    ref_route(g_pool, c, xf, n, hr, hb, lg, ridx, rw);
+    uint16_t *dx = (uint16_t *)gh_dup_to_dev("xf", hx, 2, (size_t)n * H);
+    float *dr = (float *)gh_dup_to_dev("router", hr, 4, (size_t)E * H), *db = (float *)gh_dup_to_dev("bias", hb, 4, E);
+    float *dl = (float *)gh_dalloc("logits", 4, (size_t)n * E), *dw = (float *)gh_dalloc("w", 4, (size_t)n * K);
+    int *di = (int *)gh_dalloc("idx", 4, (size_t)n * K);
+    if (sm_k_route(&g_ctx, dx, n, H, dr, db, E, K, c->out_mult, c->route_scale, dl, di, dw, g_st, &e)) {
+        gh_fail_line(name, e.msg);
+        return 0;
+    }
+    if (!gh_sync(g_st)) { gh_fail_line(name, "kernel failed"); return 0; }
+    int *gi = (int *)gh_halloc((size_t)n * K * 4);
+    float *gw = (float *)gh_halloc((size_t)n * K * 4);
+    gh_to_host(gi, di, (size_t)n * K * 4);
+    gh_to_host(gw, dw, (size_t)n * K * 4);
+    *o = (rt_out){lg, ridx, rw, gi, gw, dl};
+    return 1;
+}
+
 void case_route(int n, int H, int E, int K) {
     char name[128];
     snprintf(name, sizeof name, "route n=%d H=%d E=%d K=%d", n, H, E, K);
-    sm_err e = {""};
     sm_config c;
     memset(&c, 0, sizeof c);
     c.H = H; c.E = E; c.K = K;
@@ -38,25 +75,11 @@ void case_route(int n, int H, int E, int K) {
     float *hr = (float *)gh_halloc((size_t)E * H * 4), *hb = (float *)gh_halloc((size_t)E * 4);
     gh_fill_f32(hr, (size_t)E * H, 1.0f / sqrtf((float)H));
     gh_fill_f32(hb, E, 0.01f);
-    /* reference: logits, then top-K and weights per row */
-    float *xf = (float *)gh_halloc((size_t)n * H * 4), *lg = (float *)gh_halloc((size_t)n * E * 4);
-    gh_bf16_to_f32(hx, xf, (size_t)n * H);
-    int *ridx = (int *)gh_halloc((size_t)n * K * 4);
-    float *rw = (float *)gh_halloc((size_t)n * K * 4);
-    ref_route(g_pool, &c, xf, n, hr, hb, lg, ridx, rw);
-    uint16_t *dx = (uint16_t *)gh_dup_to_dev("xf", hx, 2, (size_t)n * H);
-    float *dr = (float *)gh_dup_to_dev("router", hr, 4, (size_t)E * H), *db = (float *)gh_dup_to_dev("bias", hb, 4, E);
-    float *dl = (float *)gh_dalloc("logits", 4, (size_t)n * E), *dw = (float *)gh_dalloc("w", 4, (size_t)n * K);
-    int *di = (int *)gh_dalloc("idx", 4, (size_t)n * K);
-    if (sm_k_route(&g_ctx, dx, n, H, dr, db, E, K, c.out_mult, c.route_scale, dl, di, dw, g_st, &e)) {
-        gh_fail_line(name, e.msg);
-        return;
-    }
-    if (!gh_sync(g_st)) { gh_fail_line(name, "kernel failed"); return; }
-    int *gi = (int *)gh_halloc((size_t)n * K * 4);
-    float *gw = (float *)gh_halloc((size_t)n * K * 4);
-    gh_to_host(gi, di, (size_t)n * K * 4);
-    gh_to_host(gw, dw, (size_t)n * K * 4);
+    /* reference: logits, then top-K and weights per row; the kernel */
+    rt_out o;
+    if (!rt_run(name, &c, n, hx, hr, hb, &o)) return;
+    const float *lg = o.lg, *rw = o.rw, *gw = o.gw, *dl = o.dl;
+    const int *ridx = o.ridx, *gi = o.gi;
     /* idx: compared on rows whose sorted selection values (top K+1) are > 1e-5 apart */
     float *sel = (float *)gh_halloc((size_t)E * 4);
     int ok = 1, skipped = 0, bad = 0;
@@ -104,7 +127,6 @@ void case_route(int n, int H, int E, int K) {
 void case_route_ties(int n, int H, int E, int K, int groups) {
     char name[128];
     snprintf(name, sizeof name, "route_ties n=%d H=%d E=%d K=%d groups=%d", n, H, E, K, groups);
-    sm_err e = {""};
     sm_config c;
     memset(&c, 0, sizeof c);
     c.H = H; c.E = E; c.K = K;
@@ -121,24 +143,10 @@ void case_route_ties(int n, int H, int E, int K, int groups) {
         memcpy(hr + (size_t)x * H, g + (size_t)(x % groups) * H, (size_t)H * 4);
         hb[x] = gb[x % groups];
     }
-    float *xf = (float *)gh_halloc((size_t)n * H * 4), *lg = (float *)gh_halloc((size_t)n * E * 4);
-    gh_bf16_to_f32(hx, xf, (size_t)n * H);
-    int *ridx = (int *)gh_halloc((size_t)n * K * 4);
-    float *rw = (float *)gh_halloc((size_t)n * K * 4);
-    ref_route(g_pool, &c, xf, n, hr, hb, lg, ridx, rw);
-    uint16_t *dx = (uint16_t *)gh_dup_to_dev("xf", hx, 2, (size_t)n * H);
-    float *dr = (float *)gh_dup_to_dev("router", hr, 4, (size_t)E * H), *db = (float *)gh_dup_to_dev("bias", hb, 4, E);
-    float *dl = (float *)gh_dalloc("logits", 4, (size_t)n * E), *dw = (float *)gh_dalloc("w", 4, (size_t)n * K);
-    int *di = (int *)gh_dalloc("idx", 4, (size_t)n * K);
-    if (sm_k_route(&g_ctx, dx, n, H, dr, db, E, K, c.out_mult, c.route_scale, dl, di, dw, g_st, &e)) {
-        gh_fail_line(name, e.msg);
-        return;
-    }
-    if (!gh_sync(g_st)) { gh_fail_line(name, "kernel failed"); return; }
-    int *gi = (int *)gh_halloc((size_t)n * K * 4);
-    float *gw = (float *)gh_halloc((size_t)n * K * 4);
-    gh_to_host(gi, di, (size_t)n * K * 4);
-    gh_to_host(gw, dw, (size_t)n * K * 4);
+    rt_out o;
+    if (!rt_run(name, &c, n, hx, hr, hb, &o)) return;
+    const float *lg = o.lg, *rw = o.rw, *gw = o.gw;
+    const int *ridx = o.ridx, *gi = o.gi;
     float *sel = (float *)gh_halloc((size_t)groups * 4);
     int ok = 1, bad = 0, skipped = 0, compared = 0;
     gh_acc aw = GH_ACC_INIT;

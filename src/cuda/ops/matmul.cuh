@@ -150,22 +150,18 @@ __device__ __forceinline__ void sm_mm_reduce_range(const float *__restrict__ par
         y[i] = sm_tobf(a);
     }
 }
-/* Same, f32 output (router logits), elements [i0, i1) by step of partials split s at
- * part[s * count + i]; read at L2 (ld.cg): the partials may come from other blocks of the
- * same launch. */
-__device__ __forceinline__ void sm_mm_reduce_f32_span(const float *part, int S, size_t count, float *__restrict__ y,
-                                                      size_t i0, size_t i1, size_t step) {
-    for (size_t i = i0; i < i1; i += step) {
-        float a = __ldcg(part + i);
+/* Same, f32 output (router logits): element i, the sum in split order of the partials of split s
+ * at part[s * count + i], read at L2 (ld.cg: they may come from other blocks of the same launch). */
+__device__ __forceinline__ float sm_mm_reduce_f32_at(const float *part, int S, size_t count, size_t i) {
+    float a = __ldcg(part + i);
 #pragma unroll 8
-        for (int s = 1; s < S; s++) a += __ldcg(part + (size_t)s * count + i); /* in split order; loads run ahead */
-        y[i] = a;
-    }
+    for (int s = 1; s < S; s++) a += __ldcg(part + (size_t)s * count + i); /* loads run ahead */
+    return a;
 }
 /* Every element [0, count). */
 __device__ __forceinline__ void sm_mm_reduce_f32_range(const float *part, int S, size_t count, float *__restrict__ y,
                                                        size_t i0, size_t step) {
-    sm_mm_reduce_f32_span(part, S, count, y, i0, count, step);
+    for (size_t i = i0; i < count; i += step) y[i] = sm_mm_reduce_f32_at(part, S, count, i);
 }
 
 /* ---- f32-weight matmul (router) ----

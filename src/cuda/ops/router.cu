@@ -44,40 +44,21 @@ route_kernel(const uint16_t *__restrict__ x, int n, int k, const float *__restri
              int K, float m_o, float route_scale, int S, float *part, float *logits, int *__restrict__ idx,
              float *__restrict__ w, unsigned *cnt) {
     extern __shared__ float4 dsm[];
-    __shared__ int last;
     const int bx = blockIdx.x, by = blockIdx.y, gx = gridDim.x, gy = gridDim.y, tid = threadIdx.x;
     sm_mm_f32w_gemv_block<ROUTE_NT>(x, n, k, W, E, S == 1 ? logits : part, bx, by, blockIdx.z, (float4(*)[SM_RG_KL / 4])dsm,
                                     sm_team_block());
     const int t0 = by * ROUTE_NT, t1 = min(n, t0 + ROUTE_NT);
     if (S > 1) { /* the tile's last split: logits = sum of the splits, in split order */
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            unsigned *c = cnt + by * gx + bx;
-            last = atomicAdd(c, 1u) == (unsigned)S - 1;
-            if (last) *c = 0u;
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
+        if (!sm_block_last_arrival(cnt + by * gx + bx, (unsigned)S)) return;
         const int r0 = bx * SM_RG_ROWS, nr = min(SM_RG_ROWS, E - r0);
         for (int t = t0 + (tid >> 5); t < t1; t += 8)
             if ((tid & 31) < nr) {
                 const size_t i = (size_t)t * E + r0 + (tid & 31);
-                sm_mm_reduce_f32_span(part, S, (size_t)n * E, logits, i, i + 1, 1);
+                logits[i] = sm_mm_reduce_f32_at(part, S, (size_t)n * E, i);
             }
     }
     /* the token block's last tile: top-K of its rows, a warp a row */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        unsigned *c = cnt + gx * gy + by;
-        last = atomicAdd(c, 1u) == (unsigned)gx - 1;
-        if (last) *c = 0u;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!sm_block_last_arrival(cnt + gx * gy + by, (unsigned)gx)) return;
     float *sh = (float *)dsm + (size_t)(tid >> 5) * E;
     for (int row = t0 + (tid >> 5); row < t1; row += 8) sm_route_topk_row(logits, bias, E, K, m_o, route_scale, idx, w, row, sh);
 }
