@@ -135,11 +135,6 @@ __device__ __forceinline__ float sm_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
     return v;
 }
-/* The warp sums of V values a lane (V a power of two) by recursive halving: at each offset o
- * (16, 8, .., as sm_warp_sum) a lane keeps half its values and adds the partner's copy of that
- * half, own + partner's: every sum is sm_warp_sum's bit for bit, in 31 shuffles when V >= 32
- * instead of 5 V.  On return v[j] (j < max(V / 32, 1)) is the sum of value
- * sm_warp_sum_many_idx<V>(lane, j); with V < 32 lanes 32 / V apart hold the same sum. */
 /* One level of sm_warp_sum_many: offset O, C values still a lane (template recursion keeps
  * every index a compile-time constant: the values stay in registers). */
 template <int V, int O, int C>
@@ -156,6 +151,11 @@ __device__ __forceinline__ void sm_warp_sum_level(float (&v)[V], int lane) {
     }
     if constexpr (O > 1) sm_warp_sum_level<V, O / 2, (C > 1 ? C / 2 : 1)>(v, lane);
 }
+/* The warp sums of V values a lane (V a power of two) by recursive halving: at each offset o
+ * (16, 8, .., as sm_warp_sum) a lane keeps half its values and adds the partner's copy of that
+ * half, own + partner's: every sum is sm_warp_sum's bit for bit, in 31 shuffles when V >= 32
+ * instead of 5 V.  On return v[j] (j < max(V / 32, 1)) is the sum of value
+ * sm_warp_sum_many_idx<V>(lane, j); with V < 32 lanes 32 / V apart hold the same sum. */
 template <int V>
 __device__ __forceinline__ void sm_warp_sum_many(float (&v)[V]) {
     static_assert(V >= 1 && (V & (V - 1)) == 0, "sm_warp_sum_many: V must be a power of two");
