@@ -1,5 +1,6 @@
 /* bench.cu: the per-op microbenchmarks' harness (bench.h) and their one entry, gpu_bench
- * (`gpu_test --bench OP[,OP..]`, OP one of norm, router, attention, matmul, moe, logits, logprobs, all).
+ * (`gpu_test --bench OP[,OP..]`, OP one of norm, router, attention, matmul, moe, logits, logprobs, frontend,
+ * all).
  *
  * gpu_bench checks the op list first (an unknown name: one line on stderr, status 2, nothing
  * run), then sets up one bh_run on device 0: the stock-kernel context at the spark1x widths,
@@ -72,6 +73,7 @@ int bh_time(bh_run *r, bh_call fn, void *arg, int nsets, int per_interval, float
     for (int it = -BH_WARM; it < r->iters; it++) {
         bh_spin_kernel<<<1, 32, 0, r->st>>>(BH_SPIN_NS);
         SM_LAUNCH_CHECK("bh_spin_kernel");
+        if (r->evict && bh_evict_icache(r, e)) return -1;
         SM_CUDA_CHECK(cudaEventRecord(r->ea, r->st));
         for (int h = 0; h < per_interval; h++, call++)
             if (fn(r, arg, (int)(call % nsets), e)) return -1;
@@ -207,6 +209,8 @@ static void bh_teardown(bh_run *r) {
     if (r->ea) SM_CUDA_CHECK_PRINT(cudaEventDestroy(r->ea));
     if (r->eb) SM_CUDA_CHECK_PRINT(cudaEventDestroy(r->eb));
     if (r->st) SM_CUDA_CHECK_PRINT(cudaStreamDestroy(r->st));
+    if (r->fe_out) SM_CUDA_CHECK_PRINT(cudaFree(r->fe_out));
+    if (r->fe_flush) SM_CUDA_CHECK_PRINT(cudaFree(r->fe_flush));
     sm_kernel_ctx_free(&r->kc);
 }
 
@@ -231,6 +235,7 @@ typedef struct bh_op {
 static const bh_op bh_ops[] = {
     {"norm", bench_norm}, {"router", bench_router}, {"attention", bench_attention},
     {"matmul", bench_matmul}, {"moe", bench_moe}, {"logits", bench_logits}, {"logprobs", bench_logprobs},
+    {"frontend", bench_frontend},
 };
 #define BH_NOPS ((int)(sizeof bh_ops / sizeof bh_ops[0]))
 
@@ -239,7 +244,7 @@ static int bh_parse(const char *list, int want[BH_NOPS]) {
     memset(want, 0, sizeof(int) * BH_NOPS);
     const char *p = list;
     if (!*p) {
-        fprintf(stderr, "gpu_test --bench: empty op list (ops: norm, router, attention, matmul, moe, logits, logprobs, all)\n");
+        fprintf(stderr, "gpu_test --bench: empty op list (ops: norm, router, attention, matmul, moe, logits, logprobs, frontend, all)\n");
         return -1;
     }
     while (*p) {
@@ -253,7 +258,7 @@ static int bh_parse(const char *list, int want[BH_NOPS]) {
         for (int i = 0; i < BH_NOPS && !found; i++)
             if (strlen(bh_ops[i].name) == len && !strncmp(p, bh_ops[i].name, len)) want[i] = found = 1;
         if (!found) {
-            fprintf(stderr, "gpu_test --bench: unknown op '%.*s' in '%s' (ops: norm, router, attention, matmul, moe, logits, logprobs, all)\n",
+            fprintf(stderr, "gpu_test --bench: unknown op '%.*s' in '%s' (ops: norm, router, attention, matmul, moe, logits, logprobs, frontend, all)\n",
                     (int)len, p, list);
             return -1;
         }

@@ -53,6 +53,9 @@ typedef struct bh_run {
     uint64_t seed;           /* seed of every random input (printed) */
     int iters;               /* timed calls of a case (BH_ITERS unless a driver lowers it) */
     int rows[BH_NROWS];      /* decode row counts */
+    int evict;               /* 1: bh_time runs bh_evict_icache ahead of every timed interval */
+    float *fe_out;           /* [sms] the frontend kernels' output (allocated on first use) */
+    void *fe_flush;          /* [BH_L2_TIMES x L2] bytes written to flush the L2 (first use) */
     int nlines;              /* summary lines used */
     bh_line lines[BH_MAX_LINES]; /* [nlines] */
 } bh_run;
@@ -64,9 +67,14 @@ typedef int (*bh_call)(bh_run *r, void *arg, int set, sm_err *e);
  * at least 2, at most BH_MAX_SETS. */
 int bh_sets(const bh_run *r, double set_bytes);
 /* Median time (us) of one call: BH_WARM untimed then r->iters timed intervals, each a spin
- * kernel, event, per_interval calls of fn on consecutive sets, event, synchronize; the interval
- * divided by per_interval.  Sets rotate 0, 1, .., nsets-1, 0, .. over every call. */
+ * kernel (then bh_evict_icache when r->evict), event, per_interval calls of fn on consecutive
+ * sets, event, synchronize; the interval divided by per_interval.  Sets rotate 0, 1, ..,
+ * nsets-1, 0, .. over every call. */
 int bh_time(bh_run *r, bh_call fn, void *arg, int nsets, int per_interval, float *us, sm_err *e);
+/* Enqueue BH_L2_TIMES L2 sizes of writes, then 256 KB of straight-line code on every SM
+ * (bench/gpu/frontend.cu), so the next kernel's instructions are neither in the SMs'
+ * instruction caches nor in L2 (as a layer's other kernels leave them). */
+int bh_evict_icache(bh_run *r, sm_err *e);
 /* The spin kernel bh_time puts ahead of each timed interval (for drivers that time by hand). */
 __global__ void bh_spin_kernel(long long ns);
 /* p[0..n) = mean + sd * z with z the normals of src/model/rng.h's stream sm_rng_key(r->seed, name),
@@ -98,5 +106,6 @@ int bench_matmul(bh_run *r, sm_err *e);
 int bench_moe(bh_run *r, sm_err *e);
 int bench_logits(bh_run *r, sm_err *e);
 int bench_logprobs(bh_run *r, sm_err *e);
+int bench_frontend(bh_run *r, sm_err *e);
 
 #endif
