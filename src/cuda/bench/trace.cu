@@ -112,7 +112,7 @@ static void tr_summary(const sm_exec *X, const sm_exec_trace *t, int W, const un
             float sum = 0;
             for (int p = 0; p < P; p++) {
                 span[(size_t)p * NL + nl] = s1[p] ? (float)((s1[p] - s0[p]) / 1e3) : 0.f;
-                sum += span[(size_t)p * NL + nl];
+                if (!t->nested[p]) sum += span[(size_t)p * NL + nl];
             }
             att[nl] = first > prev_end ? (float)((first - prev_end) / 1e3) : 0.f;
             cyc[nl] = (float)((last - prev_end) / 1e3);
@@ -129,7 +129,9 @@ static void tr_summary(const sm_exec *X, const sm_exec_trace *t, int W, const un
             const double m = sm_median(span + (size_t)p * NL, nl); /* sorts this phase's samples only */
             if (m <= 0) continue;
             const double fb = t->floor[p];
-            if (fb > 0)
+            if (t->nested[p])
+                printf("    %-38s %9.1f   (inside %s)\n", t->name[p], m, t->name[t->nested[p] - 1]);
+            else if (fb > 0)
                 printf("  %-40s %9.1f   floor %7.1f  %5.1f%%\n", t->name[p], m, fb / bw * 1e6, 100 * fb / bw * 1e6 / m);
             else
                 printf("  %-40s %9.1f\n", t->name[p], m);

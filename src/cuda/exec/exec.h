@@ -195,9 +195,12 @@ typedef struct sm_exec_trace {
     double floor[SM_EXEC_TRACE_PHASES]; /* bytes a phase must read (its floor at a bandwidth); 0: none */
     unsigned char pair[SM_EXEC_TRACE_PHASES]; /* 1: its blocks run two an SM (an SM's track: block / 2) */
     unsigned char wait[SM_EXEC_TRACE_PHASES]; /* 1: a wait for the other ranks (W > 1) */
+    unsigned char nested[SM_EXEC_TRACE_PHASES]; /* 1 + the phase it is timed inside (a part of that
+                                                    phase's time, not summed); 0: none */
     const char *lead;          /* the time before a layer's first phase: its name */
     const char *lead_note;     /* what it holds */
-    unsigned char part[SM_EXEC_TRACE_PHASES]; /* the layer phase (SM_LP_*) a phase is part of */
+    unsigned char part[SM_EXEC_TRACE_PHASES]; /* the layer phase (SM_LP_*) a phase is part of (SM_LP_NONE
+                                                  for a nested one) */
     unsigned char lead_part;   /* the lead's layer phase (SM_LP_NONE: counted in gaps) */
 } sm_exec_trace;
 

@@ -39,6 +39,12 @@ __device__ __forceinline__ mono_blk mono_where(int nrank) {
     return B;
 }
 
+/* Trace slot of (layer, block, phase) (ctl->trace_blocks blocks a layer), or NULL. */
+__device__ __forceinline__ unsigned long long *mono_tr(const mono_ctl *ctl, int layer, int p, const mono_blk &B) {
+    unsigned long long *t = ctl->trace;
+    return t ? t + (((size_t)(layer % MONO_TRACE_MAX) * ctl->trace_blocks + B.b) * MP_N + p) * 2 : NULL;
+}
+
 /* Grid barrier number k (1, 2, ... within the launch) before phase `phase` of layer `layer`
  * (every thread calls it): 1 when every block has arrived, 0 when this block must leave (a
  * wait timed out here or anywhere).  The arrival count only grows within a launch (barrier k
@@ -290,9 +296,12 @@ __device__ __forceinline__ void mono_topk(const mono_desc &d, uint8_t *dyn) {
 __device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, float (*red)[32], const mono_blk &B) {
     if (B.b == B.G - 1) {
         /* the last block: top-K of every row, then the grouping of the routes by expert (the
-         * other blocks norm the pooled rows meanwhile) */
+         * other blocks norm the pooled rows meanwhile); the top-K's own time in its trace slot */
+        unsigned long long *tr = mono_tr(d.ctl, d.layer, MP_TOPK, B);
+        if (tr && threadIdx.x == 0) tr[0] = sm_now_ns();
         mono_topk(d, dyn);
         __syncthreads(); /* idx complete (block-visible), smem free */
+        if (tr && threadIdx.x == 0) tr[1] = sm_now_ns();
         moe_group<MONO_THREADS>(d.ga, (moe_group_smem *)dyn);
         return;
     }
@@ -400,12 +409,6 @@ __device__ __forceinline__ void mono_phase(const mono_desc &d, int p, uint8_t *d
     case MP_ROPE: mono_rope(d, B); break;
     default: break;
     }
-}
-
-/* Trace slot of (layer, block, phase) (ctl->trace_blocks blocks a layer), or NULL. */
-__device__ __forceinline__ unsigned long long *mono_tr(const mono_ctl *ctl, int layer, int p, const mono_blk &B) {
-    unsigned long long *t = ctl->trace;
-    return t ? t + (((size_t)(layer % MONO_TRACE_MAX) * ctl->trace_blocks + B.b) * MP_N + p) * 2 : NULL;
 }
 
 /* 1 when phase p does not run for descriptor d. */
