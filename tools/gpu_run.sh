@@ -5,7 +5,7 @@
 # and tests/gpu/cli_spec.sh (speculative == plain through the CLI, with the logit processors),
 # tests/gpu/serve_cuda.py (the server on the GPU: logprobs made there vs the CPU server, n),
 # the per-op microbenchmarks (`gpu_test --bench all`: norm, router, attention, matmul, moe,
-# logits, logprobs, frontend) and `sparkmono bench` on the synthetic real-width 4-layer model (both expert
+# logits, logprobs, frontend, kstep) and `sparkmono bench` on the synthetic real-width 4-layer model (both expert
 # numerics, W4A16 and W4A4; with MXFP4 experts each phase of the median MXFP4 layer on both paths,
 # --phases; the prefix cache's time to first token, --ttft; the structured-output
 # masks' cost per step, --masks, and `sparkmono constrain --bench` at Muse Spark's vocabulary size), writes every full

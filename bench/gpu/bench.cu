@@ -1,6 +1,6 @@
 /* bench.cu: the per-op microbenchmarks' harness (bench.h) and their one entry, gpu_bench
  * (`gpu_test --bench OP[,OP..]`, OP one of norm, router, attention, matmul, moe, logits, logprobs, frontend,
- * all).
+ * kstep, all).
  *
  * gpu_bench checks the op list first (an unknown name: one line on stderr, status 2, nothing
  * run), then sets up one bh_run on device 0: the stock-kernel context at the spark1x widths,
@@ -235,7 +235,7 @@ typedef struct bh_op {
 static const bh_op bh_ops[] = {
     {"norm", bench_norm}, {"router", bench_router}, {"attention", bench_attention},
     {"matmul", bench_matmul}, {"moe", bench_moe}, {"logits", bench_logits}, {"logprobs", bench_logprobs},
-    {"frontend", bench_frontend},
+    {"frontend", bench_frontend}, {"kstep", bench_kstep},
 };
 #define BH_NOPS ((int)(sizeof bh_ops / sizeof bh_ops[0]))
 
@@ -244,7 +244,7 @@ static int bh_parse(const char *list, int want[BH_NOPS]) {
     memset(want, 0, sizeof(int) * BH_NOPS);
     const char *p = list;
     if (!*p) {
-        fprintf(stderr, "gpu_test --bench: empty op list (ops: norm, router, attention, matmul, moe, logits, logprobs, frontend, all)\n");
+        fprintf(stderr, "gpu_test --bench: empty op list (ops: norm, router, attention, matmul, moe, logits, logprobs, frontend, kstep, all)\n");
         return -1;
     }
     while (*p) {
@@ -258,7 +258,7 @@ static int bh_parse(const char *list, int want[BH_NOPS]) {
         for (int i = 0; i < BH_NOPS && !found; i++)
             if (strlen(bh_ops[i].name) == len && !strncmp(p, bh_ops[i].name, len)) want[i] = found = 1;
         if (!found) {
-            fprintf(stderr, "gpu_test --bench: unknown op '%.*s' in '%s' (ops: norm, router, attention, matmul, moe, logits, logprobs, frontend, all)\n",
+            fprintf(stderr, "gpu_test --bench: unknown op '%.*s' in '%s' (ops: norm, router, attention, matmul, moe, logits, logprobs, frontend, kstep, all)\n",
                     (int)len, p, list);
             return -1;
         }

@@ -107,5 +107,6 @@ int bench_moe(bh_run *r, sm_err *e);
 int bench_logits(bh_run *r, sm_err *e);
 int bench_logprobs(bh_run *r, sm_err *e);
 int bench_frontend(bh_run *r, sm_err *e);
+int bench_kstep(bh_run *r, sm_err *e);
 
 #endif

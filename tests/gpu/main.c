@@ -95,8 +95,8 @@ static void run_group(group *g) {
 }
 
 /* `gpu_test` runs every group, `gpu_test GROUP` one of them; `gpu_test --bench OP[,OP..]` runs
- * per-op microbenchmarks only (bench/gpu/; OP norm, router, attention, matmul, moe, logits, logprobs, frontend or
- * all); `--bench-moe` and `--bench-dense` are the former names of `--bench moe` and
+ * per-op microbenchmarks only (bench/gpu/; OP norm, router, attention, matmul, moe, logits, logprobs, frontend,
+ * kstep or all); `--bench-moe` and `--bench-dense` are the former names of `--bench moe` and
  * `--bench matmul,logits`. */
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--bench")) return gpu_bench(argv[2]);
@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < ng; i++)
             if (!strcmp(argv[1], gs[i].name)) only = i;
     if (argc > 2 || (argc == 2 && only < 0)) {
-        fprintf(stderr, "usage: gpu_test [kernels|moe|model|comm] | gpu_test --bench norm|router|attention|matmul|moe|logits|logprobs|frontend|all[,...]"
+        fprintf(stderr, "usage: gpu_test [kernels|moe|model|comm] | gpu_test --bench norm|router|attention|matmul|moe|logits|logprobs|frontend|kstep|all[,...]"
                         " (got '%s'%s)\n", argv[1], argc > 2 ? " and more" : "");
         return 2;
     }

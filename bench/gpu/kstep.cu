@@ -1,0 +1,207 @@
+/* kstep.cu: the expert stage's MXFP4 k step alone, then with the queue schedule's structure
+ * added back piece by piece (`gpu_test --bench kstep`): where the stage's time goes between
+ * the weight stream and the floor.
+ *
+ * One synthetic MXFP4 layer at the real widths (Hm = I = 4096, E = 256, sm_cuda_moe_synth);
+ * the gate_up matrices of 59 experts (the distinct experts of 8 rows under uniform top-8
+ * routing), 1.05 GB, streamed by units as the queue schedule cuts them (a unit: one expert's 8
+ * tile pairs, a pair a warp, the whole contraction), unit u run by block u mod grid.  Every
+ * variant runs mm.cuh's k step itself (moe_load, moe_compute: three register buffers, loads
+ * two steps ahead across unit boundaries) on 8 routes staged once:
+ *   body      the warps stream their units with no block synchronization (2 blocks an SM);
+ *   body/1    the same with one block an SM (8 warps: half the bytes in flight);
+ *   units     + a block barrier at every unit's end (the queue's switch);
+ *   +epi      + each warp's outputs stored before that barrier (the epilogue's stores);
+ *   +restage  + one route's B (8 KB) restaged from global memory after it, a second barrier.
+ * Floor = the bytes streamed / the read bandwidth of the run; SM clock probed after each.  The
+ * real stage adds the claim counter, the job table, the stage-2 waits, the grouping and the
+ * combine launches: `gpu_test --bench moe` (SM_MOE_BENCH_PROF=1) times those.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda/common.cuh"
+#include "cuda/moe/moe.h"
+#include "cuda/moe/mm.cuh"
+#include "bench.h"
+
+#define KS_EXPERTS 59 /* experts streamed */
+
+enum { KS_BODY, KS_UNITS, KS_EPI, KS_RESTAGE, KS_NVAR };
+
+typedef struct ks_args {
+    const uint8_t *blob;     /* the layer's experts (geom.cuh layout) */
+    const int *ex;           /* [KS_EXPERTS] experts streamed */
+    size_t expert;           /* bytes of one expert */
+    int ns, sb, ipj;         /* gate_up: k steps, bytes of a pair-step block, units an expert */
+    int U;                   /* units */
+    const uint2 *bsrc;       /* [Kp / 16][8][4] the routes in fragment order (global) */
+    int bwords;              /* uint4 words of bsrc */
+    float *out;              /* [U][8 warps][32 lanes][8] outputs (KS_EPI, KS_RESTAGE), [grid * 256] sums */
+} ks_args;
+
+/* The load cursor of a warp: unit lu (its block's next units: lu + gridDim.x ...), step LS. */
+typedef struct ks_cur {
+    int lu, LS, live;
+    const uint8_t *w;
+} ks_cur;
+
+__device__ __forceinline__ void ks_point(ks_cur &c, const ks_args &k, int warp) {
+    if (c.lu >= k.U) { c.live = 0; return; }
+    const int e = k.ex[c.lu / k.ipj], p = (c.lu % k.ipj) * MOE_WARPS + warp;
+    c.w = k.blob + (size_t)e * k.expert + (size_t)p * moe_pstride(k.ns, k.sb);
+    c.LS = 0;
+}
+
+__device__ __forceinline__ void ks_load(ks_cur &c, moe_buf &b, const ks_args &k, int warp, int lane) {
+    if (!c.live) return;
+    if (c.LS == k.ns) {
+        c.lu += gridDim.x;
+        ks_point(c, k, warp);
+        if (!c.live) return;
+    }
+    moe_load<SM_EXP_MXFP4>(b, moe_cur{0, 0, c.w, NULL}, lane);
+    c.w += k.sb;
+    c.LS++;
+}
+
+/* The end of a unit in variant V. */
+template <int V>
+__device__ __forceinline__ void ks_unit_end(const ks_args &k, int u, uint2 *Bs, float (&acc)[2][4], float &sum, int warp, int lane) {
+    if (V >= KS_EPI) {
+        float4 *o = (float4 *)(k.out + (((size_t)u * MOE_WARPS + warp) * 32 + lane) * 8);
+        o[0] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+        o[1] = make_float4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
+    } else {
+#pragma unroll
+        for (int X = 0; X < 2; X++) sum += acc[X][0] + acc[X][1] + acc[X][2] + acc[X][3];
+    }
+#pragma unroll
+    for (int X = 0; X < 2; X++) acc[X][0] = acc[X][1] = acc[X][2] = acc[X][3] = 0.0f;
+    if (V >= KS_UNITS) __syncthreads();
+    if (V >= KS_RESTAGE) { /* one route's entries: [ks][r = 0][t 0..3], two uint4 of each k16 step's 16 */
+        const uint4 *src = (const uint4 *)k.bsrc;
+        uint4 *dst = (uint4 *)Bs;
+        for (int i = (int)threadIdx.x; i < k.bwords / 8; i += MOE_THREADS) dst[(i >> 1) * 16 + (i & 1)] = src[(i >> 1) * 16 + (i & 1)];
+        __syncthreads();
+    }
+}
+
+template <int V>
+__global__ void __launch_bounds__(MOE_THREADS, 2) ks_kernel(const ks_args k) {
+    extern __shared__ uint4 ks_dyn[];
+    uint2 *Bs = (uint2 *)ks_dyn;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = (int)threadIdx.x; i < k.bwords; i += MOE_THREADS) ks_dyn[i] = ((const uint4 *)k.bsrc)[i];
+    __syncthreads();
+    ks_cur c;
+    c.lu = blockIdx.x; c.live = 1; c.w = k.blob; c.LS = 0;
+    ks_point(c, k, warp);
+    if (!c.live) return;
+    float acc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, sum = 0.0f;
+    moe_buf X, Y, Z;
+    ks_load(c, X, k, warp, lane);
+    ks_load(c, Y, k, warp, lane);
+    int u = blockIdx.x, S = 0;
+    /* three register buffers in rotation, as the queue: compute one while two are in flight */
+    for (;;) {
+        ks_load(c, Z, k, warp, lane);
+        moe_compute<SM_EXP_MXFP4>(X, S, Bs, lane, acc);
+        if (++S == k.ns) { ks_unit_end<V>(k, u, Bs, acc, sum, warp, lane); S = 0; if ((u += gridDim.x) >= k.U) break; }
+        ks_load(c, X, k, warp, lane);
+        moe_compute<SM_EXP_MXFP4>(Y, S, Bs, lane, acc);
+        if (++S == k.ns) { ks_unit_end<V>(k, u, Bs, acc, sum, warp, lane); S = 0; if ((u += gridDim.x) >= k.U) break; }
+        ks_load(c, Y, k, warp, lane);
+        moe_compute<SM_EXP_MXFP4>(Z, S, Bs, lane, acc);
+        if (++S == k.ns) { ks_unit_end<V>(k, u, Bs, acc, sum, warp, lane); S = 0; if ((u += gridDim.x) >= k.U) break; }
+    }
+    if (V < KS_EPI) k.out[(size_t)blockIdx.x * MOE_THREADS + threadIdx.x] = sum; /* keeps the sums live */
+}
+
+typedef struct ks_case {
+    ks_args k;
+    int var, grid;
+    size_t smem;
+} ks_case;
+
+static int ks_call(bh_run *r, void *arg, int set, sm_err *e) {
+    (void)set;
+    const ks_case *c = (const ks_case *)arg;
+    switch (c->var) {
+    case KS_BODY: ks_kernel<KS_BODY><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
+    case KS_UNITS: ks_kernel<KS_UNITS><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
+    case KS_EPI: ks_kernel<KS_EPI><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
+    default: ks_kernel<KS_RESTAGE><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
+    }
+    SM_LAUNCH_CHECK("ks_kernel");
+    return 0;
+}
+
+int bench_kstep(bh_run *r, sm_err *e) {
+    sm_config cf = r->cfg;
+    cf.L = 1;
+    sm_cuda_moe_layer L;
+    memset(&L, 0, sizeof L);
+    if (sm_cuda_moe_synth(&cf, 0, SM_EXP_MXFP4, r->seed, &L, r->st, e)) return sm_errprefix(e, "bench kstep: synth");
+    const moe_geom G = moe_geometry(SM_EXP_MXFP4, cf.Hm, cf.I);
+    ks_case c;
+    memset(&c, 0, sizeof c);
+    c.k.blob = (const uint8_t *)L.blob;
+    c.k.expert = G.expert;
+    c.k.ns = G.ns1;
+    c.k.sb = G.sb;
+    c.k.ipj = (G.p1 + MOE_WARPS - 1) / MOE_WARPS;
+    c.k.U = KS_EXPERTS * c.k.ipj;
+    c.k.bwords = G.Kp1 * 16 / 16;
+    c.smem = (size_t)G.Kp1 * 16;
+    int hx[KS_EXPERTS], *dx = NULL;
+    for (int i = 0; i < KS_EXPERTS; i++) hx[i] = (i * 97 + 13) % cf.E; /* distinct: 97 is odd, E a power of 2 */
+    int rc = 0;
+    uint16_t *bsrc = NULL;
+    float *out = NULL;
+    const size_t outn = (size_t)c.k.U * MOE_THREADS * 8;
+    if (cudaMalloc((void **)&dx, sizeof hx) != cudaSuccess || cudaMalloc((void **)&bsrc, c.smem) != cudaSuccess ||
+        cudaMalloc((void **)&out, outn * sizeof(float)) != cudaSuccess) {
+        rc = sm_errf(e, "bench kstep: cudaMalloc failed");
+        goto done;
+    }
+    if (cudaMemcpy(dx, hx, sizeof hx, cudaMemcpyHostToDevice) != cudaSuccess) { rc = sm_errf(e, "bench kstep: copy failed"); goto done; }
+    if (bh_normal_bf16(r, bsrc, c.smem / 2, "bench.kstep.b", 0.0f, 1.0f, e)) { rc = -1; goto done; }
+    c.k.ex = dx;
+    c.k.bsrc = (const uint2 *)bsrc;
+    c.k.out = out;
+    {
+        const int pairs = c.k.U * MOE_WARPS;
+        const double bytes = (double)pairs * G.ns1 * G.sb;
+        printf("\n== kstep: the MXFP4 k step (mm.cuh) over the gate_up of %d experts (%.0f MB), queue-shaped units of "
+               "8 pairs, then the schedule's structure added back; floor = bytes / read bandwidth\n",
+               KS_EXPERTS, bytes / 1e6);
+        printf("%-10s %6s %10s %9s %9s %8s\n", "variant", "blocks", "us", "TB/s", "floor us", "% floor");
+        static const char *names[KS_NVAR] = {"body", "units", "+epi", "+restage"};
+        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_BODY>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
+        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_UNITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
+        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
+        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_RESTAGE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
+        for (int v = -1; v < KS_NVAR && !rc; v++) {
+            c.var = v < 0 ? KS_BODY : v;
+            c.grid = r->sms * (v < 0 ? 1 : 2); /* v = -1: the body with one block an SM */
+            float us = 0;
+            double mhz = 0;
+            if (bh_time(r, ks_call, &c, 1, 1, &us, e) || bh_sm_mhz(r, &mhz, e)) { rc = -1; break; }
+            const double fl = bytes / r->bw * 1e6;
+            char name[32];
+            snprintf(name, sizeof name, "%s%s", names[c.var], v < 0 ? "/1" : "");
+            printf("%-10s %6d %10.2f %9.2f %9.2f %7.1f%%   %4.0f MHz\n", name, c.grid, us, bytes / (us * 1e-6) / 1e12, fl, 100.0 * fl / us, mhz);
+            char op[48];
+            snprintf(op, sizeof op, "kstep %s", name);
+            bh_add(r, op, 8, us, fl);
+        }
+        fflush(stdout);
+    }
+done:
+    if (dx) SM_CUDA_CHECK_PRINT(cudaFree(dx));
+    if (bsrc) SM_CUDA_CHECK_PRINT(cudaFree(bsrc));
+    if (out) SM_CUDA_CHECK_PRINT(cudaFree(out));
+    sm_cuda_moe_free(&L);
+    return rc;
+}
