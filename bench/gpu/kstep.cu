@@ -12,7 +12,16 @@
  *   body/1    the same with one block an SM (8 warps: half the bytes in flight);
  *   units     + a block barrier at every unit's end (the queue's switch);
  *   +epi      + each warp's outputs stored before that barrier (the epilogue's stores);
- *   +restage  + one route's B (8 KB) restaged from global memory after it, a second barrier.
+ *   +restage  + one route's B (8 KB) restaged from global memory after it, a second barrier;
+ *   e4m3      the body's loads with another k step: the instruction mix of W4A4 on Hopper's FP8
+ *             tensor cores (e2m1 codes are e4m3 values times 2^-6): per 32-k block and tile,
+ *             the 16 codes of a lane to e4m3 bytes (one LOP3 for 8 codes placed for it, two
+ *             shifts and two LOP3 for the other 8: the placement a repack for it would give),
+ *             one wgmma m64n8k32 (A from registers, B the job's e4m3 routes in shared memory,
+ *             a fresh accumulator: the exact block sum), then the block's scale 2^(ew + ea) as
+ *             an f32 built by one IMAD and one FFMA an output.  It runs on the layout of the
+ *             bf16 k step, so its values mean nothing: only its time does (issue 34's notes:
+ *             the accumulator keeps 14 bits, an exact block sum needs 13).
  * Floor = the bytes streamed / the read bandwidth of the run; SM clock probed after each.  The
  * real stage adds the claim counter, the job table, the stage-2 waits, the grouping and the
  * combine launches: `gpu_test --bench moe` (SM_MOE_BENCH_PROF=1) times those.
@@ -23,11 +32,12 @@
 #include "cuda/common.cuh"
 #include "cuda/moe/moe.h"
 #include "cuda/moe/mm.cuh"
+#include "cuda/ops/matmul.cuh"
 #include "bench.h"
 
 #define KS_EXPERTS 59 /* experts streamed */
 
-enum { KS_BODY, KS_UNITS, KS_EPI, KS_RESTAGE, KS_NVAR };
+enum { KS_BODY, KS_UNITS, KS_EPI, KS_RESTAGE, KS_E4M3, KS_NVAR };
 
 typedef struct ks_args {
     const uint8_t *blob;     /* the layer's experts (geom.cuh layout) */
@@ -87,6 +97,64 @@ __device__ __forceinline__ void ks_unit_end(const ks_args &k, int u, uint2 *Bs, 
     }
 }
 
+/* ---- the e4m3 k step (KS_E4M3: timing only) ---- */
+
+/* e4m3 bytes (bits 7, 4..2 of each byte: sign, e1 e0 m) of the 4 codes a repack would place
+ * at bits 6, 1, 0, 5 (two shifts, two LOP3; the other 4 codes sit in place: one LOP3). */
+__device__ __forceinline__ uint32_t ks_e4m3_hi(uint32_t x) { return ((x >> 1) & 0x98989898u) | ((x << 2) & 0x04040404u); }
+
+/* d = A (64 x 32 e4m3, this thread's 4 registers) x B (32 x 8 e4m3, descriptor db), a fresh sum. */
+__device__ __forceinline__ void ks_wgmma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(0));
+}
+
+/* Shared-memory descriptor of a K-major 8 x 32 e4m3 B block at saddr (two 8 x 16-byte core
+ * matrices, 128 bytes apart; no swizzle). */
+__device__ __forceinline__ uint64_t ks_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(256 >> 4) << 32);
+}
+
+/* acc[X] += d[X] x 2^(ew + ea) for 32-k block blk: the rows' scale bytes from the weights'
+ * block (b.s), the columns' ea << 23 from shared memory. */
+__device__ __forceinline__ void ks_scale(float (&d)[2][4], const moe_buf &b, const int2 &ea, int blk, float (&acc)[2][4]) {
+#pragma unroll
+    for (int X = 0; X < 2; X++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) sm_wg_pin(d[X][i]);
+        const uint32_t r0 = __byte_perm(b.s[X].x, 0, 0x4440 + blk), r1 = __byte_perm(b.s[X].y, 0, 0x4440 + blk);
+        acc[X][0] = fmaf(d[X][0], __int_as_float((int)(r0 << 23) + ea.x), acc[X][0]);
+        acc[X][1] = fmaf(d[X][1], __int_as_float((int)(r0 << 23) + ea.y), acc[X][1]);
+        acc[X][2] = fmaf(d[X][2], __int_as_float((int)(r1 << 23) + ea.x), acc[X][2]);
+        acc[X][3] = fmaf(d[X][3], __int_as_float((int)(r1 << 23) + ea.y), acc[X][3]);
+    }
+}
+
+/* One 128-k step: 4 blocks x 2 tiles of wgmma, block b + 1's issued before block b is scaled. */
+__device__ __forceinline__ void ks_compute_e4m3(const moe_buf &b, int S, uint32_t bq, const int2 *eas, int lane, float (&acc)[2][4]) {
+    float d[2][2][4];
+#pragma unroll
+    for (int blk = 0; blk < 4; blk++) {
+        const int cur = blk & 1;
+        sm_wg_fence();
+#pragma unroll
+        for (int X = 0; X < 2; X++) {
+            const uint32_t in0 = moe_u4(b.w[X][blk >> 1], 2 * (blk & 1)), in1 = moe_u4(b.w[X][blk >> 1], 2 * (blk & 1) + 1);
+            ks_wgmma_e4m3(d[cur][X], in0 & 0x9C9C9C9Cu, ks_e4m3_hi(in0), in1 & 0x9C9C9C9Cu, ks_e4m3_hi(in1),
+                          ks_desc(bq + (uint32_t)((S * 4 + blk) * 256)));
+        }
+        sm_wg_commit();
+        if (blk > 0) {
+            sm_wg_wait<1>();
+            ks_scale(d[cur ^ 1], b, eas[(S * 4 + blk - 1) * 4 + (lane & 3)], blk - 1, acc);
+        }
+    }
+    sm_wg_wait<0>();
+    ks_scale(d[1], b, eas[(S * 4 + 3) * 4 + (lane & 3)], 3, acc);
+}
+
 template <int V>
 __global__ void __launch_bounds__(MOE_THREADS, 2) ks_kernel(const ks_args k) {
     extern __shared__ uint4 ks_dyn[];
@@ -103,19 +171,27 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) ks_kernel(const ks_args k) {
     ks_load(c, X, k, warp, lane);
     ks_load(c, Y, k, warp, lane);
     int u = blockIdx.x, S = 0;
+    const uint32_t bq = sm_wg_u32(Bs);                                   /* KS_E4M3: B as e4m3 [block][256 bytes] */
+    const int2 *eas = (const int2 *)((const uint8_t *)Bs + (size_t)k.ns * 4 * 256); /* KS_E4M3: [block][t] ea << 23 */
     /* three register buffers in rotation, as the queue: compute one while two are in flight */
+#define KS_STEP(B)                                                                                       \
+    if (V == KS_E4M3) ks_compute_e4m3(B, S, bq, eas, lane, acc);                                         \
+    else moe_compute<SM_EXP_MXFP4>(B, S, Bs, lane, acc);                                                 \
+    if (++S == k.ns) {                                                                                   \
+        ks_unit_end<V == KS_E4M3 ? KS_BODY : V>(k, u, Bs, acc, sum, warp, lane);                         \
+        S = 0;                                                                                           \
+        if ((u += gridDim.x) >= k.U) break;                                                              \
+    }
     for (;;) {
         ks_load(c, Z, k, warp, lane);
-        moe_compute<SM_EXP_MXFP4>(X, S, Bs, lane, acc);
-        if (++S == k.ns) { ks_unit_end<V>(k, u, Bs, acc, sum, warp, lane); S = 0; if ((u += gridDim.x) >= k.U) break; }
+        KS_STEP(X)
         ks_load(c, X, k, warp, lane);
-        moe_compute<SM_EXP_MXFP4>(Y, S, Bs, lane, acc);
-        if (++S == k.ns) { ks_unit_end<V>(k, u, Bs, acc, sum, warp, lane); S = 0; if ((u += gridDim.x) >= k.U) break; }
+        KS_STEP(Y)
         ks_load(c, Y, k, warp, lane);
-        moe_compute<SM_EXP_MXFP4>(Z, S, Bs, lane, acc);
-        if (++S == k.ns) { ks_unit_end<V>(k, u, Bs, acc, sum, warp, lane); S = 0; if ((u += gridDim.x) >= k.U) break; }
+        KS_STEP(Z)
     }
-    if (V < KS_EPI) k.out[(size_t)blockIdx.x * MOE_THREADS + threadIdx.x] = sum; /* keeps the sums live */
+#undef KS_STEP
+    if (V < KS_EPI || V == KS_E4M3) k.out[(size_t)blockIdx.x * MOE_THREADS + threadIdx.x] = sum; /* keeps the sums live */
 }
 
 typedef struct ks_case {
@@ -131,7 +207,8 @@ static int ks_call(bh_run *r, void *arg, int set, sm_err *e) {
     case KS_BODY: ks_kernel<KS_BODY><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
     case KS_UNITS: ks_kernel<KS_UNITS><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
     case KS_EPI: ks_kernel<KS_EPI><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
-    default: ks_kernel<KS_RESTAGE><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
+    case KS_RESTAGE: ks_kernel<KS_RESTAGE><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
+    default: ks_kernel<KS_E4M3><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
     }
     SM_LAUNCH_CHECK("ks_kernel");
     return 0;
@@ -177,11 +254,12 @@ int bench_kstep(bh_run *r, sm_err *e) {
                "8 pairs, then the schedule's structure added back; floor = bytes / read bandwidth\n",
                KS_EXPERTS, bytes / 1e6);
         printf("%-10s %6s %10s %9s %9s %8s\n", "variant", "blocks", "us", "TB/s", "floor us", "% floor");
-        static const char *names[KS_NVAR] = {"body", "units", "+epi", "+restage"};
+        static const char *names[KS_NVAR] = {"body", "units", "+epi", "+restage", "e4m3"};
         SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_BODY>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
         SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_UNITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
         SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
         SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_RESTAGE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
+        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_E4M3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
         for (int v = -1; v < KS_NVAR && !rc; v++) {
             c.var = v < 0 ? KS_BODY : v;
             c.grid = r->sms * (v < 0 ? 1 : 2); /* v = -1: the body with one block an SM */
