@@ -11,7 +11,8 @@
  *   body      the warps stream their units with no block synchronization (2 blocks an SM);
  *   body/1    the same with one block an SM (8 warps: half the bytes in flight);
  *   units     + a block barrier at every unit's end (the queue's switch);
- *   +epi      + each warp's outputs stored before that barrier (the epilogue's stores);
+ *   +epi      + each warp's outputs of one route stored as bf16 before that barrier (64
+ *             bytes a warp: the stage-1 epilogue's stores at 8 rows, about one route a job);
  *   +restage  + one route's B (8 KB) restaged from global memory after it, a second barrier;
  *   e4m3      the body's loads with another k step: the instruction mix of W4A4 on Hopper's FP8
  *             tensor cores (e2m1 codes are e4m3 values times 2^-6): per 32-k block and tile,
@@ -47,7 +48,8 @@ typedef struct ks_args {
     int U;                   /* units */
     const uint2 *bsrc;       /* [Kp / 16][8][4] the routes in fragment order (global) */
     int bwords;              /* uint4 words of bsrc */
-    float *out;              /* [U][8 warps][32 lanes][8] outputs (KS_EPI, KS_RESTAGE), [grid * 256] sums */
+    float *out;              /* [U][8 warps][8 lane groups][2] words of bf16 outputs (KS_EPI, KS_RESTAGE);
+                                [grid * 256] sums (the others) */
 } ks_args;
 
 /* The load cursor of a warp: unit lu (its block's next units: lu + gridDim.x ...), step LS. */
@@ -78,10 +80,12 @@ __device__ __forceinline__ void ks_load(ks_cur &c, moe_buf &b, const ks_args &k,
 /* The end of a unit in variant V. */
 template <int V>
 __device__ __forceinline__ void ks_unit_end(const ks_args &k, int u, uint2 *Bs, float (&acc)[2][4], float &sum, int warp, int lane) {
-    if (V >= KS_EPI) {
-        float4 *o = (float4 *)(k.out + (((size_t)u * MOE_WARPS + warp) * 32 + lane) * 8);
-        o[0] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
-        o[1] = make_float4(acc[1][0], acc[1][1], acc[1][2], acc[1][3]);
+    if (V >= KS_EPI) { /* one route's 32 outputs of the warp as bf16 (64 bytes: the stage-1 epilogue's at 8 rows) */
+        if ((lane & 3) == 0) {
+            uint2 *o = (uint2 *)(k.out + (((size_t)u * MOE_WARPS + warp) * 8 + (lane >> 2)) * 2);
+            *o = make_uint2((uint32_t)sm_tobf(acc[0][0]) | ((uint32_t)sm_tobf(acc[0][2]) << 16),
+                            (uint32_t)sm_tobf(acc[1][0]) | ((uint32_t)sm_tobf(acc[1][2]) << 16));
+        }
     } else {
 #pragma unroll
         for (int X = 0; X < 2; X++) sum += acc[X][0] + acc[X][1] + acc[X][2] + acc[X][3];
