@@ -238,13 +238,14 @@ static const bh_op bh_ops[] = {
     {"frontend", bench_frontend}, {"kstep", bench_kstep},
 };
 #define BH_NOPS ((int)(sizeof bh_ops / sizeof bh_ops[0]))
+#define BH_OP_LIST "norm, router, attention, matmul, moe, logits, logprobs, frontend, kstep, all" /* the names above, for the messages */
 
 /* want[i] = 1 for each op named in the comma-separated list (or all); -1 on an unknown name. */
 static int bh_parse(const char *list, int want[BH_NOPS]) {
     memset(want, 0, sizeof(int) * BH_NOPS);
     const char *p = list;
     if (!*p) {
-        fprintf(stderr, "gpu_test --bench: empty op list (ops: norm, router, attention, matmul, moe, logits, logprobs, frontend, kstep, all)\n");
+        fprintf(stderr, "gpu_test --bench: empty op list (ops: " BH_OP_LIST ")\n");
         return -1;
     }
     while (*p) {
@@ -258,7 +259,7 @@ static int bh_parse(const char *list, int want[BH_NOPS]) {
         for (int i = 0; i < BH_NOPS && !found; i++)
             if (strlen(bh_ops[i].name) == len && !strncmp(p, bh_ops[i].name, len)) want[i] = found = 1;
         if (!found) {
-            fprintf(stderr, "gpu_test --bench: unknown op '%.*s' in '%s' (ops: norm, router, attention, matmul, moe, logits, logprobs, frontend, kstep, all)\n",
+            fprintf(stderr, "gpu_test --bench: unknown op '%.*s' in '%s' (ops: " BH_OP_LIST ")\n",
                     (int)len, p, list);
             return -1;
         }

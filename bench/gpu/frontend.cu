@@ -9,7 +9,7 @@
  * fe_line_kernel<NI, TAG>: one warp an SM runs NI FMAs in 8 independent chains (inline PTX, so
  * the code is NI instructions in that order; 8 chains cover the FMA latency, so warm code
  * issues about one a cycle) twice, clock64 around each pass.  Pass 0 runs right after fe_evict
- * (the same kernel with TAG 1 and 32 K instructions, 256 KB of other code, on every SM), so its
+ * (the same kernel with TAG 1 and 16 K instructions, 256 KB of other code, on every SM), so its
  * instructions come from L2, or, with the L2 flushed first (3 L2 sizes written, as the expert
  * stage's weight stream leaves it), from device memory; pass 1 runs the same addresses again.
  * The figure is cycles an instruction (median over the SMs, then over the repetitions); the

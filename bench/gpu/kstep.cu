@@ -16,8 +16,8 @@
  *   +restage  + one route's B (8 KB) restaged from global memory after it, a second barrier;
  *   e4m3      the body's loads with another k step: the instruction mix of W4A4 on Hopper's FP8
  *             tensor cores (e2m1 codes are e4m3 values times 2^-6): per 32-k block and tile,
- *             the 16 codes of a lane to e4m3 bytes (one LOP3 for 8 codes placed for it, two
- *             shifts and two LOP3 for the other 8: the placement a repack for it would give),
+ *             the 16 codes of a lane to e4m3 bytes (one LOP3 for 8 codes, two shifts and two
+ *             LOP3 for the other 8: the count of a placement a repack for it can give),
  *             one wgmma m64n8k32 (A from registers, B the job's e4m3 routes in shared memory,
  *             a fresh accumulator: the exact block sum), then the block's scale 2^(ew + ea) as
  *             an f32 built by one IMAD and one FFMA an output.  It runs on the layout of the
@@ -103,8 +103,10 @@ __device__ __forceinline__ void ks_unit_end(const ks_args &k, int u, uint2 *Bs, 
 
 /* ---- the e4m3 k step (KS_E4M3: timing only) ---- */
 
-/* e4m3 bytes (bits 7, 4..2 of each byte: sign, e1 e0 m) of the 4 codes a repack would place
- * at bits 6, 1, 0, 5 (two shifts, two LOP3; the other 4 codes sit in place: one LOP3). */
+/* e4m3 bytes (bits 7, 4..2 of each byte: sign, e1 e0 m) of the second 4 codes of a word: two
+ * shifts and two LOP3, the count of a real placement (those codes at bits 0, 1, 5, 6 of each
+ * byte, rotated by 6 and by 2; the first 4 sit in place: one LOP3).  This expression only
+ * stands in for it: it reads bits the first 4 codes use (timing only). */
 __device__ __forceinline__ uint32_t ks_e4m3_hi(uint32_t x) { return ((x >> 1) & 0x98989898u) | ((x << 2) & 0x04040404u); }
 
 /* d = A (64 x 32 e4m3, this thread's 4 registers) x B (32 x 8 e4m3, descriptor db), a fresh sum. */
@@ -204,16 +206,13 @@ typedef struct ks_case {
     size_t smem;
 } ks_case;
 
+static void (*const ks_kernels[KS_NVAR])(const ks_args) = {ks_kernel<KS_BODY>, ks_kernel<KS_UNITS>, ks_kernel<KS_EPI>,
+                                                           ks_kernel<KS_RESTAGE>, ks_kernel<KS_E4M3>};
+
 static int ks_call(bh_run *r, void *arg, int set, sm_err *e) {
     (void)set;
     const ks_case *c = (const ks_case *)arg;
-    switch (c->var) {
-    case KS_BODY: ks_kernel<KS_BODY><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
-    case KS_UNITS: ks_kernel<KS_UNITS><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
-    case KS_EPI: ks_kernel<KS_EPI><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
-    case KS_RESTAGE: ks_kernel<KS_RESTAGE><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
-    default: ks_kernel<KS_E4M3><<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k); break;
-    }
+    ks_kernels[c->var]<<<c->grid, MOE_THREADS, c->smem, r->st>>>(c->k);
     SM_LAUNCH_CHECK("ks_kernel");
     return 0;
 }
@@ -233,14 +232,16 @@ int bench_kstep(bh_run *r, sm_err *e) {
     c.k.sb = G.sb;
     c.k.ipj = (G.p1 + MOE_WARPS - 1) / MOE_WARPS;
     c.k.U = KS_EXPERTS * c.k.ipj;
-    c.k.bwords = G.Kp1 * 16 / 16;
-    c.smem = (size_t)G.Kp1 * 16;
+    c.smem = (size_t)G.Kp1 * 16; /* the routes in fragment order: 16 bytes a k value */
+    c.k.bwords = (int)(c.smem / 16);
     int hx[KS_EXPERTS], *dx = NULL;
     for (int i = 0; i < KS_EXPERTS; i++) hx[i] = (i * 97 + 13) % cf.E; /* distinct: 97 is odd, E a power of 2 */
     int rc = 0;
     uint16_t *bsrc = NULL;
     float *out = NULL;
-    const size_t outn = (size_t)c.k.U * MOE_THREADS * 8;
+    /* the stores of +epi and +restage, or the sums of the others (at most 2 blocks an SM) */
+    const size_t epin = (size_t)c.k.U * MOE_WARPS * 8 * 2, sumn = (size_t)2 * r->sms * MOE_THREADS;
+    const size_t outn = epin > sumn ? epin : sumn;
     if (cudaMalloc((void **)&dx, sizeof hx) != cudaSuccess || cudaMalloc((void **)&bsrc, c.smem) != cudaSuccess ||
         cudaMalloc((void **)&out, outn * sizeof(float)) != cudaSuccess) {
         rc = sm_errf(e, "bench kstep: cudaMalloc failed");
@@ -259,11 +260,8 @@ int bench_kstep(bh_run *r, sm_err *e) {
                KS_EXPERTS, bytes / 1e6);
         printf("%-10s %6s %10s %9s %9s %8s\n", "variant", "blocks", "us", "TB/s", "floor us", "% floor");
         static const char *names[KS_NVAR] = {"body", "units", "+epi", "+restage", "e4m3"};
-        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_BODY>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
-        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_UNITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
-        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_EPI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
-        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_RESTAGE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
-        SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernel<KS_E4M3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
+        for (int v = 0; v < KS_NVAR; v++)
+            SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernels[v], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
         for (int v = -1; v < KS_NVAR && !rc; v++) {
             c.var = v < 0 ? KS_BODY : v;
             c.grid = r->sms * (v < 0 ? 1 : 2); /* v = -1: the body with one block an SM */

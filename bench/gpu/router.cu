@@ -9,9 +9,9 @@
  * bf16, router N(0, 1/H), bias N(0, 0.01^2) (DESIGN.md: a small bias routes like a trained
  * model).  The "cold" line times sm_k_route with the L2 flushed and 256 KB of other code run on
  * every SM ahead of each call (bh_evict_icache): its code comes from device memory, as the
- * layer's other kernels leave it.  Only the sm_k_route line
- * enters the summary.  We rejected timing the top-K kernel
- * alone: it reads the logits the matmul just wrote, so it only exists after it.
+ * layer's other kernels leave it.  Only the sm_k_route line enters the summary.  We rejected
+ * timing the top-K kernel alone: it reads the logits the matmul just wrote, so it only exists
+ * after it.
  */
 #include <stdio.h>
 #include <string.h>
