@@ -226,6 +226,7 @@ typedef struct bench_row {
     int mono;               /* timed with the monokernel */
     int acts;               /* --preset MXFP4: SM_ACTS_BF16 (W4A16) or SM_ACTS_MXFP4 (W4A4); else
                                SM_ACTS_AUTO (the checkpoint's own, as loaded) */
+    int fp8;                /* W4A4 of a preset: 1 on the FP8 tensor cores, 0 with bf16 products */
     double layer_frac;      /* mean %floor of the MXFP4 layers 1..L-2 (0: none) */
     float med_us, min_us, max_us;
     double bytes, expert_bytes, dense_bytes, kv_bytes, lm_bytes;
@@ -511,7 +512,7 @@ static int bench_phases(bench_run *b, const bench_row *br, sm_err *e) {
     const double xbytes = nx ? sm_median(xv, nx) : 0.0;
     char path[32], line[256];
     snprintf(path, sizeof path, "%s%s", br->mono ? "mono" : "stock",
-             br->acts == SM_ACTS_MXFP4 ? "-w4a4" : br->acts == SM_ACTS_BF16 ? "-w4a16" : "");
+             br->acts == SM_ACTS_MXFP4 ? (br->fp8 ? "-w4a4f" : "-w4a4b") : br->acts == SM_ACTS_BF16 ? "-w4a16" : "");
     printf("layer phases of one traced %s step of %d rows: median over the %d MXFP4 layers of 1..%d it ran; floor = weight "
            "bytes / %.0f GB/s\n", br->mono ? "monokernel" : "stock", br->step_rows, p.layers, c->L - 2, b->bw / 1e9);
     double tot = 0, tfl = 0, lat = 0;
@@ -692,9 +693,9 @@ static void bench_summary(const bench_run *b, int nres) {
         snprintf(lf, sizeof lf, br->layer_frac > 0 ? "%.1f%%" : "-", 100 * br->layer_frac);
         snprintf(sp, sizeof sp, "-");
         if (br->mono && ri > 0 && !b->res[ri - 1].mono && b->res[ri - 1].step_rows == br->step_rows &&
-            b->res[ri - 1].acts == br->acts)
+            b->res[ri - 1].acts == br->acts && b->res[ri - 1].fp8 == br->fp8)
             snprintf(sp, sizeof sp, "%.2fx", b->res[ri - 1].med_us / br->med_us);
-        const char *an = br->acts == SM_ACTS_MXFP4 ? "w4a4" : br->acts == SM_ACTS_BF16 ? "w4a16" : "-";
+        const char *an = br->acts == SM_ACTS_MXFP4 ? (br->fp8 ? "w4a4f" : "w4a4b") : br->acts == SM_ACTS_BF16 ? "w4a16" : "-";
         printf("%-6s %-6s %-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%% %12s %8s\n", br->mono ? "mono" : "stock", an,
                br->step_rows, rq, br->med_us, br->bytes / 1e9, br->distinct, br->floor_us, 100 * br->frac, lf, sp);
         if (a->ws.world > 1)
@@ -727,11 +728,13 @@ static int run(const bench_args *a, sm_err *e) {
         if (!b.have_mono && a->mono == 1) rc = sm_errf(e, "bench --mono on: %s", me.msg);
         if (!b.have_mono && !rc) printf("monokernel: not available on this model / device (%s); stock only\n\n", me.msg);
     }
-    /* the MXFP4 activations of a synthetic model: both numerics (W4A16, then W4A4) unless
-     * --activations names one; a checkpoint runs what it loaded with */
-    int acts[2] = {SM_ACTS_AUTO, SM_ACTS_AUTO}, nacts = 1;
+    /* the MXFP4 activations of a synthetic model: both numerics (W4A16, then W4A4 on the FP8
+     * tensor cores and with bf16 products) unless --activations names one (mxfp4: W4A4 on
+     * both); a checkpoint runs what it loaded with */
+    int acts[3] = {SM_ACTS_AUTO, SM_ACTS_AUTO, SM_ACTS_AUTO}, fp8[3] = {0, 1, 0}, nacts = 1;
     if (a->preset && a->fmt == SM_EXP_MXFP4) {
-        if (a->activations == SM_ACTS_AUTO) acts[0] = SM_ACTS_BF16, acts[1] = SM_ACTS_MXFP4, nacts = 2;
+        if (a->activations == SM_ACTS_AUTO) acts[0] = SM_ACTS_BF16, acts[1] = acts[2] = SM_ACTS_MXFP4, nacts = 3;
+        else if (a->activations == SM_ACTS_MXFP4) acts[0] = acts[1] = SM_ACTS_MXFP4, fp8[0] = 1, fp8[1] = 0, nacts = 2;
         else acts[0] = a->activations;
     } else if (a->preset && a->activations == SM_ACTS_MXFP4 && !rc) {
         rc = sm_errf(e, "bench: --activations mxfp4 needs MXFP4 experts (--experts mxfp4)");
@@ -745,7 +748,7 @@ static int run(const bench_args *a, sm_err *e) {
         bench_inputs(&b, rows, R, &rng);
         /* per numerics, stock first, then the monokernel on the same inputs (same run, same floor) */
         for (int ai = 0; ai < nacts && !rc; ai++) {
-            if (acts[ai] != SM_ACTS_AUTO) rc = sm_cuda_bench_set_acts(&b.be, acts[ai] == SM_ACTS_MXFP4, e);
+            if (acts[ai] != SM_ACTS_AUTO) rc = sm_cuda_bench_set_acts(&b.be, acts[ai] == SM_ACTS_MXFP4, fp8[ai], e);
             for (int pass = 0; pass < 2 && !rc; pass++) {
                 const int mono = pass == 1;
                 if (mono ? !(b.have_mono && a->mono != 2) : (a->mono == 1 && b.have_mono)) continue;
@@ -756,7 +759,11 @@ static int run(const bench_args *a, sm_err *e) {
                 br->R = R;
                 br->mono = mono;
                 br->acts = acts[ai];
-                if (acts[ai] != SM_ACTS_AUTO) printf("activations: %s\n", acts[ai] == SM_ACTS_MXFP4 ? "mxfp4 (W4A4)" : "bf16 (W4A16)");
+                br->fp8 = acts[ai] == SM_ACTS_MXFP4 && fp8[ai];
+                if (acts[ai] != SM_ACTS_AUTO)
+                    printf("activations: %s\n", acts[ai] != SM_ACTS_MXFP4 ? "bf16 (W4A16)"
+                                                 : fp8[ai]                  ? "mxfp4 (W4A4, FP8 tensor cores)"
+                                                                            : "mxfp4 (W4A4, bf16 products)");
                 if (!rc) rc = bench_step(&b, br, e);
                 if (!rc) rc = a->ws.world > 1 ? bench_world(&b, br, e) : bench_layers(&b, br, e);
                 if (!rc && a->phases) rc = bench_phases(&b, br, e);

@@ -3,8 +3,9 @@
  * widths Hm = I = 4096, K = 8, with synthetic experts (sm_cuda_moe_synth): MXFP4 (E = 256,
  * 2 layers of 6.8 GB, n = 8 .. 128 rows), FP8 (E = 128) and BF16 (E = 64) (1 layer, n = 8 and
  * 32), each with both schedules of the expert matmul (queue, the default, and stages) back to
- * back, and the MXFP4 layers with bf16 (W4A16) and MXFP4 (W4A4) activations back to back in
- * each schedule; uniform random top-8 routing.
+ * back, and the MXFP4 layers with bf16 (W4A16) and MXFP4 (W4A4: "w4a4f" on the FP8 tensor cores,
+ * "w4a4b" with bf16 products) activations back to back in each schedule; uniform random top-8
+ * routing.
  *
  * Each case is timed twice: plain stream launches ("ms stream") and a CUDA graph per (routing
  * set, layer) replayed ("ms graph", the form a step runs), rotating 8 routing sets and the
@@ -120,33 +121,36 @@ static void mb_graphs_free(mb_case *c) {
 
 static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e);
 
-/* Set the case's activations: aq 1 W4A4 (every layer's act_mx, h1 rounded by its norm as the
- * model path gives it), 0 W4A16. */
-static void mb_acts(mb_case *c, int aq) {
-    for (int l = 0; l < c->made; l++) c->L[l].act_mx = aq;
-    c->aq = aq;
-    c->ws.h1_mx = aq;
+/* Set the case's activations: aq 0 W4A16, 1 W4A4 on the FP8 tensor cores ("w4a4f"), 2 W4A4
+ * with bf16 products ("w4a4b") (every layer's act_mx and cores, sm_cuda_moe_set_acts; h1 rounded by its
+ * norm as the model path gives it). */
+static int mb_acts(bh_run *r, mb_case *c, int aq, sm_err *e) {
+    for (int l = 0; l < c->made; l++)
+        if (sm_cuda_moe_set_acts(&c->L[l], aq != 0, aq == 1, r->st, e)) return -1;
+    c->aq = aq != 0;
+    c->ws.h1_mx = aq != 0;
+    return 0;
 }
+static const char *const mb_acts_name[3] = {"w4a16", "w4a4f", "w4a4b"};
 
-/* W4A16 against W4A4 interleaved call by call (the same clocks and power for both): one
- * graph set of each, then per timed iteration one call of each, the order alternating; the
- * median of each and their ratio.  The schedule is the workspace's. */
+/* The three activations of mb_acts interleaved call by call (the same clocks and power for
+ * all): one graph set of each, then per timed iteration one call of each, the order rotating;
+ * the median of each and their ratios.  The schedule is the workspace's. */
 static int mb_ab(bh_run *r, mb_case *c, sm_err *e) {
-    cudaGraphExec_t g[2][MB_SETS * MB_MAX_LAYERS];
+    cudaGraphExec_t g[3][MB_SETS * MB_MAX_LAYERS];
     memset(g, 0, sizeof g);
     int rc = 0;
-    for (int v = 0; v < 2 && !rc; v++) {
-        mb_acts(c, v);
-        rc = mb_capture(r, c, e);
+    for (int v = 0; v < 3 && !rc; v++) {
+        rc = mb_acts(r, c, v, e) || mb_capture(r, c, e);
         memcpy(g[v], c->ge, sizeof c->ge);
         memset(c->ge, 0, sizeof c->ge);
     }
-    float t[2][BH_MAX_ITERS];
+    float t[3][BH_MAX_ITERS];
     const int nsets = MB_SETS * c->nlayers;
     long call = 0;
     for (int it = -BH_WARM; it < r->iters && !rc; it++, call++)
-        for (int h = 0; h < 2 && !rc; h++) {
-            const int v = (it & 1) ? 1 - h : h, set = (int)(call % nsets);
+        for (int h = 0; h < 3 && !rc; h++) {
+            const int v = (h + it + 3 * BH_WARM) % 3, set = (int)(call % nsets); /* it starts at -BH_WARM */
             const int s = set % MB_SETS, l = set / MB_SETS;
             bh_spin_kernel<<<1, 32, 0, r->st>>>(BH_SPIN_NS);
             float ms = 0;
@@ -156,22 +160,23 @@ static int mb_ab(bh_run *r, mb_case *c, sm_err *e) {
                 rc = sm_errf(e, "interleaved timing: %s", cudaGetErrorString(cudaGetLastError()));
             if (it >= 0) t[v][it] = ms * 1e3f;
         }
-    for (int v = 0; v < 2; v++)
+    for (int v = 0; v < 3; v++)
         for (int i = 0; i < MB_SETS * MB_MAX_LAYERS; i++)
             if (g[v][i]) SM_CUDA_CHECK_PRINT(cudaGraphExecDestroy(g[v][i]));
     if (rc) return -1;
-    const float a = sm_median(t[0], r->iters), b = sm_median(t[1], r->iters);
+    const float a = sm_median(t[0], r->iters), b = sm_median(t[1], r->iters), b2 = sm_median(t[2], r->iters);
     double mhz = 0;
     if (bh_sm_mhz(r, &mhz, e)) return -1;
-    printf("mxfp4  %-5s %-6s     %5d   interleaved: w4a16 %.3f ms, w4a4 %.3f ms, w4a4 / w4a16 %.4f   %8.0f MHz\n", "ab",
-           c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages", c->n, a * 1e-3, b * 1e-3, b / a, mhz);
+    printf("mxfp4  %-5s %-6s     %5d   interleaved: w4a16 %.3f ms, w4a4f %.3f ms, w4a4b %.3f ms; w4a4f / w4a16 %.4f, "
+           "w4a4f / w4a4b %.4f   %8.0f MHz\n",
+           "ab", c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages", c->n, a * 1e-3, b * 1e-3, b2 * 1e-3, b / a, b / b2, mhz);
     return 0;
 }
 
 /* A timed variant: the schedule of the expert matmul and the L2 prefetch distance. */
 typedef struct mb_var {
     int sched, pf;
-    int aq;                   /* 1: W4A4 (MXFP4 activations, sm_cuda_moe_layer.act_mx) */
+    int aq;                   /* mb_acts: 0 W4A16, 1 W4A4 (FP8 tensor cores), 2 W4A4 (bf16 products) */
 } mb_var;
 
 /* One format: its layers, then every (rows, variant) case (the variants of a row count back
@@ -218,9 +223,9 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
             if (vars[vi].aq && fmt != SM_EXP_MXFP4) continue; /* W4A4 is an MXFP4 mode */
             c->ws.prefetch = vars[vi].pf;
             c->ws.sched = vars[vi].sched;
-            mb_acts(c, vars[vi].aq);
+            if (mb_acts(r, c, vars[vi].aq, e)) return -1;
             const char *sname = c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages";
-            const char *aname = vars[vi].aq ? "w4a4" : fmt == SM_EXP_MXFP4 ? "w4a16" : "bf16";
+            const char *aname = fmt == SM_EXP_MXFP4 ? mb_acts_name[vars[vi].aq] : "bf16";
             const int nsets = MB_SETS * c->nlayers;
             float us_s = 0, us_g = 0;
             double mhz = 0;
@@ -237,10 +242,11 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
             fflush(stdout);
             if (c->ws.sched == SM_MOE_SCHED_QUEUE && getenv("SM_MOE_BENCH_PROF") && mb_prof(r, c, bytes, e)) return -1;
             if (vars[vi].pf == 0) { /* the summary: "moe FMT" = the default schedule, "moe FMT stages" the other;
-                                       " w4a4" with MXFP4 activations */
+                                       " w4a4f" / " w4a4b": W4A4 on the FP8 tensor cores / with bf16 products */
                 char op[48];
-                if (c->ws.sched == sched0) snprintf(op, sizeof op, "moe %s%s", fname, vars[vi].aq ? " w4a4" : "");
-                else snprintf(op, sizeof op, "moe %s %s%s", fname, sname, vars[vi].aq ? " w4a4" : "");
+                const char *an = vars[vi].aq == 1 ? " w4a4f" : vars[vi].aq == 2 ? " w4a4b" : "";
+                if (c->ws.sched == sched0) snprintf(op, sizeof op, "moe %s%s", fname, an);
+                else snprintf(op, sizeof op, "moe %s %s%s", fname, sname, an);
                 const double flops = 6.0 * c->n * cf.K * (double)cf.Hm * cf.I;
                 bh_add(r, op, c->n, us_g, bh_floor_us(r, bytes, flops));
             }
@@ -348,11 +354,14 @@ int bench_moe(bh_run *r, sm_err *e) {
            "the layers (each layer >> L2); sched queue (the default) and stages (the former two launches) back to back; "
            "SM MHz probed right after each case\n",
            r->iters, BH_WARM, MB_SETS);
-    /* each schedule W4A16 then W4A4 back to back (the MXFP4 layers; other formats skip W4A4) */
-    mb_var vars[4] = {{SM_MOE_SCHED_QUEUE, 0, 0}, {SM_MOE_SCHED_QUEUE, 0, 1}, {SM_MOE_SCHED_STAGES, 0, 0}, {SM_MOE_SCHED_STAGES, 0, 1}};
+    /* each schedule W4A16, W4A4 and W4A4 with bf16 products back to back (the MXFP4 layers;
+     * other formats skip W4A4) */
+    mb_var vars[6] = {{SM_MOE_SCHED_QUEUE, 0, 0},  {SM_MOE_SCHED_QUEUE, 0, 1},  {SM_MOE_SCHED_QUEUE, 0, 2},
+                      {SM_MOE_SCHED_STAGES, 0, 0}, {SM_MOE_SCHED_STAGES, 0, 1}, {SM_MOE_SCHED_STAGES, 0, 2}};
     const char *vs = getenv("SM_MOE_BENCH_PREFETCH"); /* one L2 prefetch distance for both schedules */
-    if (vs) vars[0].pf = vars[1].pf = vars[2].pf = vars[3].pf = atoi(vs);
-    const int nv = 4;
+    if (vs)
+        for (int i = 0; i < 6; i++) vars[i].pf = atoi(vs);
+    const int nv = 6;
     const char *quick = getenv("SM_MOE_BENCH_QUICK");
     if (quick) { /* one layer of one format (1 = mxfp4) at 8 rows (SM_MOE_BENCH_QUICK_ROWS), 4 timed calls of each schedule */
         r->iters = 4;
@@ -360,7 +369,7 @@ int bench_moe(bh_run *r, sm_err *e) {
         const char *qr = getenv("SM_MOE_BENCH_QUICK_ROWS");
         int rows1 = qr ? atoi(qr) : r->rows[0];
         if (rows1 < 1 || rows1 > BH_MAX_ROWS) rows1 = r->rows[0];
-        return mb_one(r, f, f == SM_EXP_MXFP4 ? 256 : f == SM_EXP_FP8 ? 128 : 64, 1, &rows1, 1, vars, 4, e);
+        return mb_one(r, f, f == SM_EXP_MXFP4 ? 256 : f == SM_EXP_FP8 ? 128 : 64, 1, &rows1, 1, vars, nv, e);
     }
     const int rows_small[2] = {8, 32};
     if (mb_one(r, SM_EXP_MXFP4, 256, 2, r->rows, BH_NROWS, vars, nv, e) ||

@@ -291,4 +291,13 @@ static inline cudaError_t sm_launch_pdl(void (*k)(P...), unsigned grid, unsigned
 /* Streaming 16-byte load of data read once (weights): evict-first in L2, no L1 allocation. */
 __device__ __forceinline__ uint4 sm_ld_stream(const uint4 *p) { return __ldcs(p); }
 
+/* ---- wgmma (sm_90a) window, shared by the dense matmuls (ops/matmul.cuh) and the expert
+ * stage's FP8 k step (moe/mm.cuh) ---- */
+__device__ __forceinline__ uint32_t sm_wg_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void sm_wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void sm_wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int K> __device__ __forceinline__ void sm_wg_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(K) : "memory"); }
+/* Keep the compiler from moving accumulator accesses across the asynchronous wgmma window. */
+__device__ __forceinline__ void sm_wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
 #endif

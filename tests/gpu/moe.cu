@@ -408,7 +408,7 @@ static void test_synth_equals_made(const char *preset, int fmt) {
     const int cols = std::max(c->Hm, c->I); /* longest row */
     float *dout = NULL, *hout = (float *)xmalloc(sizeof(float) * most), *ref = (float *)xmalloc(sizeof(float) * (size_t)cols);
     float *pn = (float *)xmalloc(sizeof(float) * (size_t)c->Hm);
-    long badu = cudaMalloc((void **)&dout, sizeof(float) * most) == cudaSuccess ? 0 : -1, bads = badu;
+    long badu = cudaMalloc((void **)&dout, sizeof(float) * most) == cudaSuccess ? 0 : -1, bads = badu, badx = badu;
     const int xs[3] = {0, c->E / 2, c->E - 1};
     for (int l = 0; l < 2 && badu >= 0 && bads >= 0; l++) {
         sm_err e = {{0}};
@@ -427,6 +427,20 @@ static void test_synth_equals_made(const char *preset, int fmt) {
                 badu = u < 0 || badu < 0 ? -1 : badu + u;
                 bads = v < 0 || bads < 0 ? -1 : bads + v;
             }
+        /* MXFP4: the codes moved to the e4m3 placement (W4A4 on the FP8 tensor cores) and back
+         * read the same, through that placement's own converter */
+        for (int v = 1; v >= 0 && U.fmt == SM_EXP_MXFP4 && badx >= 0; v--) {
+            if (sm_cuda_moe_set_acts(&U, v, 1, m_st, &e) || U.x8 != v) {
+                printf("  set acts %d: x8 %d %s\n", v, U.x8, e.msg);
+                badx = -1;
+                break;
+            }
+            for (int xi = 0; xi < 3; xi++)
+                for (int mat = 0; mat < 2; mat++) {
+                    const long u = cmp_expert(v ? "e4m3 placement" : "placement round trip", &U, &mm.m, l, xs[xi], mat, dout, hout, ref);
+                    badx = u < 0 || badx < 0 ? -1 : badx + u;
+                }
+        }
         if (cudaMemcpy(pn, S.post_norm, sizeof(float) * (size_t)c->Hm, cudaMemcpyDeviceToHost) != cudaSuccess) bads = -1;
         else if (memcmp(pn, mm.m.layers[l].post_expert_norm, sizeof(float) * (size_t)c->Hm)) {
             printf("  synth layer %d: eff(post_expert_norm) differs from the checkpoint's\n", l);
@@ -438,6 +452,10 @@ static void test_synth_equals_made(const char *preset, int fmt) {
     if (badu || bads) printf("  seed %llu: %ld upload / %ld synth mismatches (-1: error)\n", (unsigned long long)seed, badu, bads);
     gh_result(badu == 0, "%s", nu);
     gh_result(bads == 0, "%s", ns);
+    if (fmt == SM_EXP_MXFP4) {
+        if (badx) printf("  seed %llu: %ld e4m3-placement mismatches (-1: error)\n", (unsigned long long)seed, badx);
+        gh_result(badx == 0, "moe_x8_placement_readback_equals_checkpoint %s", preset);
+    }
     cudaFree(dout);
     free(hout); free(ref); free(pn);
     made_model_close(&mm);
@@ -549,9 +567,14 @@ static void test_mem(const char *name, int fmt, int Hm, int I, int E, int K, int
             if (ref_moe_experts(m_pool, &ml.m, 0, h1, idx, w, n, mo, &e)) printf("  reference: %s\n", e.msg);
             ml.layer.ex.act_mx = 1;
         }
-        char cn[200];
-        snprintf(cn, sizeof cn, "%s E=%d K=%d routing=%s", name, E, K, modes[ci] == 2 ? "skewed" : modes[ci] ? "same-experts" : "random");
-        check_case(cn, &L, &ws, &io, n, h1, idx, w, mref, ci == 0, mo);
+        /* W4A4: on the FP8 tensor cores, then with bf16 products */
+        for (int fp8 = 1; fp8 >= 0 && (fp8 || w4a4); fp8--) {
+            if (w4a4 && sm_cuda_moe_set_acts(&L, 1, fp8, m_st, &e)) { printf("  set acts: %s\n", e.msg); gh_result(0, "%s", name); continue; }
+            char cn[200];
+            snprintf(cn, sizeof cn, "%s%s E=%d K=%d routing=%s", name, !w4a4 ? "" : L.x8 ? " fp8-mma" : " bf16-mma", E, K,
+                     modes[ci] == 2 ? "skewed" : modes[ci] ? "same-experts" : "random");
+            check_case(cn, &L, &ws, &io, n, h1, idx, w, mref, ci == 0, mo);
+        }
         free(h1); free(mref); free(w); free(idx); free(mo);
     }
     io_free(&io);
@@ -595,6 +618,31 @@ static void test_errors(void) {
         printf("  %s\n", e.msg);
     }
     gh_result(ok, "%s", "moe_forward_refuses_too_many_rows");
+    mem_layer_free(&ml);
+    /* W4A4 on the FP8 tensor cores only where its row factor is exact: scale bytes 0..140 in
+     * one matrix (offset c = 12, stored bytes from 114) keep bf16 products; W4A4 on FP8 experts
+     * is refused */
+    mem_layer_make(&ml, SM_EXP_MXFP4, 256, 256, 4, 2, 0, 140);
+    ml.layer.ex.act_mx = 1;
+    ok = 0;
+    if (!sm_cuda_moe_upload(&ml.m, 0, &L, m_st, &e)) {
+        ok = sm_cuda_moe_set_acts(&L, 1, 1, m_st, &e) == 0 && L.act_mx == 1 && L.x8_ok == 0 && L.x8 == 0;
+        if (!ok) printf("  scales 0..140: act_mx %d x8_ok %d x8 %d\n", L.act_mx, L.x8_ok, L.x8);
+        sm_cuda_moe_free(&L);
+    } else {
+        printf("  scales 0..140: %s\n", e.msg);
+    }
+    gh_result(ok, "%s", "moe_x8_kept_off_where_inexact");
+    mem_layer_free(&ml);
+    mem_layer_make(&ml, SM_EXP_FP8, 256, 256, 4, 2, 0, 0);
+    ok = 0;
+    if (!sm_cuda_moe_upload(&ml.m, 0, &L, m_st, &e)) {
+        e.msg[0] = 0;
+        ok = sm_cuda_moe_set_acts(&L, 1, 1, m_st, &e) == -1 && strstr(e.msg, "MXFP4") && L.act_mx == 0;
+        if (!ok) printf("  W4A4 on FP8 experts: '%s'\n", e.msg);
+        sm_cuda_moe_free(&L);
+    }
+    gh_result(ok, "%s", "moe_set_acts_refuses_w4a4_on_fp8");
     mem_layer_free(&ml);
 }
 

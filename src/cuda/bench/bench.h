@@ -72,9 +72,10 @@ int sm_cuda_bench_layers(const sm_backend *b, const sm_step *s, int iters, float
  * the captured graphs); error when on is asked and the engine has no monokernel. */
 int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e);
 /* The MXFP4 expert layers' activations for the next steps of a CUDA backend (every rank):
- * mx 1 W4A4, 0 W4A16 (drops the captured graphs and the monokernel's plans); error when W4A4
- * is asked of a model without MXFP4 expert layers. */
-int sm_cuda_bench_set_acts(const sm_backend *b, int mx, sm_err *e);
+ * mx 1 W4A4 (fp8 1 on the FP8 tensor cores, 0 with bf16 products: sm_cuda_moe_set_acts), 0
+ * W4A16 (drops the captured graphs and the monokernel's plans); error when W4A4 is asked of a
+ * model without MXFP4 expert layers. */
+int sm_cuda_bench_set_acts(const sm_backend *b, int mx, int fp8, sm_err *e);
 /* Run step s once with the monokernel's per-block phase timestamps on, print the per-phase
  * summary (median span over layers 2..L-2, the weight phases against their floors at read
  * bandwidth bw bytes/s) and, when path is not NULL, write the timestamps to path as a Chrome /

@@ -57,7 +57,7 @@ extern "C" int sm_cuda_bench_set_mono(const sm_backend *b, int on, sm_err *e) {
     return 0;
 }
 
-extern "C" int sm_cuda_bench_set_acts(const sm_backend *b, int mx, sm_err *e) {
+extern "C" int sm_cuda_bench_set_acts(const sm_backend *b, int mx, int fp8, sm_err *e) {
     sm_cuda_rank *one, **rk;
     const int W = tr_ranks(b, &one, &rk, e);
     if (!W) return -1;
@@ -70,7 +70,7 @@ extern "C" int sm_cuda_bench_set_acts(const sm_backend *b, int mx, sm_err *e) {
             sm_cuda_moe_layer *ml = &cr->layers[l].moe;
             if (!cr->layers[l].have_moe || ml->fmt != SM_EXP_MXFP4) continue;
             if (mx && ml->I % SM_MX_BLOCK) return sm_errf(e, "cuda bench: layer %d's I slice %d cuts 32-blocks", l, ml->I);
-            ml->act_mx = mx;
+            if (sm_cuda_moe_set_acts(ml, mx, fp8, cr->st, e)) return sm_errprefix(e, "cuda bench: layer %d", l);
             any = 1;
         }
         /* the graphs and the monokernel's plans hold the experts' arguments by value */

@@ -48,6 +48,55 @@ __host__ __device__ __forceinline__ uint32_t moe_mx_pack(const unsigned c[4][2])
     return w;
 }
 
+/* ---- MXFP4 in the e4m3 placement (W4A4 on the FP8 tensor cores: the kernel format MOE_F_MX8).
+ * An e2m1 code's bits (s e1 e0 m) at bits 7, 4, 3, 2 of a byte make the e4m3 byte of the same
+ * value times 2^-6.  Per 32-block and tile a lane holds the 16 codes of its wgmma A fragment
+ * (m64nNk32, 8-bit elements: a0 row g, k slots 4t..4t+3; a1 row g+8, the same slots; a2, a3
+ * the slots 16+4t..) in two words: word cm holds a(2cm) in place (one LOP3) and a(2cm+1) at
+ * bits 0 (m), 1 (e0), 6 (e1), 5 (s) of each byte, which (w << 2) & 0x8C.. | (w >> 2) & 0x10..
+ * moves to 2, 3, 4, 7 (two shifts, two LOP3: five instructions for 8 codes).  Slot
+ * 16 cm + 4t + c of a block holds k = 8c + 4cm + t, so a lane holds the same 16 (row, k) codes
+ * of a block as in the bf16 placement above, in the same 16-byte chunk (sub q: blocks 2q,
+ * 2q+1): the two placements are permutations of the bits of each chunk (moe_x8_chunk). */
+#define MOE_X8_LO 0x9C9C9C9Cu   /* bits 7, 4, 3, 2 of each byte */
+/* Bit of code bit b (0 m, 1 e0, 2 e1, 3 s) of register rho (0 in place, 1 moved) at byte c. */
+__host__ __device__ __forceinline__ int moe_x8_src(int rho, int c, int b) {
+    return 8 * c + (rho ? (b < 2 ? b : 8 - b) /* 0 1 6 5 */ : (b < 3 ? b + 2 : 7) /* 2 3 4 7 */);
+}
+/* The two A registers (rows g, g+8) of one stored word. */
+__device__ __forceinline__ void moe_x8_regs(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    lo = w & MOE_X8_LO;
+    hi = ((w << 2) & 0x8C8C8C8Cu) | ((w >> 2) & 0x10101010u);
+}
+/* One 16-byte chunk (tile X, sub q, lane (g, t)) from the bf16 placement to the e4m3 one
+ * (to_x8 = 1) or back.  Chunk word j of the e4m3 placement is block 2q + (j >> 1), k-slot
+ * half cm = j & 1; its register rho is row g + 8 rho, byte c holds k = 8c + 4cm + t.  In the
+ * bf16 placement the same code is in word c (k16 step 4q + c), register i = 2cm + rho, half
+ * hf = j >> 1 (moe_mx_src). */
+__host__ __device__ __forceinline__ uint4 moe_x8_chunk(uint4 v, int to_x8) {
+    const uint32_t in[4] = {v.x, v.y, v.z, v.w};
+    uint32_t out[4] = {0u, 0u, 0u, 0u};
+    for (int j = 0; j < 4; j++)
+        for (int rho = 0; rho < 2; rho++)
+            for (int c = 0; c < 4; c++)
+                for (int b = 0; b < 4; b++) {
+                    const int x8 = moe_x8_src(rho, c, b), mx = moe_mx_src(2 * (j & 1) + rho, j >> 1, b);
+                    if (to_x8) out[j] |= ((in[c] >> mx) & 1u) << x8;
+                    else out[c] |= ((in[j] >> x8) & 1u) << mx;
+                }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+/* The weight scale of byte k of scale word sw (a stored byte bp, moe_repack_mxs_kernel: b + 126
+ * - c) as the f32 factor 2^(bp - 241) = 2^(b - c - 127) x 2^12 (the 2^12 undoes the two 2^-6 of
+ * the e4m3 operands): exponent field bp - 114, one PRMT and one IMAD (bp * 2^23 - 114 * 2^23);
+ * exact for bp >= 115 (moe_build checks every matrix of a layer it lets run MX8). */
+__device__ __forceinline__ float moe_x8_wscale(uint32_t sw, int k) {
+    const uint32_t bp = __byte_perm(sw, 0u, 0x4440u | (uint32_t)k);
+    uint32_t f;
+    asm("mad.lo.u32 %0, %1, 8388608, -956301312;" : "=r"(f) : "r"(bp));
+    return __uint_as_float(f);
+}
+
 /* ---- dequantizers ---- */
 __device__ __forceinline__ uint32_t moe_u4(const uint4 &v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;

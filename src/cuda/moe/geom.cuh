@@ -25,6 +25,12 @@
 #define MOE_MAX_ROUTES 4096   /* n * K per call */
 #define MOE_TILE_BYTES 1024   /* one 16-row tile, one k step: 2 subs x 32 lanes x 16 bytes */
 
+/* Kernel formats: the sm_expert_fmt values, and MOE_F_MX8: MXFP4 weights whose codes sit in
+ * the e4m3 placement (dequant.cuh), run as W4A4 on the FP8 tensor cores (mm.cuh).  Its layout
+ * is MXFP4's byte for byte (geometry, scales); only the bits inside each 16-byte chunk move. */
+#define MOE_F_MX8 3
+SM_HD int moe_is_mx(int f) { return f == SM_EXP_MXFP4 || f == MOE_F_MX8; }
+
 SM_HD int moe_rup(int x, int a) { return (x + a - 1) / a * a; }
 SM_HD size_t moe_rupz(size_t x, size_t a) { return (x + a - 1) / a * a; }
 /* k values per stored k step: MXFP4 128, FP8 64, BF16 32 (16 bytes a lane, two subs). */

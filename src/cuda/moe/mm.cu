@@ -112,12 +112,15 @@ static int moe_prep_kernel(size_t smem, int *occ, sm_err *e) {
 int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
     const size_t s1 = (size_t)moe_rup(Hm, MOE_KALIGN) * 16, s2 = (size_t)moe_rup(I, MOE_KALIGN) * 16;
     if (moe_prep_kernel<SM_EXP_MXFP4, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_MXFP4, 2>(s2, occ, e) ||
+        moe_prep_kernel<MOE_F_MX8, 1>(s1, occ, e) || moe_prep_kernel<MOE_F_MX8, 2>(s2, occ, e) ||
         moe_prep_kernel<SM_EXP_FP8, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_FP8, 2>(s2, occ, e) ||
         moe_prep_kernel<SM_EXP_BF16, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_BF16, 2>(s2, occ, e))
         return -1;
     /* the queue schedule: attributes only (its blocks need not all be resident: queue.cuh) */
     const size_t sq = s1 > s2 ? s1 : s2;
     if (moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_MXFP4, 0>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 0>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 1>, sq, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_FP8, 0>, sq, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_BF16, 0>, sq, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_MXFP4, 1>, sq, e) ||
@@ -152,6 +155,10 @@ static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, const s
     return 0;
 }
 
+extern "C" int sm_cuda_moe_kfmt(const sm_cuda_moe_layer *L) {
+    return L->fmt == SM_EXP_MXFP4 && L->act_mx && L->x8 ? MOE_F_MX8 : L->fmt;
+}
+
 /* The checks every forward entry makes (who: the entry's name in messages); 1 when n == 0
  * (nothing to do), 0 to go on, -1 with e filled. */
 static int moe_fwd_check(const char *who, const sm_cuda_moe_layer *L, const uint16_t *h1, int n, const sm_cuda_moe_ws *ws, sm_err *e) {
@@ -171,7 +178,8 @@ static int moe_experts_run(const char *who, const sm_cuda_moe_layer *L, int e0, 
     moe_group_args ga = moe_group_make(L, idx, n, ws);
     ga.e0 = e0;
     if (moe_group_launch(ga, st, e)) return -1;
-    switch (L->fmt) {
+    switch (sm_cuda_moe_kfmt(L)) {
+    case MOE_F_MX8: return moe_mm_launch<MOE_F_MX8>(L, h1, ws, y32, st, e);
     case SM_EXP_MXFP4: return moe_mm_launch<SM_EXP_MXFP4>(L, h1, ws, y32, st, e);
     case SM_EXP_FP8: return moe_mm_launch<SM_EXP_FP8>(L, h1, ws, y32, st, e);
     case SM_EXP_BF16: return moe_mm_launch<SM_EXP_BF16>(L, h1, ws, y32, st, e);

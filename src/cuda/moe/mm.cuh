@@ -17,13 +17,14 @@
  * gain).  Dequantization in registers: dequant.cuh.
  * Per 128-k step and warp the MXFP4 k step issues 16 HMMA, 64 HMUL2, ~89 LOP3 and ~68 SHF: the
  * integer ops and the load latency, not the bytes, bound it (bench/moe.md).
- * W4A4 (docs/model.md section 6): the activations are rounded to MXFP4 per 32 values and
- * then multiplied as bf16 (an e2m1 value times a power of two is a bf16 value, so the products
- * are the W4A4 products and the k step is the W4A16 one, at its speed): h1 by its producer
- * (the pre-expert norm; sm_cuda_moe_ws.h1_mx) or, for other callers, as it is staged
- * (MOE_AQ_IN), and act by stage 1's epilogue (MOE_AQ_OUT).  We rejected the FP8 tensor cores
- * (wgmma e4m3 with exact per-block scaling) for now: a prototype was no faster at 8 rows and
- * slower at 32 (the per-block f32 scaling), and the bf16 products are the same numbers.
+ * W4A4 (docs/model.md section 6): the activations are rounded to MXFP4 per 32 values: h1 by
+ * its producer (the pre-expert norm; sm_cuda_moe_ws.h1_mx) or, for other callers, as it is
+ * staged (MOE_AQ_IN), and act by stage 1's epilogue (MOE_AQ_OUT).  Then by default the FP8
+ * tensor cores (kernel format MOE_F_MX8: the codes in the e4m3 placement of dequant.cuh, the
+ * routes staged as e4m3, one wgmma m64n8k32 a 32-block with the block's two scales applied in
+ * f32: mm4 term by term, and about 40% fewer integer instructions a weight than the bf16 k
+ * step), or the W4A16 k step on the same values (an e2m1 value times a power of two is a bf16
+ * value: the same products, summed in the mma's order).
  * We rejected split-K across blocks (atomics make sums nondeterministic), and measured and
  * dropped one tile per warp in stage 2 (finer items: slower, bench/moe.md).
  */
@@ -118,7 +119,7 @@ __device__ __forceinline__ void moe_load(moe_buf &b, const moe_cur &c, int lane)
     b.w[0][1] = moe_ldg16(w + 512);
     b.w[1][0] = moe_ldg16(w + 1024);
     b.w[1][1] = moe_ldg16(w + 1536);
-    if (F == SM_EXP_MXFP4) {
+    if (moe_is_mx(F)) {
         const uint8_t *sp = c.w + 2048 + (lane >> 2) * 8;
         b.s[0] = moe_ldg8(sp);
         b.s[1] = moe_ldg8(sp + 64);
@@ -135,12 +136,91 @@ __device__ __forceinline__ void moe_advance(moe_cur &c, int i1, const moe_args &
     if (++c.S == a.nsteps) moe_set_item<F, STAGE>(c, c.it + 1, i1, a, warp);
 }
 
+/* ---- W4A4 on the FP8 tensor cores (MOE_F_MX8) ----
+ * Per 32-block and tile, one wgmma m64n8k32 e4m3 (the warpgroup's 4 warps, each with its own
+ * 16 rows of the 64 as A in registers; B the job's 8 routes in shared memory) into a fresh
+ * accumulator: d = the block sum S_b x 2^-12 (products are multiples of 2^-14 and |S_b| <= 1152
+ * needs 13 bits: exact); then acc += (d x 2^(ea - 127)) x 2^(ew - 115), the product exact and
+ * one rounding for the add: docs/model.md's mm4 term by term, in block order (exact while
+ * d x 2^(ea - 127) stays a normal float: activation blocks above 2^-112).
+ * B of a block (MOE_X8_BLK bytes): two core matrices of 8 routes x 16 k slots (slots 0-15,
+ * 16-31, in the weights' slot order: dequant.cuh), then the 8 routes' 2^(ea - 127) as f32. */
+#define MOE_X8_BLK 288
+
+/* Shared-memory descriptor of one block's B: K-major, no swizzle, core matrices of 8 rows x 16
+ * bytes, the two k-slot halves 128 bytes apart (LBO; SBO, the 8-row stride, never used with 8
+ * routes, is set alike). */
+__device__ __forceinline__ uint64_t moe_x8_desc(uint32_t saddr) {
+    return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+}
+/* d = A (this warp's 16 rows x 32 e4m3: a[0..3]) x B (32 x 8 e4m3 at descriptor db), a fresh
+ * sum; read d only after a wait and sm_wg_pin. */
+__device__ __forceinline__ void moe_x8_mma(float (&d)[4], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(0));
+}
+/* Keep the compiler from moving a register's definition past this point. */
+__device__ __forceinline__ void moe_x8_pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+/* acc[X] += d[X] x 2^(ea - 127) x 2^(ew - 115) for block blk of the step: the rows' scale bytes
+ * from the weights' scale words (b.s: [g blk0, g+8 blk0, g blk1, g+8 blk1] per half), the
+ * columns' (2t, 2t+1) factors sa from shared memory. */
+__device__ __forceinline__ void moe_x8_scale(float (&d)[2][4], const moe_buf &b, int blk, float2 sa, float (&acc)[2][4]) {
+#pragma unroll
+    for (int X = 0; X < 2; X++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) sm_wg_pin(d[X][i]);
+        const uint32_t sw = blk < 2 ? b.s[X].x : b.s[X].y;
+        const float wg = moe_x8_wscale(sw, 2 * (blk & 1)), wg8 = moe_x8_wscale(sw, 2 * (blk & 1) + 1);
+        acc[X][0] = fmaf(d[X][0] * sa.x, wg, acc[X][0]);
+        acc[X][1] = fmaf(d[X][1] * sa.y, wg, acc[X][1]);
+        acc[X][2] = fmaf(d[X][2] * sa.x, wg8, acc[X][2]);
+        acc[X][3] = fmaf(d[X][3] * sa.y, wg8, acc[X][3]);
+    }
+}
+/* acc[X] += tile X rows (16) x the job's 8 routes over k step S (4 blocks), in two halves of 2
+ * blocks: the halves' A fragments converted, then its 4 wgmma issued back to back and waited
+ * for once, then scaled.  (ptxas serializes wgmma whose A registers are written while others
+ * are in flight, and 8 in flight spill beside the k step's three buffers.) */
+__device__ __forceinline__ void moe_compute_x8(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane, float (&acc)[2][4]) {
+    const uint8_t *bb = (const uint8_t *)Bs + (size_t)S * 4 * MOE_X8_BLK;
+    const uint32_t bq = sm_wg_u32(bb);
+    const int t = lane & 3;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        uint32_t a[2][2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int X = 0; X < 2; X++) {
+                moe_x8_regs(moe_u4(b.w[X][hh], 2 * j), a[j][X][0], a[j][X][1]);
+                moe_x8_regs(moe_u4(b.w[X][hh], 2 * j + 1), a[j][X][2], a[j][X][3]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) moe_x8_pin(a[j][X][i]);
+            }
+        float d[2][2][4];
+        sm_wg_fence();
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int X = 0; X < 2; X++) moe_x8_mma(d[j][X], a[j][X], moe_x8_desc(bq + (uint32_t)((2 * hh + j) * MOE_X8_BLK)));
+        sm_wg_commit();
+        sm_wg_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            moe_x8_scale(d[j], b, 2 * hh + j, *(const float2 *)(bb + (2 * hh + j) * MOE_X8_BLK + 256 + 8 * t), acc);
+    }
+}
+
 /* acc[X] += tile X rows (16) x the job's 8 routes over k step S. */
 template <int F>
 __device__ __forceinline__ void moe_compute(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane,
                                             float (&acc)[2][4]) {
     const int g = lane >> 2, t = lane & 3;
-    if (F == SM_EXP_MXFP4) {
+    if (F == MOE_F_MX8) {
+        moe_compute_x8(b, S, Bs, lane, acc);
+    } else if (F == SM_EXP_MXFP4) {
         const uint2 *bs = Bs + (size_t)S * 8 * 32 + g * 4 + t;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -287,6 +367,56 @@ __device__ __forceinline__ void moe_b_put(const uint4 &A, const uint4 &B, uint2 
     dst[1] = make_uint4(o[2].x, o[2].y, o[3].x, o[3].y);
 }
 
+/* MOE_F_MX8: entry A (values 16h..16h+7 of a route's 32-block), B (16h+8..16h+15) to its
+ * e4m3 codes, the other half of the block being in lane ^ D (mask: both lanes): the block's
+ * scale byte from its amax (codec.h's rule; for values already rounded to MXFP4 the byte they
+ * were rounded under), the values rounded under it first if aq (as moe_aq_round), then each
+ * value / 2^(e + 6) converted (exact: an e2m1 value times 2^-6).  Out: A = the 8 pairs
+ * (code of A[i], code of B[i]) as 16-bit words, B.x = the block's factor 2^(ea - 127) (f32). */
+template <int D>
+__device__ __forceinline__ void moe_x8_entry(uint4 &A, uint4 &B, int aq, unsigned mask) {
+    uint32_t m = max(moe_aq_amax8(A), moe_aq_amax8(B));
+    m = max(m, __shfl_xor_sync(mask, m, D));
+    const uint8_t sb = sm_mx_scale_byte(__uint_as_float(m << 16));
+    if (aq) {
+        A = make_uint4(moe_aq_word(A.x, sb), moe_aq_word(A.y, sb), moe_aq_word(A.z, sb), moe_aq_word(A.w, sb));
+        B = make_uint4(moe_aq_word(B.x, sb), moe_aq_word(B.y, sb), moe_aq_word(B.z, sb), moe_aq_word(B.w, sb));
+    }
+    const float inv = sm_e8m0_inv(sb) * 0.015625f; /* 2^-(e + 6), a power of two >= 2^-133 */
+    const uint32_t av[4] = {A.x, A.y, A.z, A.w}, bv[4] = {B.x, B.y, B.z, B.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
+            make_float2(__uint_as_float(av[p] << 16) * inv, __uint_as_float(bv[p] << 16) * inv), __NV_SATFINITE, __NV_E4M3);
+        const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
+            make_float2(__uint_as_float(av[p] & 0xFFFF0000u) * inv, __uint_as_float(bv[p] & 0xFFFF0000u) * inv), __NV_SATFINITE,
+            __NV_E4M3);
+        o[p] = (uint32_t)lo | ((uint32_t)hi << 16);
+    }
+    A = make_uint4(o[0], o[1], o[2], o[3]);
+    B.x = __float_as_uint(sm_e8m0_to_f32(sb));
+}
+/* Store the entry (k16 step ks = 32-block ks >> 1, half h = ks & 1; route r) moe_x8_entry made:
+ * pair i = 4 cm + t holds k 16h + 4cm + t and that + 8, slots 4t + 2h and 4t + 2h + 1 of core
+ * matrix cm (dequant.cuh: slot 16 cm + 4t + c holds k = 8c + 4cm + t); half 0 also stores the
+ * route's factor. */
+__device__ __forceinline__ void moe_x8_put(const uint4 &P, uint32_t sa, uint2 *Bs, int ks, int r) {
+    uint8_t *blk = (uint8_t *)Bs + (size_t)(ks >> 1) * MOE_X8_BLK;
+    const int h = ks & 1;
+    const uint32_t pw[4] = {P.x, P.y, P.z, P.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        *(uint16_t *)(blk + (i >> 2) * 128 + r * 16 + (i & 3) * 4 + 2 * h) = (uint16_t)(pw[i >> 1] >> (16 * (i & 1)));
+    if (!h) *(uint32_t *)(blk + 256 + 4 * r) = sa;
+}
+/* After a thread's last generic store of B, before the barrier that lets wgmma read it (the
+ * tensor cores read shared memory through the async proxy). */
+template <int F>
+__device__ __forceinline__ void moe_b_fence(void) {
+    if (F == MOE_F_MX8) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 /* Stage the job's routes (B operand) into shared memory in fragment order:
  * Bs[ks][r][t] = the 4 bf16 of k16 step ks, route r that lane (g = r, t) feeds to the mma. */
 template <int F, int STAGE, int RO>
@@ -308,8 +438,14 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
         /* W4A4: a block's 4 groups are in lanes r, r + 8, r + 16, r + 24 (nks * MOE_CH is a
          * multiple of 64: whole warps take every turn of this loop) */
         if (F == SM_EXP_MXFP4 && (a.aq & MOE_AQ_IN)) moe_aq_round<8, 16>(A, B, 0xFFFFFFFFu);
-        moe_b_put<F>(A, B, Bs + (size_t)(ks * MOE_CH + r) * 4);
+        if (F == MOE_F_MX8) { /* the block's other half: entry (ks ^ 1, r), lane ^ 8 */
+            moe_x8_entry<8>(A, B, a.aq & MOE_AQ_IN, 0xFFFFFFFFu);
+            moe_x8_put(A, B.x, Bs, ks, r);
+        } else {
+            moe_b_put<F>(A, B, Bs + (size_t)(ks * MOE_CH + r) * 4);
+        }
     }
+    moe_b_fence<F>();
 }
 
 /* Write the outputs of tile pair p of a job (first slot s0, cnt routes, result factor mul)

@@ -19,8 +19,9 @@
  * stream); the stream must belong to the current device.
  *
  * W4A4 layers (act_mx, docs/model.md section 6): h1 and act rounded to MXFP4 per 32 values
- * (h1 as staged unless the workspace says its producer rounded it: h1_mx), then the W4A16
- * matmul on those exact values.
+ * (h1 as staged unless the workspace says its producer rounded it: h1_mx), then the FP8 tensor
+ * cores on e4m3 codes with exact block sums (x8), or the W4A16 matmul on those exact values
+ * (sm_cuda_moe_set_acts chooses; SM_MOE_W4A4_FP8 is the uploads' choice).
  *
  * Limits (checked, error otherwise): Hm and I multiples of 32; E <= 2048; max_rows * K <=
  * 4096.  An expert of more than 8 routes in one call is processed in groups of 8 routes
@@ -63,7 +64,13 @@ typedef struct sm_cuda_moe_layer {
     int act_mx;              /* 1: W4A4 (fmt MXFP4 only): both matmuls take their activations
                                 (h1, act) rounded to MXFP4 per 32 values as the B operand is
                                 staged (docs/model.md section 6); set by the uploads from the
-                                shard, by callers of the synthesizer */
+                                shard, by sm_cuda_moe_set_acts */
+    int x8;                  /* 1: W4A4 runs on the FP8 tensor cores (the kernel format MOE_F_MX8 of
+                                moe/geom.cuh): the MXFP4 codes sit in the e4m3 placement of
+                                moe/dequant.cuh.  0: the bf16 placement (W4A16, or W4A4 with bf16
+                                products).  Kept in step with act_mx by sm_cuda_moe_set_acts */
+    int x8_ok;               /* 1: the layer may run MOE_F_MX8 exactly: MXFP4, and every matrix's
+                                stored scale bytes >= 115 (moe_x8_wscale; set by the build) */
 } sm_cuda_moe_layer;
 
 typedef struct sm_cuda_moe_ws {
@@ -117,6 +124,18 @@ int sm_cuda_moe_upload_shard(const sm_model *m, int l, const sm_shard_experts *X
  * checkpoint of the same seed.  For benchmarks of the real widths without a checkpoint. */
 int sm_cuda_moe_synth(const sm_config *c, int l, int fmt, uint64_t seed, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e);
 void sm_cuda_moe_free(sm_cuda_moe_layer *L);
+/* Set a layer's activations: act_mx 1 W4A4 (MXFP4 experts whose I holds whole 32-blocks only),
+ * 0 W4A16; for W4A4 the tensor cores: fp8 1 (e4m3 operands, exact block sums, docs/model.md's
+ * mm4 term by term) or 0 (the same products in bf16, summed in the mma's order); fp8 falls back to 0 on a layer without x8_ok.  Moves the codes between the two
+ * placements on st when the choice changes (complete on return).  The graphs and plans that
+ * hold the layer's kernel format are the caller's to drop. */
+int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t st, sm_err *e);
+/* The fp8 the uploads pass (W4A4's tensor cores by default): the faster of the two where
+ * measured (bench/results.md: on the H100 the FP8 k step is about 3% slower). */
+#define SM_MOE_W4A4_FP8 0
+/* The kernel format a forward runs for L: moe/geom.cuh's MOE_F_MX8 for W4A4 on the FP8 tensor
+ * cores, else L->fmt. */
+int sm_cuda_moe_kfmt(const sm_cuda_moe_layer *L);
 size_t sm_cuda_moe_ws_bytes(const sm_config *c, int max_rows);
 int sm_cuda_moe_ws_alloc(const sm_config *c, int max_rows, sm_cuda_moe_ws *ws, sm_err *e);
 /* The workspace (and its bytes) of a layer uploaded from shard X of a model of config c. */

@@ -216,6 +216,14 @@ __device__ __forceinline__ void moe_q_b_fetch(const moe_qargs &q, int st, const 
 #pragma unroll
         for (int h = 0; h < MOE_Q_NB; h++) moe_aq_round<1, 2>(E.A[h], E.B[h], mask);
     }
+    /* W4A4 on the FP8 tensor cores: to e4m3 codes and the block's factor; a block's two halves
+     * are in 2 consecutive lanes (nks even) */
+    if (F == MOE_F_MX8) {
+        const unsigned mask = 0x3u << ((threadIdx.x & 31) & ~1u);
+        const int aq = (st == 1 ? q.a1.aq : q.a2.aq) & MOE_AQ_IN;
+#pragma unroll
+        for (int h = 0; h < MOE_Q_NB; h++) moe_x8_entry<1>(E.A[h], E.B[h], aq, mask);
+    }
 }
 
 /* Store the fetched entries (those inside the job's total) in fragment order. */
@@ -224,7 +232,10 @@ __device__ __forceinline__ void moe_q_b_put(const moe_qargs &q, int st, const mo
     const int total = (st == 1 ? q.a1.Kp : q.a2.Kp) / 16 * jt.cnt;
 #pragma unroll
     for (int h = 0; h < MOE_Q_NB; h++)
-        if (u0 + h * MOE_THREADS < total) moe_b_put<F>(E.A[h], E.B[h], Bs + (size_t)(E.ks[h] * MOE_CH + E.r[h]) * 4);
+        if (u0 + h * MOE_THREADS < total) {
+            if (F == MOE_F_MX8) moe_x8_put(E.A[h], E.B[h].x, Bs, E.ks[h], E.r[h]);
+            else moe_b_put<F>(E.A[h], E.B[h], Bs + (size_t)(E.ks[h] * MOE_CH + E.r[h]) * 4);
+        }
 }
 
 /* Stage B of the compute cursor's (new) unit: a stage-2 unit first waits for its job's stage
@@ -240,8 +251,11 @@ __device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qar
                 while (sm_ld_acquire_gpu_u32(c) < need) {
                     __nanosleep(128);
                     if (sm_now_ns() - t0 > MOE_Q_WAIT_NS) {
-                        printf("moe queue: block %d waited past %llu ns for job %d's gate_up units\n", (int)blockIdx.x,
-                               MOE_Q_WAIT_NS, Q.job);
+                        /* (no message with MOE_F_MX8: a call anywhere in the kernel makes ptxas
+                         * serialize its wgmma) */
+                        if (F != MOE_F_MX8)
+                            printf("moe queue: block %d waited past %llu ns for job %d's gate_up units\n", (int)blockIdx.x,
+                                   MOE_Q_WAIT_NS, Q.job);
                         __trap();
                     }
                 }
@@ -255,6 +269,7 @@ __device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qar
         moe_q_b_fetch<F>(q, st, jt, u0, E);
         moe_q_b_put<F>(q, st, jt, u0, E, Bs);
     }
+    moe_b_fence<F>();
     __syncthreads();
 }
 

@@ -116,21 +116,39 @@ __global__ void moe_repack_f8s_kernel(const float *__restrict__ raws, int R, int
     dst[u] = row >= 0 ? raws[row] : 0.0f;
 }
 
-/* Largest scale byte and whether a NaN byte (0xFF) is present: flags[0] max, flags[1] NaN. */
+/* Largest and smallest scale byte and whether a NaN byte (0xFF) is present: flags[0] max,
+ * flags[1] NaN, flags[2] 255 - min (flags zeroed first). */
 __global__ void moe_scan_scales_kernel(const uint8_t *__restrict__ s, long long n, int *flags) {
-    int mx = 0, nan = 0;
+    int mx = 0, nan = 0, mn = 0;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const int b = s[i];
-        if (b == 0xFF) nan = 1; else mx = max(mx, b);
+        if (b == 0xFF) nan = 1; else { mx = max(mx, b); mn = max(mn, 255 - b); }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         mx = max(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+        mn = max(mn, __shfl_xor_sync(0xFFFFFFFFu, mn, o));
         nan |= __shfl_xor_sync(0xFFFFFFFFu, nan, o);
     }
     if ((threadIdx.x & 31) == 0) {
         atomicMax(&flags[0], mx);
+        atomicMax(&flags[2], mn);
         if (nan) atomicOr(&flags[1], 1);
+    }
+}
+
+/* Every code chunk of the n experts at blob (expert bytes apart; gate_up at 0, down at o_w2;
+ * n1, n2 chunks of 16 bytes in their matrices, 128 a pair-step block of sb bytes) moved between
+ * the two MXFP4 placements (dequant.cuh moe_x8_chunk: to_x8 1 bf16 -> e4m3, 0 back), in place. */
+__global__ void moe_x8_relayout_kernel(uint8_t *__restrict__ blob, size_t expert, size_t o_w2, long long n1, long long n2, int sb,
+                                       int n, int to_x8) {
+    const long long per = n1 + n2, total = per * n;
+    for (long long u = (long long)blockIdx.x * blockDim.x + threadIdx.x; u < total; u += (long long)gridDim.x * blockDim.x) {
+        const long long x = u / per, c0 = u - x * per;
+        const int m2 = c0 >= n1;
+        const long long c = m2 ? c0 - n1 : c0;
+        uint4 *p = (uint4 *)(blob + (size_t)x * expert + (m2 ? o_w2 : 0) + (size_t)(c >> 7) * sb + (size_t)(c & 127) * 16);
+        *p = moe_x8_chunk(*p, to_x8);
     }
 }
 
@@ -140,8 +158,8 @@ static const char *moe_mat_name(int mat) { return mat ? "down_proj" : "gate_up_p
 typedef struct moe_staging {
     uint8_t *buf;             /* device: raw weights at 0, raw scales at sofs */
     size_t sofs, bytes;       /* scale offset, bytes of buf */
-    int *flags;               /* device [2]: largest scale byte, NaN byte seen */
-    int *flags_h;             /* pinned host [2]: their copy */
+    int *flags;               /* device [3]: largest scale byte, NaN byte seen, 255 - smallest */
+    int *flags_h;             /* pinned host [3]: their copy */
 } moe_staging;
 
 static void moe_staging_free(moe_staging *sb) {
@@ -160,8 +178,8 @@ static int moe_staging_alloc(const sm_cuda_moe_layer *L, moe_staging *sb, sm_err
     sb->bytes = sb->sofs + moe_rupz(smax, 256) + 256;
     sb->buf = NULL; sb->flags = NULL; sb->flags_h = NULL;
     cudaError_t rc = cudaMalloc((void **)&sb->buf, sb->bytes);
-    if (rc == cudaSuccess) rc = cudaMalloc((void **)&sb->flags, 2 * sizeof(int));
-    if (rc == cudaSuccess) rc = cudaMallocHost((void **)&sb->flags_h, 2 * sizeof(int));
+    if (rc == cudaSuccess) rc = cudaMalloc((void **)&sb->flags, 3 * sizeof(int));
+    if (rc == cudaSuccess) rc = cudaMallocHost((void **)&sb->flags_h, 3 * sizeof(int));
     if (rc != cudaSuccess) {
         moe_staging_free(sb);
         return sm_errf(e, "cuda moe: allocation of the %zu-byte upload staging buffer failed: %s", sb->bytes, cudaGetErrorString(rc));
@@ -188,14 +206,16 @@ static int moe_repack(sm_cuda_moe_layer *L, int x, int mat, const moe_staging *s
     int c = 0;
     if (fmt == SM_EXP_MXFP4) {
         /* the scale offset c is a kernel argument: one wait on st for the largest byte */
-        SM_CUDA_CHECK(cudaMemsetAsync(sg->flags, 0, 2 * sizeof(int), st));
+        SM_CUDA_CHECK(cudaMemsetAsync(sg->flags, 0, 3 * sizeof(int), st));
         const long long n = (long long)R * (K / 32);
         moe_scan_scales_kernel<<<256, 256, 0, st>>>(ss, n, sg->flags);
         SM_LAUNCH_CHECK("moe_scan_scales_kernel");
-        SM_CUDA_CHECK(cudaMemcpyAsync(sg->flags_h, sg->flags, 2 * sizeof(int), cudaMemcpyDeviceToHost, st));
+        SM_CUDA_CHECK(cudaMemcpyAsync(sg->flags_h, sg->flags, 3 * sizeof(int), cudaMemcpyDeviceToHost, st));
         SM_CUDA_CHECK(cudaStreamSynchronize(st));
         if (sg->flags_h[1]) { *nan = 1; return -1; }
         c = sg->flags_h[0] > 128 ? sg->flags_h[0] - 128 : 0;
+        /* the FP8 tensor cores' row factor is exact for stored bytes (b + 126 - c) >= 115 */
+        if (n > 0 && 255 - sg->flags_h[2] + 126 - c < 115) L->x8_ok = 0;
         hd->mul[mat] = ldexpf(1.0f, c);
         const long long ns = (long long)npairs * nsteps * 16;
         moe_repack_mxs_kernel<<<(unsigned)((ns + 255) / 256), 256, 0, st>>>(ss, R, K, gu, G.Ip, npairs, nsteps, G.sb, c, base + ow);
@@ -238,6 +258,7 @@ static int moe_build_fill(const sm_config *c, const moe_source *src, sm_cuda_moe
 
 int moe_build(const sm_config *c, int fmt, const moe_source *src, sm_cuda_moe_layer *L, cudaStream_t st, sm_err *e) {
     if (moe_layer_alloc(c, fmt, src->shard, L, e)) return sm_errprefix(e, "%s: layer %d", src->who, src->l);
+    L->x8_ok = fmt == SM_EXP_MXFP4; /* cleared by moe_repack on a matrix whose scales forbid it */
     moe_staging sg;
     if (moe_staging_alloc(L, &sg, e)) { sm_cuda_moe_free(L); return -1; }
     moe_desc *hd = (moe_desc *)calloc((size_t)c->E, sizeof(moe_desc));
@@ -312,7 +333,27 @@ static int moe_upload_views(const char *who, const sm_model *m, int l, const sm_
     if (X->act_mx && (X->fmt != SM_EXP_MXFP4 || X->ni % SM_MX_BLOCK))
         return sm_errf(e, "%s: layer %d: W4A4 needs MXFP4 experts whose I slice (%d) holds whole 32-blocks", who, l, X->ni);
     if (moe_build(&c, (int)X->fmt, &src, L, st, e)) return -1;
-    L->act_mx = X->act_mx;
+    if (sm_cuda_moe_set_acts(L, X->act_mx, SM_MOE_W4A4_FP8, st, e)) {
+        sm_cuda_moe_free(L);
+        return sm_errprefix(e, "%s: layer %d", who, l);
+    }
+    return 0;
+}
+
+extern "C" int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t st, sm_err *e) {
+    if (!L || !L->blob) return sm_errf(e, "cuda moe set acts: layer not allocated");
+    if (act_mx && (L->fmt != SM_EXP_MXFP4 || L->I % SM_MX_BLOCK))
+        return sm_errf(e, "cuda moe set acts: W4A4 needs MXFP4 experts whose I (%d) holds whole 32-blocks", L->I);
+    const int x8 = act_mx && fp8 && L->x8_ok;
+    if (x8 != L->x8) { /* the codes to the other placement */
+        const moe_geom G = moe_geometry(L->fmt, L->Hm, L->I);
+        const long long n1 = (long long)G.p1 * G.ns1 * 128, n2 = (long long)G.p2 * G.ns2 * 128;
+        moe_x8_relayout_kernel<<<1024, 256, 0, st>>>((uint8_t *)L->blob, G.expert, G.o_w2, n1, n2, G.sb, L->E, x8);
+        SM_LAUNCH_CHECK("moe_x8_relayout_kernel");
+        SM_CUDA_CHECK(cudaStreamSynchronize(st));
+    }
+    L->act_mx = act_mx;
+    L->x8 = x8;
     return 0;
 }
 

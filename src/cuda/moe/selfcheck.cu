@@ -11,9 +11,37 @@
 #include "cuda/moe/geom.cuh"
 #include "cuda/moe/dequant.cuh"
 
+#define MOE_SC_MX (16 * 255)      /* MXFP4: code x scale byte */
+#define MOE_SC_F8 (256 * 4)       /* FP8: byte x row scale */
+#define MOE_SC_X8 (16 * 2 * 4)    /* MXFP4 in the e4m3 placement: code x register x byte */
+#define MOE_SC_XS 255             /* its row factor: every stored scale byte */
+
 __global__ void moe_selfcheck_kernel(int *bad) {
     const int u = blockIdx.x * blockDim.x + threadIdx.x;
-    if (u < 16 * 255) {
+    if (u >= MOE_SC_MX + MOE_SC_F8 && u < MOE_SC_MX + MOE_SC_F8 + MOE_SC_X8) {
+        /* the e4m3 placement: one code at (register rho, byte c), the word's other codes a
+         * neighbour pattern; moe_x8_regs must give the e4m3 byte of e2m1(code) x 2^-6 there */
+        const int v = u - MOE_SC_MX - MOE_SC_F8, code = v & 15, rho = (v >> 4) & 1, c = v >> 5;
+        uint32_t w = 0;
+        for (int r2 = 0; r2 < 2; r2++)
+            for (int c2 = 0; c2 < 4; c2++) {
+                const unsigned cd = (r2 == rho && c2 == c) ? (unsigned)code : (unsigned)(code * 7 + 3 * c2 + r2) & 15u;
+                for (int b = 0; b < 4; b++) w |= ((cd >> b) & 1u) << moe_x8_src(r2, c2, b);
+            }
+        uint32_t lo, hi;
+        moe_x8_regs(w, lo, hi);
+        const uint8_t byte = (uint8_t)(((rho ? hi : lo) >> (8 * c)) & 0xFFu);
+        if (sm_e4m3_to_f32(byte) != sm_e2m1_to_f32((uint8_t)code) * 0.015625f ||
+            (sm_e2m1_to_f32((uint8_t)code) == 0.0f && byte != ((code & 8) ? 0x80 : 0)))
+            atomicAdd(bad, 1);
+    } else if (u >= MOE_SC_MX + MOE_SC_F8 + MOE_SC_X8 && u < MOE_SC_MX + MOE_SC_F8 + MOE_SC_X8 + MOE_SC_XS) {
+        /* the row factor of a stored byte bp: 2^(bp - 241) wherever moe_build lets MX8 run */
+        const int bp = u - (MOE_SC_MX + MOE_SC_F8 + MOE_SC_X8);
+        for (int k = 0; k < 4; k++)
+            if (bp >= 115 && moe_x8_wscale(((uint32_t)bp << (8 * k)) | ((uint32_t)(bp ^ 0x5A) << (8 * ((k + 1) & 3))), k) !=
+                                 ldexpf(1.0f, bp - 241))
+                atomicAdd(bad, 1);
+    } else if (u < MOE_SC_MX) {
         /* MXFP4: code x scale byte, through the packed word and scale word the kernel reads */
         const unsigned code = (unsigned)(u & 15);
         const int b = u >> 4, c = b > 128 ? b - 128 : 0, bp = b + 126 - c;
@@ -32,9 +60,9 @@ __global__ void moe_selfcheck_kernel(int *bad) {
                     if (__float_as_uint(got) != __float_as_uint(ref)) atomicAdd(bad, 1);
                 }
         }
-    } else if (u < 16 * 255 + 256 * 4) {
+    } else if (u < MOE_SC_MX + MOE_SC_F8) {
         /* FP8: byte x row scale, r16(e4m3 * s) */
-        const int v = u - 16 * 255, byte = v & 255, si = v >> 8;
+        const int v = u - MOE_SC_MX, byte = v & 255, si = v >> 8;
         const float scales[4] = {1.0f, 0.0123f, 3.7e-3f, 250.0f};
         if (byte == 0x7F || byte == 0xFF) return;
         const uint32_t two = (uint32_t)byte | ((uint32_t)((byte * 7 + 1) & 0x7E) << 8);
@@ -57,11 +85,28 @@ extern "C" int sm_cuda_moe_selfcheck(cudaStream_t st, sm_err *e) {
                 seen |= bit;
             }
     if (seen != 0xFFFFFFFFu) bad++;
+    /* host: so is the e4m3 placement, and a chunk survives the trip to it and back */
+    seen = 0;
+    for (int rho = 0; rho < 2; rho++)
+        for (int c = 0; c < 4; c++)
+            for (int b = 0; b < 4; b++) {
+                const uint32_t bit = 1u << moe_x8_src(rho, c, b);
+                if (seen & bit) bad++;
+                seen |= bit;
+            }
+    if (seen != 0xFFFFFFFFu) bad++;
+    uint32_t x = 0x9E3779B9u;
+    for (int i = 0; i < 64; i++) {
+        uint32_t w4[4];
+        for (int j = 0; j < 4; j++) { x ^= x << 13; x ^= x >> 17; x ^= x << 5; w4[j] = x; }
+        const uint4 v = make_uint4(w4[0], w4[1], w4[2], w4[3]), r = moe_x8_chunk(moe_x8_chunk(v, 1), 0);
+        if (r.x != v.x || r.y != v.y || r.z != v.z || r.w != v.w) bad++;
+    }
     int *d = NULL;
     SM_CUDA_CHECK(cudaMalloc((void **)&d, sizeof(int)));
     cudaError_t rc = cudaMemsetAsync(d, 0, sizeof(int), st);
     if (rc == cudaSuccess) {
-        moe_selfcheck_kernel<<<(16 * 255 + 256 * 4 + 255) / 256, 256, 0, st>>>(d);
+        moe_selfcheck_kernel<<<(MOE_SC_MX + MOE_SC_F8 + MOE_SC_X8 + MOE_SC_XS + 255) / 256, 256, 0, st>>>(d);
         rc = cudaGetLastError();
     }
     int dbad = 0;
@@ -92,7 +137,23 @@ __global__ void moe_dequant_kernel(const uint8_t *__restrict__ blob, const moe_d
     const uint8_t *blk = blob + d.w[mat] + (size_t)P * moe_pstride(nsteps, sb) + (size_t)S * sb;
     const uint4 v = *(const uint4 *)(blk + X * 1024 + q * 512 + lane * 16);
     const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-    if (F == SM_EXP_MXFP4) {
+    if (F == MOE_F_MX8) {
+        /* word j: block 2q + (j >> 1), slot half cm = j & 1; register rho row g + 8 rho, byte c
+         * k = 8c + 4cm + t; value = e4m3 x 2^-6 x the row factor (moe_x8_scale's) x 2^c */
+        const uint32_t sw = *(const uint32_t *)(blk + 2048 + X * 64 + g * 8 + q * 4);
+        for (int j = 0; j < 4; j++) {
+            uint32_t r[2];
+            moe_x8_regs(wd[j], r[0], r[1]);
+            const int bk = 2 * q + (j >> 1), cm = j & 1;
+            for (int rho = 0; rho < 2; rho++) {
+                const float ws = moe_x8_wscale(sw, 2 * (bk & 1) + rho);
+                for (int c = 0; c < 4; c++) {
+                    const int row = rows[rho], k = S * 128 + bk * 32 + 8 * c + 4 * cm + t;
+                    if (row >= 0 && k < K) out[(size_t)row * K + k] = sm_e4m3_to_f32((uint8_t)(r[rho] >> (8 * c))) * 0.015625f * ws * mul;
+                }
+            }
+        }
+    } else if (F == SM_EXP_MXFP4) {
         uint32_t mg, mg8;
         moe_mx_mults(*(const uint32_t *)(blk + 2048 + X * 64 + g * 8 + q * 4), mg, mg8);
         for (int s4 = 0; s4 < 4; s4++) {
@@ -137,7 +198,8 @@ extern "C" int sm_cuda_moe_dequant(const sm_cuda_moe_layer *L, int x, int mat, f
     const unsigned blocks = (unsigned)(((long long)npairs * nsteps * 128 + 255) / 256);
     const uint8_t *blob = (const uint8_t *)L->blob;
     const moe_desc *desc = (const moe_desc *)L->desc;
-    switch (L->fmt) {
+    switch (sm_cuda_moe_kfmt(L)) {
+    case MOE_F_MX8: moe_dequant_kernel<MOE_F_MX8><<<blocks, 256, 0, st>>>(blob, desc, x, mat, R, K, G.Ip, npairs, nsteps, G.sb, out); break;
     case SM_EXP_MXFP4: moe_dequant_kernel<SM_EXP_MXFP4><<<blocks, 256, 0, st>>>(blob, desc, x, mat, R, K, G.Ip, npairs, nsteps, G.sb, out); break;
     case SM_EXP_FP8: moe_dequant_kernel<SM_EXP_FP8><<<blocks, 256, 0, st>>>(blob, desc, x, mat, R, K, G.Ip, npairs, nsteps, G.sb, out); break;
     case SM_EXP_BF16: moe_dequant_kernel<SM_EXP_BF16><<<blocks, 256, 0, st>>>(blob, desc, x, mat, R, K, G.Ip, npairs, nsteps, G.sb, out); break;

@@ -199,7 +199,7 @@ static int mono_plan_layer(mono_rank *M, int nb, int l, mono_desc *d, sm_err *e)
      * TP: every route over its I slice) */
     d->h1 = v->h1; d->pre_expert = L->pre_expert_norm;
     d->h1_mx = L->moe.act_mx; /* mws->h1_mx: the experts take h1 as rounded here */
-    d->fmt = L->moe.fmt;
+    d->fmt = sm_cuda_moe_kfmt(&L->moe); /* the kernel format: W4A4 may run on the FP8 tensor cores */
     d->ga = moe_group_make(&L->moe, d->idx, nb, v->mws);
     if (W > 1 && !tp) d->ga.e0 = cf->E / W * v->rank;
     d->mq = moe_q_make(&L->moe, v->h1, v->mws, NULL);

@@ -560,6 +560,7 @@ static int mono_moe_launch_f(const mono_moe &P, int grid, size_t smem, cudaStrea
 int mono_moe_launch(int fmt, const mono_moe &P, int grid, cudaStream_t st, sm_err *e) {
     const size_t smem = mono_moe_smem(P);
     switch (fmt) {
+    case MOE_F_MX8: return mono_moe_launch_f<MOE_F_MX8>(P, grid, smem, st, e);
     case SM_EXP_MXFP4: return mono_moe_launch_f<SM_EXP_MXFP4>(P, grid, smem, st, e);
     case SM_EXP_FP8: return mono_moe_launch_f<SM_EXP_FP8>(P, grid, smem, st, e);
     case SM_EXP_BF16: return mono_moe_launch_f<SM_EXP_BF16>(P, grid, smem, st, e);
@@ -570,13 +571,14 @@ int mono_moe_launch(int fmt, const mono_moe &P, int grid, cudaStream_t st, sm_er
 int mono_moe_occupancy(const mono_moe &P, int *b, sm_err *e) {
     const size_t smem = mono_moe_smem(P);
     *b = 0;
-    int o[3];
-    void (*k[3])(mono_moe) = {mono_moe_kernel<SM_EXP_MXFP4, 0, 0>, mono_moe_kernel<SM_EXP_FP8, 0, 0>, mono_moe_kernel<SM_EXP_BF16, 0, 0>};
-    for (int i = 0; i < 3; i++) {
+    void (*k[4])(mono_moe) = {mono_moe_kernel<SM_EXP_MXFP4, 0, 0>, mono_moe_kernel<SM_EXP_FP8, 0, 0>, mono_moe_kernel<SM_EXP_BF16, 0, 0>,
+                              mono_moe_kernel<MOE_F_MX8, 0, 0>};
+    for (int i = 0; i < 4; i++) {
+        int o = 0;
         SM_CUDA_CHECK(cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        SM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o[i], k[i], MOE_THREADS, smem));
+        SM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, k[i], MOE_THREADS, smem));
+        if (i == 0 || o < *b) *b = o;
     }
-    *b = o[0] < o[1] ? (o[0] < o[2] ? o[0] : o[2]) : (o[1] < o[2] ? o[1] : o[2]);
     return 0;
 }
 

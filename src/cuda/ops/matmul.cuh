@@ -359,7 +359,6 @@ typedef struct sm_wg_args {
     float *y32;           /* EPI_MM32: f32 [n, m] (NULL for the other epilogues) */
 } sm_wg_args;
 
-__device__ __forceinline__ uint32_t sm_wg_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void sm_wg_mbar_init(uint32_t bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -397,11 +396,6 @@ __device__ __forceinline__ uint64_t sm_wg_policy_evict_last(void) {
 __device__ __forceinline__ uint64_t sm_wg_desc(uint32_t saddr) {
     return (uint64_t)((saddr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
-__device__ __forceinline__ void sm_wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void sm_wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int K> __device__ __forceinline__ void sm_wg_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(K) : "memory"); }
-/* Keep the compiler from moving accumulator accesses across the asynchronous wgmma window. */
-__device__ __forceinline__ void sm_wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 /* Barrier of the 256 consumer threads (the producer warp never joins). */
 __device__ __forceinline__ void sm_wg_cons_sync(void) { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 /* The block whose unit range [u0(b), u0(b+1)) holds unit u, for u0(b) = b * U / G. */
