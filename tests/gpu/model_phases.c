@@ -3,7 +3,8 @@
  * step: traced on the stock path, every layer has one non-negative time for each phase the
  * stock layers run (and none for the monokernel's own), and the traced step's logits are the
  * untraced step's bit for bit; the same on the monokernel's path for its layers 1..L-2; the
- * untraced steps after the traces still give the same bits (a trace leaves nothing behind).
+ * untraced steps after the traces still give the same bits (a trace leaves nothing behind);
+ * and with W4A4 on either tensor-core path the monokernel gives the stock path's bits.
  * We rejected checking the times against each other or against floors: they depend on the
  * machine; what a trace must never do is change the numbers or lose a phase.
  */
@@ -133,6 +134,19 @@ int tm_phases(void) {
     s.logits = lg[2];
     if (b.step(b.ctx, &s, &e)) { GH_CHECK(0, "mono verify after the trace: %s", e.msg); goto out; }
     GH_CHECK(tp_same(lg[0], lg[2], (size_t)NV * c.V), "the untraced mono step after the trace differs");
+    /* W4A4 on both tensor-core paths (the uploads use one: SM_MOE_W4A4_FP8): the monokernel
+     * gives the stock path's bits on each */
+    for (int fp8 = 1; fp8 >= 0; fp8--) {
+        const char *w = fp8 ? "W4A4 on the FP8 tensor cores" : "W4A4 with bf16 products";
+        s.logits = lg[1];
+        if (sm_cuda_bench_set_acts(&b, 1, fp8, &e) || sm_cuda_bench_set_mono(&b, 0, &e) || b.step(b.ctx, &s, &e)) {
+            GH_CHECK(0, "%s, stock: %s", w, e.msg);
+            goto out;
+        }
+        s.logits = lg[3];
+        if (sm_cuda_bench_set_mono(&b, 1, &e) || b.step(b.ctx, &s, &e)) { GH_CHECK(0, "%s, mono: %s", w, e.msg); goto out; }
+        GH_CHECK(tp_same(lg[1], lg[3], (size_t)NV * c.V), "%s: the monokernel's logits differ from the stock path's", w);
+    }
 out:
     if (have_b) b.destroy(b.ctx);
     sm_kv_free(&kv);

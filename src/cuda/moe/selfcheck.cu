@@ -73,28 +73,24 @@ __global__ void moe_selfcheck_kernel(int *bad) {
     }
 }
 
-extern "C" int sm_cuda_moe_selfcheck(cudaStream_t st, sm_err *e) {
-    /* host: the MXFP4 bit layout is a permutation of the 32 bits */
+/* The mismatches of placement x8 (0: bf16, 1: e4m3) as a map of a word's 32 code bits: 0 when
+ * they land on 32 distinct bits. */
+static int moe_perm_bad(int x8) {
     uint32_t seen = 0;
     int bad = 0;
-    for (int i = 0; i < 4; i++)
-        for (int hf = 0; hf < 2; hf++)
-            for (int b = 0; b < 4; b++) {
-                const uint32_t bit = 1u << moe_mx_src(i, hf, b);
-                if (seen & bit) bad++;
-                seen |= bit;
-            }
-    if (seen != 0xFFFFFFFFu) bad++;
-    /* host: so is the e4m3 placement, and a chunk survives the trip to it and back */
-    seen = 0;
-    for (int rho = 0; rho < 2; rho++)
-        for (int c = 0; c < 4; c++)
-            for (int b = 0; b < 4; b++) {
-                const uint32_t bit = 1u << moe_x8_src(rho, c, b);
-                if (seen & bit) bad++;
-                seen |= bit;
-            }
-    if (seen != 0xFFFFFFFFu) bad++;
+    for (int j = 0; j < 32; j++) {
+        const int b = j & 3;
+        const uint32_t bit = 1u << (x8 ? moe_x8_src(j >> 4, (j >> 2) & 3, b) : moe_mx_src(j >> 3, (j >> 2) & 1, b));
+        if (seen & bit) bad++;
+        seen |= bit;
+    }
+    return bad + (seen != 0xFFFFFFFFu);
+}
+
+extern "C" int sm_cuda_moe_selfcheck(cudaStream_t st, sm_err *e) {
+    /* host: both MXFP4 placements are permutations of the 32 bits, and a chunk survives the
+     * trip to the e4m3 placement and back */
+    int bad = moe_perm_bad(0) + moe_perm_bad(1);
     uint32_t x = 0x9E3779B9u;
     for (int i = 0; i < 64; i++) {
         uint32_t w4[4];
