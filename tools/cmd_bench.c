@@ -493,6 +493,13 @@ static int bench_phase_set(bench_run *b, sm_err *e) {
     return 0;
 }
 
+/* A preset's activations of row br as the tables name them (w4a16, w4a4f: W4A4 on the FP8
+ * tensor cores, w4a4b: with bf16 products); NULL for a checkpoint's own. */
+static const char *bench_acts_name(const bench_row *br) {
+    if (br->acts == SM_ACTS_MXFP4) return br->fp8 ? "w4a4f" : "w4a4b";
+    return br->acts == SM_ACTS_BF16 ? "w4a16" : NULL;
+}
+
 /* --phases: one traced step of set 0 on br's path (the same inputs as its timed steps), each
  * layer phase's median over the MXFP4 layers beside its floor: its weights' bytes
  * (model/tensors.h; the experts: the distinct experts the traced step's rows routed to, times
@@ -511,8 +518,8 @@ static int bench_phases(bench_run *b, const bench_row *br, sm_err *e) {
         if (b->mx_set[l]) xv[nx++] = (float)bench_expert_bytes(b, l);
     const double xbytes = nx ? sm_median(xv, nx) : 0.0;
     char path[32], line[256];
-    snprintf(path, sizeof path, "%s%s", br->mono ? "mono" : "stock",
-             br->acts == SM_ACTS_MXFP4 ? (br->fp8 ? "-w4a4f" : "-w4a4b") : br->acts == SM_ACTS_BF16 ? "-w4a16" : "");
+    const char *an = bench_acts_name(br);
+    snprintf(path, sizeof path, "%s%s%s", br->mono ? "mono" : "stock", an ? "-" : "", an ? an : "");
     printf("layer phases of one traced %s step of %d rows: median over the %d MXFP4 layers of 1..%d it ran; floor = weight "
            "bytes / %.0f GB/s\n", br->mono ? "monokernel" : "stock", br->step_rows, p.layers, c->L - 2, b->bw / 1e9);
     double tot = 0, tfl = 0, lat = 0;
@@ -695,8 +702,8 @@ static void bench_summary(const bench_run *b, int nres) {
         if (br->mono && ri > 0 && !b->res[ri - 1].mono && b->res[ri - 1].step_rows == br->step_rows &&
             b->res[ri - 1].acts == br->acts && b->res[ri - 1].fp8 == br->fp8)
             snprintf(sp, sizeof sp, "%.2fx", b->res[ri - 1].med_us / br->med_us);
-        const char *an = br->acts == SM_ACTS_MXFP4 ? (br->fp8 ? "w4a4f" : "w4a4b") : br->acts == SM_ACTS_BF16 ? "w4a16" : "-";
-        printf("%-6s %-6s %-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%% %12s %8s\n", br->mono ? "mono" : "stock", an,
+        const char *an = bench_acts_name(br);
+        printf("%-6s %-6s %-6d %-8s %10.1f %10.3f %9.1f %10.1f %7.1f%% %12s %8s\n", br->mono ? "mono" : "stock", an ? an : "-",
                br->step_rows, rq, br->med_us, br->bytes / 1e9, br->distinct, br->floor_us, 100 * br->frac, lf, sp);
         if (a->ws.world > 1)
             printf("%-6s %-6s %-8s rank floor %.1f us (%.3f GB, %.1f%% of the step), exchanges %.1f us (%.1f%%)\n", "", "", "",

@@ -122,8 +122,8 @@ static void mb_graphs_free(mb_case *c) {
 static int mb_prof(bh_run *r, mb_case *c, double bytes, sm_err *e);
 
 /* Set the case's activations: aq 0 W4A16, 1 W4A4 on the FP8 tensor cores ("w4a4f"), 2 W4A4
- * with bf16 products ("w4a4b") (every layer's act_mx and cores, sm_cuda_moe_set_acts; h1 rounded by its
- * norm as the model path gives it). */
+ * with bf16 products ("w4a4b"): every layer's act_mx and cores (sm_cuda_moe_set_acts), h1
+ * rounded by its norm as the model path gives it. */
 static int mb_acts(bh_run *r, mb_case *c, int aq, sm_err *e) {
     for (int l = 0; l < c->made; l++)
         if (sm_cuda_moe_set_acts(&c->L[l], aq != 0, aq == 1, r->st, e)) return -1;

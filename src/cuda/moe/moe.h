@@ -126,9 +126,10 @@ int sm_cuda_moe_synth(const sm_config *c, int l, int fmt, uint64_t seed, sm_cuda
 void sm_cuda_moe_free(sm_cuda_moe_layer *L);
 /* Set a layer's activations: act_mx 1 W4A4 (MXFP4 experts whose I holds whole 32-blocks only),
  * 0 W4A16; for W4A4 the tensor cores: fp8 1 (e4m3 operands, exact block sums, docs/model.md's
- * mm4 term by term) or 0 (the same products in bf16, summed in the mma's order); fp8 falls back to 0 on a layer without x8_ok.  Moves the codes between the two
- * placements on st when the choice changes (complete on return).  The graphs and plans that
- * hold the layer's kernel format are the caller's to drop. */
+ * mm4 term by term) or 0 (the same products in bf16, summed in the mma's order); fp8 falls
+ * back to 0 on a layer without x8_ok.  Moves the codes between the two placements on st when
+ * the choice changes (complete on return).  The graphs and plans that hold the layer's kernel
+ * format are the caller's to drop. */
 int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t st, sm_err *e);
 /* The fp8 the uploads pass (W4A4's tensor cores by default): the faster of the two where
  * measured (bench/results.md: on the H100 the FP8 k step is about 3% slower). */
