@@ -22,7 +22,11 @@
  *             a fresh accumulator: the exact block sum), then the block's scale 2^(ew + ea) as
  *             an f32 built by one IMAD and one FFMA an output.  It runs on the layout of the
  *             bf16 k step, so its values mean nothing: only its time does (issue 34's notes:
- *             the accumulator keeps 14 bits, an exact block sum needs 13).
+ *             the accumulator keeps 14 bits, an exact block sum needs 13);
+ *   x8        the body's loads with the landed W4A4 k step on the FP8 tensor cores
+ *             (moe_compute<MOE_F_MX8>: the e4m3 placement's conversion, the 288-byte B blocks
+ *             with their f32 factors, both scales a block in f32).  It reads the bf16 placement
+ *             and random B bytes, so its values mean nothing either: only its time does.
  * Floor = the bytes streamed / the read bandwidth of the run; SM clock probed after each.  The
  * real stage adds the claim counter, the job table, the stage-2 waits, the grouping and the
  * combine launches: `gpu_test --bench moe` (SM_MOE_BENCH_PROF=1) times those.
@@ -38,7 +42,7 @@
 
 #define KS_EXPERTS 59 /* experts streamed */
 
-enum { KS_BODY, KS_UNITS, KS_EPI, KS_RESTAGE, KS_E4M3, KS_NVAR };
+enum { KS_BODY, KS_UNITS, KS_EPI, KS_RESTAGE, KS_E4M3, KS_X8, KS_NVAR };
 
 typedef struct ks_args {
     const uint8_t *blob;     /* the layer's experts (geom.cuh layout) */
@@ -167,6 +171,7 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) ks_kernel(const ks_args k) {
     uint2 *Bs = (uint2 *)ks_dyn;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int i = (int)threadIdx.x; i < k.bwords; i += MOE_THREADS) ks_dyn[i] = ((const uint4 *)k.bsrc)[i];
+    moe_b_fence<MOE_F_MX8>(); /* KS_E4M3, KS_X8: the tensor cores read B through the async proxy */
     __syncthreads();
     ks_cur c;
     c.lu = blockIdx.x; c.live = 1; c.w = k.blob; c.LS = 0;
@@ -182,9 +187,10 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) ks_kernel(const ks_args k) {
     /* three register buffers in rotation, as the queue: compute one while two are in flight */
 #define KS_STEP(B)                                                                                       \
     if (V == KS_E4M3) ks_compute_e4m3(B, S, bq, eas, lane, acc);                                         \
+    else if (V == KS_X8) moe_compute<MOE_F_MX8>(B, S, Bs, lane, acc);                                    \
     else moe_compute<SM_EXP_MXFP4>(B, S, Bs, lane, acc);                                                 \
     if (++S == k.ns) {                                                                                   \
-        ks_unit_end<V == KS_E4M3 ? KS_BODY : V>(k, u, Bs, acc, sum, warp, lane);                         \
+        ks_unit_end<V >= KS_E4M3 ? KS_BODY : V>(k, u, Bs, acc, sum, warp, lane);                         \
         S = 0;                                                                                           \
         if ((u += gridDim.x) >= k.U) break;                                                              \
     }
@@ -197,7 +203,7 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) ks_kernel(const ks_args k) {
         KS_STEP(Z)
     }
 #undef KS_STEP
-    if (V < KS_EPI || V == KS_E4M3) k.out[(size_t)blockIdx.x * MOE_THREADS + threadIdx.x] = sum; /* keeps the sums live */
+    if (V < KS_EPI || V >= KS_E4M3) k.out[(size_t)blockIdx.x * MOE_THREADS + threadIdx.x] = sum; /* keeps the sums live */
 }
 
 typedef struct ks_case {
@@ -207,7 +213,7 @@ typedef struct ks_case {
 } ks_case;
 
 static void (*const ks_kernels[KS_NVAR])(const ks_args) = {ks_kernel<KS_BODY>, ks_kernel<KS_UNITS>, ks_kernel<KS_EPI>,
-                                                           ks_kernel<KS_RESTAGE>, ks_kernel<KS_E4M3>};
+                                                           ks_kernel<KS_RESTAGE>, ks_kernel<KS_E4M3>, ks_kernel<KS_X8>};
 
 static int ks_call(bh_run *r, void *arg, int set, sm_err *e) {
     (void)set;
@@ -259,7 +265,7 @@ int bench_kstep(bh_run *r, sm_err *e) {
                "8 pairs, then the schedule's structure added back; floor = bytes / read bandwidth\n",
                KS_EXPERTS, bytes / 1e6);
         printf("%-10s %6s %10s %9s %9s %8s\n", "variant", "blocks", "us", "TB/s", "floor us", "% floor");
-        static const char *names[KS_NVAR] = {"body", "units", "+epi", "+restage", "e4m3"};
+        static const char *names[KS_NVAR] = {"body", "units", "+epi", "+restage", "e4m3", "x8"};
         for (int v = 0; v < KS_NVAR; v++)
             SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernels[v], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
         for (int v = -1; v < KS_NVAR && !rc; v++) {

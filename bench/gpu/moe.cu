@@ -363,8 +363,11 @@ int bench_moe(bh_run *r, sm_err *e) {
         for (int i = 0; i < 6; i++) vars[i].pf = atoi(vs);
     const int nv = 6;
     const char *quick = getenv("SM_MOE_BENCH_QUICK");
-    if (quick) { /* one layer of one format (1 = mxfp4) at 8 rows (SM_MOE_BENCH_QUICK_ROWS), 4 timed calls of each schedule */
-        r->iters = 4;
+    if (quick) { /* one layer of one format (1 = mxfp4) at 8 rows (SM_MOE_BENCH_QUICK_ROWS), 4 timed calls of each schedule
+                  * (SM_MOE_BENCH_QUICK_ITERS: more, up to the run's own count) */
+        const char *qi = getenv("SM_MOE_BENCH_QUICK_ITERS");
+        const int it = qi ? atoi(qi) : 4;
+        r->iters = it >= 1 && it <= r->iters ? it : 4;
         const int f = !strcmp(quick, "bf16") ? SM_EXP_BF16 : !strcmp(quick, "fp8") ? SM_EXP_FP8 : SM_EXP_MXFP4;
         const char *qr = getenv("SM_MOE_BENCH_QUICK_ROWS");
         int rows1 = qr ? atoi(qr) : r->rows[0];
