@@ -237,6 +237,11 @@ typedef struct bench_row {
 } bench_row;
 
 /* Everything one benchmark run holds. */
+/* Result rows of one row count: (stock, mono) x the numerics timed (at most W4A16, W4A4 on the
+ * FP8 tensor cores, W4A4 with bf16 products). */
+#define BENCH_NUMERICS 3
+#define BENCH_ROWS_PER_COUNT (2 * BENCH_NUMERICS)
+
 typedef struct bench_run {
     const bench_args *a;
     sm_config cfg;          /* the model's */
@@ -246,7 +251,7 @@ typedef struct bench_run {
     double bw;              /* measured read bandwidth, bytes/s */
     double t_load;          /* wall time the load started */
     int max_req, max_R, max_step_rows; /* over the row counts of --step-rows */
-    bench_row *res;         /* [nstep_rows] */
+    bench_row *res;         /* [nstep_rows * BENCH_ROWS_PER_COUNT] */
     int *idx;               /* [L, max_step_rows, K] routes read back */
     int *fmt;               /* [L] expert format of each layer */
     double *xb;             /* [L] bytes one routed expert reads in each layer */
@@ -308,7 +313,7 @@ static int bench_alloc(bench_run *b, sm_err *e) {
         if (a->step_rows[i] > b->max_step_rows) b->max_step_rows = a->step_rows[i];
     }
     size_t L = (size_t)c->L, N = (size_t)b->max_step_rows, S = (size_t)a->sets;
-    b->res = calloc((size_t)a->nstep_rows * 4, sizeof *b->res); /* x (stock, mono) x (W4A16, W4A4) */
+    b->res = calloc((size_t)a->nstep_rows * BENCH_ROWS_PER_COUNT, sizeof *b->res);
     b->idx = malloc(sizeof(int) * L * N * (size_t)c->K);
     b->fmt = malloc(sizeof(int) * L);
     b->xb = malloc(sizeof(double) * L);
@@ -738,7 +743,7 @@ static int run(const bench_args *a, sm_err *e) {
     /* the MXFP4 activations of a synthetic model: both numerics (W4A16, then W4A4 on the FP8
      * tensor cores and with bf16 products) unless --activations names one (mxfp4: W4A4 on
      * both); a checkpoint runs what it loaded with */
-    int acts[3] = {SM_ACTS_AUTO, SM_ACTS_AUTO, SM_ACTS_AUTO}, fp8[3] = {0, 1, 0}, nacts = 1;
+    int acts[BENCH_NUMERICS] = {SM_ACTS_AUTO, SM_ACTS_AUTO, SM_ACTS_AUTO}, fp8[BENCH_NUMERICS] = {0, 1, 0}, nacts = 1;
     if (a->preset && a->fmt == SM_EXP_MXFP4) {
         if (a->activations == SM_ACTS_AUTO) acts[0] = SM_ACTS_BF16, acts[1] = acts[2] = SM_ACTS_MXFP4, nacts = 3;
         else if (a->activations == SM_ACTS_MXFP4) acts[0] = acts[1] = SM_ACTS_MXFP4, fp8[0] = 1, fp8[1] = 0, nacts = 2;

@@ -3,6 +3,7 @@
 #
 # Builds if needed (`make -j16 all gpu-test`), runs build/gpu_test (kernels, MoE, whole model)
 # and tests/gpu/cli_spec.sh (speculative == plain through the CLI, with the logit processors),
+# tests/gpu/cli_bench.sh (`sparkmono bench` itself: every row count x numerics x path, a bad flag),
 # tests/gpu/serve_cuda.py (the server on the GPU: logprobs made there vs the CPU server, n),
 # the per-op microbenchmarks (`gpu_test --bench all`: norm, router, attention, matmul, moe,
 # logits, logprobs, frontend, kstep) and `sparkmono bench` on the synthetic real-width 4-layer model (both expert
@@ -68,6 +69,9 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     # speculative == plain on the GPU through the CLI, with the logit processors
     sh tests/gpu/cli_spec.sh build >"$OUT/cli_spec.log" 2>&1 || { status=1; trc=1; }
     tail -n 1 "$OUT/cli_spec.log"
+    # sparkmono bench itself: every row count x numerics x path reported, a bad flag refused
+    sh tests/gpu/cli_bench.sh build >"$OUT/cli_bench.log" 2>&1 || { status=1; trc=1; }
+    tail -n 1 "$OUT/cli_bench.log"
     # the server on the GPU (logprobs made on the device) against the CPU server
     python3 tests/gpu/serve_cuda.py build >"$OUT/serve_cuda.log" 2>&1 || { status=1; trc=1; }
     tail -n 1 "$OUT/serve_cuda.log"
@@ -180,8 +184,9 @@ echo "===================== summary ====================="
 if [ "$trc" != skipped ]; then
     grep -E '^FAIL ' "$OUT/gpu_test.log" | head -n 30
     sed -n '/^group /,$p' "$OUT/gpu_test.log" | tail -n 7
-    grep -E '^FAIL ' "$OUT/cli_spec.log" "$OUT/serve_cuda.log" | head -n 10
+    grep -E '^FAIL ' "$OUT/cli_spec.log" "$OUT/cli_bench.log" "$OUT/serve_cuda.log" | head -n 10
     echo "cli_spec: $(tail -n 1 "$OUT/cli_spec.log")"
+    echo "cli_bench: $(tail -n 1 "$OUT/cli_bench.log")"
     echo "serve_cuda: $(tail -n 1 "$OUT/serve_cuda.log")"
     grep -q '^group ' "$OUT/gpu_test.log" || { echo "gpu_test did not finish (exit $trc); last lines:"; tail -n 15 "$OUT/gpu_test.log"; }
 fi
