@@ -132,7 +132,8 @@ void sm_cuda_moe_free(sm_cuda_moe_layer *L);
  * format are the caller's to drop. */
 int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t st, sm_err *e);
 /* The fp8 the uploads pass (W4A4's tensor cores by default): the faster of the two where
- * measured (bench/results.md: on the H100 the FP8 k step is about 3% slower). */
+ * measured (bench/results.md: on the H100 the FP8 expert stage is 0.4-1.2% slower; the H200
+ * has not timed it). */
 #define SM_MOE_W4A4_FP8 0
 /* The kernel format a forward runs for L: moe/geom.cuh's MOE_F_MX8 for W4A4 on the FP8 tensor
  * cores, else L->fmt. */
