@@ -22,11 +22,15 @@
  *             a fresh accumulator: the exact block sum), then the block's scale 2^(ew + ea) as
  *             an f32 built by one IMAD and one FFMA an output.  It runs on the layout of the
  *             bf16 k step, so its values mean nothing: only its time does (issue 34's notes:
- *             the accumulator keeps 14 bits, an exact block sum needs 13);
+ *             the accumulator keeps 14 bits, an exact block sum needs 13; its codes are
+ *             converted after the wgmma fence, so ptxas injects arrives, C7519);
  *   x8        the body's loads with the landed W4A4 k step on the FP8 tensor cores
  *             (moe_compute<MOE_F_MX8>: the e4m3 placement's conversion, the 288-byte B blocks
  *             with their f32 factors, both scales a block in f32).  It reads the bf16 placement
- *             and random B bytes, so its values mean nothing either: only its time does.
+ *             and random B bytes, so its values mean nothing either: only its time does;
+ *   x8f       x8 without the activation blocks' factors (moe_compute_x8<0>: no FMUL and no
+ *             shared load of them a block): what folding each route's factors into its e4m3 B
+ *             would save (timing only; no such B exists).
  * Floor = the bytes streamed / the read bandwidth of the run; SM clock probed after each.  The
  * real stage adds the claim counter, the job table, the stage-2 waits, the grouping and the
  * combine launches: `gpu_test --bench moe` (SM_MOE_BENCH_PROF=1) times those.
@@ -42,7 +46,7 @@
 
 #define KS_EXPERTS 59 /* experts streamed */
 
-enum { KS_BODY, KS_UNITS, KS_EPI, KS_RESTAGE, KS_E4M3, KS_X8, KS_NVAR };
+enum { KS_BODY, KS_UNITS, KS_EPI, KS_RESTAGE, KS_E4M3, KS_X8, KS_X8F, KS_NVAR };
 
 typedef struct ks_args {
     const uint8_t *blob;     /* the layer's experts (geom.cuh layout) */
@@ -171,7 +175,7 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) ks_kernel(const ks_args k) {
     uint2 *Bs = (uint2 *)ks_dyn;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int i = (int)threadIdx.x; i < k.bwords; i += MOE_THREADS) ks_dyn[i] = ((const uint4 *)k.bsrc)[i];
-    moe_b_fence<MOE_F_MX8>(); /* KS_E4M3, KS_X8: the tensor cores read B through the async proxy */
+    moe_b_fence<MOE_F_MX8>(); /* KS_E4M3, KS_X8, KS_X8F: the tensor cores read B through the async proxy */
     __syncthreads();
     ks_cur c;
     c.lu = blockIdx.x; c.live = 1; c.w = k.blob; c.LS = 0;
@@ -188,6 +192,7 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) ks_kernel(const ks_args k) {
 #define KS_STEP(B)                                                                                       \
     if (V == KS_E4M3) ks_compute_e4m3(B, S, bq, eas, lane, acc);                                         \
     else if (V == KS_X8) moe_compute<MOE_F_MX8>(B, S, Bs, lane, acc);                                    \
+    else if (V == KS_X8F) moe_compute_x8<0>(B, S, Bs, lane, acc);                                        \
     else moe_compute<SM_EXP_MXFP4>(B, S, Bs, lane, acc);                                                 \
     if (++S == k.ns) {                                                                                   \
         ks_unit_end<V >= KS_E4M3 ? KS_BODY : V>(k, u, Bs, acc, sum, warp, lane);                         \
@@ -213,7 +218,8 @@ typedef struct ks_case {
 } ks_case;
 
 static void (*const ks_kernels[KS_NVAR])(const ks_args) = {ks_kernel<KS_BODY>, ks_kernel<KS_UNITS>, ks_kernel<KS_EPI>,
-                                                           ks_kernel<KS_RESTAGE>, ks_kernel<KS_E4M3>, ks_kernel<KS_X8>};
+                                                           ks_kernel<KS_RESTAGE>, ks_kernel<KS_E4M3>, ks_kernel<KS_X8>,
+                                                           ks_kernel<KS_X8F>};
 
 static int ks_call(bh_run *r, void *arg, int set, sm_err *e) {
     (void)set;
@@ -265,7 +271,7 @@ int bench_kstep(bh_run *r, sm_err *e) {
                "8 pairs, then the schedule's structure added back; floor = bytes / read bandwidth\n",
                KS_EXPERTS, bytes / 1e6);
         printf("%-10s %6s %10s %9s %9s %8s\n", "variant", "blocks", "us", "TB/s", "floor us", "% floor");
-        static const char *names[KS_NVAR] = {"body", "units", "+epi", "+restage", "e4m3", "x8"};
+        static const char *names[KS_NVAR] = {"body", "units", "+epi", "+restage", "e4m3", "x8", "x8f"};
         for (int v = 0; v < KS_NVAR; v++)
             SM_CUDA_CHECK(cudaFuncSetAttribute(ks_kernels[v], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
         for (int v = -1; v < KS_NVAR && !rc; v++) {

@@ -166,7 +166,10 @@ __device__ __forceinline__ void moe_x8_mma(float (&d)[4], const uint32_t (&a)[4]
 __device__ __forceinline__ void moe_x8_pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
 /* acc[X] += d[X] x 2^(ea - 127) x 2^(ew - 115) for block blk of the step: the rows' scale bytes
  * from the weights' scale words (b.s: [g blk0, g+8 blk0, g blk1, g+8 blk1] per half), the
- * columns' (2t, 2t+1) factors sa from shared memory. */
+ * columns' (2t, 2t+1) factors sa from shared memory.  SA = 0 leaves sa out: the cost of a k
+ * step whose B had its routes' factors folded in (timing only: `gpu_test --bench kstep`, x8f;
+ * no such B exists). */
+template <int SA>
 __device__ __forceinline__ void moe_x8_scale(float (&d)[2][4], const moe_buf &b, int blk, float2 sa, float (&acc)[2][4]) {
 #pragma unroll
     for (int X = 0; X < 2; X++) {
@@ -174,10 +177,10 @@ __device__ __forceinline__ void moe_x8_scale(float (&d)[2][4], const moe_buf &b,
         for (int i = 0; i < 4; i++) sm_wg_pin(d[X][i]);
         const uint32_t sw = blk < 2 ? b.s[X].x : b.s[X].y;
         const float wg = moe_x8_wscale(sw, 2 * (blk & 1)), wg8 = moe_x8_wscale(sw, 2 * (blk & 1) + 1);
-        acc[X][0] = fmaf(d[X][0] * sa.x, wg, acc[X][0]);
-        acc[X][1] = fmaf(d[X][1] * sa.y, wg, acc[X][1]);
-        acc[X][2] = fmaf(d[X][2] * sa.x, wg8, acc[X][2]);
-        acc[X][3] = fmaf(d[X][3] * sa.y, wg8, acc[X][3]);
+        acc[X][0] = fmaf(SA ? d[X][0] * sa.x : d[X][0], wg, acc[X][0]);
+        acc[X][1] = fmaf(SA ? d[X][1] * sa.y : d[X][1], wg, acc[X][1]);
+        acc[X][2] = fmaf(SA ? d[X][2] * sa.x : d[X][2], wg8, acc[X][2]);
+        acc[X][3] = fmaf(SA ? d[X][3] * sa.y : d[X][3], wg8, acc[X][3]);
     }
 }
 /* acc[X] += tile X rows (16) x the job's 8 routes over k step S (4 blocks), in groups of
@@ -187,6 +190,7 @@ __device__ __forceinline__ void moe_x8_scale(float (&d)[2][4], const moe_buf &b,
  * its three buffers and were slower in the queue (bench/results.md); 8 wgmma in flight spill
  * more.) */
 #define MOE_X8_G 1
+template <int SA = 1>
 __device__ __forceinline__ void moe_compute_x8(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane, float (&acc)[2][4]) {
     const uint8_t *bb = (const uint8_t *)Bs + (size_t)S * 4 * MOE_X8_BLK;
     const uint32_t bq = sm_wg_u32(bb);
@@ -214,7 +218,8 @@ __device__ __forceinline__ void moe_compute_x8(const moe_buf &b, int S, const ui
         sm_wg_wait<0>();
 #pragma unroll
         for (int j = 0; j < MOE_X8_G; j++)
-            moe_x8_scale(d[j], b, g0 + j, *(const float2 *)(bb + (g0 + j) * MOE_X8_BLK + 256 + 8 * t), acc);
+            moe_x8_scale<SA>(d[j], b, g0 + j, SA ? *(const float2 *)(bb + (g0 + j) * MOE_X8_BLK + 256 + 8 * t) : make_float2(1.0f, 1.0f),
+                             acc);
     }
 }
 
