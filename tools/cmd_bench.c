@@ -236,12 +236,12 @@ typedef struct bench_row {
     double floor_us, frac;
 } bench_row;
 
-/* Everything one benchmark run holds. */
 /* Result rows of one row count: (stock, mono) x the numerics timed (at most W4A16, W4A4 on the
  * FP8 tensor cores, W4A4 with bf16 products). */
 #define BENCH_NUMERICS 3
 #define BENCH_ROWS_PER_COUNT (2 * BENCH_NUMERICS)
 
+/* Everything one benchmark run holds. */
 typedef struct bench_run {
     const bench_args *a;
     sm_config cfg;          /* the model's */

@@ -183,43 +183,33 @@ __device__ __forceinline__ void moe_x8_scale(float (&d)[2][4], const moe_buf &b,
         acc[X][3] = fmaf(SA ? d[X][3] * sa.y : d[X][3], wg8, acc[X][3]);
     }
 }
-/* acc[X] += tile X rows (16) x the job's 8 routes over k step S (4 blocks), in groups of
- * MOE_X8_G blocks: a group's A fragments converted, then its 2 MOE_X8_G wgmma issued back to
- * back and waited for once, then scaled.  (ptxas serializes wgmma whose A registers are
- * written while others are in flight.  Groups of 2 blocks make the queue kernel spill beside
- * its three buffers and were slower in the queue (bench/results.md); 8 wgmma in flight spill
- * more.) */
-#define MOE_X8_G 1
+/* acc[X] += tile X rows (16) x the job's 8 routes over k step S (4 blocks), a block at a
+ * time: its A fragments converted, its 2 wgmma (one a tile) issued and waited for, then
+ * scaled.  (ptxas serializes wgmma whose A registers are written while others are in flight;
+ * two blocks in flight made the queue kernel spill beside its three buffers and were slower in
+ * the queue: bench/results.md.) */
 template <int SA = 1>
 __device__ __forceinline__ void moe_compute_x8(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane, float (&acc)[2][4]) {
     const uint8_t *bb = (const uint8_t *)Bs + (size_t)S * 4 * MOE_X8_BLK;
     const uint32_t bq = sm_wg_u32(bb);
     const int t = lane & 3;
 #pragma unroll
-    for (int g0 = 0; g0 < 4; g0 += MOE_X8_G) {
-        uint32_t a[MOE_X8_G][2][4];
+    for (int blk = 0; blk < 4; blk++) {
+        uint32_t a[2][4];
 #pragma unroll
-        for (int j = 0; j < MOE_X8_G; j++)
+        for (int X = 0; X < 2; X++) { /* the block's codes: words 2 (blk & 1), + 1 of chunk blk >> 1 */
+            moe_x8_regs(moe_u4(b.w[X][blk >> 1], 2 * (blk & 1)), a[X][0], a[X][1]);
+            moe_x8_regs(moe_u4(b.w[X][blk >> 1], 2 * (blk & 1) + 1), a[X][2], a[X][3]);
 #pragma unroll
-            for (int X = 0; X < 2; X++) {
-                const int blk = g0 + j; /* its codes: words 2 (blk & 1), + 1 of chunk blk >> 1 */
-                moe_x8_regs(moe_u4(b.w[X][blk >> 1], 2 * (blk & 1)), a[j][X][0], a[j][X][1]);
-                moe_x8_regs(moe_u4(b.w[X][blk >> 1], 2 * (blk & 1) + 1), a[j][X][2], a[j][X][3]);
-#pragma unroll
-                for (int i = 0; i < 4; i++) moe_x8_pin(a[j][X][i]);
-            }
-        float d[MOE_X8_G][2][4];
+            for (int i = 0; i < 4; i++) moe_x8_pin(a[X][i]);
+        }
+        float d[2][4];
         sm_wg_fence();
 #pragma unroll
-        for (int j = 0; j < MOE_X8_G; j++)
-#pragma unroll
-            for (int X = 0; X < 2; X++) moe_x8_mma(d[j][X], a[j][X], moe_x8_desc(bq + (uint32_t)((g0 + j) * MOE_X8_BLK)));
+        for (int X = 0; X < 2; X++) moe_x8_mma(d[X], a[X], moe_x8_desc(bq + (uint32_t)(blk * MOE_X8_BLK)));
         sm_wg_commit();
         sm_wg_wait<0>();
-#pragma unroll
-        for (int j = 0; j < MOE_X8_G; j++)
-            moe_x8_scale<SA>(d[j], b, g0 + j, SA ? *(const float2 *)(bb + (g0 + j) * MOE_X8_BLK + 256 + 8 * t) : make_float2(1.0f, 1.0f),
-                             acc);
+        moe_x8_scale<SA>(d, b, blk, SA ? *(const float2 *)(bb + blk * MOE_X8_BLK + 256 + 8 * t) : make_float2(1.0f, 1.0f), acc);
     }
 }
 
