@@ -20,10 +20,39 @@ extern "C" {
 }
 #include "model/codec.h"
 #include "cuda/ops/ops.h"
+#include "cuda/ops/norm.cuh"
 #include "harness.h"
 #include "kernel_cases.h"
 
 /* ------------------------------------------------------------------ norms and boundaries */
+
+/* The pass-by-pass form of the bodies (ONE = 0: what the monokernel runs) as stock-shaped
+ * kernels, against which the stock kernels' one-read form must give the same bits. */
+__global__ void tn_post_attn_passes(float *s, const uint16_t *a, const float *al, const float *be, const float *w, int H,
+                                    float peps, float eps, uint16_t *xf) {
+    __shared__ float red[32];
+    sm_norm_post_attn_row<0>(s, a, al, be, w, H, peps, eps, xf, blockIdx.x, red, sm_team_block());
+}
+__global__ void tn_post_ffn_passes(float *s, const uint16_t *f, const float *pf, const float *al, const float *be,
+                                   const float *w, int last, int H, float peps, float eps, uint16_t *x) {
+    __shared__ float red[32];
+    sm_norm_post_ffn_row<0>(s, f, pf, al, be, w, last, H, peps, eps, x, blockIdx.x, red, sm_team_block());
+}
+__global__ void tn_rms_bf16_passes(const uint16_t *x, int d, const float *w, float eps, uint16_t *y, int mx) {
+    __shared__ float red[32];
+    sm_norm_rms_bf16_row<0>(x, d, w, eps, y, blockIdx.x, red, sm_team_block(), mx);
+}
+
+/* 1 when the n elements of size esz at device a and b are the same bytes (else prints what). */
+static int tn_same(const char *what, const void *a, const void *b, size_t n, size_t esz) {
+    void *ha = gh_halloc(n * esz), *hb = gh_halloc(n * esz);
+    if (cudaMemcpy(ha, a, n * esz, cudaMemcpyDeviceToHost) != cudaSuccess || cudaMemcpy(hb, b, n * esz, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        printf("  %s: copy failed\n", what);
+        return 0;
+    }
+    if (memcmp(ha, hb, n * esz)) { printf("  %s: the one-read form differs from the pass-by-pass form\n", what); return 0; }
+    return 1;
+}
 
 void case_embed(int n, int H, int V) {
     char name[128];
@@ -68,6 +97,7 @@ void case_post_attn(int n, int H) {
     sm_residual_gate(hg, H, 0.3f, al, be);
     gh_fill_eff(w, H);
     float *ds = (float *)gh_dup_to_dev("s", s, 4, (size_t)n * H);
+    float *ds2 = (float *)gh_dup_to_dev("s2", s, 4, (size_t)n * H); /* the input again, for the pass-by-pass form */
     uint16_t *da = (uint16_t *)gh_dup_to_dev("a", ha, 2, (size_t)n * H);
     float *dal = (float *)gh_dup_to_dev("alpha", al, 4, H), *dbe = (float *)gh_dup_to_dev("beta", be, 4, H);
     float *dw = (float *)gh_dup_to_dev("pre_ffn", w, 4, H);
@@ -76,14 +106,17 @@ void case_post_attn(int n, int H) {
     float *a = (float *)gh_halloc((size_t)n * H * 4), *xf = (float *)gh_halloc((size_t)n * H * 4);
     gh_bf16_to_f32(ha, a, (size_t)n * H);
     ref_post_attn(s, a, al, be, w, n, H, peps, eps, xf);
+    uint16_t *dxf2 = (uint16_t *)gh_dalloc("xf2", 2, (size_t)n * H);
     if (sm_k_post_attn(ds, da, dal, dbe, dw, n, H, peps, eps, dxf, g_st, &e)) { gh_fail_line(name, e.msg); return; }
+    tn_post_attn_passes<<<n, sm_norm_threads(H), 0, g_st>>>(ds2, da, dal, dbe, dw, H, peps, eps, dxf2);
     if (!gh_sync(g_st)) { gh_fail_line(name, "kernel failed"); return; }
+    int ok = tn_same("s", ds, ds2, (size_t)n * H, 4) && tn_same("xf", dxf, dxf2, (size_t)n * H, 2);
     gh_acc as = GH_ACC_INIT, ax = GH_ACC_INIT;
     double rs = gh_cmp_f32(ds, s, (size_t)n * H, &as);
     gh_cmp_bf16(dxf, xf, (size_t)n * H, &ax);
     /* s (f32) adds beta * r16(normalized branch): an rsqrt one f32 ulp apart moves that r16 by
      * a bf16 step (2^-8) on a few elements, so s gets a bf16-scale bound, not an f32 one */
-    int ok = rs <= 1e-3 && !as.nan;
+    ok = ok && rs <= 1e-3 && !as.nan;
     if (!ok) printf("  s: rel %.3e, %ld NaN\n", rs, as.nan);
     gh_verdict(name, ok, &ax, 1e-2);
 }
@@ -105,6 +138,7 @@ void case_post_ffn(int n, int H, int last) {
     if (last) gh_fill_f32(w, H, 1.0f); else gh_fill_eff(w, H); /* final norm weight is used as is */
     for (int i = 0; last && i < H; i++) w[i] = sm_r16(w[i]);
     float *ds = (float *)gh_dup_to_dev("s", s, 4, (size_t)n * H);
+    float *ds2 = (float *)gh_dup_to_dev("s2", s, 4, (size_t)n * H); /* the input again, for the pass-by-pass form */
     uint16_t *df = (uint16_t *)gh_dup_to_dev("f", hf, 2, (size_t)n * H);
     float *dal = (float *)gh_dup_to_dev("alpha", al, 4, H), *dbe = (float *)gh_dup_to_dev("beta", be, 4, H);
     float *dpf = (float *)gh_dup_to_dev("post_ffn", pf, 4, H), *dw = (float *)gh_dup_to_dev("norm", w, 4, H);
@@ -113,14 +147,17 @@ void case_post_ffn(int n, int H, int last) {
     float *f = (float *)gh_halloc((size_t)n * H * 4), *x = (float *)gh_halloc((size_t)n * H * 4);
     gh_bf16_to_f32(hf, f, (size_t)n * H);
     ref_post_ffn(s, f, pf, al, be, w, last, n, H, peps, eps, x);
+    uint16_t *dx2 = (uint16_t *)gh_dalloc("x2", 2, (size_t)n * H);
     if (sm_k_post_ffn(ds, df, dpf, dal, dbe, dw, last, n, H, peps, eps, dx, g_st, &e)) { gh_fail_line(name, e.msg); return; }
+    tn_post_ffn_passes<<<n, sm_norm_threads(H), 0, g_st>>>(ds2, df, dpf, dal, dbe, dw, last, H, peps, eps, dx2);
     if (!gh_sync(g_st)) { gh_fail_line(name, "kernel failed"); return; }
+    int ok = tn_same("s", ds, ds2, (size_t)n * H, 4) && tn_same("x", dx, dx2, (size_t)n * H, 2);
     gh_acc as = GH_ACC_INIT, ax = GH_ACC_INIT;
     double rs = gh_cmp_f32(ds, s, (size_t)n * H, &as);
     gh_cmp_bf16(dx, x, (size_t)n * H, &ax);
     /* s (f32) adds beta * r16(normalized branch): an rsqrt one f32 ulp apart moves that r16 by
      * a bf16 step (2^-8) on a few elements, so s gets a bf16-scale bound, not an f32 one */
-    int ok = rs <= 1e-3 && !as.nan;
+    ok = ok && rs <= 1e-3 && !as.nan;
     if (!ok) printf("  s: rel %.3e, %ld NaN\n", rs, as.nan);
     gh_verdict(name, ok, &ax, 1e-2);
 }
@@ -140,12 +177,15 @@ void case_rms_bf16(int n, int d, int inplace, int mx) {
     uint16_t *dy = inplace ? dx : (uint16_t *)gh_dalloc("y", 2, (size_t)n * d);
     /* mx: first the plain output (kept), then the rounded one from the same input */
     uint16_t *dy0 = mx ? (uint16_t *)gh_dalloc("y0", 2, (size_t)n * d) : NULL;
+    /* the pass-by-pass form first, from the same input (dx is overwritten when inplace) */
+    uint16_t *dyp = (uint16_t *)gh_dalloc("y_passes", 2, (size_t)n * d);
+    tn_rms_bf16_passes<<<n, sm_norm_threads(d), 0, g_st>>>(dx, d, dw, 1e-5f, dyp, mx);
     if (mx && sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy0, 0, g_st, &e)) { gh_fail_line(name, e.msg); return; }
     if (sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy, mx, g_st, &e)) { gh_fail_line(name, e.msg); return; }
     if (!gh_sync(g_st)) { gh_fail_line(name, "kernel failed"); return; }
     gh_acc a = GH_ACC_INIT;
     gh_cmp_bf16(mx ? dy0 : dy, ref, (size_t)n * d, &a);
-    int ok = 1;
+    int ok = tn_same("y", dy, dyp, (size_t)n * d, 2);
     if (mx) {
         /* the rounded output == codec.h's block quantizer applied to the plain one, bit for bit */
         uint16_t *y0 = (uint16_t *)gh_halloc((size_t)n * d * 2), *y = (uint16_t *)gh_halloc((size_t)n * d * 2);

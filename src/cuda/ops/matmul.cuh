@@ -470,7 +470,7 @@ typedef struct sm_wg_smem {
 
 /* First unit of virtual block b of G in the stream-K split of U units: block b runs the units
  * [sm_wg_unit0(b), sm_wg_unit0(b + 1)). */
-__device__ __forceinline__ int sm_wg_unit0(int b, int G, int U) { return b * U / G; }
+__host__ __device__ __forceinline__ int sm_wg_unit0(int b, int G, int U) { return b * U / G; }
 
 /* Ring of ST stages: initialize its barriers (one thread; a block barrier must follow before
  * any other thread uses them).  A fresh ring starts at stage 0, phase 0 on both sides. */

@@ -22,7 +22,7 @@ __global__ void post_attn_kernel(float *__restrict__ s, const uint16_t *__restri
                                  const float *__restrict__ beta, const float *__restrict__ wn, int H, float post_eps,
                                  float eps, uint16_t *__restrict__ xf) {
     __shared__ float red[32];
-    sm_norm_post_attn_row(s, a, alpha, beta, wn, H, post_eps, eps, xf, blockIdx.x, red, sm_team_block());
+    sm_norm_post_attn_row<1>(s, a, alpha, beta, wn, H, post_eps, eps, xf, blockIdx.x, red, sm_team_block());
 }
 
 __global__ void post_ffn_kernel(float *__restrict__ s, const uint16_t *__restrict__ f, const float *__restrict__ pf,
@@ -30,12 +30,12 @@ __global__ void post_ffn_kernel(float *__restrict__ s, const uint16_t *__restric
                                 const float *__restrict__ wn, int last, int H, float post_eps, float eps,
                                 uint16_t *__restrict__ x) {
     __shared__ float red[32];
-    sm_norm_post_ffn_row(s, f, pf, alpha, beta, wn, last, H, post_eps, eps, x, blockIdx.x, red, sm_team_block());
+    sm_norm_post_ffn_row<1>(s, f, pf, alpha, beta, wn, last, H, post_eps, eps, x, blockIdx.x, red, sm_team_block());
 }
 
 __global__ void rms_bf16_kernel(const uint16_t *x, int d, const float *__restrict__ w, float eps, uint16_t *y, int mx) {
     __shared__ float red[32];
-    sm_norm_rms_bf16_row(x, d, w, eps, y, blockIdx.x, red, sm_team_block(), mx);
+    sm_norm_rms_bf16_row<1>(x, d, w, eps, y, blockIdx.x, red, sm_team_block(), mx);
 }
 
 /* ---- launchers and checked entries ---- */

@@ -12,9 +12,14 @@
  * reproduces the stock kernels (ops/norm.cu) exactly with t.nt == sm_norm_threads(H).  `red`
  * is the team's __shared__ float [32] scratch.
  * Products use __fmul_rn / __fadd_rn where the CPU reference rounds each operation, so the f32
- * residual stream does not drift from it by FMA contraction.  We rejected keeping the row in
- * shared memory: rows are up to 8192 f32 and re-reading them hits L1/L2, while the work is a
- * few microseconds either way.
+ * residual stream does not drift from it by FMA contraction.  ONE = 1 (the stock kernels): where
+ * a thread's share of the row fits SM_NORM_RC chunks, the bodies load everything first and keep
+ * it in registers (the one-read form below), since each later pass re-read the row, the
+ * residual and the gains at L2 or memory latency, a round trip each between the reductions.
+ * Its bits are the pass-by-pass form's, which the monokernel keeps (ONE = 0: its norm phases
+ * are functions under its 128-register cap, where the one-read form spills).  We rejected
+ * keeping the row in shared memory: registers hold a thread's share, and shared memory adds a
+ * barrier.
  */
 #ifndef SM_CUDA_OPS_NORM_CUH
 #define SM_CUDA_OPS_NORM_CUH
@@ -36,11 +41,20 @@ __device__ __forceinline__ float sm_rms_scale(float sumsq, int d, float eps) {
 __host__ __device__ __forceinline__ int sm_norm_nchunks(int d) { return d % 8 ? 0 : d >> 3; }
 #define SM_NORM_CHUNKS(c, d, t) for (int c = (t).tid; c < sm_norm_nchunks(d); c += (t).nt)
 #define SM_NORM_TAIL(i, d, t) for (int i = 8 * sm_norm_nchunks(d) + (t).tid; i < (d); i += (t).nt)
-__device__ __forceinline__ void sm_ld8_bf(const uint16_t *p, float (&v)[8]) {
-    const uint4 u = *(const uint4 *)p;
+/* The one-read form of the boundary and row norms: where every element of a row of d lies in
+ * at most SM_NORM_RC chunks a thread (no tail), a thread loads all it will need of the row (the
+ * row, the residual, the gains) before the first reduction, so the row costs one memory round
+ * trip instead of one a pass.  The same elements, products and sums in the same order as the
+ * pass-by-pass form: the same bits. */
+#define SM_NORM_RC 2
+__host__ __device__ __forceinline__ int sm_norm_regs_fit(int d, int nt) { return d % 8 == 0 && d <= 8 * SM_NORM_RC * nt; }
+#define SM_NORM_RCHUNKS(q, c, d, t) \
+    _Pragma("unroll") for (int q = 0, c = (t).tid; q < SM_NORM_RC; q++, c += (t).nt) if (c < sm_norm_nchunks(d))
+__device__ __forceinline__ void sm_unpack8_bf(const uint4 u, float (&v)[8]) {
     v[0] = sm_bf_lo(u.x); v[1] = sm_bf_hi(u.x); v[2] = sm_bf_lo(u.y); v[3] = sm_bf_hi(u.y);
     v[4] = sm_bf_lo(u.z); v[5] = sm_bf_hi(u.z); v[6] = sm_bf_lo(u.w); v[7] = sm_bf_hi(u.w);
 }
+__device__ __forceinline__ void sm_ld8_bf(const uint16_t *p, float (&v)[8]) { sm_unpack8_bf(*(const uint4 *)p, v); }
 __device__ __forceinline__ void sm_st8_bf(uint16_t *p, const float (&v)[8]) {
     uint4 u;
     u.x = (uint32_t)sm_tobf(v[0]) | ((uint32_t)sm_tobf(v[1]) << 16);
@@ -119,8 +133,69 @@ __device__ __forceinline__ void sm_norm_embed_row(const uint16_t *__restrict__ e
     sm_norm_out_bf16(sr, H, sm_rms_scale(sm_team_sum(ss2, red, t), H, eps), w, 0, xr, t);
 }
 
+/* 8 values of a one-read chunk as f32: XV uint4 (8 bf16 kept packed: fewer registers) or float[8]. */
+__device__ __forceinline__ void sm_norm_x8(const uint4 &u, float (&v)[8]) { sm_unpack8_bf(u, v); }
+__device__ __forceinline__ void sm_norm_x8(const float (&x)[8], float (&v)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = x[j];
+}
+/* This thread's part of sum(x^2) over its chunks xv of a row of d (one-read form; reduce it
+ * with sm_team_sum). */
+template <typename XV>
+__device__ __forceinline__ float sm_norm_sumsq_rc(const XV (&xv)[SM_NORM_RC], int d, const sm_team &t) {
+    float ss = 0.0f;
+    SM_NORM_RCHUNKS(q, c, d, t) {
+        float x[8];
+        sm_norm_x8(xv[q], x);
+#pragma unroll
+        for (int j = 0; j < 8; j++) ss += x[j] * x[j];
+    }
+    return ss;
+}
+/* A thread's chunks of a boundary's residual s and its gains (alpha, beta, the next norm's wn), in
+ * registers for the one-read form; sm_norm_bd_ld loads chunk q (elements 8c .. 8c + 7). */
+typedef struct sm_norm_bd {
+    float s[SM_NORM_RC][8], al[SM_NORM_RC][8], be[SM_NORM_RC][8], wn[SM_NORM_RC][8];
+} sm_norm_bd;
+__device__ __forceinline__ void sm_norm_bd_ld(sm_norm_bd &b, int q, int c, const float *sr, const float *__restrict__ alpha,
+                                              const float *__restrict__ beta, const float *__restrict__ wn) {
+    sm_ld8_f(sr + 8 * c, b.s[q]);
+    sm_ld8_f(alpha + 8 * c, b.al[q]);
+    sm_ld8_f(beta + 8 * c, b.be[q]);
+    sm_ld8_f(wn + 8 * c, b.wn[q]);
+}
+/* The one-read form of a residual boundary (post-attention, post-FFN) from the branch's values
+ * xv (a, or t = r16(f * eff(post_ffn))) and b: rx = rsqrt(mean x^2 + post_eps); s = alpha * s +
+ * beta * r16(x * rx), stored; then out = r16(rms(v, wn, eps)) with v = s (last 0) or r16(s). */
+template <typename XV>
+__device__ __forceinline__ void sm_norm_boundary_rc(const XV (&xv)[SM_NORM_RC], sm_norm_bd &b, int last, int H, float post_eps,
+                                                    float eps, float *__restrict__ sr, uint16_t *__restrict__ xr, float *red,
+                                                    const sm_team &t) {
+    const float rx = sm_rms_scale(sm_team_sum(sm_norm_sumsq_rc(xv, H, t), red, t), H, post_eps);
+    float ss2 = 0.0f;
+    SM_NORM_RCHUNKS(q, c, H, t) {
+        float x[8];
+        sm_norm_x8(xv[q], x);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float xn = sm_r16d(__fmul_rn(x[j], rx));
+            b.s[q][j] = __fadd_rn(__fmul_rn(b.al[q][j], b.s[q][j]), __fmul_rn(b.be[q][j], xn));
+            const float v = last ? sm_r16d(b.s[q][j]) : b.s[q][j];
+            ss2 += v * v;
+        }
+        sm_st8_f(sr + 8 * c, b.s[q]);
+    }
+    const float r = sm_rms_scale(sm_team_sum(ss2, red, t), H, eps);
+    SM_NORM_RCHUNKS(q, c, H, t) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) b.s[q][j] = __fmul_rn(__fmul_rn(last ? sm_r16d(b.s[q][j]) : b.s[q][j], r), b.wn[q][j]);
+        sm_st8_bf(xr + 8 * c, b.s[q]);
+    }
+}
+
 /* Post-attention boundary of row `row`: s = alpha * s + beta * r16(rms(a, -, post_eps)) in
  * place (s f32, a bf16 rows of H), then xf = r16(rms(s, wn, eps)) (bf16). */
+template <int ONE = 0>
 __device__ __forceinline__ void sm_norm_post_attn_row(float *__restrict__ s, const uint16_t *__restrict__ a,
                                                       const float *__restrict__ alpha, const float *__restrict__ beta,
                                                       const float *__restrict__ wn, int H, float post_eps, float eps,
@@ -128,6 +203,16 @@ __device__ __forceinline__ void sm_norm_post_attn_row(float *__restrict__ s, con
     float *sr = s + row * H;
     const uint16_t *ar = a + row * H;
     uint16_t *xr = xf + row * H;
+    if (ONE && sm_norm_regs_fit(H, t.nt)) { /* the one-read form */
+        uint4 au[SM_NORM_RC];
+        sm_norm_bd b;
+        SM_NORM_RCHUNKS(q, c, H, t) {
+            au[q] = *(const uint4 *)(ar + 8 * c);
+            sm_norm_bd_ld(b, q, c, sr, alpha, beta, wn);
+        }
+        sm_norm_boundary_rc(au, b, 0, H, post_eps, eps, sr, xr, red, t);
+        return;
+    }
     /* ra = rsqrt(mean a^2 + post_eps) */
     const float ss = sm_norm_sumsq_bf16(ar, H, t);
     const float ra = sm_rms_scale(sm_team_sum(ss, red, t), H, post_eps);
@@ -161,6 +246,7 @@ __device__ __forceinline__ void sm_norm_post_attn_row(float *__restrict__ s, con
 /* Post-FFN boundary of row `row`: t = r16(f * pf), s = alpha * s + beta * r16(t * rsqrt(mean
  * t^2 + post_eps)) in place, then x = r16(rms(s, wn, eps)) (last == 0) or
  * x = r16(rms(r16(s), wn, eps)) (last != 0: h, the lm_head input). */
+template <int ONE = 0>
 __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, const uint16_t *__restrict__ f,
                                                      const float *__restrict__ pf, const float *__restrict__ alpha,
                                                      const float *__restrict__ beta, const float *__restrict__ wn,
@@ -169,6 +255,25 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
     float *sr = s + row * H;
     const uint16_t *fr = f + row * H;
     uint16_t *xr = x + row * H;
+    if (ONE && sm_norm_regs_fit(H, t.nt)) { /* the one-read form */
+        uint4 fu[SM_NORM_RC];
+        float pv[SM_NORM_RC][8];
+        sm_norm_bd b;
+        SM_NORM_RCHUNKS(q, c, H, t) {
+            fu[q] = *(const uint4 *)(fr + 8 * c);
+            sm_ld8_f(pf + 8 * c, pv[q]);
+            sm_norm_bd_ld(b, q, c, sr, alpha, beta, wn);
+        }
+        /* t = r16(f * eff(post_ffn)), kept in pv */
+        SM_NORM_RCHUNKS(q, c, H, t) {
+            float fv[8];
+            sm_unpack8_bf(fu[q], fv);
+#pragma unroll
+            for (int j = 0; j < 8; j++) pv[q][j] = sm_r16d(__fmul_rn(fv[j], pv[q][j]));
+        }
+        sm_norm_boundary_rc(pv, b, last, H, post_eps, eps, sr, xr, red, t);
+        return;
+    }
     /* t = r16(f * eff(post_ffn)); rt = rsqrt(mean t^2 + post_eps) */
     float ss = 0.0f;
 #pragma unroll 2
@@ -217,34 +322,56 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
  * element is read and written by the same thread); w NULL: no weight.  mx (W4A4's h1,
  * docs/model.md section 6; d % 32 == 0): the bf16 values then rounded to MXFP4 per 32 (a
  * block is the 8-value chunks of 4 consecutive lanes, all in or all past the row together). */
+/* One chunk of the row norm's output: yc = r16(v * r [* w]), then (mx) rounded to MXFP4. */
+__device__ __forceinline__ void sm_norm_rms_chunk_out(float (&v)[8], float r, const float *__restrict__ w, const float (&wv)[8],
+                                                      int mx, uint16_t *yc) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        v[j] = __fmul_rn(v[j], r);
+        if (w) v[j] = __fmul_rn(v[j], wv[j]);
+    }
+    if (mx) {
+        /* Q(r16(v)): the block's amax over the 4 lanes, its scale byte, each value rounded */
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j] = sm_r16d(v[j])));
+        const unsigned mask = 0xFu << ((threadIdx.x & 31) & ~3u);
+        m = fmaxf(m, __shfl_xor_sync(mask, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(mask, m, 2));
+        const uint8_t b = sm_mx_scale_byte(m);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = sm_mx_round_value(v[j], b);
+    }
+    sm_st8_bf(yc, v);
+}
+
+template <int ONE = 0>
 __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, const float *__restrict__ w, float eps,
                                                      uint16_t *y, size_t row, float *red, const sm_team &t, int mx = 0) {
     const uint16_t *xr = x + row * d;
     uint16_t *yr = y + row * d;
+    if (ONE && sm_norm_regs_fit(d, t.nt)) { /* the one-read form */
+        uint4 xu[SM_NORM_RC];
+        float wv[SM_NORM_RC][8];
+        SM_NORM_RCHUNKS(q, c, d, t) {
+            xu[q] = *(const uint4 *)(xr + 8 * c);
+            if (w) sm_ld8_f(w + 8 * c, wv[q]);
+        }
+        const float r = sm_rms_scale(sm_team_sum(sm_norm_sumsq_rc(xu, d, t), red, t), d, eps);
+        SM_NORM_RCHUNKS(q, c, d, t) {
+            float v[8];
+            sm_unpack8_bf(xu[q], v);
+            sm_norm_rms_chunk_out(v, r, w, wv[q], mx, yr + 8 * c);
+        }
+        return;
+    }
     const float r = sm_rms_scale(sm_team_sum(sm_norm_sumsq_bf16(xr, d, t), red, t), d, eps);
 #pragma unroll 2
     SM_NORM_CHUNKS(c, d, t) {
         float v[8], wv[8];
         sm_ld8_bf(xr + 8 * c, v);
         if (w) sm_ld8_f(w + 8 * c, wv);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            v[j] = __fmul_rn(v[j], r);
-            if (w) v[j] = __fmul_rn(v[j], wv[j]);
-        }
-        if (mx) {
-            /* Q(r16(v)): the block's amax over the 4 lanes, its scale byte, each value rounded */
-            float m = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j] = sm_r16d(v[j])));
-            const unsigned mask = 0xFu << ((threadIdx.x & 31) & ~3u);
-            m = fmaxf(m, __shfl_xor_sync(mask, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(mask, m, 2));
-            const uint8_t b = sm_mx_scale_byte(m);
-#pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = sm_mx_round_value(v[j], b);
-        }
-        sm_st8_bf(yr + 8 * c, v);
+        sm_norm_rms_chunk_out(v, r, w, wv, mx, yr + 8 * c);
     }
     SM_NORM_TAIL(i, d, t) {
         const float v = __fmul_rn(sm_bf(xr[i]), r);
