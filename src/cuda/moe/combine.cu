@@ -14,14 +14,14 @@ __global__ void __launch_bounds__(MOE_COMBINE_THREADS) moe_combine_scale_kernel(
     __shared__ float red[32];
     sm_pdl_wait();    /* y of the expert launch (programmatic dependent launch) */
     sm_pdl_trigger(); /* step 2 may launch now: it waits for this grid's completion */
-    moe_combine_scale_item<Y32>(ca, (int)blockIdx.x, red, sm_team_block());
+    moe_combine_scale_item<Y32, 1>(ca, (int)blockIdx.x, red, sm_team_block());
 }
 
 template <int Y32, int OUT32>
 __global__ void __launch_bounds__(MOE_COMBINE_SUM_THREADS) moe_combine_sum_kernel(const moe_combine_args ca) {
     const size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     sm_pdl_wait(); /* step 1's scales */
-    if (c < (size_t)ca.n * (ca.Hm / 8)) moe_combine_elem8<Y32, OUT32>(ca, c);
+    if (c < (size_t)ca.n * (ca.Hm / 8)) moe_combine_elem8<Y32, OUT32, 1>(ca, c);
 }
 
 moe_combine_args moe_combine_make(const sm_cuda_moe_layer *L, const float *w, int n, uint16_t *m_out, const sm_cuda_moe_ws *ws) {

@@ -21,6 +21,12 @@
 #include "cuda/moe/moe.h"
 
 #define MOE_COMBINE_THREADS 256 /* threads of the stock combine blocks */
+/* The one-read form of the stock kernels (ONE = 1; the monokernel keeps the loops, ONE = 0, the
+ * same bits): a step-1 thread loads its columns (at most MOE_CB_XR) before summing, a step-2
+ * thread its routes' slots, weights and scales (at most MOE_CB_KR routes), then their y, where
+ * the loops waited a memory round trip a few columns or a route. */
+#define MOE_CB_XR 16
+#define MOE_CB_KR 8
 
 typedef struct moe_combine_args {
     const uint16_t *y;        /* [slots, Hm] bf16: y of each slot (stage 2 of mm.cuh) */
@@ -73,7 +79,7 @@ __device__ __forceinline__ float moe_combine_scale_of(float ss, int Hm, float ep
 /* Step 1, item = i * K + k: a.rs[item] = the route's scale (0 when it contributes nothing), by
  * every thread of team tm (tm.nt == MOE_COMBINE_THREADS: the sum of squares' order); red: the
  * team's shared [32]. */
-template <int Y32>
+template <int Y32, int ONE = 0>
 __device__ __forceinline__ void moe_combine_scale_item(const moe_combine_args &a, int item, float *red, const sm_team &tm) {
     float *rs = a.rs;
     const int i = item / a.K, k = item - i * a.K;
@@ -84,17 +90,60 @@ __device__ __forceinline__ void moe_combine_scale_item(const moe_combine_args &a
         return;
     }
     float ss = 0.0f;
-    for (int x = tm.tid; x < a.Hm; x += tm.nt) {
-        const float tv = moe_combine_t<Y32>(a, yr, yr32, x);
-        ss += tv * tv;
+    if (ONE && a.Hm <= MOE_CB_XR * tm.nt) { /* the one-read form: the thread's columns all in flight */
+        float yv[MOE_CB_XR], pv[MOE_CB_XR];
+#pragma unroll
+        for (int j = 0; j < MOE_CB_XR; j++) {
+            const int x = tm.tid + j * tm.nt;
+            if (x < a.Hm) {
+                yv[j] = moe_combine_y<Y32>(yr, yr32, x);
+                pv[j] = a.pn[x];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MOE_CB_XR; j++)
+            if (tm.tid + j * tm.nt < a.Hm) {
+                const float tv = sm_r16d(yv[j] * pv[j]);
+                ss += tv * tv;
+            }
+    } else {
+        for (int x = tm.tid; x < a.Hm; x += tm.nt) {
+            const float tv = moe_combine_t<Y32>(a, yr, yr32, x);
+            ss += tv * tv;
+        }
     }
     ss = sm_team_sum(ss, red, tm);
     if (tm.tid == 0) rs[item] = moe_combine_scale_of(ss, a.Hm, a.eps);
 }
+
+/* y of a route's row at columns x0 .. x0 + 7 (16-byte aligned): bf16, or r16 of f32 (Y32). */
+template <int Y32>
+__device__ __forceinline__ void moe_combine_ld8(const uint16_t *yr, const float *yr32, int x0, float (&y)[8]) {
+    if (Y32) {
+        const float4 u0 = *(const float4 *)(yr32 + x0), u1 = *(const float4 *)(yr32 + x0 + 4);
+        y[0] = sm_r16d(u0.x); y[1] = sm_r16d(u0.y); y[2] = sm_r16d(u0.z); y[3] = sm_r16d(u0.w);
+        y[4] = sm_r16d(u1.x); y[5] = sm_r16d(u1.y); y[6] = sm_r16d(u1.z); y[7] = sm_r16d(u1.w);
+    } else {
+        const uint4 u = *(const uint4 *)(yr + x0);
+        y[0] = sm_bf_lo(u.x); y[1] = sm_bf_hi(u.x); y[2] = sm_bf_lo(u.y); y[3] = sm_bf_hi(u.y);
+        y[4] = sm_bf_lo(u.z); y[5] = sm_bf_hi(u.z); y[6] = sm_bf_lo(u.w); y[7] = sm_bf_hi(u.w);
+    }
+}
+/* m += w_k * (t * r_k) over 8 columns, t = r16(y * eff(post_expert_norm)). */
+__device__ __forceinline__ void moe_combine_acc8(float (&m)[8], const float (&y)[8], const float (&pn)[8], float wk, float rk) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float tv = sm_r16d(y[j] * pn[j]);
+        m[j] += wk * (tv * rk);
+    }
+}
+
 /* Step 2, 8 consecutive elements a call (chunk c: row c / (Hm / 8), columns 8 (c % (Hm / 8)) +
  * 0..7; Hm % 8 == 0, 16-byte aligned rows): m = the sum over the row's routes in order of
- * w_k * (t * rs), each element's arithmetic that of moe_combine_row_t. */
-template <int Y32, int OUT32>
+ * w_k * (t * rs), each element's arithmetic that of moe_combine_row_t.  ONE (the stock kernel,
+ * K <= MOE_CB_KR): every route's slot, weight and scale loaded first, then every route's y,
+ * then the sum in route order: two memory round trips instead of two a route. */
+template <int Y32, int OUT32, int ONE = 0>
 __device__ __forceinline__ void moe_combine_elem8(const moe_combine_args &a, size_t c) {
     const float *rs = a.rs;
     const int cpr = a.Hm / 8, i = (int)(c / (size_t)cpr), x0 = (int)(c - (size_t)i * cpr) * 8;
@@ -103,25 +152,33 @@ __device__ __forceinline__ void moe_combine_elem8(const moe_combine_args &a, siz
     pn[0] = p0.x; pn[1] = p0.y; pn[2] = p0.z; pn[3] = p0.w; pn[4] = p1.x; pn[5] = p1.y; pn[6] = p1.z; pn[7] = p1.w;
 #pragma unroll
     for (int j = 0; j < 8; j++) m[j] = 0.0f;
-    for (int k = 0; k < a.K; k++) {
-        const uint16_t *yr = NULL;
-        const float *yr32 = NULL;
-        if (!moe_combine_route<Y32>(a, i, k, &yr, &yr32)) continue;
-        const float wk = a.w[i * a.K + k], rk = rs[i * a.K + k];
-        float y[8];
-        if (Y32) {
-            const float4 u0 = *(const float4 *)(yr32 + x0), u1 = *(const float4 *)(yr32 + x0 + 4);
-            y[0] = sm_r16d(u0.x); y[1] = sm_r16d(u0.y); y[2] = sm_r16d(u0.z); y[3] = sm_r16d(u0.w);
-            y[4] = sm_r16d(u1.x); y[5] = sm_r16d(u1.y); y[6] = sm_r16d(u1.z); y[7] = sm_r16d(u1.w);
-        } else {
-            const uint4 u = *(const uint4 *)(yr + x0);
-            y[0] = sm_bf_lo(u.x); y[1] = sm_bf_hi(u.x); y[2] = sm_bf_lo(u.y); y[3] = sm_bf_hi(u.y);
-            y[4] = sm_bf_lo(u.z); y[5] = sm_bf_hi(u.z); y[6] = sm_bf_lo(u.w); y[7] = sm_bf_hi(u.w);
+    if (ONE && a.K <= MOE_CB_KR) {
+        const uint16_t *yr[MOE_CB_KR];
+        const float *yr32[MOE_CB_KR];
+        int ok[MOE_CB_KR];
+        float wk[MOE_CB_KR], rk[MOE_CB_KR], y[MOE_CB_KR][8];
+#pragma unroll
+        for (int k = 0; k < MOE_CB_KR; k++) {
+            ok[k] = k < a.K && moe_combine_route<Y32>(a, i, k, &yr[k], &yr32[k]);
+            if (k < a.K) {
+                wk[k] = a.w[i * a.K + k];
+                rk[k] = rs[i * a.K + k];
+            }
         }
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float tv = sm_r16d(y[j] * pn[j]);
-            m[j] += wk * (tv * rk);
+        for (int k = 0; k < MOE_CB_KR; k++)
+            if (ok[k]) moe_combine_ld8<Y32>(yr[k], yr32[k], x0, y[k]);
+#pragma unroll
+        for (int k = 0; k < MOE_CB_KR; k++)
+            if (ok[k]) moe_combine_acc8(m, y[k], pn, wk[k], rk[k]);
+    } else {
+        for (int k = 0; k < a.K; k++) {
+            const uint16_t *yr = NULL;
+            const float *yr32 = NULL;
+            if (!moe_combine_route<Y32>(a, i, k, &yr, &yr32)) continue;
+            float y[8];
+            moe_combine_ld8<Y32>(yr, yr32, x0, y);
+            moe_combine_acc8(m, y, pn, a.w[i * a.K + k], rs[i * a.K + k]);
         }
     }
     const size_t e = (size_t)i * a.Hm + x0;
