@@ -35,6 +35,15 @@ __device__ __forceinline__ void sm_route_topk_row_pl(const float *__restrict__ l
                                                      float *__restrict__ w, int row, float *scs) {
     const int lane = threadIdx.x & 31;
     const float *lg = logits + (size_t)row * E;
+    /* every logit and bias of the lane first: one memory round trip (loads interleaved with the
+     * scs stores below were issued one key at a time, two round trips a key) */
+    float lv[PL], bv[PL];
+#pragma unroll
+    for (int t = 0; t < PL; t++) {
+        const int x = lane + 32 * t;
+        lv[t] = x < E ? __ldcg(lg + x) : 0.0f;
+        bv[t] = x < E ? bias[x] : 0.0f;
+    }
     /* sc = sigmoid(logit * m_o) into scs; key of the selection value sc + bias */
     uint32_t key[PL];
 #pragma unroll
@@ -42,9 +51,9 @@ __device__ __forceinline__ void sm_route_topk_row_pl(const float *__restrict__ l
         const int x = lane + 32 * t;
         key[t] = 0u;
         if (x < E) {
-            const float s = 1.0f / (1.0f + expf(-(__ldcg(lg + x) * m_o)));
+            const float s = 1.0f / (1.0f + expf(-(lv[t] * m_o)));
             scs[x] = s;
-            key[t] = sm_route_key(s + bias[x]);
+            key[t] = sm_route_key(s + bv[t]);
         }
     }
     /* the lane's best: the largest key, the first (lowest id) of equal ones */
