@@ -78,10 +78,11 @@ static int mm_matrix(bh_run *r, mm_case *c, sm_err *e) {
 }
 
 /* ---- the wgmma kernel's timeline (SM_MM_BENCH_TL=1): where a few-row call loses its time ----
- * mmtl_kernel is the stock kernel wg_kernel<8, 1, SM_WG_EPI_MM> (ops/matmul.cu) with four
- * globaltimer stamps a block: its start, its first ring stage landed, the producer's last unit
- * issued, the consumers done (fixups and epilogues included); and its SM. */
+ * mmtl_kernel is the stock kernel wg_kernel<8, 1, SM_WG_EPI_MM> (ops/matmul.cu) with three
+ * globaltimer stamps a block (its start, its first ring stage landed, the consumers done:
+ * fixups and epilogues included) and its SM, at tl[block * MMTL_N + MMTL_*]. */
 #define MMTL_REPS 4
+enum { MMTL_START, MMTL_FIRST, MMTL_DONE, MMTL_SM, MMTL_N };
 
 __global__ void __launch_bounds__(SM_WG_THREADS, 1)
 mmtl_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, const sm_wg_args a,
@@ -97,7 +98,7 @@ mmtl_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
     sm.empty = sm_wg_u32(empty_bar);
     sm.last = &last_s;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = gridDim.x, b = blockIdx.x;
-    unsigned long long *o = tl + (size_t)b * 5;
+    unsigned long long *o = tl + (size_t)b * MMTL_N;
     if (threadIdx.x == 0) sm_wg_ring_init<ST>(sm);
     __syncthreads();
     int s = 0;
@@ -105,24 +106,21 @@ mmtl_kernel(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUte
     const int u0 = sm_wg_unit0(b, G, a.units), u1 = sm_wg_unit0(b + 1, G, a.units);
     if (warp >= 8) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-        if (warp == 8 && lane == 0) {
-            sm_wg_produce<8, 1>(&tw, &tx, a.ki, u0, u1, 0, sm, s, ph);
-            o[2] = sm_now_ns();
-        }
+        if (warp == 8 && lane == 0) sm_wg_produce<8, 1>(&tw, &tx, a.ki, u0, u1, 0, sm, s, ph);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
         if (threadIdx.x == 0) {
             sm_wg_mbar_wait(sm.full, 0u); /* the first stage landed (the main loop waits on it too) */
-            o[1] = sm_now_ns();
+            o[MMTL_FIRST] = sm_now_ns();
         }
         sm_wg_consume_mm<8, 1, SM_WG_EPI_MM>(a, b, G, u0, u1, sm, s, ph);
         sm_wg_cons_sync();
         if (threadIdx.x == 0) {
             unsigned smid;
             asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-            o[0] = t0;
-            o[3] = sm_now_ns();
-            o[4] = smid;
+            o[MMTL_START] = t0;
+            o[MMTL_DONE] = sm_now_ns();
+            o[MMTL_SM] = smid;
         }
     }
 }
@@ -148,9 +146,9 @@ static int mmtl_cmp(const void *x, const void *y) {
 static int mmtl_matrix(bh_run *r, mm_case *c, sm_err *e) {
     const int n = 8;
     unsigned long long *dtl = NULL, *htl = NULL;
-    SM_CUDA_CHECK(cudaMalloc((void **)&dtl, ((size_t)r->sms * 5 + 2) * sizeof *dtl));
-    htl = (unsigned long long *)malloc(((size_t)r->sms * 5 + 2) * sizeof *htl);
-    double *v = (double *)malloc((size_t)r->sms * 4 * sizeof *v);
+    SM_CUDA_CHECK(cudaMalloc((void **)&dtl, ((size_t)r->sms * MMTL_N + 2) * sizeof *dtl));
+    htl = (unsigned long long *)malloc(((size_t)r->sms * MMTL_N + 2) * sizeof *htl);
+    double *v = (double *)malloc((size_t)r->sms * sizeof *v); /* one measure over the blocks at a time */
     int rc = 0;
     if (!htl || !v) rc = sm_errf(e, "bench matmul timeline: out of host memory");
     const size_t smem = SM_WG_SMEM(8, 1);
@@ -168,37 +166,40 @@ static int mmtl_matrix(bh_run *r, mm_case *c, sm_err *e) {
         CUtensorMap tw, tx;
         if (sm_wg_plan_mm(&r->kc, 8, x, n, c->k, w, c->m, y, r->kc.ws, r->kc.ws_bytes, &a, &tw, &tx, e)) { rc = -1; break; }
         const int G = a.units < r->sms ? a.units : r->sms;
-        if (cudaMemsetAsync(dtl, 0, ((size_t)r->sms * 5 + 2) * sizeof *dtl, r->st) != cudaSuccess) { rc = sm_errf(e, "memset"); break; }
+        if (cudaMemsetAsync(dtl, 0, ((size_t)r->sms * MMTL_N + 2) * sizeof *dtl, r->st) != cudaSuccess) { rc = sm_errf(e, "memset"); break; }
         bh_spin_kernel<<<1, 32, 0, r->st>>>(BH_SPIN_NS);
         if (cudaEventRecord(r->ea, r->st) != cudaSuccess) { rc = sm_errf(e, "event"); break; }
-        stamp<<<1, 32, 0, r->st>>>(dtl + (size_t)G * 5);
+        stamp<<<1, 32, 0, r->st>>>(dtl + (size_t)G * MMTL_N);
         mmtl_kernel<<<G, SM_WG_THREADS, smem, r->st>>>(tw, tx, a, dtl);
-        stamp<<<1, 32, 0, r->st>>>(dtl + (size_t)G * 5 + 1);
+        stamp<<<1, 32, 0, r->st>>>(dtl + (size_t)G * MMTL_N + 1);
         if (cudaEventRecord(r->eb, r->st) != cudaSuccess || cudaStreamSynchronize(r->st) != cudaSuccess ||
             cudaGetLastError() != cudaSuccess) { rc = sm_errf(e, "bench matmul timeline: %s failed", c->name); break; }
         float ms = 0;
         SM_CUDA_CHECK(cudaEventElapsedTime(&ms, r->ea, r->eb));
-        SM_CUDA_CHECK(cudaMemcpy(htl, dtl, ((size_t)G * 5 + 2) * sizeof *htl, cudaMemcpyDeviceToHost));
+        SM_CUDA_CHECK(cudaMemcpy(htl, dtl, ((size_t)G * MMTL_N + 2) * sizeof *htl, cudaMemcpyDeviceToHost));
         if (rep == 0 || rep == MMTL_REPS + 1) continue; /* warm-up */
         unsigned long long tmin = ~0ull, tend = 0;
         for (int b = 0; b < G; b++) {
-            if (htl[b * 5] < tmin) tmin = htl[b * 5];
-            if (htl[b * 5 + 3] > tend) tend = htl[b * 5 + 3];
+            const unsigned long long *t = htl + (size_t)b * MMTL_N;
+            if (t[MMTL_START] < tmin) tmin = t[MMTL_START];
+            if (t[MMTL_DONE] > tend) tend = t[MMTL_DONE];
         }
-        const double gap_in = ((double)tmin - (double)htl[G * 5]) / 1e3, gap_out = ((double)htl[G * 5 + 1] - (double)tend) / 1e3;
+        const double gap_in = ((double)tmin - (double)htl[(size_t)G * MMTL_N]) / 1e3, gap_out = ((double)htl[(size_t)G * MMTL_N + 1] - (double)tend) / 1e3;
         const double ub = (double)SM_WG_STAGE(8, 1);
         double q[4][3];
         int slow[4] = {-1, -1, -1, -1};
         double sv[4] = {0, 0, 0, 0};
         for (int f = 0; f < 4; f++) {
             for (int b = 0; b < G; b++) {
-                const unsigned long long *t = htl + b * 5;
+                const unsigned long long *t = htl + (size_t)b * MMTL_N;
                 const double units = (double)(sm_wg_unit0(b + 1, G, a.units) - sm_wg_unit0(b, G, a.units));
-                v[b] = f == 0 ? (t[0] - tmin) / 1e3 : f == 1 ? (t[1] - t[0]) / 1e3 : f == 2 ? (t[3] - tmin) / 1e3
-                     : units * ub / ((t[3] - t[1]) * 1e-9) / 1e9; /* GB/s while streaming */
+                v[b] = f == 0   ? (t[MMTL_START] - tmin) / 1e3
+                       : f == 1 ? (t[MMTL_FIRST] - t[MMTL_START]) / 1e3
+                       : f == 2 ? (t[MMTL_DONE] - tmin) / 1e3
+                                : units * ub / ((t[MMTL_DONE] - t[MMTL_FIRST]) * 1e-9) / 1e9; /* GB/s while streaming */
                 if (f == 2) for (int i = 0; i < 4; i++) if (slow[i] < 0 || v[b] > sv[i]) {
                     for (int j = 3; j > i; j--) { slow[j] = slow[j - 1]; sv[j] = sv[j - 1]; }
-                    slow[i] = (int)t[4]; sv[i] = v[b];
+                    slow[i] = (int)t[MMTL_SM]; sv[i] = v[b];
                     break;
                 }
             }

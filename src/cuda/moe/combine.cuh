@@ -67,10 +67,12 @@ __device__ __forceinline__ int moe_combine_route(const moe_combine_args &a, int 
     return 1;
 }
 
-/* t = r16(y * eff(post_expert_norm)) at column x of a route's row. */
+/* t = r16(y * eff(post_expert_norm)) of one value y with its gain pn. */
+__device__ __forceinline__ float moe_combine_tv(float y, float pn) { return sm_r16d(y * pn); }
+/* t at column x of a route's row. */
 template <int Y32>
 __device__ __forceinline__ float moe_combine_t(const moe_combine_args &a, const uint16_t *yr, const float *yr32, int x) {
-    return sm_r16d(moe_combine_y<Y32>(yr, yr32, x) * a.pn[x]);
+    return moe_combine_tv(moe_combine_y<Y32>(yr, yr32, x), a.pn[x]);
 }
 
 /* The norm scale of a route from its sum of squares: rsqrt(mean(t^2) + eps). */
@@ -103,7 +105,7 @@ __device__ __forceinline__ void moe_combine_scale_item(const moe_combine_args &a
 #pragma unroll
         for (int j = 0; j < MOE_CB_XR; j++)
             if (tm.tid + j * tm.nt < a.Hm) {
-                const float tv = sm_r16d(yv[j] * pv[j]);
+                const float tv = moe_combine_tv(yv[j], pv[j]);
                 ss += tv * tv;
             }
     } else {
@@ -133,8 +135,7 @@ __device__ __forceinline__ void moe_combine_ld8(const uint16_t *yr, const float 
 __device__ __forceinline__ void moe_combine_acc8(float (&m)[8], const float (&y)[8], const float (&pn)[8], float wk, float rk) {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
-        const float tv = sm_r16d(y[j] * pn[j]);
-        m[j] += wk * (tv * rk);
+        m[j] += wk * (moe_combine_tv(y[j], pn[j]) * rk);
     }
 }
 

@@ -41,11 +41,9 @@ __device__ __forceinline__ float sm_rms_scale(float sumsq, int d, float eps) {
 __host__ __device__ __forceinline__ int sm_norm_nchunks(int d) { return d % 8 ? 0 : d >> 3; }
 #define SM_NORM_CHUNKS(c, d, t) for (int c = (t).tid; c < sm_norm_nchunks(d); c += (t).nt)
 #define SM_NORM_TAIL(i, d, t) for (int i = 8 * sm_norm_nchunks(d) + (t).tid; i < (d); i += (t).nt)
-/* The one-read form of the boundary and row norms: where every element of a row of d lies in
- * at most SM_NORM_RC chunks a thread (no tail), a thread loads all it will need of the row (the
- * row, the residual, the gains) before the first reduction, so the row costs one memory round
- * trip instead of one a pass.  The same elements, products and sums in the same order as the
- * pass-by-pass form: the same bits. */
+/* The one-read form (design comment above) holds a thread's chunks in registers: it applies
+ * where a row of d has no tail and at most SM_NORM_RC chunks a thread; SM_NORM_RCHUNKS walks
+ * them in the order SM_NORM_CHUNKS does, so the sums and their bits are the same. */
 #define SM_NORM_RC 2
 __host__ __device__ __forceinline__ int sm_norm_regs_fit(int d, int nt) { return d % 8 == 0 && d <= 8 * SM_NORM_RC * nt; }
 #define SM_NORM_RCHUNKS(q, c, d, t) \
