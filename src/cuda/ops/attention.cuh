@@ -224,13 +224,17 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
                             mx[X] = fmaxf(mx[X], s[j][e]);
                         }
                 }
-                float corr[2];
+                /* ms: the new max, 0 while a row has seen no key: every exp below is then
+                 * expf(-inf) = 0 (a masked score, a row's first max), the value the masked
+                 * cases need, without a branch an element */
+                float corr[2], ms[2];
 #pragma unroll
                 for (int X = 0; X < 2; X++) {
                     mx[X] = fmaxf(mx[X], __shfl_xor_sync(0xffffffffu, mx[X], 1));
                     mx[X] = fmaxf(mx[X], __shfl_xor_sync(0xffffffffu, mx[X], 2));
                     const float mnew = fmaxf(m[X], mx[X]);
-                    corr[X] = m[X] == -INFINITY ? 0.0f : expf(m[X] - mnew);
+                    ms[X] = mnew == -INFINITY ? 0.0f : mnew;
+                    corr[X] = expf(m[X] - ms[X]);
                     m[X] = mnew;
                 }
                 float ps[2] = {0.0f, 0.0f};
@@ -239,7 +243,7 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int X = e >> 1;
-                        s[j][e] = !whole && s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - m[X]);
+                        s[j][e] = expf(s[j][e] - ms[X]);
                         ps[X] += s[j][e];
                     }
                 /* rescale by corr (skipped when no row's max moved: corr == 1 leaves the bits) */
