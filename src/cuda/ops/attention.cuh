@@ -52,9 +52,14 @@ typedef struct __align__(16) sm_att_prefill_smem {
     float vs[SM_ATT_PF_KEYS][64];    /* V rows of the key tile, f32 */
 } sm_att_prefill_smem;
 
-/* Row of key `key` (K at +0, V at +64) of KV head h, through the request's block table. */
+/* Row of key `key` (K at +0, V at +64) of KV head h on page `page` (the request's block table
+ * entry key / SM_KV_BLOCK). */
+__device__ __forceinline__ const uint16_t *sm_att_page_row(const uint16_t *kv, int page, int nkv, int h, int key) {
+    return kv + ((size_t)page * nkv + h) * SM_ATT_PAGE_ELEMS + (size_t)(key % SM_KV_BLOCK) * 128;
+}
+/* Row of key `key` of KV head h, through the request's block table. */
 __device__ __forceinline__ const uint16_t *sm_att_kv_row(const uint16_t *kv, const int *table, int nkv, int h, int key) {
-    return kv + ((size_t)table[key / SM_KV_BLOCK] * nkv + h) * SM_ATT_PAGE_ELEMS + (size_t)(key % SM_KV_BLOCK) * 128;
+    return sm_att_page_row(kv, table[key / SM_KV_BLOCK], nkv, h, key);
 }
 
 /* Epilogue of one head, lane = dims (2 lane, 2 lane + 1): o = a / L, o *= rsqrt(mean o^2 + eps),
@@ -84,13 +89,25 @@ __device__ __forceinline__ void sm_att_tile_row(int i, int r_first, int h, int &
 
 /* Stage the K and V rows of keys [sb, sb + SM_ATT_TK) of KV head h into stage buffers k, v
  * (cp.async, one group per call by the caller's commit); keys outside [lo, hi] are zero-filled
- * (never read from memory: a masked key's V must be a finite 0 for P.V). */
+ * (never read from memory: a masked key's V must be a finite 0 for P.V).  sb is a multiple of
+ * SM_ATT_TK; a team of exactly SM_ATT_THREADS threads.  The stage's page-table entries are
+ * loaded before the first copy (a copy issued behind its own table load waited a memory round
+ * trip each): thread tid copies part tid % 16 of keys tid / 16 + 8 i, i.e. of pages i / 2. */
 __device__ __forceinline__ void sm_att_stage(const uint16_t *kv, const int *table, int nkv, int h, int sb, int lo,
                                              int hi, uint16_t (*k)[SM_ATT_KP], uint16_t (*v)[SM_ATT_KP], const sm_team &t) {
-    for (int u = t.tid; u < SM_ATT_TK * 16; u += t.nt) {
-        const int j = u >> 4, part = u & 15, key = sb + j;
-        const int ok = key >= lo && key <= hi;
-        const uint16_t *src = ok ? sm_att_kv_row(kv, table, nkv, h, key) + part * 8 : kv;
+    constexpr int KS = SM_ATT_THREADS / 16, NP = SM_ATT_TK / SM_KV_BLOCK; /* keys a copy step, pages a stage */
+    static_assert(SM_ATT_TK % SM_KV_BLOCK == 0 && SM_KV_BLOCK % KS == 0, "a copy step stays in one page");
+    const int part = t.tid & 15, j0 = t.tid >> 4;
+    int page[NP];
+#pragma unroll
+    for (int q = 0; q < NP; q++) {
+        const int k0 = sb + q * SM_KV_BLOCK; /* the page's first key */
+        page[q] = k0 <= hi && k0 + SM_KV_BLOCK - 1 >= lo ? table[k0 / SM_KV_BLOCK] : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < SM_ATT_TK / KS; i++) {
+        const int j = j0 + i * KS, key = sb + j, ok = key >= lo && key <= hi;
+        const uint16_t *src = ok ? sm_att_page_row(kv, page[i * KS / SM_KV_BLOCK], nkv, h, key) + part * 8 : kv;
         uint16_t *dst = part < 8 ? &k[j][part * 8] : &v[j][(part - 8) * 8];
         sm_cp_async16(dst, src, ok ? 16 : 0);
     }
@@ -163,14 +180,14 @@ __device__ __forceinline__ void sm_att_tile_item(const uint16_t *q, int ldq, con
         for (int j = 0; j < 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
         sm_team_sync(t); /* the stage buffers are free (previous run's epilogue, previous item) */
-        /* the run's query rows into shared memory (tile row i: 8 pieces of 16 bytes) */
+        /* the run's query rows into shared memory (tile row i: 8 pieces of 16 bytes, zero outside
+         * the run), by cp.async in the first stage's group: their round trip overlaps the keys' */
         for (int u = t.tid; u < 64 * 8; u += t.nt) {
             const int i = u >> 3, part = u & 7;
             int row, head;
             sm_att_tile_row<G>(i, r_first, h, row, head);
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (row >= r0 && row < r1) v = *(const uint4 *)(q + (size_t)row * ldq + (size_t)head * 64 + part * 8);
-            *(uint4 *)&sh.q[i][part * 8] = v;
+            const int ok = row >= r0 && row < r1;
+            sm_cp_async16(&sh.q[i][part * 8], ok ? q + (size_t)row * ldq + (size_t)head * 64 + part * 8 : q, ok ? 16 : 0);
         }
         int sb = max(kb, lo & ~(SM_ATT_TK - 1)), buf = 0;
         if (sb < ke) sm_att_stage(kv, table, nkv, h, sb, lo, hi, sh.k[0], sh.v[0], t);
