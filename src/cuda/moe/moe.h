@@ -131,10 +131,10 @@ void sm_cuda_moe_free(sm_cuda_moe_layer *L);
  * the choice changes (complete on return).  The graphs and plans that hold the layer's kernel
  * format are the caller's to drop. */
 int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t st, sm_err *e);
-/* The fp8 the uploads pass (W4A4's tensor cores by default): the faster of the two where
- * measured (bench/results.md: on the H100 the FP8 expert stage is 0.4-1.2% slower; the H200
- * has not timed it). */
-#define SM_MOE_W4A4_FP8 0
+/* The fp8 the uploads pass (W4A4's tensor cores by default): the FP8 path, docs/model.md's mm4
+ * term by term and the faster of the two on the H200 (bench/results.md: its expert stage 2-5%
+ * faster there at 8..128 rows; 0.4-1.2% slower on the H100). */
+#define SM_MOE_W4A4_FP8 1
 /* The kernel format a forward runs for L: moe/geom.cuh's MOE_F_MX8 for W4A4 on the FP8 tensor
  * cores, else L->fmt. */
 int sm_cuda_moe_kfmt(const sm_cuda_moe_layer *L);
