@@ -288,6 +288,19 @@ static inline cudaError_t sm_launch_pdl(void (*k)(P...), unsigned grid, unsigned
     return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
 }
 
+/* A load of data no thread writes during the kernel, issued where it stands: volatile asm, so
+ * the compiler does not sink it into the branch that uses it (a body puts its independent round
+ * trips in flight together this way). */
+__device__ __forceinline__ int sm_ld_now_s32(const int *p) {
+    int v;
+    asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int64_t sm_ld_now_s64(const int64_t *p) {
+    int64_t v;
+    asm volatile("ld.global.nc.s64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
 /* Streaming 16-byte load of data read once (weights): evict-first in L2, no L1 allocation. */
 __device__ __forceinline__ uint4 sm_ld_stream(const uint4 *p) { return __ldcs(p); }
 

@@ -341,10 +341,9 @@ __device__ __noinline__ void mono_post_ffn(const mono_desc &d, float (*red)[32],
 
 __device__ __noinline__ void mono_rope(const mono_desc &d, const mono_blk &B) {
     const int nw = MONO_THREADS / 32, heads = d.nh + 2 * d.nkv, QD = d.nh * 64, KD = d.nkv * 64;
-    const sm_rope_tab tab = d.tab;
     for (int it = B.b * nw + (threadIdx.x >> 5); it < d.n * heads; it += B.G * nw) {
         const int row = it / heads, hh = it - row * heads;
-        sm_rope_kv_head(d.nq, d.ldq, d.nq + QD, d.nq + QD + KD, d.ldq, d.nh, d.nkv, d.pos, d.slot, d.rope, tab, d.eps,
+        sm_rope_kv_head(d.nq, d.ldq, d.nq + QD, d.nq + QD + KD, d.ldq, d.nh, d.nkv, d.pos, d.slot, d.rope, d.tab, d.eps,
                         d.nq, d.ldq, d.nkvc, d.nslots, (size_t)row, hh);
     }
 }

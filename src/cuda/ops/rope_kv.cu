@@ -14,7 +14,7 @@
 /* One warp per (row, head): grid (n, cdiv(nh + 2 nkv, ROPE_WARPS)). */
 __global__ void __launch_bounds__(ROPE_WARPS * 32)
 qk_rope_kv_kernel(const uint16_t *q, int ldq, const uint16_t *k, const uint16_t *v, int ldkv, int nh, int nkv,
-                  const int *__restrict__ pos, const int64_t *__restrict__ slot, int rope, sm_rope_tab tab,
+                  const int *__restrict__ pos, const int64_t *__restrict__ slot, int rope, const __grid_constant__ sm_rope_tab tab,
                   float eps, uint16_t *q_out, int ldq_out, uint16_t *__restrict__ kv, int64_t nslots) {
     const int hh = blockIdx.y * ROPE_WARPS + (threadIdx.x >> 5);
     if (hh >= nh + 2 * nkv) return; /* no barrier in the body: a warp may leave */

@@ -30,16 +30,20 @@ static inline sm_rope_tab sm_rope_make_tab(double theta) {
  *   key head:    cache[slot[row]][h] K half = rope(r16(rms(k[row, h], -, eps)))
  *   value head:  cache[slot[row]][h] V half = v[row, h]
  * rope only when `rope` != 0, at pos[row]; slots outside [0, nslots) write nothing.  Layouts as
- * sm_k_qk_rope_kv (cuda/ops/ops.h). */
+ * sm_k_qk_rope_kv (cuda/ops/ops.h).  tab: a reference into the kernel's parameters (a copy
+ * indexed by lane would go through local memory).  The row's position and slot are loaded
+ * with its elements, before the norm: one memory round trip, not three. */
 __device__ __forceinline__ void sm_rope_kv_head(const uint16_t *q, int ldq, const uint16_t *k, const uint16_t *v, int ldkv,
                                                 int nh, int nkv, const int *__restrict__ pos,
-                                                const int64_t *__restrict__ slot, int rope, sm_rope_tab tab, float eps,
-                                                uint16_t *q_out, int ldq_out, uint16_t *__restrict__ kv, int64_t nslots,
-                                                size_t row, int hh) {
+                                                const int64_t *__restrict__ slot, int rope, const sm_rope_tab &tab,
+                                                float eps, uint16_t *q_out, int ldq_out, uint16_t *__restrict__ kv,
+                                                int64_t nslots, size_t row, int hh) {
     const int lane = threadIdx.x & 31;
     const int kind = hh < nh ? 0 : (hh < nh + nkv ? 1 : 2); /* 0 q, 1 k, 2 v */
     const int h = kind == 0 ? hh : (kind == 1 ? hh - nh : hh - nh - nkv);
     const uint16_t *src = (kind == 0 ? q + row * ldq : (kind == 1 ? k : v) + row * ldkv) + (size_t)h * 64;
+    const int p = kind != 2 && rope ? sm_ld_now_s32(pos + row) : 0;
+    const int64_t sl = kind != 0 ? sm_ld_now_s64(slot + row) : -1;
     float a = sm_bf(src[lane]), b = sm_bf(src[lane + 32]);
     if (kind != 2) {
         /* per-head weightless rms norm, r16 */
@@ -49,7 +53,7 @@ __device__ __forceinline__ void sm_rope_kv_head(const uint16_t *q, int ldq, cons
         b = sm_r16d(__fmul_rn(b, r));
         if (rope) {
             /* rotate-half: (a, b) -> (a cos - b sin, a sin + b cos) at angle pos * inv_freq, r16 */
-            const float ang = __fmul_rn((float)pos[row], tab.inv[lane]);
+            const float ang = __fmul_rn((float)p, tab.inv[lane]);
             double sd, cd;
             sincos((double)ang, &sd, &cd);
             const float c = (float)cd, s = (float)sd;
@@ -66,22 +70,10 @@ __device__ __forceinline__ void sm_rope_kv_head(const uint16_t *q, int ldq, cons
         return;
     }
     /* K (normed, roped) or V (raw) into the page: [page][nkv][16][K 64 | V 64] */
-    const int64_t sl = slot[row];
     if (sl < 0 || sl >= nslots) return;
     uint16_t *dst = kv + (((sl / SM_KV_BLOCK) * nkv + h) * SM_KV_BLOCK + sl % SM_KV_BLOCK) * 128 + (kind == 2 ? 64 : 0);
     dst[lane] = sm_tobf(a);
     dst[lane + 32] = sm_tobf(b);
-}
-
-/* Every head of row `row` (same math as sm_rope_kv_head), the block's warps taking heads
- * warp, warp + nwarps, ...: the per-row form for a persistent caller. */
-__device__ __forceinline__ void sm_rope_kv_row(const uint16_t *q, int ldq, const uint16_t *k, const uint16_t *v, int ldkv,
-                                               int nh, int nkv, const int *__restrict__ pos,
-                                               const int64_t *__restrict__ slot, int rope, sm_rope_tab tab, float eps,
-                                               uint16_t *q_out, int ldq_out, uint16_t *__restrict__ kv, int64_t nslots,
-                                               size_t row) {
-    for (int hh = threadIdx.x >> 5; hh < nh + 2 * nkv; hh += blockDim.x >> 5)
-        sm_rope_kv_head(q, ldq, k, v, ldkv, nh, nkv, pos, slot, rope, tab, eps, q_out, ldq_out, kv, nslots, row, hh);
 }
 
 #endif
