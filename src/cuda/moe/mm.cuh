@@ -19,13 +19,13 @@
  * integer ops and the load latency, not the bytes, bound it (bench/moe.md).
  * W4A4 (docs/model.md section 6): the activations are rounded to MXFP4 per 32 values: h1 by
  * its producer (the pre-expert norm; sm_cuda_moe_ws.h1_mx) or, for other callers, as it is
- * staged (MOE_AQ_IN), and act by stage 1's epilogue (MOE_AQ_OUT).  Then either the W4A16 k
- * step on those values (the uploads' choice, moe.h SM_MOE_W4A4_FP8: an e2m1 value times a
- * power of two is a bf16 value, so the products are the same, summed in the mma's order) or
- * the FP8 tensor cores (kernel format MOE_F_MX8: the codes in the e4m3 placement of
- * dequant.cuh, the routes staged as e4m3, one wgmma m64n8k32 a 32-block with the block's two
- * scales applied in f32: mm4 term by term, with about 30% fewer integer-pipe instructions a
- * weight, and measured slower on the H100: bench/results.md).
+ * staged (MOE_AQ_IN), and act by stage 1's epilogue (MOE_AQ_OUT).  Then either the FP8
+ * tensor cores (the uploads' choice, moe.h SM_MOE_W4A4_FP8; kernel format MOE_F_MX8: the
+ * codes in the e4m3 placement of dequant.cuh, the routes staged as e4m3, one wgmma m64n8k32 a
+ * 32-block with the block's two scales applied in f32: mm4 term by term, with about 30% fewer
+ * integer-pipe instructions a weight; faster on the H200, slightly slower on the H100:
+ * bench/results.md) or the W4A16 k step on those values (an e2m1 value times a power of two
+ * is a bf16 value, so the products are the same, summed in the mma's order).
  * We rejected split-K across blocks (atomics make sums nondeterministic), and measured and
  * dropped one tile per warp in stage 2 (finer items: slower, bench/moe.md).
  */
