@@ -104,6 +104,11 @@ __device__ __forceinline__ float sm_r16d(float f) { return sm_bf(sm_tobf(f)); }
 /* Low / high element of a packed bf16 pair (low address = low half). */
 __device__ __forceinline__ float sm_bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float sm_bf_hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
+/* The 8 bf16 of a 16-byte word as f32, in memory order. */
+__device__ __forceinline__ void sm_unpack8_bf(const uint4 u, float (&v)[8]) {
+    v[0] = sm_bf_lo(u.x); v[1] = sm_bf_hi(u.x); v[2] = sm_bf_lo(u.y); v[3] = sm_bf_hi(u.y);
+    v[4] = sm_bf_lo(u.z); v[5] = sm_bf_hi(u.z); v[6] = sm_bf_lo(u.w); v[7] = sm_bf_hi(u.w);
+}
 
 /* Memory-order and clock primitives of the waits that span blocks (the monokernel's grid
  * barrier: gpu scope) or devices (the cross-rank flags: system scope); the globaltimer in ns. */

@@ -126,9 +126,7 @@ __device__ __forceinline__ void moe_combine_ld8(const uint16_t *yr, const float 
         y[0] = sm_r16d(u0.x); y[1] = sm_r16d(u0.y); y[2] = sm_r16d(u0.z); y[3] = sm_r16d(u0.w);
         y[4] = sm_r16d(u1.x); y[5] = sm_r16d(u1.y); y[6] = sm_r16d(u1.z); y[7] = sm_r16d(u1.w);
     } else {
-        const uint4 u = *(const uint4 *)(yr + x0);
-        y[0] = sm_bf_lo(u.x); y[1] = sm_bf_hi(u.x); y[2] = sm_bf_lo(u.y); y[3] = sm_bf_hi(u.y);
-        y[4] = sm_bf_lo(u.z); y[5] = sm_bf_hi(u.z); y[6] = sm_bf_lo(u.w); y[7] = sm_bf_hi(u.w);
+        sm_unpack8_bf(*(const uint4 *)(yr + x0), y);
     }
 }
 /* m += w_k * (t * r_k) over 8 columns, t = r16(y * eff(post_expert_norm)). */

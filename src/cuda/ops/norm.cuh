@@ -48,10 +48,6 @@ __host__ __device__ __forceinline__ int sm_norm_nchunks(int d) { return d % 8 ? 
 __host__ __device__ __forceinline__ int sm_norm_regs_fit(int d, int nt) { return d % 8 == 0 && d <= 8 * SM_NORM_RC * nt; }
 #define SM_NORM_RCHUNKS(q, c, d, t) \
     _Pragma("unroll") for (int q = 0, c = (t).tid; q < SM_NORM_RC; q++, c += (t).nt) if (c < sm_norm_nchunks(d))
-__device__ __forceinline__ void sm_unpack8_bf(const uint4 u, float (&v)[8]) {
-    v[0] = sm_bf_lo(u.x); v[1] = sm_bf_hi(u.x); v[2] = sm_bf_lo(u.y); v[3] = sm_bf_hi(u.y);
-    v[4] = sm_bf_lo(u.z); v[5] = sm_bf_hi(u.z); v[6] = sm_bf_lo(u.w); v[7] = sm_bf_hi(u.w);
-}
 __device__ __forceinline__ void sm_ld8_bf(const uint16_t *p, float (&v)[8]) { sm_unpack8_bf(*(const uint4 *)p, v); }
 __device__ __forceinline__ void sm_st8_bf(uint16_t *p, const float (&v)[8]) {
     uint4 u;
