@@ -129,6 +129,12 @@ static int mb_acts(bh_run *r, mb_case *c, int aq, sm_err *e) {
         if (sm_cuda_moe_set_acts(&c->L[l], aq != 0, aq == 1, r->st, e)) return -1;
     c->aq = aq != 0;
     c->ws.h1_mx = aq != 0;
+    if (aq) { /* h1q: h1 normed and rounded as the pre-expert norm makes it, with its e4m3 image
+               * when the layers run on the FP8 tensor cores (the workspace contract of h1_mx) */
+        uint8_t *ic; float *ifac; int ikp;
+        sm_cuda_moe_h1_img(&c->L[0], &c->ws, &ic, &ifac, &ikp);
+        if (sm_k_rms_bf16(c->h1, BH_MAX_ROWS, r->cfg.Hm, NULL, r->cfg.rms_eps, c->h1q, 1, ic, ifac, ikp, r->st, e)) return -1;
+    }
     return 0;
 }
 static const char *const mb_acts_name[3] = {"w4a16", "w4a4f", "w4a4b"};
@@ -199,10 +205,7 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
     c->hw = (float *)malloc(rk * sizeof(float));
     if (!c->hi || !c->hw) return sm_errf(e, "out of host memory");
     if (bh_normal_bf16(r, c->h1, (size_t)BH_MAX_ROWS * cf.Hm, "bench.moe.h1", 0.0f, 1.0f, e)) return -1;
-    if (fmt == SM_EXP_MXFP4) {
-        SM_CUDA_CHECK(cudaMalloc((void **)&c->h1q, (size_t)BH_MAX_ROWS * cf.Hm * 2));
-        if (sm_k_rms_bf16(c->h1, BH_MAX_ROWS, cf.Hm, NULL, cf.rms_eps, c->h1q, 1, r->st, e)) return -1;
-    }
+    if (fmt == SM_EXP_MXFP4) SM_CUDA_CHECK(cudaMalloc((void **)&c->h1q, (size_t)BH_MAX_ROWS * cf.Hm * 2)); /* mb_acts */
     const char *fname = sm_expert_fmt_name((sm_expert_fmt)fmt);
     printf("%-6s %-5s %-6s %3s %5s %8s %9s %10s %10s %9s %9s %8s %8s\n", "format", "acts", "sched", "pf", "rows", "experts", "MB",
            "ms stream", "ms graph", "TB/s", "floor ms", "of floor", "SM MHz");

@@ -50,7 +50,7 @@ static int nm_call(bh_run *r, void *arg, int set, sm_err *e) {
         return sm_k_post_ffn(s, a, v, v + c->W, v + 2 * c->W, v + 3 * c->W, 0, c->n, c->W, f->post_eps, f->rms_eps, x,
                              r->st, e);
     case NM_RMS:
-        return sm_k_rms_bf16(a, c->n, c->W, v, f->rms_eps, a, 0, r->st, e);
+        return sm_k_rms_bf16(a, c->n, c->W, v, f->rms_eps, a, 0, NULL, NULL, 0, r->st, e);
     default:
         return sm_k_embed(c->embed, f->V, c->W, c->tok + (size_t)set * c->n, c->n, v, f->rms_eps, s, x, r->st, e);
     }

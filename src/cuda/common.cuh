@@ -1,6 +1,7 @@
 /* common.cuh: what every CUDA file shares: the CUDA check macros, the device check, bf16 helpers, warp/block
- * reductions, the argmax order, and the mma.sync / cp.async wrappers.  The op bodies live in
- * ops/<family>.cuh, the MoE stage in moe.cu.
+ * reductions, the argmax order, the mma.sync / cp.async / wgmma wrappers, and W4A4's activations
+ * as e4m3 codes (written by ops/ and moe/ alike, which may not include each other).  The op
+ * bodies live in ops/<family>.cuh, the MoE stage in moe/.
  *
  * bf16 conversions use the cuda_bf16.h intrinsics (round to nearest even, as codec.h's
  * sm_f32_to_bf16 for every non-NaN value); we rejected calling codec.h's memcpy-based
@@ -10,6 +11,7 @@
 #define SM_CUDA_COMMON_CUH
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <math.h>
@@ -265,6 +267,11 @@ __device__ __forceinline__ void sm_cp_async16(void *smem, const void *gmem, int 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(src_bytes)
                  : "memory");
 }
+/* 4-byte global -> shared copy (through L1: for data written by an earlier launch). */
+__device__ __forceinline__ void sm_cp_async4(void *smem, const void *gmem) {
+    uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void sm_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void sm_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -317,5 +324,60 @@ __device__ __forceinline__ void sm_wg_commit(void) { asm volatile("wgmma.commit_
 template <int K> __device__ __forceinline__ void sm_wg_wait(void) { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(K) : "memory"); }
 /* Keep the compiler from moving accumulator accesses across the asynchronous wgmma window. */
 __device__ __forceinline__ void sm_wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/* ---- W4A4's activations for the FP8 tensor cores (the expert stage's B operand, moe/mm.cuh) ----
+ * A route's 32-block of activations, already rounded to MXFP4 under scale byte sb (e = sb - 127),
+ * is 32 e4m3 codes (value x 2^-(e + 6): an e2m1 value x 2^-6, exact) in the slot order of the
+ * weights' e4m3 placement (moe/dequant.cuh), slot 16 cm + 4t + c holding k = 8c + 4cm + t, and
+ * the f32 factor 2^(sb - 127).
+ * Three writers place them: the staging from bf16 rows (moe/mm.cuh moe_x8_entry), the
+ * pre-expert norm (ops/norm.cuh: h1's image, a row at a time) and stage 1's epilogue (act's
+ * image, a job at a time); all take the slot and the codes from here.  sm_x8_img: h1's image,
+ * written by h1's producer beside h1 for the expert stage to copy: per row, codes [kp] and the
+ * factors 2^(e - 127) [kp / 32]. */
+typedef struct sm_x8_img {
+    uint8_t *codes;           /* [rows, kp]; NULL: no image */
+    float *fac;               /* [rows, kp / 32] */
+    int kp;                   /* codes a row: the contraction padded (>= the row, whole 32-blocks) */
+} sm_x8_img;
+/* Slot of k (0..31) in a block's 32 code bytes: core matrix (slot >> 4), byte (slot & 15). */
+__host__ __device__ __forceinline__ int sm_x8_slot(int k) { return 16 * ((k >> 2) & 1) + 4 * (k & 3) + (k >> 3); }
+/* 2^-(e + 6) for scale byte sb: the factor from an MXFP4 value to its e4m3 code. */
+__device__ __forceinline__ float sm_x8_inv(uint8_t sb) { return sm_e8m0_inv(sb) * 0.015625f; }
+/* The e4m3 codes of two values rounded under the byte whose sm_x8_inv is inv: a (low byte)
+ * and b. */
+__device__ __forceinline__ uint32_t sm_x8_code2(float a, float b, float inv) {
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a * inv, b * inv), __NV_SATFINITE, __NV_E4M3);
+}
+
+/* Round the 8 values v (k0..k0 + 7 of a row; k0 % 8 == 0) to MXFP4 by codec.h's rule: the
+ * amax of their 32-block over the 4 lanes holding it (consecutive lanes, which call this
+ * together), its scale byte, each value by sm_mx_round_value (idempotent: values already
+ * rounded keep their bits).  codes non-NULL: also write the row's image of them (codes
+ * [kp], fac [kp / 32] of the row: the e4m3 codes at their slots, the factor by the block's
+ * first lane); the byte of a rounded block's amax is the byte it was rounded under, as
+ * moe_x8_entry finds it. */
+__device__ __forceinline__ void sm_mx_round8(float (&v)[8], uint8_t *codes, float *fac, int k0) {
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j]));
+    const unsigned mask = 0xFu << ((threadIdx.x & 31) & ~3u);
+    m = fmaxf(m, __shfl_xor_sync(mask, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(mask, m, 2));
+    const uint8_t b = sm_mx_scale_byte(m);
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = sm_mx_round_value(v[j], b);
+    if (!codes) return;
+    const float inv = sm_x8_inv(b);
+    uint8_t *cb = codes + (k0 & ~31);
+    const int q = (k0 >> 3) & 3; /* the chunk's place in its block: k = 8q + j */
+#pragma unroll
+    for (int j = 0; j < 8; j += 2) {
+        const uint32_t c2 = sm_x8_code2(v[j], v[j + 1], inv);
+        cb[sm_x8_slot(8 * q + j)] = (uint8_t)c2;
+        cb[sm_x8_slot(8 * q + j + 1)] = (uint8_t)(c2 >> 8);
+    }
+    if (q == 0) fac[k0 >> 5] = sm_e8m0_to_f32(b);
+}
 
 #endif

@@ -180,8 +180,8 @@ void case_rms_bf16(int n, int d, int inplace, int mx) {
     /* the pass-by-pass form first, from the same input (dx is overwritten when inplace) */
     uint16_t *dyp = (uint16_t *)gh_dalloc("y_passes", 2, (size_t)n * d);
     tn_rms_bf16_passes<<<n, sm_norm_threads(d), 0, g_st>>>(dx, d, dw, 1e-5f, dyp, mx);
-    if (mx && sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy0, 0, g_st, &e)) { gh_fail_line(name, e.msg); return; }
-    if (sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy, mx, g_st, &e)) { gh_fail_line(name, e.msg); return; }
+    if (mx && sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy0, 0, NULL, NULL, 0, g_st, &e)) { gh_fail_line(name, e.msg); return; }
+    if (sm_k_rms_bf16(dx, n, d, dw, 1e-5f, dy, mx, NULL, NULL, 0, g_st, &e)) { gh_fail_line(name, e.msg); return; }
     if (!gh_sync(g_st)) { gh_fail_line(name, "kernel failed"); return; }
     gh_acc a = GH_ACC_INIT;
     gh_cmp_bf16(mx ? dy0 : dy, ref, (size_t)n * d, &a);

@@ -21,6 +21,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 #include <string.h>
+#include "cuda/common.cuh"
 
 /* ---- MXFP4 bit layout: where bit b (0 mantissa, 1-2 exponent, 3 sign) of the value in half
  * hf of A register i lives in the stored 32-bit word.  Register i is recovered as
@@ -86,6 +87,11 @@ __host__ __device__ __forceinline__ uint4 moe_x8_chunk(uint4 v, int to_x8) {
                 }
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
+/* The routes' side of MOE_F_MX8 (the B operand, mm.cuh): a route's 32-block of activations,
+ * rounded to MXFP4, as 32 e4m3 codes in the slot order above and a factor: common.cuh's
+ * sm_x8_* (its writers: the staging, moe_x8_entry; the pre-expert norm, ops/norm.cuh; stage
+ * 1's epilogue). */
+
 /* The weight scale of byte k of scale word sw (a stored byte bp, moe_repack_mxs_kernel: b + 126
  * - c) as the f32 factor 2^(bp - 241) = 2^(b - c - 127) x 2^12 (the 2^12 undoes the two 2^-6 of
  * the e4m3 operands): exponent field bp - 114, one PRMT and one IMAD (bp * 2^23 - 114 * 2^23);

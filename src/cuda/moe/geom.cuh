@@ -30,6 +30,10 @@
  * is MXFP4's byte for byte (geometry, scales); only the bits inside each 16-byte chunk move. */
 #define MOE_F_MX8 3
 SM_HD int moe_is_mx(int f) { return f == SM_EXP_MXFP4 || f == MOE_F_MX8; }
+/* MOE_F_MX8's B operand: a 32-block of a job's routes takes MOE_X8_BLK bytes (mm.cuh), the job's
+ * B over a contraction of Kp moe_x8_bbytes(Kp). */
+#define MOE_X8_BLK 288
+SM_HD size_t moe_x8_bbytes(int Kp) { return (size_t)(Kp / 32) * MOE_X8_BLK; }
 
 SM_HD int moe_rup(int x, int a) { return (x + a - 1) / a * a; }
 SM_HD size_t moe_rupz(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -102,6 +106,11 @@ typedef struct moe_wsl {
     size_t act;               /* bf16 [R, I]: a = r16(silu(gate) * up) per slot */
     size_t y;                 /* bf16 [R, Hm]: y = r16(a down^T) per slot */
     size_t rs;                /* f32 [R]: the post-expert norm scale of route r (the combine) */
+    size_t act8;              /* MOE_F_MX8: [maxjobs] stage 2's B of each job (act as e4m3 codes,
+                                 moe_x8_bbytes(Kp2) bytes a job), written by stage 1's epilogue */
+    size_t h1c, h1f;          /* MOE_F_MX8 with h1 rounded by its producer: h1's image, per row
+                                 e4m3 codes u8 [Kp1] and factors f32 [Kp1 / 32] (dequant.cuh) */
+    int kp1;                  /* Kp1: the image's codes per row */
     size_t total;             /* bytes of the workspace */
     int maxjobs;              /* upper bound of jobs for R = max_rows * K routes */
 } moe_wsl;
@@ -120,7 +129,11 @@ SM_HD moe_wsl moe_ws_layout(int E, int K, int Hm, int I, int max_rows) {
     W.act = W.done1 + moe_rupz((size_t)W.maxjobs * 4, 256);
     W.y = W.act + moe_rupz(R * (size_t)I * 2, 256);
     W.rs = W.y + moe_rupz(R * (size_t)Hm * 2, 256);
-    W.total = W.rs + moe_rupz(R * 4, 256);
+    W.act8 = W.rs + moe_rupz(R * 4, 256);
+    W.kp1 = moe_rup(Hm, MOE_KALIGN);
+    W.h1c = W.act8 + moe_rupz((size_t)W.maxjobs * moe_x8_bbytes(moe_rup(I, MOE_KALIGN)), 256);
+    W.h1f = W.h1c + moe_rupz((size_t)max_rows * W.kp1, 256);
+    W.total = W.h1f + moe_rupz((size_t)max_rows * (W.kp1 / 32) * 4, 256);
     return W;
 }
 

@@ -1,5 +1,7 @@
 /* group.cu: the stock kernel of the grouping phase (group.cuh): one block of
- * MOE_GROUP_THREADS threads per call, its launcher and its arguments in the workspace.
+ * MOE_GROUP_THREADS threads per call (and, for the FP8 tensor cores when h1's producer made no
+ * image of it, the blocks that make h1's e4m3 image meanwhile), its launcher and its
+ * arguments in the workspace.
  * We rejected launching it from the forward entry directly: a persistent kernel needs the
  * same argument pointers (moe_group_make) without the launch.
  */
@@ -8,7 +10,8 @@
 __global__ void __launch_bounds__(MOE_GROUP_THREADS) moe_group_kernel(const moe_group_args ga) {
     __shared__ moe_group_smem sm;
     sm_pdl_trigger(); /* the expert launch may start now: it waits for this grid's completion */
-    moe_group<MOE_GROUP_THREADS>(ga, &sm);
+    if (blockIdx.x) moe_x8_img_rows<MOE_GROUP_THREADS>(ga.h1, ga.n, ga.kin, ga.img, (int)blockIdx.x - 1, (int)gridDim.x - 1);
+    else moe_group<MOE_GROUP_THREADS>(ga, &sm);
 }
 
 moe_group_args moe_group_make(const sm_cuda_moe_layer *L, const int *idx, int n, const sm_cuda_moe_ws *ws) {
@@ -28,11 +31,17 @@ moe_group_args moe_group_make(const sm_cuda_moe_layer *L, const int *idx, int n,
     ga.jobt = (moe_jobt *)(wb + W.jobt);
     ga.done1 = (int *)(wb + W.done1);
     ga.qctr = (int *)(wb + W.qctr);
+    ga.h1 = NULL;
+    ga.n = n;
+    ga.kin = L->Hm;
+    ga.img = sm_x8_img{NULL, NULL, 0};
     return ga;
 }
 
 int moe_group_launch(const moe_group_args &ga, cudaStream_t st, sm_err *e) {
-    moe_group_kernel<<<1, MOE_GROUP_THREADS, 0, st>>>(ga);
+    long long nx = 0; /* image blocks: an 8-value chunk a thread */
+    if (ga.h1) nx = ((long long)ga.n * (ga.kin / 8) + MOE_GROUP_THREADS - 1) / MOE_GROUP_THREADS;
+    moe_group_kernel<<<(unsigned)(1 + nx), MOE_GROUP_THREADS, 0, st>>>(ga);
     SM_LAUNCH_CHECK("moe_group_kernel");
     return 0;
 }

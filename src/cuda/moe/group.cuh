@@ -34,6 +34,11 @@ typedef struct moe_group_args {
     moe_jobt *jobt;           /* out [njobs]: the jobs for the queue schedule */
     int *done1;               /* out [njobs]: zeroed (the queue schedule's counters) */
     int *qctr;                /* out: zeroed (the queue schedule's claim counter) */
+    const uint16_t *h1;       /* non-NULL (MOE_F_MX8, h1 not rounded by its producer): the stock
+                                 launch's blocks past the first make h1's e4m3 image (img) of its
+                                 n rows of kin values meanwhile (moe_x8_img_rows) */
+    int n, kin;
+    sm_x8_img img;
 } moe_group_args;
 
 /* Shared memory of the grouping body. */
@@ -139,11 +144,27 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
     }
 }
 
+/* h1's e4m3 image for the queue schedule (MOE_F_MX8, ops.h sm_x8_img) from rows x [n, kin]
+ * (kin % 32 == 0), each value rounded to MXFP4 first (idempotent): block b of nb blocks of NT
+ * threads, a thread an 8-value chunk, the 4 chunks of a 32-block in consecutive lanes. */
+template <int NT>
+__device__ __forceinline__ void moe_x8_img_rows(const uint16_t *x, int n, int kin, const sm_x8_img &img, int b, int nb) {
+    const int cpr = kin / 8;
+    const long long total = (long long)n * cpr;
+    for (long long c = (long long)b * NT + threadIdx.x; c < total; c += (long long)nb * NT) {
+        const int row = (int)(c / cpr), k0 = (int)(c - (long long)row * cpr) * 8;
+        float v[8];
+        sm_unpack8_bf(__ldg((const uint4 *)(x + (size_t)row * kin + k0)), v);
+        sm_mx_round8(v, img.codes + (size_t)row * img.kp, img.fac + (size_t)row * (img.kp / 32), k0);
+    }
+}
+
 /* ---- host side (group.cu) ---- */
 /* The grouping arguments of a forward call of n rows into workspace ws (e0 = 0: the layer's
  * experts are ids [0, E); a rank's forward sets e0 to its first global expert). */
 moe_group_args moe_group_make(const sm_cuda_moe_layer *L, const int *idx, int n, const sm_cuda_moe_ws *ws);
-/* The stock launch: one block of MOE_GROUP_THREADS on st. */
+/* The stock launch: one block of MOE_GROUP_THREADS on st (and, with ga.h1, the blocks that
+ * make h1's image). */
 int moe_group_launch(const moe_group_args &ga, cudaStream_t st, sm_err *e);
 
 #endif

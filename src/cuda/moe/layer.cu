@@ -79,6 +79,12 @@ static int moe_ws_alloc(const sm_config *c, int shard, int max_rows, sm_cuda_moe
         ws->buf = NULL;
         return sm_errf(e, "cuda moe workspace: device allocation of %zu bytes failed: %s", W.total, cudaGetErrorString(rc));
     }
+    rc = cudaMemset(ws->buf, 0, W.total); /* the images' padding blocks stay zero codes */
+    if (rc != cudaSuccess) {
+        cudaFree(ws->buf);
+        ws->buf = NULL;
+        return sm_errf(e, "cuda moe workspace: clearing %zu bytes failed: %s", W.total, cudaGetErrorString(rc));
+    }
     ws->bytes = W.total;
     ws->max_rows = max_rows;
     ws->E = c->E; ws->K = c->K; ws->Hm = c->Hm; ws->I = c->I;

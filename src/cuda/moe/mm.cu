@@ -85,7 +85,28 @@ moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     q.done1 = (int *)(wb + W.done1);
     q.qctr = (int *)(wb + W.qctr);
     q.prof = ws->prof;
+    q.act8 = NULL;
+    q.h1i = sm_x8_img{NULL, NULL, 0};
+    if (sm_cuda_moe_kfmt(L) == MOE_F_MX8) {
+        q.act8 = wb + W.act8;
+        q.h1i = sm_x8_img{wb + W.h1c, (float *)(wb + W.h1f), W.kp1};
+    }
     return q;
+}
+
+size_t moe_q_smem(const moe_qargs &q) {
+    const size_t s1 = moe_mm_smem(q.a1), s2 = moe_mm_smem(q.a2);
+    if (q.act8) return 2 * moe_x8_bbytes(q.a1.Kp > q.a2.Kp ? q.a1.Kp : q.a2.Kp);
+    return s1 > s2 ? s1 : s2;
+}
+
+extern "C" int sm_cuda_moe_h1_img(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws, uint8_t **codes, float **fac, int *kp) {
+    *codes = NULL; *fac = NULL; *kp = 0;
+    if (!L || !ws || !ws->buf || !ws->h1_mx || sm_cuda_moe_kfmt(L) != MOE_F_MX8) return 0;
+    const moe_wsl W = moe_ws_layout(L->E, L->K, L->Hm, L->I, ws->max_rows);
+    uint8_t *wb = (uint8_t *)ws->buf;
+    *codes = wb + W.h1c; *fac = (float *)(wb + W.h1f); *kp = W.kp1;
+    return 1;
 }
 
 /* Raise kernel k's dynamic shared memory limit to at least smem, never lower it: the limit is
@@ -116,11 +137,13 @@ int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
         moe_prep_kernel<SM_EXP_FP8, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_FP8, 2>(s2, occ, e) ||
         moe_prep_kernel<SM_EXP_BF16, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_BF16, 2>(s2, occ, e))
         return -1;
-    /* the queue schedule: attributes only (its blocks need not all be resident: queue.cuh) */
+    /* the queue schedule: attributes only (its blocks need not all be resident: queue.cuh);
+     * MOE_F_MX8 double-buffers its smaller B (moe_q_smem) */
     const size_t sq = s1 > s2 ? s1 : s2;
+    const size_t sx = 2 * moe_x8_bbytes(moe_rup(Hm, MOE_KALIGN) > moe_rup(I, MOE_KALIGN) ? moe_rup(Hm, MOE_KALIGN) : moe_rup(I, MOE_KALIGN));
     if (moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_MXFP4, 0>, sq, e) ||
-        moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 0>, sq, e) ||
-        moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 1>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 0>, sx, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 1>, sx, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_FP8, 0>, sq, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_BF16, 0>, sq, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_MXFP4, 1>, sq, e) ||
@@ -136,7 +159,7 @@ static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, const s
                          sm_err *e) {
     if (ws->sched == SM_MOE_SCHED_QUEUE) {
         const moe_qargs q = moe_q_make(L, h1, ws, y32);
-        const size_t s1 = moe_mm_smem(q.a1), s2 = moe_mm_smem(q.a2), smem = s1 > s2 ? s1 : s2;
+        const size_t smem = moe_q_smem(q);
         if (y32) SM_CUDA_CHECK(sm_launch_pdl(moe_q_kernel<F, 1>, (unsigned)ws->grid, MOE_THREADS, smem, st, q));
         else SM_CUDA_CHECK(sm_launch_pdl(moe_q_kernel<F, 0>, (unsigned)ws->grid, MOE_THREADS, smem, st, q));
         return 0;
@@ -177,6 +200,12 @@ static int moe_experts_run(const char *who, const sm_cuda_moe_layer *L, int e0, 
                            float *y32, const sm_cuda_moe_ws *ws, cudaStream_t st, sm_err *e) {
     moe_group_args ga = moe_group_make(L, idx, n, ws);
     ga.e0 = e0;
+    if (sm_cuda_moe_kfmt(L) == MOE_F_MX8 && ws->sched == SM_MOE_SCHED_QUEUE && !ws->h1_mx) {
+        /* the queue copies h1's image; its producer did not write it: the grouping launch does */
+        const moe_qargs q = moe_q_make(L, h1, ws, NULL);
+        ga.h1 = h1;
+        ga.img = q.h1i;
+    }
     if (moe_group_launch(ga, st, e)) return -1;
     switch (sm_cuda_moe_kfmt(L)) {
     case MOE_F_MX8: return moe_mm_launch<MOE_F_MX8>(L, h1, ws, y32, st, e);

@@ -146,7 +146,6 @@ __device__ __forceinline__ void moe_advance(moe_cur &c, int i1, const moe_args &
  * d x 2^(ea - 127) stays a normal float: activation blocks above 2^-112).
  * B of a block (MOE_X8_BLK bytes): two core matrices of 8 routes x 16 k slots (slots 0-15,
  * 16-31, in the weights' slot order: dequant.cuh), then the 8 routes' 2^(ea - 127) as f32. */
-#define MOE_X8_BLK 288
 
 /* Shared-memory descriptor of one block's B: K-major, no swizzle, core matrices of 8 rows x 16
  * bytes, the two k-slot halves 128 bytes apart (LBO; SBO, the 8-row stride, never used with 8
@@ -382,18 +381,12 @@ __device__ __forceinline__ void moe_x8_entry(uint4 &A, uint4 &B, int aq, unsigne
         A = make_uint4(moe_aq_word(A.x, sb), moe_aq_word(A.y, sb), moe_aq_word(A.z, sb), moe_aq_word(A.w, sb));
         B = make_uint4(moe_aq_word(B.x, sb), moe_aq_word(B.y, sb), moe_aq_word(B.z, sb), moe_aq_word(B.w, sb));
     }
-    const float inv = sm_e8m0_inv(sb) * 0.015625f; /* 2^-(e + 6), a power of two >= 2^-133 */
+    const float inv = sm_x8_inv(sb); /* 2^-(e + 6), a power of two >= 2^-133 */
     const uint32_t av[4] = {A.x, A.y, A.z, A.w}, bv[4] = {B.x, B.y, B.z, B.w};
     uint32_t o[4];
 #pragma unroll
-    for (int p = 0; p < 4; p++) {
-        const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
-            make_float2(__uint_as_float(av[p] << 16) * inv, __uint_as_float(bv[p] << 16) * inv), __NV_SATFINITE, __NV_E4M3);
-        const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
-            make_float2(__uint_as_float(av[p] & 0xFFFF0000u) * inv, __uint_as_float(bv[p] & 0xFFFF0000u) * inv), __NV_SATFINITE,
-            __NV_E4M3);
-        o[p] = (uint32_t)lo | ((uint32_t)hi << 16);
-    }
+    for (int p = 0; p < 4; p++)
+        o[p] = sm_x8_code2(sm_bf_lo(av[p]), sm_bf_lo(bv[p]), inv) | (sm_x8_code2(sm_bf_hi(av[p]), sm_bf_hi(bv[p]), inv) << 16);
     A = make_uint4(o[0], o[1], o[2], o[3]);
     B.x = __float_as_uint(sm_e8m0_to_f32(sb));
 }
@@ -457,7 +450,7 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
 template <int STAGE, int Y32>
 __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0, int cnt, float mul, int lane,
                                                 const float (&acc)[2][4], __nv_bfloat162 *amx = NULL,
-                                                const sm_team *tm = NULL) {
+                                                const sm_team *tm = NULL, uint8_t *img = NULL) {
     const int g = lane >> 2, t = lane & 3;
     if (STAGE == 1) {
         uint16_t o[4];
@@ -482,6 +475,24 @@ __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0
             const uint32_t r0 = moe_aq_round2(*(const uint32_t *)&p0, *(const uint32_t *)&m);
             const uint32_t r1 = moe_aq_round2(*(const uint32_t *)&p1, *(const uint32_t *)&m);
             o[0] = (uint16_t)r0; o[1] = (uint16_t)(r0 >> 16); o[2] = (uint16_t)r1; o[3] = (uint16_t)(r1 >> 16);
+            if (img && p < a.tiles) {
+                /* act's e4m3 image (MOE_F_MX8: stage 2's B, img = the job's): this warp's rows
+                 * are k 16 (p & 1) + g (+ 8: the next slot) of 32-block p >> 1; the byte of
+                 * the rounded block's amax is the one it was rounded under (dequant.cuh) */
+                uint8_t *blk = img + (size_t)(p >> 1) * MOE_X8_BLK;
+                const int sl = sm_x8_slot(16 * (p & 1) + g);
+                const uint8_t b0 = sm_mx_scale_byte(__low2float(m)), b1 = sm_mx_scale_byte(__high2float(m));
+                const int j = p * 16 + g;
+                const int in0 = j < a.rows_out, in8 = j + 8 < a.rows_out; /* rows past I: +0 */
+                const uint32_t c0 = sm_x8_code2(in0 ? sm_bf(o[0]) : 0.0f, in8 ? sm_bf(o[2]) : 0.0f, sm_x8_inv(b0));
+                const uint32_t c1 = sm_x8_code2(in0 ? sm_bf(o[1]) : 0.0f, in8 ? sm_bf(o[3]) : 0.0f, sm_x8_inv(b1));
+                if (2 * t < cnt) *(uint16_t *)(blk + (sl >> 4) * 128 + (2 * t) * 16 + (sl & 15)) = (uint16_t)c0;
+                if (2 * t + 1 < cnt) *(uint16_t *)(blk + (sl >> 4) * 128 + (2 * t + 1) * 16 + (sl & 15)) = (uint16_t)c1;
+                if (g == 0 && !(p & 1)) {
+                    if (2 * t < cnt) *(float *)(blk + 256 + 4 * (2 * t)) = sm_e8m0_to_f32(b0);
+                    if (2 * t + 1 < cnt) *(float *)(blk + 256 + 4 * (2 * t + 1)) = sm_e8m0_to_f32(b1);
+                }
+            }
         }
         if (p >= a.tiles) return;
 #pragma unroll

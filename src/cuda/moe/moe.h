@@ -84,8 +84,10 @@ typedef struct sm_cuda_moe_ws {
                                 benchmarks may change it (the results are the same bits) */
     int h1_mx;               /* 1: the callers' h1 of W4A4 layers comes rounded to MXFP4 already
                                 (the stock and monokernel pre-expert norms round it), so stage 1
-                                stages it as is; 0 (the default): stage 1 rounds it (idempotent:
-                                the same bits either way) */
+                                stages it as is, and for layers on the FP8 tensor cores with its
+                                e4m3 image (sm_cuda_moe_h1_img) written beside it; 0 (the
+                                default): the forward rounds h1 and makes the image itself
+                                (idempotent: the same bits either way) */
     int sched;               /* schedule of the expert matmul: SM_MOE_SCHED_QUEUE (the default) or
                                 SM_MOE_SCHED_STAGES; benchmarks and tests may change it (the
                                 results are the same bits) */
@@ -138,6 +140,11 @@ int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t
 /* The kernel format a forward runs for L: moe/geom.cuh's MOE_F_MX8 for W4A4 on the FP8 tensor
  * cores, else L->fmt. */
 int sm_cuda_moe_kfmt(const sm_cuda_moe_layer *L);
+/* Where the pre-expert norm of layer L writes h1's e4m3 image for the expert stage (in ws;
+ * common.cuh sm_x8_img, sm_k_rms_bf16's img_*): 1 and *codes, *fac, *kp set when L runs
+ * MOE_F_MX8 and ws->h1_mx says its callers round h1 (they must then write this image of the
+ * same rows, or the results are wrong); 0 and NULL, NULL, 0 otherwise. */
+int sm_cuda_moe_h1_img(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws, uint8_t **codes, float **fac, int *kp);
 size_t sm_cuda_moe_ws_bytes(const sm_config *c, int max_rows);
 int sm_cuda_moe_ws_alloc(const sm_config *c, int max_rows, sm_cuda_moe_ws *ws, sm_err *e);
 /* The workspace (and its bytes) of a layer uploaded from shard X of a model of config c. */

@@ -21,6 +21,11 @@
  * across the switch: the epilogue, the counter signal and the restage of B (the job's routes
  * only: the columns of the other lanes keep stale values whose outputs are never written) run
  * with the next unit's first two steps in flight.
+ * W4A4 on the FP8 tensor cores (MOE_F_MX8) keeps B ready-made: stage 1's from h1's e4m3 image
+ * (written by h1's producer, the pre-expert norm, or else by the grouping launch), stage 2's
+ * from act's image per job (written by stage 1's epilogue), so B is copied, not converted, and
+ * two B buffers let the next unit's copy (cp.async) start at the load cursor's crossing, while
+ * the current unit still streams; the switch then only waits for copies already landed.
  * We rejected static item ranges (the stage schedule: at 8 rows some blocks get one item more
  * than others, and each stage ends in its own tail) and claiming the next unit at the start
  * of the current one (at the end of the queue a block then sits on a unit others could run).
@@ -39,6 +44,9 @@ typedef struct moe_qargs {
     int *qctr;                /* units claimed (zeroed by the grouping) */
     unsigned long long *prof; /* NULL, or [SM_MOE_PROF_MAX_UNITS][3]: per unit its compute's begin
                                  and end (globaltimer ns, thread 0) and block (benchmarks) */
+    uint8_t *act8;            /* MOE_F_MX8: [njobs] stage 2's B of each job, made by stage 1's
+                                 epilogue (geom.cuh moe_wsl.act8); NULL for other formats */
+    sm_x8_img h1i;            /* MOE_F_MX8: h1's image (its producer's or the grouping launch's) */
 } moe_qargs;
 
 /* One slot of the ring: unit u (-1: the queue is empty) with sequence number seq in the
@@ -47,7 +55,10 @@ typedef struct moe_qslot {
     moe_jobt jt;
     int u;
     volatile int seq;         /* written last by thread 0; readers wait for their number */
-    int pad[2];
+    int ready;                /* MOE_F_MX8: the unit's B may be copied (a stage-2 unit: its job's
+                                 stage 1 was complete when thread 0 published the slot, seen by
+                                 its acquire, which the readers' seq wait orders before them) */
+    int pad;
 } moe_qslot;
 
 /* The loop state of one thread. */
@@ -62,6 +73,8 @@ typedef struct moe_qstate {
     float acc[2][4];
     moe_cur lc;               /* load cursor: pointers of the step to load next */
     int lm, LS, lns, live;    /* its unit's sequence number, step, steps; 0 once the queue is empty */
+    int bcur;                 /* MOE_F_MX8: the B buffer of the compute cursor's unit (0, 1) */
+    int bpre;                 /* this thread's copies of the next unit's B are in flight */
 } moe_qstate;
 
 /* Unit u -> (stage, job, tile group) in the list [stage 1 units | stage 2 units]. */
@@ -105,8 +118,14 @@ __device__ __forceinline__ moe_qplan moe_q_plan(const moe_qargs &q, int nj, int 
     return P;
 }
 
+/* Stage 2's input of job j is complete: its stage-1 units have all signalled. */
+__device__ __forceinline__ int moe_q_ready1(const moe_qargs &q, int job) {
+    return sm_ld_acquire_gpu_u32((const unsigned *)(q.done1 + job)) >= (unsigned)q.a1.ipj;
+}
+
 /* Thread 0, once per step before the loads: claim (P1), copy the job entry (P2) and publish
  * (P3) the unit of sequence number cm + A. */
+template <int F>
 __device__ __forceinline__ void moe_q_prep(moe_qstate &Q, const moe_qargs &q, moe_qslot *ring, const moe_qplan &P) {
     if (Q.S == Q.P1) {
         if (Q.cn >= Q.ce) { /* a new chunk (or single unit) */
@@ -128,6 +147,11 @@ __device__ __forceinline__ void moe_q_prep(moe_qstate &Q, const moe_qargs &q, mo
     if (Q.S == Q.P3) {
         if (Q.pu < P.n) sm_cp_async_wait<0>();
         sl->u = Q.pu < P.n ? Q.pu : -1;
+        if (F == MOE_F_MX8 && Q.pu < P.n) {
+            int st, job, it;
+            moe_q_decode(q, P.n1, Q.pu, st, job, it);
+            sl->ready = st == 1 || moe_q_ready1(q, job);
+        }
         __threadfence_block();
         sl->seq = Q.cm + P.A;
     }
@@ -145,12 +169,58 @@ __device__ __forceinline__ void moe_q_points(moe_qstate &Q, int A) {
     }
 }
 
-/* Issue the loads of the next step of the load cursor (crossing into its next unit first when
- * the current one is loaded). */
+/* Bytes of one B buffer: MOE_F_MX8 keeps two (the compute cursor's unit's and the next one's,
+ * copied while the current unit streams); other formats one, staged at the switch. */
 template <int F>
-__device__ __forceinline__ void moe_q_load(moe_qstate &Q, moe_buf &b, const moe_qargs &q, const moe_qslot *ring, int n1,
-                                           int warp, int lane) {
+__device__ __forceinline__ uint2 *moe_q_bbuf(const moe_qargs &q, uint2 *Bs, int i) {
+    if (F != MOE_F_MX8) return Bs;
+    return (uint2 *)((uint8_t *)Bs + (size_t)i * moe_x8_bbytes(max(q.a1.Kp, q.a2.Kp)));
+}
+
+/* MOE_F_MX8: issue this thread's cp.async copies of the B of a unit (stage st, job entry jt,
+ * job) into dst, one commit group: stage 2 the job's act image (written in this launch,
+ * ordered by done1: copies through L2 only), stage 1 the image rows of its routes (two 16-byte
+ * core-matrix rows and a factor a 32-block and route).  Other formats: nothing, 0. */
+template <int F>
+__device__ __forceinline__ int moe_q_b_copy(const moe_qargs &q, int st, const moe_jobt &jt, int job, uint2 *dst_, int tid) {
+    if (F != MOE_F_MX8) return 0;
+    uint8_t *dst = (uint8_t *)dst_;
+    /* (loops kept rolled: this code sits in each of the k loop's step copies) */
+    if (st == 2) {
+        const size_t bb = moe_x8_bbytes(q.a2.Kp);
+        const uint4 *src = (const uint4 *)(q.act8 + (size_t)job * bb);
+#pragma unroll 1
+        for (int i = tid; i < (int)(bb / 16); i += MOE_THREADS) sm_cp_async16((uint4 *)dst + i, src + i, 16);
+    } else {
+        /* a thread keeps one route (r = tid & 7) and core matrix (tid >> 3 & 1): blocks
+         * tid >> 4, + 16, ...; the factors: the threads of core matrix 0 */
+        const int r = tid & 7, cm = (tid >> 3) & 1, nblk = q.a1.Kp / 32;
+        if (r < jt.cnt) {
+            const size_t row = jt.row[r];
+            const uint8_t *cs = q.h1i.codes + row * q.h1i.kp + cm * 16;
+            const float *fs = q.h1i.fac + row * (q.h1i.kp / 32);
+#pragma unroll 1
+            for (int blk = tid >> 4; blk < nblk; blk += MOE_THREADS / 16) {
+                sm_cp_async16(dst + blk * MOE_X8_BLK + cm * 128 + r * 16, cs + blk * 32, 16);
+                if (!cm) sm_cp_async4(dst + blk * MOE_X8_BLK + 256 + 4 * r, fs + blk);
+            }
+        }
+    }
+    sm_cp_async_commit();
+    return 1;
+}
+
+/* Issue the loads of the next step of the load cursor (crossing into its next unit first when
+ * the current one is loaded).  MOE_F_MX8 (units published one ahead, P.A = 1): at the crossing
+ * the next unit's B, when it differs from the compute cursor's (another job or stage) and is
+ * ready (moe_qslot.ready), starts copying into the other buffer (Q.bpre, the same in every
+ * thread). */
+template <int F>
+__device__ __forceinline__ void moe_q_load(moe_qstate &Q, moe_buf &b, const moe_qargs &q, const moe_qslot *ring, const moe_qplan &P,
+                                           uint2 *Bs, int warp, int lane, int tid) {
     if (!Q.live) return;
+    const moe_qslot *pre = NULL; /* MOE_F_MX8: the unit whose B starts copying after this load */
+    int pst = 0, pjob = 0;
     if (Q.LS == Q.lns) {
         Q.lm++;
         const moe_qslot *sl = ring + (Q.lm & (MOE_Q_RING - 1));
@@ -161,7 +231,7 @@ __device__ __forceinline__ void moe_q_load(moe_qstate &Q, moe_buf &b, const moe_
             return;
         }
         int st, job, it;
-        moe_q_decode(q, n1, u, st, job, it);
+        moe_q_decode(q, P.n1, u, st, job, it);
         const int pairs = st == 1 ? q.a1.pairs : q.a2.pairs, ns = st == 1 ? q.a1.nsteps : q.a2.nsteps;
         int p = it * MOE_WARPS + warp;
         if (p >= pairs) p = 0; /* past the matrix: valid memory, outputs never written */
@@ -169,10 +239,15 @@ __device__ __forceinline__ void moe_q_load(moe_qstate &Q, moe_buf &b, const moe_
         Q.lc.fs = (const float *)(q.a1.blob + sl->jt.s[st - 1]) + p * 32;
         Q.lns = ns;
         Q.LS = 0;
+        if (F == MOE_F_MX8 && P.A == 1 && Q.lm == Q.cm + 1 && (st != Q.stage || job != Q.job) && sl->ready) {
+            pre = sl; pst = st; pjob = job;
+        }
     }
     moe_load<F>(b, Q.lc, lane);
     Q.lc.w += q.a1.sb;
     Q.LS++;
+    if (F == MOE_F_MX8 && pre) /* after the weights: the copies queue behind them */
+        Q.bpre = moe_q_b_copy<F>(q, pst, pre->jt, pjob, moe_q_bbuf<F>(q, Bs, Q.bcur ^ 1), tid);
 }
 
 /* A thread's share of a B restage in flight: MOE_Q_NB entries (k16 step ks, route r) of the
@@ -238,17 +313,19 @@ __device__ __forceinline__ void moe_q_b_put(const moe_qargs &q, int st, const mo
         }
 }
 
-/* Stage B of the compute cursor's (new) unit: a stage-2 unit first waits for its job's stage
- * 1.  Only the job's cnt routes are written.  Ends with the block synchronized.  (Measured:
- * loading a stage-1 job's first entries before the previous unit's epilogue gained nothing.) */
+/* Stage B of the compute cursor's (new) unit into dst, unless its copies are in flight already
+ * (Q.bpre): a stage-2 unit first waits (bounded) for its job's stage 1 (thread 0, then the
+ * block); MOE_F_MX8 copies images, other formats load and convert the input rows (only the
+ * job's cnt routes are written).  Ends with the block synchronized and B readable.
+ * (Measured: loading a stage-1 job's first entries before the previous unit's epilogue gained
+ * nothing; the MOE_F_MX8 copies during the unit before replace that.) */
 template <int F>
-__device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qargs &q, const moe_jobt &jt, uint2 *Bs, int tid) {
-    if (Q.stage == 2) {
-        if (tid == 0) {
-            const unsigned *c = (const unsigned *)(q.done1 + Q.job), need = (unsigned)q.a1.ipj;
-            if (sm_ld_acquire_gpu_u32(c) < need) {
+__device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qargs &q, const moe_jobt &jt, uint2 *dst, int tid) {
+    if (F != MOE_F_MX8 || !Q.bpre) {
+        if (Q.stage == 2) {
+            if (tid == 0 && !moe_q_ready1(q, Q.job)) {
                 const uint64_t t0 = sm_now_ns();
-                while (sm_ld_acquire_gpu_u32(c) < need) {
+                while (!moe_q_ready1(q, Q.job)) {
                     __nanosleep(128);
                     if (sm_now_ns() - t0 > MOE_Q_WAIT_NS) {
                         /* (no message with MOE_F_MX8: a call anywhere in the kernel makes ptxas
@@ -260,15 +337,18 @@ __device__ __forceinline__ void moe_q_restage(const moe_qstate &Q, const moe_qar
                     }
                 }
             }
+            __syncthreads();
         }
-        __syncthreads();
+        if (!moe_q_b_copy<F>(q, Q.stage, jt, Q.job, dst, tid)) {
+            const int st = Q.stage, total = (st == 1 ? q.a1.Kp : q.a2.Kp) / 16 * jt.cnt;
+            for (int u0 = tid; u0 < total; u0 += MOE_Q_NB * MOE_THREADS) {
+                moe_qbe E;
+                moe_q_b_fetch<F>(q, st, jt, u0, E);
+                moe_q_b_put<F>(q, st, jt, u0, E, dst);
+            }
+        }
     }
-    const int st = Q.stage, total = (st == 1 ? q.a1.Kp : q.a2.Kp) / 16 * jt.cnt;
-    for (int u0 = tid; u0 < total; u0 += MOE_Q_NB * MOE_THREADS) {
-        moe_qbe E;
-        moe_q_b_fetch<F>(q, st, jt, u0, E);
-        moe_q_b_put<F>(q, st, jt, u0, E, Bs);
-    }
+    if (F == MOE_F_MX8) sm_cp_async_wait<0>();
     moe_b_fence<F>();
     __syncthreads();
 }
@@ -296,7 +376,9 @@ __device__ __forceinline__ void moe_q_unit_end(moe_qstate &Q, const moe_qargs &q
     const int p = Q.itile * MOE_WARPS + warp;
     __shared__ __nv_bfloat162 amx[MOE_WARPS * MOE_CH / 2]; /* W4A4: the warps' act amax (moe_epilogue_at) */
     const sm_team tm = sm_team_block();
-    if (Q.stage == 1) moe_epilogue_at<1, 0>(q.a1, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[0], lane, Q.acc, amx, &tm);
+    if (Q.stage == 1)
+        moe_epilogue_at<1, 0>(q.a1, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[0], lane, Q.acc, amx, &tm,
+                              F == MOE_F_MX8 ? q.act8 + (size_t)Q.job * moe_x8_bbytes(q.a2.Kp) : NULL);
     else moe_epilogue_at<2, Y32>(q.a2, p, cs->jt.s0, cs->jt.cnt, cs->jt.mul[1], lane, Q.acc);
 #pragma unroll
     for (int X = 0; X < 2; X++) Q.acc[X][0] = Q.acc[X][1] = Q.acc[X][2] = Q.acc[X][3] = 0.0f;
@@ -318,7 +400,11 @@ __device__ __forceinline__ void moe_q_unit_end(moe_qstate &Q, const moe_qargs &q
     Q.u = u;
     moe_q_decode(q, P.n1, u, Q.stage, Q.job, Q.itile);
     Q.ns = Q.stage == 1 ? q.a1.nsteps : q.a2.nsteps;
-    if (Q.stage != ost || Q.job != ojob) moe_q_restage<F>(Q, q, sl->jt, Bs, tid);
+    if (Q.stage != ost || Q.job != ojob) {
+        if (F == MOE_F_MX8) Q.bcur ^= 1;
+        moe_q_restage<F>(Q, q, sl->jt, moe_q_bbuf<F>(q, Bs, Q.bcur), tid);
+        Q.bpre = 0;
+    }
     moe_q_points(Q, P.A);
     moe_q_prof_begin(Q, q, tid);
 }
@@ -326,15 +412,15 @@ __device__ __forceinline__ void moe_q_unit_end(moe_qstate &Q, const moe_qargs &q
 template <int F, int Y32>
 __device__ __forceinline__ void moe_q_step(moe_qstate &Q, const moe_buf &cur, moe_buf &n2, const moe_qargs &q, uint2 *Bs,
                                            moe_qslot *ring, const moe_qplan &P, int warp, int lane, int tid) {
-    if (tid == 0) moe_q_prep(Q, q, ring, P);
-    moe_q_load<F>(Q, n2, q, ring, P.n1, warp, lane);
-    moe_compute<F>(cur, Q.S, Bs, lane, Q.acc);
+    if (tid == 0) moe_q_prep<F>(Q, q, ring, P);
+    moe_q_load<F>(Q, n2, q, ring, P, Bs, warp, lane, tid);
+    moe_compute<F>(cur, Q.S, moe_q_bbuf<F>(q, Bs, Q.bcur), lane, Q.acc);
     if (++Q.S == Q.ns) moe_q_unit_end<F, Y32>(Q, q, Bs, ring, P, warp, lane, tid);
 }
 
 /* Run the expert matmul of a call (both stages) as one block of the queue schedule: the whole
- * block (MOE_THREADS threads) calls it; Bs: max(moe_mm_smem(a1), moe_mm_smem(a2)) bytes of
- * shared memory, ring: MOE_Q_RING slots.  Needs the grouping complete (njobs, jobs, slots, job
+ * block (MOE_THREADS threads) calls it; Bs: moe_q_smem(q) bytes of shared memory, ring:
+ * MOE_Q_RING slots.  Needs the grouping complete (njobs, jobs, slots, job
  * table, zeroed counters); h1 written by an earlier launch.  Y32: as moe_mm_block's. */
 template <int F, int Y32>
 __device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_qslot *ring, int nb) {
@@ -348,7 +434,7 @@ __device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_q
         for (int m = 0; m < P.A; m++) { /* the first A units, claimed and published at once */
             Q.P1 = Q.P2 = Q.P3 = 0;
             Q.cm = m - P.A;
-            moe_q_prep(Q, q, ring, P);
+            moe_q_prep<F>(Q, q, ring, P);
         }
         Q.cm = 0;
     }
@@ -365,10 +451,11 @@ __device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_q
     for (int X = 0; X < 2; X++) Q.acc[X][0] = Q.acc[X][1] = Q.acc[X][2] = Q.acc[X][3] = 0.0f;
     Q.lm = -1; Q.LS = 0; Q.lns = 0; Q.live = 1;
     Q.lc.w = q.a1.blob; Q.lc.fs = (const float *)q.a1.blob;
+    Q.bcur = 0; Q.bpre = 0;
     moe_buf X, Y, Z;
-    moe_q_load<F>(Q, X, q, ring, P.n1, warp, lane);
-    moe_q_load<F>(Q, Y, q, ring, P.n1, warp, lane);
-    moe_q_restage<F>(Q, q, s0->jt, Bs, tid);
+    moe_q_load<F>(Q, X, q, ring, P, Bs, warp, lane, tid);
+    moe_q_load<F>(Q, Y, q, ring, P, Bs, warp, lane, tid);
+    moe_q_restage<F>(Q, q, s0->jt, moe_q_bbuf<F>(q, Bs, 0), tid);
     moe_q_points(Q, P.A);
     moe_q_prof_begin(Q, q, tid);
     /* three register buffers in rotation: a step computes one while the next two are in flight */
@@ -386,5 +473,7 @@ __device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_q
 /* ---- host side (mm.cu) ---- */
 /* The queue schedule's arguments for layer L, input h1, workspace ws (y32: as moe_mm_launch). */
 moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32);
+/* Dynamic shared memory of a queue block: the B buffers (two for MOE_F_MX8, q.act8). */
+size_t moe_q_smem(const moe_qargs &q);
 
 #endif

@@ -203,6 +203,9 @@ static int mono_plan_layer(mono_rank *M, int nb, int l, mono_desc *d, sm_err *e)
     d->ga = moe_group_make(&L->moe, d->idx, nb, v->mws);
     if (W > 1 && !tp) d->ga.e0 = cf->E / W * v->rank;
     d->mq = moe_q_make(&L->moe, v->h1, v->mws, NULL);
+    sm_cuda_moe_h1_img(&L->moe, v->mws, &d->h1img.codes, &d->h1img.fac, &d->h1img.kp);
+    if (d->fmt == MOE_F_MX8 && !d->h1img.codes) /* the expert phase copies the image the norm writes */
+        return sm_errf(e, "monokernel layer %d: W4A4 on the FP8 tensor cores needs a workspace whose h1 comes rounded (h1_mx)", l);
     d->ca = moe_combine_make(&L->moe, d->w, nb, v->mo, v->mws);
     if (W > 1 && !tp) d->ca.m_f32 = (float *)x0; /* the rank's partial m, summed by XSUM_M into mo */
     if (tp) {

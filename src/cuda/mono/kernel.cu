@@ -313,7 +313,7 @@ __device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, flo
             mono_xgather(d.xc, 1, row, d.xc.np, d.h1, d.Hm, t);
             sm_team_sync(t);
         }
-        sm_norm_rms_bf16_row(d.h1, d.Hm, d.pre_expert, d.eps, d.h1, (size_t)row, red[k], t, d.h1_mx);
+        sm_norm_rms_bf16_row(d.h1, d.Hm, d.pre_expert, d.eps, d.h1, (size_t)row, red[k], t, d.h1_mx, d.h1img);
     }
 }
 
@@ -541,10 +541,7 @@ int mono_launch(int N, const mono_prog &P, int grid, size_t smem, cudaStream_t s
     }
 }
 
-size_t mono_moe_smem(const mono_moe &P) {
-    const size_t a = moe_mm_smem(P.q[0].a1), b = moe_mm_smem(P.q[0].a2);
-    return a > b ? a : b;
-}
+size_t mono_moe_smem(const mono_moe &P) { return moe_q_smem(P.q[0]); }
 
 /* The expert kernel of format F for the program's ranks and stage-2 output. */
 template <int F>

@@ -164,6 +164,7 @@ typedef struct mono_desc {
     uint16_t *h1;               /* [n, Hm] */
     const float *pre_expert;
     int h1_mx;                  /* W4A4: the norm rounds h1 to MXFP4 (the experts take it as is) */
+    sm_x8_img h1img;            /* W4A4 on the FP8 tensor cores: the norm writes h1's image too */
     int fmt;                    /* sm_expert_fmt of the layer's experts */
     moe_group_args ga;
     moe_qargs mq;               /* the expert matmul (both stages, the queue schedule) */

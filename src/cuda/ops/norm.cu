@@ -33,9 +33,10 @@ __global__ void post_ffn_kernel(float *__restrict__ s, const uint16_t *__restric
     sm_norm_post_ffn_row<1>(s, f, pf, alpha, beta, wn, last, H, post_eps, eps, x, blockIdx.x, red, sm_team_block());
 }
 
-__global__ void rms_bf16_kernel(const uint16_t *x, int d, const float *__restrict__ w, float eps, uint16_t *y, int mx) {
+__global__ void rms_bf16_kernel(const uint16_t *x, int d, const float *__restrict__ w, float eps, uint16_t *y, int mx,
+                                const sm_x8_img img) {
     __shared__ float red[32];
-    sm_norm_rms_bf16_row<1>(x, d, w, eps, y, blockIdx.x, red, sm_team_block(), mx);
+    sm_norm_rms_bf16_row<1>(x, d, w, eps, y, blockIdx.x, red, sm_team_block(), mx, img);
 }
 
 /* ---- launchers and checked entries ---- */
@@ -91,14 +92,18 @@ int sm_k_post_ffn(float *s, const uint16_t *f, const float *post_ffn, const floa
     return 0;
 }
 
-int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, uint16_t *y, int mx, cudaStream_t st, sm_err *e) {
+int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, uint16_t *y, int mx, uint8_t *img_codes,
+                  float *img_fac, int img_kp, cudaStream_t st, sm_err *e) {
     if (rows_check("sm_k_rms_bf16", n, d, e)) return -1;
     if (!x || !y) return sm_errf(e, "sm_k_rms_bf16: NULL x or y");
     if (mx && d % SM_MX_BLOCK) return sm_errf(e, "sm_k_rms_bf16: MXFP4 rows of %d values (not whole 32-blocks)", d);
+    const sm_x8_img im = img_codes ? sm_x8_img{img_codes, img_fac, img_kp} : sm_x8_img{NULL, NULL, 0};
+    if (im.codes && (!mx || !im.fac || im.kp < d || im.kp % SM_MX_BLOCK))
+        return sm_errf(e, "sm_k_rms_bf16: an e4m3 image needs mx, factors and kp >= d (%d) in whole 32-blocks (kp %d)", d, im.kp);
     const void *pp[] = {x, w, y};
     if (aligned_check("sm_k_rms_bf16", d, pp, 3, e)) return -1;
     if (n == 0) return 0;
-    rms_bf16_kernel<<<n, sm_norm_threads(d), 0, st>>>(x, d, w, eps, y, mx);
+    rms_bf16_kernel<<<n, sm_norm_threads(d), 0, st>>>(x, d, w, eps, y, mx, im);
     SM_LAUNCH_CHECK("rms_bf16_kernel");
     return 0;
 }

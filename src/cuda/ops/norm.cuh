@@ -315,35 +315,33 @@ __device__ __forceinline__ void sm_norm_post_ffn_row(float *__restrict__ s, cons
 /* y[row] = r16(x[row] * rsqrt(mean x^2 + eps) [* w]) for bf16 rows of d; y may alias x (each
  * element is read and written by the same thread); w NULL: no weight.  mx (W4A4's h1,
  * docs/model.md section 6; d % 32 == 0): the bf16 values then rounded to MXFP4 per 32 (a
- * block is the 8-value chunks of 4 consecutive lanes, all in or all past the row together). */
-/* One chunk of the row norm's output: yc = r16(v * r [* w]), then (mx) rounded to MXFP4. */
+ * block is the 8-value chunks of 4 consecutive lanes, all in or all past the row together);
+ * img.codes non-NULL (mx only): the row's e4m3 image for the expert stage too (sm_x8_img). */
+/* One chunk (k0..k0 + 7) of the row norm's output: yc = r16(v * r [* w]), then (mx) rounded
+ * to MXFP4, and (ic: the row's image codes, ifac its factors) its e4m3 image written. */
 __device__ __forceinline__ void sm_norm_rms_chunk_out(float (&v)[8], float r, const float *__restrict__ w, const float (&wv)[8],
-                                                      int mx, uint16_t *yc) {
+                                                      int mx, uint16_t *yc, uint8_t *ic, float *ifac, int k0) {
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         v[j] = __fmul_rn(v[j], r);
         if (w) v[j] = __fmul_rn(v[j], wv[j]);
     }
-    if (mx) {
-        /* Q(r16(v)): the block's amax over the 4 lanes, its scale byte, each value rounded */
-        float m = 0.0f;
+    if (mx) { /* Q(r16(v)) */
 #pragma unroll
-        for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(v[j] = sm_r16d(v[j])));
-        const unsigned mask = 0xFu << ((threadIdx.x & 31) & ~3u);
-        m = fmaxf(m, __shfl_xor_sync(mask, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(mask, m, 2));
-        const uint8_t b = sm_mx_scale_byte(m);
-#pragma unroll
-        for (int j = 0; j < 8; j++) v[j] = sm_mx_round_value(v[j], b);
+        for (int j = 0; j < 8; j++) v[j] = sm_r16d(v[j]);
+        sm_mx_round8(v, ic, ifac, k0);
     }
     sm_st8_bf(yc, v);
 }
 
 template <int ONE = 0>
 __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, const float *__restrict__ w, float eps,
-                                                     uint16_t *y, size_t row, float *red, const sm_team &t, int mx = 0) {
+                                                     uint16_t *y, size_t row, float *red, const sm_team &t, int mx = 0,
+                                                     sm_x8_img img = sm_x8_img{NULL, NULL, 0}) {
     const uint16_t *xr = x + row * d;
     uint16_t *yr = y + row * d;
+    uint8_t *ic = img.codes ? img.codes + row * img.kp : NULL;
+    float *ifac = img.codes ? img.fac + row * (img.kp / 32) : NULL;
     if (ONE && sm_norm_regs_fit(d, t.nt)) { /* the one-read form */
         uint4 xu[SM_NORM_RC];
         float wv[SM_NORM_RC][8];
@@ -355,7 +353,7 @@ __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, c
         SM_NORM_RCHUNKS(q, c, d, t) {
             float v[8];
             sm_unpack8_bf(xu[q], v);
-            sm_norm_rms_chunk_out(v, r, w, wv[q], mx, yr + 8 * c);
+            sm_norm_rms_chunk_out(v, r, w, wv[q], mx, yr + 8 * c, ic, ifac, 8 * c);
         }
         return;
     }
@@ -365,7 +363,7 @@ __device__ __forceinline__ void sm_norm_rms_bf16_row(const uint16_t *x, int d, c
         float v[8], wv[8];
         sm_ld8_bf(xr + 8 * c, v);
         if (w) sm_ld8_f(w + 8 * c, wv);
-        sm_norm_rms_chunk_out(v, r, w, wv, mx, yr + 8 * c);
+        sm_norm_rms_chunk_out(v, r, w, wv, mx, yr + 8 * c, ic, ifac, 8 * c);
     }
     SM_NORM_TAIL(i, d, t) {
         const float v = __fmul_rn(sm_bf(xr[i]), r);

@@ -98,9 +98,11 @@ int sm_k_post_ffn(float *s, const uint16_t *f, const float *post_ffn, const floa
                   float eps, uint16_t *x, cudaStream_t st, sm_err *e);
 /* y = r16(rms(x, w, eps)) per row; x, y bf16 [n, d] (y == x allowed); w f32 [d] or NULL.
  * Used for the pre-expert norm after the pooler matmul.  mx 1 (W4A4's h1, docs/model.md
- * section 6; d % 32 == 0): y then rounded to MXFP4 per 32 values of a row. */
+ * section 6; d % 32 == 0): y then rounded to MXFP4 per 32 values of a row; img_codes non-NULL
+ * (mx only): y's e4m3 image for the expert stage written too (common.cuh sm_x8_img: codes
+ * [n, img_kp], factors img_fac [n, img_kp / 32]). */
 int sm_k_rms_bf16(const uint16_t *x, int n, int d, const float *w, float eps, uint16_t *y, int mx,
-                  cudaStream_t st, sm_err *e);
+                  uint8_t *img_codes, float *img_fac, int img_kp, cudaStream_t st, sm_err *e);
 
 /* ---- matmuls (ops/matmul.cu) ---- */
 /* y [n, m] = r16(x [n, k] @ W [m, k]^T), bf16 in, f32 accumulation, bf16 out.  n <= 128: the

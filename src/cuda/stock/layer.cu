@@ -151,9 +151,12 @@ static int st_layer_rest(st_exec *S, const sm_exec_run *r, int l, uint16_t *q, s
             return sm_errprefix(e, "cuda step: rank %d layer %d pooler", v->rank, l);
     } else if (sm_k_mm(kc, v->xf, n, H, L->pooler, cf->Hm, v->h1, st, e))
         return sm_errprefix(e, "cuda step: layer %d pooler", l);
-    /* W4A4: h1 rounded to MXFP4 here, once a row (mws->h1_mx: the experts take it as is) */
+    /* W4A4: h1 rounded to MXFP4 here, once a row (mws->h1_mx: the experts take it as is), and
+     * on the FP8 tensor cores its e4m3 image written for the expert stage */
     if (st_mark(S, l, SM_LP_POOLER, 1, e) || st_mark(S, l, SM_LP_PRE_NORM, 0, e)) return -1;
-    if (sm_k_rms_bf16(v->h1, n, cf->Hm, L->pre_expert_norm, cf->rms_eps, v->h1, L->moe.act_mx, st, e))
+    uint8_t *ic; float *ifac; int ikp;
+    sm_cuda_moe_h1_img(&L->moe, v->mws, &ic, &ifac, &ikp);
+    if (sm_k_rms_bf16(v->h1, n, cf->Hm, L->pre_expert_norm, cf->rms_eps, v->h1, L->moe.act_mx, ic, ifac, ikp, st, e))
         return sm_errprefix(e, "cuda step: layer %d pre-expert norm", l);
     /* m = r16(sum_k w_k yn_k) over the routed experts */
     if (st_mark(S, l, SM_LP_PRE_NORM, 1, e) || st_mark(S, l, SM_LP_EXPERTS, 0, e)) return -1;
