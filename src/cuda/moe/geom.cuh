@@ -34,6 +34,8 @@ SM_HD int moe_is_mx(int f) { return f == SM_EXP_MXFP4 || f == MOE_F_MX8; }
  * B over a contraction of Kp moe_x8_bbytes(Kp). */
 #define MOE_X8_BLK 288
 SM_HD size_t moe_x8_bbytes(int Kp) { return (size_t)(Kp / 32) * MOE_X8_BLK; }
+/* One of the queue schedule's two B buffers (MOE_F_MX8): the larger of the two stages' B. */
+SM_HD size_t moe_x8_bbuf(int Kp1, int Kp2) { return moe_x8_bbytes(Kp1 > Kp2 ? Kp1 : Kp2); }
 
 SM_HD int moe_rup(int x, int a) { return (x + a - 1) / a * a; }
 SM_HD size_t moe_rupz(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -108,8 +110,9 @@ typedef struct moe_wsl {
     size_t rs;                /* f32 [R]: the post-expert norm scale of route r (the combine) */
     size_t act8;              /* MOE_F_MX8: [maxjobs] stage 2's B of each job (act as e4m3 codes,
                                  moe_x8_bbytes(Kp2) bytes a job), written by stage 1's epilogue */
-    size_t h1c, h1f;          /* MOE_F_MX8 with h1 rounded by its producer: h1's image, per row
-                                 e4m3 codes u8 [Kp1] and factors f32 [Kp1 / 32] (dequant.cuh) */
+    size_t h1c, h1f;          /* MOE_F_MX8: h1's image (written by its producer or the grouping
+                                 launch), per row e4m3 codes u8 [Kp1] and factors f32 [Kp1 / 32]
+                                 (common.cuh sm_x8_img) */
     int kp1;                  /* Kp1: the image's codes per row */
     size_t total;             /* bytes of the workspace */
     int maxjobs;              /* upper bound of jobs for R = max_rows * K routes */

@@ -144,7 +144,7 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
     }
 }
 
-/* h1's e4m3 image for the queue schedule (MOE_F_MX8, ops.h sm_x8_img) from rows x [n, kin]
+/* h1's e4m3 image for the queue schedule (MOE_F_MX8, common.cuh sm_x8_img) from rows x [n, kin]
  * (kin % 32 == 0), each value rounded to MXFP4 first (idempotent): block b of nb blocks of NT
  * threads, a thread an 8-value chunk, the 4 chunks of a 32-block in consecutive lanes. */
 template <int NT>

@@ -74,6 +74,13 @@ moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     return a;
 }
 
+/* Where h1's e4m3 image lives in ws (MOE_F_MX8: written by h1's producer or the grouping launch). */
+static sm_x8_img moe_h1_img_at(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws) {
+    const moe_wsl W = moe_ws_layout(L->E, L->K, L->Hm, L->I, ws->max_rows);
+    uint8_t *wb = (uint8_t *)ws->buf;
+    return sm_x8_img{wb + W.h1c, (float *)(wb + W.h1f), W.kp1};
+}
+
 moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32) {
     const moe_wsl W = moe_ws_layout(L->E, L->K, L->Hm, L->I, ws->max_rows);
     uint8_t *wb = (uint8_t *)ws->buf;
@@ -89,23 +96,22 @@ moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     q.h1i = sm_x8_img{NULL, NULL, 0};
     if (sm_cuda_moe_kfmt(L) == MOE_F_MX8) {
         q.act8 = wb + W.act8;
-        q.h1i = sm_x8_img{wb + W.h1c, (float *)(wb + W.h1f), W.kp1};
+        q.h1i = moe_h1_img_at(L, ws);
     }
     return q;
 }
 
 size_t moe_q_smem(const moe_qargs &q) {
     const size_t s1 = moe_mm_smem(q.a1), s2 = moe_mm_smem(q.a2);
-    if (q.act8) return 2 * moe_x8_bbytes(q.a1.Kp > q.a2.Kp ? q.a1.Kp : q.a2.Kp);
+    if (q.act8) return 2 * moe_x8_bbuf(q.a1.Kp, q.a2.Kp);
     return s1 > s2 ? s1 : s2;
 }
 
 extern "C" int sm_cuda_moe_h1_img(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws, uint8_t **codes, float **fac, int *kp) {
     *codes = NULL; *fac = NULL; *kp = 0;
     if (!L || !ws || !ws->buf || !ws->h1_mx || sm_cuda_moe_kfmt(L) != MOE_F_MX8) return 0;
-    const moe_wsl W = moe_ws_layout(L->E, L->K, L->Hm, L->I, ws->max_rows);
-    uint8_t *wb = (uint8_t *)ws->buf;
-    *codes = wb + W.h1c; *fac = (float *)(wb + W.h1f); *kp = W.kp1;
+    const sm_x8_img im = moe_h1_img_at(L, ws);
+    *codes = im.codes; *fac = im.fac; *kp = im.kp;
     return 1;
 }
 
@@ -140,7 +146,7 @@ int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
     /* the queue schedule: attributes only (its blocks need not all be resident: queue.cuh);
      * MOE_F_MX8 double-buffers its smaller B (moe_q_smem) */
     const size_t sq = s1 > s2 ? s1 : s2;
-    const size_t sx = 2 * moe_x8_bbytes(moe_rup(Hm, MOE_KALIGN) > moe_rup(I, MOE_KALIGN) ? moe_rup(Hm, MOE_KALIGN) : moe_rup(I, MOE_KALIGN));
+    const size_t sx = 2 * moe_x8_bbuf(moe_rup(Hm, MOE_KALIGN), moe_rup(I, MOE_KALIGN));
     if (moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_MXFP4, 0>, sq, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 0>, sx, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 1>, sx, e) ||
@@ -202,9 +208,8 @@ static int moe_experts_run(const char *who, const sm_cuda_moe_layer *L, int e0, 
     ga.e0 = e0;
     if (sm_cuda_moe_kfmt(L) == MOE_F_MX8 && ws->sched == SM_MOE_SCHED_QUEUE && !ws->h1_mx) {
         /* the queue copies h1's image; its producer did not write it: the grouping launch does */
-        const moe_qargs q = moe_q_make(L, h1, ws, NULL);
         ga.h1 = h1;
-        ga.img = q.h1i;
+        ga.img = moe_h1_img_at(L, ws);
     }
     if (moe_group_launch(ga, st, e)) return -1;
     switch (sm_cuda_moe_kfmt(L)) {

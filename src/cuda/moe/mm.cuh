@@ -478,7 +478,8 @@ __device__ __forceinline__ void moe_epilogue_at(const moe_args &a, int p, int s0
             if (img && p < a.tiles) {
                 /* act's e4m3 image (MOE_F_MX8: stage 2's B, img = the job's): this warp's rows
                  * are k 16 (p & 1) + g (+ 8: the next slot) of 32-block p >> 1; the byte of
-                 * the rounded block's amax is the one it was rounded under (dequant.cuh) */
+                 * the rounded block's amax is the one it was rounded under (common.cuh
+                 * sm_mx_round8) */
                 uint8_t *blk = img + (size_t)(p >> 1) * MOE_X8_BLK;
                 const int sl = sm_x8_slot(16 * (p & 1) + g);
                 const uint8_t b0 = sm_mx_scale_byte(__low2float(m)), b1 = sm_mx_scale_byte(__high2float(m));

@@ -169,12 +169,12 @@ __device__ __forceinline__ void moe_q_points(moe_qstate &Q, int A) {
     }
 }
 
-/* Bytes of one B buffer: MOE_F_MX8 keeps two (the compute cursor's unit's and the next one's,
- * copied while the current unit streams); other formats one, staged at the switch. */
+/* B buffer i: MOE_F_MX8 keeps two (the compute cursor's unit's and the next one's, copied
+ * while the current unit streams); other formats one, staged at the switch. */
 template <int F>
 __device__ __forceinline__ uint2 *moe_q_bbuf(const moe_qargs &q, uint2 *Bs, int i) {
     if (F != MOE_F_MX8) return Bs;
-    return (uint2 *)((uint8_t *)Bs + (size_t)i * moe_x8_bbytes(max(q.a1.Kp, q.a2.Kp)));
+    return (uint2 *)((uint8_t *)Bs + (size_t)i * moe_x8_bbuf(q.a1.Kp, q.a2.Kp));
 }
 
 /* MOE_F_MX8: issue this thread's cp.async copies of the B of a unit (stage st, job entry jt,
