@@ -12,12 +12,16 @@
  * layers, so no call finds its experts in L2.  Floor = bytes of the distinct experts the rows
  * touch (weights + scales, read once; the mean over the 8 sets) / read bandwidth; the FLOP
  * floor (6 Hm I per route) is far lower and only enters the summary's max.  The summary takes
- * the graph time of every prefetch-0 case.  Knobs (environment): SM_MOE_BENCH_PREFETCH=P times
- * that prefetch distance; SM_MOE_BENCH_QUICK=1 (or a format name) one MXFP4 (that format's) layer at 8 rows
- * (SM_MOE_BENCH_QUICK_ROWS=N: N rows), 4 timed calls
+ * the graph time of every case with the workspace's default L2 prefetch (column pf: the
+ * distance the call ran with).  Knobs (environment): SM_MOE_BENCH_PREFETCH=P times that
+ * prefetch distance at every row count instead; SM_MOE_BENCH_QUICK=1 (or a format name) one
+ * MXFP4 (that format's) layer at 8 rows (SM_MOE_BENCH_QUICK_ROWS=N: N rows), 4 timed calls
  * (for profilers); SM_MOE_BENCH_PROF=1 also one profiled call of the queue schedule per case
- * (mb_prof: where the blocks' time goes).  We rejected the routing of a synthetic router here: uniform routing is the
- * stage's own worst case of distinct experts, and `sparkmono bench` times model routing.
+ * (mb_prof: where the blocks' time goes); SM_MOE_BENCH_GRID=G runs the persistent grid with G
+ * blocks (G = SMs: one block an SM, half the weight bytes in flight: a latency-bound stand-in
+ * for a GPU whose read rate outruns two blocks' loads).  We rejected the routing of a
+ * synthetic router here: uniform routing is the stage's own worst case of distinct experts,
+ * and `sparkmono bench` times model routing.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,11 +183,20 @@ static int mb_ab(bh_run *r, mb_case *c, sm_err *e) {
     return 0;
 }
 
-/* A timed variant: the schedule of the expert matmul and the L2 prefetch distance. */
+/* A timed variant: the schedule of the expert matmul and the L2 prefetch distance (-1: the
+ * workspace's defaults; P >= 0: P at every row count). */
 typedef struct mb_var {
     int sched, pf;
     int aq;                   /* mb_acts: 0 W4A16, 1 W4A4 (FP8 tensor cores), 2 W4A4 (bf16 products) */
 } mb_var;
+
+/* The workspace's L2 prefetch for variant distance pf (defaults pf0, pfr0). */
+static void mb_set_pf(mb_case *c, int pf, int pf0, int pfr0) {
+    c->ws.prefetch = pf < 0 ? pf0 : pf;
+    c->ws.prefetch_rows = pf < 0 ? pfr0 : BH_MAX_ROWS;
+}
+/* The prefetch distance a call of c->n rows runs with. */
+static int mb_pf(const mb_case *c) { return c->ws.prefetch > 0 && c->n <= c->ws.prefetch_rows ? c->ws.prefetch : 0; }
 
 /* One format: its layers, then every (rows, variant) case (the variants of a row count back
  * to back, so they run at the same clocks).  Buffers freed by the caller. */
@@ -195,6 +208,9 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
     for (; c->made < c->nlayers; c->made++)
         if (sm_cuda_moe_synth(&cf, c->made, fmt, r->seed, &c->L[c->made], r->st, e)) return sm_errprefix(e, "synth");
     if (sm_cuda_moe_ws_alloc(&cf, BH_MAX_ROWS, &c->ws, e)) return -1;
+    const int pf0 = c->ws.prefetch, pfr0 = c->ws.prefetch_rows; /* the defaults */
+    const char *gs = getenv("SM_MOE_BENCH_GRID"); /* blocks of the persistent grid (SMs: one an SM, half the bytes in flight) */
+    if (gs && atoi(gs) > 0) c->ws.grid = atoi(gs);
     const int sched0 = c->ws.sched;
     const size_t rk = (size_t)MB_SETS * BH_MAX_ROWS * cf.K;
     SM_CUDA_CHECK(cudaMalloc((void **)&c->h1, (size_t)BH_MAX_ROWS * cf.Hm * 2));
@@ -224,7 +240,7 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
         SM_CUDA_CHECK(cudaMemcpy(c->w, c->hw, rk * sizeof(float), cudaMemcpyHostToDevice));
         for (int vi = 0; vi < nvar; vi++) {
             if (vars[vi].aq && fmt != SM_EXP_MXFP4) continue; /* W4A4 is an MXFP4 mode */
-            c->ws.prefetch = vars[vi].pf;
+            mb_set_pf(c, vars[vi].pf, pf0, pfr0);
             c->ws.sched = vars[vi].sched;
             if (mb_acts(r, c, vars[vi].aq, e)) return -1;
             const char *sname = c->ws.sched == SM_MOE_SCHED_QUEUE ? "queue" : "stages";
@@ -240,11 +256,11 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
             const double bytes = touched * (double)c->L[0].touched_bytes;
             const double floor_ms = bytes / r->bw * 1e3;
             printf("%-6s %-5s %-6s %3d %5d %8.1f %9.1f %10.3f %10.3f %9.2f %9.3f %7.1f%% %8.0f\n", fname, aname, sname,
-                   c->ws.prefetch, c->n,
+                   mb_pf(c), c->n,
                    touched, bytes / 1e6, ms, mg, bytes / (mg * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / mg, mhz);
             fflush(stdout);
             if (c->ws.sched == SM_MOE_SCHED_QUEUE && getenv("SM_MOE_BENCH_PROF") && mb_prof(r, c, bytes, e)) return -1;
-            if (vars[vi].pf == 0) { /* the summary: "moe FMT" = the default schedule, "moe FMT stages" the other;
+            if (vars[vi].pf < 0) { /* the summary: "moe FMT" = the default schedule, "moe FMT stages" the other;
                                        " w4a4f" / " w4a4b": W4A4 on the FP8 tensor cores / with bf16 products */
                 char op[48];
                 const char *an = vars[vi].aq == 1 ? " w4a4f" : vars[vi].aq == 2 ? " w4a4b" : "";
@@ -256,7 +272,7 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
         }
         if (fmt == SM_EXP_MXFP4 && nvar > 1) { /* the two numerics interleaved, the default schedule */
             c->ws.sched = sched0;
-            c->ws.prefetch = vars[0].pf;
+            mb_set_pf(c, vars[0].pf, pf0, pfr0);
             if (mb_ab(r, c, e)) return sm_errprefix(e, "%s n=%d interleaved", fname, c->n);
         }
     }
@@ -359,9 +375,9 @@ int bench_moe(bh_run *r, sm_err *e) {
            r->iters, BH_WARM, MB_SETS);
     /* each schedule W4A16, W4A4 and W4A4 with bf16 products back to back (the MXFP4 layers;
      * other formats skip W4A4) */
-    mb_var vars[6] = {{SM_MOE_SCHED_QUEUE, 0, 0},  {SM_MOE_SCHED_QUEUE, 0, 1},  {SM_MOE_SCHED_QUEUE, 0, 2},
-                      {SM_MOE_SCHED_STAGES, 0, 0}, {SM_MOE_SCHED_STAGES, 0, 1}, {SM_MOE_SCHED_STAGES, 0, 2}};
-    const char *vs = getenv("SM_MOE_BENCH_PREFETCH"); /* one L2 prefetch distance for both schedules */
+    mb_var vars[6] = {{SM_MOE_SCHED_QUEUE, -1, 0},  {SM_MOE_SCHED_QUEUE, -1, 1},  {SM_MOE_SCHED_QUEUE, -1, 2},
+                      {SM_MOE_SCHED_STAGES, -1, 0}, {SM_MOE_SCHED_STAGES, -1, 1}, {SM_MOE_SCHED_STAGES, -1, 2}};
+    const char *vs = getenv("SM_MOE_BENCH_PREFETCH"); /* one L2 prefetch distance for both schedules, every row count */
     if (vs)
         for (int i = 0; i < 6; i++) vars[i].pf = atoi(vs);
     const int nv = 6;

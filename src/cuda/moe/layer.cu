@@ -10,7 +10,14 @@
 #include "cuda/moe/combine.cuh"
 #include <string.h>
 
-#define MOE_PREFETCH_DEFAULT 0 /* k steps of L2 prefetch ahead of the register loads (measured: no gain) */
+/* L2 prefetch of the expert weights of W4A4 on the FP8 tensor cores (the official numerics)
+ * ahead of the register loads (sm_cuda_moe_ws.prefetch): k steps, in calls of at most
+ * MOE_PREFETCH_ROWS rows.  Measured (bench/results.md): where the register buffers' bytes in
+ * flight do not cover the read rate it streams the units up to 12% faster; where they do (an
+ * H100 at 32+ rows, BF16 experts) the extra traffic costs more than it gains.  (The other
+ * formats' kernels are left without it: its per-step check alone made W4A16 1% slower.) */
+#define MOE_PREFETCH_DEFAULT 4
+#define MOE_PREFETCH_ROWS 16
 
 int moe_check_dims(const sm_config *c, int fmt, int shard, sm_err *e) {
     if (fmt != SM_EXP_BF16 && fmt != SM_EXP_FP8 && fmt != SM_EXP_MXFP4) return sm_errf(e, "cuda moe: unknown expert format %d", fmt);
@@ -90,6 +97,7 @@ static int moe_ws_alloc(const sm_config *c, int shard, int max_rows, sm_cuda_moe
     ws->E = c->E; ws->K = c->K; ws->Hm = c->Hm; ws->I = c->I;
     ws->grid = sms * (occ < 2 ? occ : 2);
     ws->prefetch = MOE_PREFETCH_DEFAULT;
+    ws->prefetch_rows = MOE_PREFETCH_ROWS;
     ws->sched = SM_MOE_SCHED_QUEUE;
     return 0;
 }

@@ -43,7 +43,7 @@ __global__ void moe_zero_routes_kernel(const int *__restrict__ route_slot, int n
     }
 }
 
-moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, int stage) {
+moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, int n, const sm_cuda_moe_ws *ws, int stage) {
     const moe_geom G = moe_geometry(L->fmt, L->Hm, L->I);
     const moe_wsl W = moe_ws_layout(L->E, L->K, L->Hm, L->I, ws->max_rows);
     uint8_t *wb = (uint8_t *)ws->buf;
@@ -55,7 +55,7 @@ moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cu
     a.slot_route = (const int *)(wb + W.slot_route);
     a.K = L->K;
     a.sb = G.sb;
-    a.pf = ws->prefetch < 0 ? 0 : ws->prefetch;
+    a.pf = sm_cuda_moe_kfmt(L) == MOE_F_MX8 && ws->prefetch > 0 && n <= ws->prefetch_rows ? ws->prefetch : 0; /* moe.h */
     a.y32 = NULL;
     /* W4A4: h1 rounded as staged unless its producer rounded it; act by stage 1's epilogue */
     const int w4a4 = L->fmt == SM_EXP_MXFP4 && L->act_mx;
@@ -81,12 +81,12 @@ static sm_x8_img moe_h1_img_at(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws 
     return sm_x8_img{wb + W.h1c, (float *)(wb + W.h1f), W.kp1};
 }
 
-moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32) {
+moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, int n, const sm_cuda_moe_ws *ws, float *y32) {
     const moe_wsl W = moe_ws_layout(L->E, L->K, L->Hm, L->I, ws->max_rows);
     uint8_t *wb = (uint8_t *)ws->buf;
     moe_qargs q;
-    q.a1 = moe_mm_make(L, h1, ws, 1);
-    q.a2 = moe_mm_make(L, h1, ws, 2);
+    q.a1 = moe_mm_make(L, h1, n, ws, 1);
+    q.a2 = moe_mm_make(L, h1, n, ws, 2);
     q.a2.y32 = y32;
     q.jobt = (const moe_jobt *)(wb + W.jobt);
     q.done1 = (int *)(wb + W.done1);
@@ -161,19 +161,19 @@ int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
 
 /* Stages 1 and 2 on st, as ws->sched says; y32 NULL: y bf16 per slot in the workspace, else f32 per route. */
 template <int F>
-static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32, cudaStream_t st,
-                         sm_err *e) {
+static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, int n, const sm_cuda_moe_ws *ws, float *y32,
+                         cudaStream_t st, sm_err *e) {
     if (ws->sched == SM_MOE_SCHED_QUEUE) {
-        const moe_qargs q = moe_q_make(L, h1, ws, y32);
+        const moe_qargs q = moe_q_make(L, h1, n, ws, y32);
         const size_t smem = moe_q_smem(q);
         if (y32) SM_CUDA_CHECK(sm_launch_pdl(moe_q_kernel<F, 1>, (unsigned)ws->grid, MOE_THREADS, smem, st, q));
         else SM_CUDA_CHECK(sm_launch_pdl(moe_q_kernel<F, 0>, (unsigned)ws->grid, MOE_THREADS, smem, st, q));
         return 0;
     }
-    const moe_args a1 = moe_mm_make(L, h1, ws, 1);
+    const moe_args a1 = moe_mm_make(L, h1, n, ws, 1);
     moe_mm_kernel<F, 1><<<ws->grid, MOE_THREADS, moe_mm_smem(a1), st>>>(a1);
     SM_LAUNCH_CHECK("moe_mm_kernel (gate_up)");
-    moe_args a2 = moe_mm_make(L, h1, ws, 2);
+    moe_args a2 = moe_mm_make(L, h1, n, ws, 2);
     if (y32) {
         a2.y32 = y32;
         moe_mm_kernel<F, 2, 1><<<ws->grid, MOE_THREADS, moe_mm_smem(a2), st>>>(a2);
@@ -213,10 +213,10 @@ static int moe_experts_run(const char *who, const sm_cuda_moe_layer *L, int e0, 
     }
     if (moe_group_launch(ga, st, e)) return -1;
     switch (sm_cuda_moe_kfmt(L)) {
-    case MOE_F_MX8: return moe_mm_launch<MOE_F_MX8>(L, h1, ws, y32, st, e);
-    case SM_EXP_MXFP4: return moe_mm_launch<SM_EXP_MXFP4>(L, h1, ws, y32, st, e);
-    case SM_EXP_FP8: return moe_mm_launch<SM_EXP_FP8>(L, h1, ws, y32, st, e);
-    case SM_EXP_BF16: return moe_mm_launch<SM_EXP_BF16>(L, h1, ws, y32, st, e);
+    case MOE_F_MX8: return moe_mm_launch<MOE_F_MX8>(L, h1, n, ws, y32, st, e);
+    case SM_EXP_MXFP4: return moe_mm_launch<SM_EXP_MXFP4>(L, h1, n, ws, y32, st, e);
+    case SM_EXP_FP8: return moe_mm_launch<SM_EXP_FP8>(L, h1, n, ws, y32, st, e);
+    case SM_EXP_BF16: return moe_mm_launch<SM_EXP_BF16>(L, h1, n, ws, y32, st, e);
     default: return sm_errf(e, "%s: unknown expert format %d", who, L->fmt);
     }
 }

@@ -13,8 +13,8 @@
  * repacked at upload so that a warp's two tiles form one contiguous stream of 2 KB k-step
  * blocks (plus 128 bytes of MXFP4 scales) in which every lane reads 16 contiguous bytes
  * holding exactly its A fragments for several k16 steps: four 512-byte warp loads per step,
- * two steps in flight in registers (an optional L2 prefetch further ahead, a.pf, measured no
- * gain).  Dequantization in registers: dequant.cuh.
+ * two steps in flight in registers, and an L2 prefetch further ahead (a.pf: moe.h
+ * sm_cuda_moe_ws.prefetch says when).  Dequantization in registers: dequant.cuh.
  * Per 128-k step and warp the MXFP4 k step issues 16 HMMA, 64 HMUL2, ~89 LOP3 and ~68 SHF: the
  * integer ops and the load latency, not the bytes, bound it (bench/moe.md).
  * W4A4 (docs/model.md section 6): the activations are rounded to MXFP4 per 32 values: h1 by
@@ -614,8 +614,9 @@ __device__ __forceinline__ void moe_mm_block(const moe_args &a, unsigned vb, uns
 }
 
 /* ---- host side (mm.cu) ---- */
-/* The arguments of stage `stage` (1, 2) for layer L, input h1 (stage 1) and workspace ws. */
-moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, int stage);
+/* The arguments of stage `stage` (1, 2) for layer L, input h1 (stage 1) of n rows and workspace
+ * ws. */
+moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, int n, const sm_cuda_moe_ws *ws, int stage);
 /* Kernel attributes (shared memory above 48 KB) of the stock kernels of every format and
  * stage for widths Hm, I; *occ lowered to the fewest resident blocks per SM among them. */
 int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e);

@@ -79,9 +79,12 @@ typedef struct sm_cuda_moe_ws {
     int max_rows;
     int E, K, Hm, I;         /* the config the workspace was sized for */
     int grid;                /* persistent CTAs of the matmul stages (SMs x resident blocks) */
-    int prefetch;            /* k steps (of 2 KB per warp) the weights are prefetched into L2
-                                ahead of use, 0 = none (the default: no gain measured);
-                                benchmarks may change it (the results are the same bits) */
+    int prefetch;            /* k steps (of 2 KB per warp) the expert weights of W4A4 layers on
+                                the FP8 tensor cores (sm_cuda_moe_kfmt MOE_F_MX8) are prefetched
+                                into L2 ahead of the register loads, in calls of at most
+                                prefetch_rows rows (0: none); the defaults: layer.cu; benchmarks
+                                may change them (the results are the same bits) */
+    int prefetch_rows;
     int h1_mx;               /* 1: the callers' h1 of W4A4 layers comes rounded to MXFP4 already
                                 (the stock and monokernel pre-expert norms round it), so stage 1
                                 stages it as is, and for layers on the FP8 tensor cores with its

@@ -13,7 +13,8 @@
  * many blocks are resident.
  *
  * The hot loop is mm.cuh's k step (three register buffers, loads two steps ahead, the same
- * dequant and mma, the same k order: the same bits as the stage schedule).  What a unit needs
+ * dequant and mma, the same k order: the same bits as the stage schedule; MOE_F_MX8 adds an
+ * L2 prefetch further ahead, moe_q_pf_step).  What a unit needs
  * of its job (weight offsets, slots, input rows, result factor) is one 64-byte entry of the
  * grouping's job table, copied by thread 0 (cp.async) into a ring of shared-memory slots while
  * the block streams; the warps read only shared memory at a unit switch.  The load cursor
@@ -210,6 +211,21 @@ __device__ __forceinline__ int moe_q_b_copy(const moe_qargs &q, int st, const mo
     return 1;
 }
 
+/* L2 prefetch pf = q.a1.pf k steps ahead of the register loads (0: none), within the load
+ * cursor's unit: after each step's loads the line pf steps on (a lane a 128-byte line of the
+ * pair-step block), and at the crossing into a unit (after its step 0's loads and B copies, so
+ * those do not queue behind it) its steps 2 .. pf at once.  More bytes in flight than the
+ * register buffers hold, for a GPU whose read rate outruns them (bench/results.md).  MOE_F_MX8
+ * only (moe.h sm_cuda_moe_ws.prefetch). */
+template <int F>
+__device__ __forceinline__ void moe_q_pf_step(const moe_qstate &Q, int pf, int sb, int lane) { /* after step LS - 1's loads */
+    if (F == MOE_F_MX8 && pf && lane * 128 < sb && Q.LS - 1 + pf < Q.lns) moe_prefetch_l2(Q.lc.w + (size_t)(pf - 1) * sb + lane * 128);
+}
+__device__ __forceinline__ void moe_q_pf_burst(const moe_qstate &Q, int pf, int sb, int lane) { /* after step 0's loads */
+    if (pf && lane * 128 < sb)
+        for (int j = 2; j <= pf && j < Q.lns; j++) moe_prefetch_l2(Q.lc.w + (size_t)(j - 1) * sb + lane * 128);
+}
+
 /* Issue the loads of the next step of the load cursor (crossing into its next unit first when
  * the current one is loaded).  MOE_F_MX8 (units published one ahead, P.A = 1): at the crossing
  * the next unit's B, when it differs from the compute cursor's (another job or stage) and is
@@ -247,12 +263,14 @@ __device__ __forceinline__ void moe_q_load(moe_qstate &Q, moe_buf &b, const moe_
             Q.LS++;
             if (P.A == 1 && Q.lm == Q.cm + 1 && (st != Q.stage || job != Q.job) && sl->ready)
                 Q.bpre = moe_q_b_copy<F>(q, st, sl->jt, job, moe_q_bbuf<F>(q, Bs, Q.bcur ^ 1), tid);
+            if (Q.lm) moe_q_pf_burst(Q, q.a1.pf, q.a1.sb, lane); /* (not the block's first unit: its B copy follows) */
             return;
         }
     }
     moe_load<F>(b, Q.lc, lane);
     Q.lc.w += q.a1.sb;
     Q.LS++;
+    moe_q_pf_step<F>(Q, q.a1.pf, q.a1.sb, lane);
 }
 
 /* A thread's share of a B restage in flight: MOE_Q_NB entries (k16 step ks, route r) of the
@@ -476,8 +494,9 @@ __device__ __forceinline__ void moe_q_block(const moe_qargs &q, uint2 *Bs, moe_q
 }
 
 /* ---- host side (mm.cu) ---- */
-/* The queue schedule's arguments for layer L, input h1, workspace ws (y32: as moe_mm_launch). */
-moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, const sm_cuda_moe_ws *ws, float *y32);
+/* The queue schedule's arguments for layer L, input h1 of n rows, workspace ws (y32: as
+ * moe_mm_launch). */
+moe_qargs moe_q_make(const sm_cuda_moe_layer *L, const uint16_t *h1, int n, const sm_cuda_moe_ws *ws, float *y32);
 /* Dynamic shared memory of a queue block: the B buffers (two for MOE_F_MX8, q.act8). */
 size_t moe_q_smem(const moe_qargs &q);
 

@@ -202,7 +202,7 @@ static int mono_plan_layer(mono_rank *M, int nb, int l, mono_desc *d, sm_err *e)
     d->fmt = sm_cuda_moe_kfmt(&L->moe); /* the kernel format: W4A4 may run on the FP8 tensor cores */
     d->ga = moe_group_make(&L->moe, d->idx, nb, v->mws);
     if (W > 1 && !tp) d->ga.e0 = cf->E / W * v->rank;
-    d->mq = moe_q_make(&L->moe, v->h1, v->mws, NULL);
+    d->mq = moe_q_make(&L->moe, v->h1, nb, v->mws, NULL);
     sm_cuda_moe_h1_img(&L->moe, v->mws, &d->h1img.codes, &d->h1img.fac, &d->h1img.kp);
     if (d->fmt == MOE_F_MX8 && !d->h1img.codes) /* the expert phase copies the image the norm writes */
         return sm_errf(e, "monokernel layer %d: W4A4 on the FP8 tensor cores needs a workspace whose h1 comes rounded (h1_mx)", l);
@@ -246,7 +246,7 @@ static int mono_init(const sm_exec_view *v, int strict, mono_rank **out, sm_err 
         sm_err e2;
         mono_moe mm;
         memset(&mm, 0, sizeof mm);
-        mm.q[0] = moe_q_make(&v->layers[1].moe, v->h1, v->mws, NULL);
+        mm.q[0] = moe_q_make(&v->layers[1].moe, v->h1, 0, v->mws, NULL); /* (rows: no matter to the occupancy) */
         if (mono_moe_occupancy(mm, &mocc, &e2)) reason_add(why, sizeof why, "occupancy query failed: %s", e2.msg);
         else if (mocc < 1) reason_add(why, sizeof why, "the expert block is not resident");
     }
