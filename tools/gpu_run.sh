@@ -26,6 +26,9 @@
 #                  so old and new are compared on the same machine and bandwidth; when BIN's
 #                  directory holds a gpu_test too, the expert stage's interleaved W4A16 / W4A4
 #                  lines (`gpu_test --bench moe`, `mxfp4 ab`) of both, alternated new, old, old, new
+#   MOE_PF_AB=1    the expert stage's L2 prefetch (moe.h sm_cuda_moe_ws.prefetch) timed three ways,
+#                  alternated at 8 .. 128 rows: the default, none (SM_MOE_BENCH_PREFETCH=0) and
+#                  4 k steps at every row count (=4); `gpu_test --bench moe` quick runs
 #   WORLDS         tensor + expert parallel benches on virtual ranks of this one GPU, "W:moe" words
 #                  (default "2:ep 4:ep 8:ep 2:tp"; "" skips them), rows WORLD_ROWS (default 8,32),
 #                  stock and monokernel with a traced monokernel step (the exchange waits),
@@ -120,6 +123,17 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
             echo "-- $g" >>"$OUT/moe_ab.log"
             "$g" --bench moe 2>&1 | grep ' ab ' >>"$OUT/moe_ab.log" || status=1
         done
+    fi
+    if [ "${MOE_PF_AB:-0}" = 1 ]; then
+        echo "== expert stage, L2 prefetch default / none / 4 at every row count (log: $OUT/moe_pf_ab.log)"
+        for rows in 8 16 32 64 128; do
+            for pf in default 0 4 4 0 default; do
+                if [ "$pf" = default ]; then pfe=; else pfe="SM_MOE_BENCH_PREFETCH=$pf"; fi
+                echo "-- rows $rows prefetch $pf"
+                env $pfe SM_MOE_BENCH_QUICK=1 SM_MOE_BENCH_QUICK_ROWS=$rows SM_MOE_BENCH_QUICK_ITERS=20 SM_BENCH_SEED=7 \
+                    ./build/gpu_test --bench moe 2>&1 | grep -E ' queue ' || status=1
+            done
+        done >"$OUT/moe_pf_ab.log" 2>&1
     fi
     # structured outputs on the host: compile and token-mask costs at Muse Spark's vocabulary size
     echo "== sparkmono constrain --bench (log: $OUT/constrain.log)"
