@@ -195,8 +195,6 @@ static void mb_set_pf(mb_case *c, int pf, int pf0, int pfr0) {
     c->ws.prefetch = pf < 0 ? pf0 : pf;
     c->ws.prefetch_rows = pf < 0 ? pfr0 : BH_MAX_ROWS;
 }
-/* The prefetch distance a call of c->n rows runs with. */
-static int mb_pf(const mb_case *c) { return c->ws.prefetch > 0 && c->n <= c->ws.prefetch_rows ? c->ws.prefetch : 0; }
 
 /* One format: its layers, then every (rows, variant) case (the variants of a row count back
  * to back, so they run at the same clocks).  Buffers freed by the caller. */
@@ -256,7 +254,7 @@ static int mb_format(bh_run *r, mb_case *c, int fmt, int E, const int *rows, int
             const double bytes = touched * (double)c->L[0].touched_bytes;
             const double floor_ms = bytes / r->bw * 1e3;
             printf("%-6s %-5s %-6s %3d %5d %8.1f %9.1f %10.3f %10.3f %9.2f %9.3f %7.1f%% %8.0f\n", fname, aname, sname,
-                   mb_pf(c), c->n,
+                   sm_cuda_moe_prefetch(&c->L[0], &c->ws, c->n), c->n,
                    touched, bytes / 1e6, ms, mg, bytes / (mg * 1e-3) / 1e12, floor_ms, 100.0 * floor_ms / mg, mhz);
             fflush(stdout);
             if (c->ws.sched == SM_MOE_SCHED_QUEUE && getenv("SM_MOE_BENCH_PROF") && mb_prof(r, c, bytes, e)) return -1;

@@ -55,7 +55,7 @@ moe_args moe_mm_make(const sm_cuda_moe_layer *L, const uint16_t *h1, int n, cons
     a.slot_route = (const int *)(wb + W.slot_route);
     a.K = L->K;
     a.sb = G.sb;
-    a.pf = sm_cuda_moe_kfmt(L) == MOE_F_MX8 && ws->prefetch > 0 && n <= ws->prefetch_rows ? ws->prefetch : 0; /* moe.h */
+    a.pf = sm_cuda_moe_prefetch(L, ws, n);
     a.y32 = NULL;
     /* W4A4: h1 rounded as staged unless its producer rounded it; act by stage 1's epilogue */
     const int w4a4 = L->fmt == SM_EXP_MXFP4 && L->act_mx;
@@ -186,6 +186,10 @@ static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, int n, 
 
 extern "C" int sm_cuda_moe_kfmt(const sm_cuda_moe_layer *L) {
     return L->fmt == SM_EXP_MXFP4 && L->act_mx && L->x8 ? MOE_F_MX8 : L->fmt;
+}
+
+extern "C" int sm_cuda_moe_prefetch(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws, int n) {
+    return sm_cuda_moe_kfmt(L) == MOE_F_MX8 && ws->prefetch > 0 && n <= ws->prefetch_rows ? ws->prefetch : 0;
 }
 
 /* The checks every forward entry makes (who: the entry's name in messages); 1 when n == 0

@@ -143,6 +143,9 @@ int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t
 /* The kernel format a forward runs for L: moe/geom.cuh's MOE_F_MX8 for W4A4 on the FP8 tensor
  * cores, else L->fmt. */
 int sm_cuda_moe_kfmt(const sm_cuda_moe_layer *L);
+/* The L2 prefetch distance (k steps) a forward of n rows of L runs with under ws (ws->prefetch,
+ * prefetch_rows): 0 but for MOE_F_MX8. */
+int sm_cuda_moe_prefetch(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws, int n);
 /* Where the pre-expert norm of layer L writes h1's e4m3 image for the expert stage (in ws;
  * common.cuh sm_x8_img, sm_k_rms_bf16's img_*): 1 and *codes, *fac, *kp set when L runs
  * MOE_F_MX8 and ws->h1_mx says its callers round h1 (they must then write this image of the
