@@ -490,13 +490,13 @@ int tm_mono_guards(void) {
     printf("  mono on, 2 layers: %s\n", msg);
     /* ... and stock steps with auto */
     GH_CHECK(tm_mono_run(SM_MONO_AUTO, 2, msg, sizeof msg, NULL) == 0 && !msg[0], "mono auto, 2 layers: '%s'", msg);
-    /* 2. the bounded grid barrier: block 1 stops arriving after layer 1's router phase; the
+    /* 2. the bounded grid barrier: block 1 stops arriving before layer 1's pooler phase; the
      * step fails naming layer and phase within the bound, no hang; the next engine runs */
-    setenv("SPARKMONO_MONO_FAULT", "1:4", 1);
+    setenv("SPARKMONO_MONO_FAULT", "1:6", 1);
     setenv("SPARKMONO_MONO_BOUND_MS", "200", 1);
-    GH_CHECK(tm_mono_run(SM_MONO_ON, 0, msg, sizeof msg, &secs) == 0 && strstr(msg, "layer 1") && strstr(msg, "router"),
-             "fault injection: expected an error naming layer 1 and the router phase, got '%s'", msg);
-    printf("  fault at layer 1, router: '%s' after %.2f s\n", msg, secs);
+    GH_CHECK(tm_mono_run(SM_MONO_ON, 0, msg, sizeof msg, &secs) == 0 && strstr(msg, "layer 1") && strstr(msg, "pooler"),
+             "fault injection: expected an error naming layer 1 and the pooler phase, got '%s'", msg);
+    printf("  fault at layer 1, pooler: '%s' after %.2f s\n", msg, secs);
     GH_CHECK(secs < 5.0, "fault injection: the failed step took %.2f s (bound 0.2 s)", secs);
     unsetenv("SPARKMONO_MONO_FAULT");
     unsetenv("SPARKMONO_MONO_BOUND_MS");

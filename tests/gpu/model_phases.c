@@ -23,7 +23,7 @@
 /* The layer phases the stock layers run, and the monokernel's (by their names: the hook's). */
 static const char *const tp_stock[] = {"qkvg", "rope_kv", "attention", "o_proj", "post_attn", "router",
                                        "pooler", "pre_norm", "experts", "unpooler", "post_ffn"};
-static const char *const tp_mono[] = {"qkvg", "rope_kv", "o_proj", "post_attn", "router", "pooler",
+static const char *const tp_mono[] = {"qkvg", "rope_kv", "o_proj", "post_attn", "pooler",
                                       "pre_norm", "experts", "combine", "unpooler", "post_ffn"};
 #define TP_NSTOCK (int)(sizeof tp_stock / sizeof tp_stock[0])
 #define TP_NMONO (int)(sizeof tp_mono / sizeof tp_mono[0])

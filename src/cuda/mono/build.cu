@@ -621,12 +621,13 @@ static void mono_trace_fmt(void *ctx, sm_exec_trace *t) {
     t->floor[MP_QKVG] = (double)NQ * H * 2 * share;
     for (int p = MP_MM1; p <= MP_MM2; p++) t->pair[p] = 1; /* the expert blocks: two an SM */
     for (int p = MP_XW0; p <= MP_XW3; p++) t->wait[p] = 1;
-    t->nested[MP_TOPK] = 1 + MP_PRE_NORM; /* the last block's top-K, stamped inside its pre-expert phase */
+    t->nested[MP_ROUTER] = 1 + MP_POST_ATT; /* the router's GEMV items, stamped inside the post-attention phase */
+    t->nested[MP_TOPK] = 1 + MP_POOLER; /* the routing warps' split sum and top-K, stamped inside the pooler */
     t->lead = "attention slot";
     t->lead_note = "(the stock attention kernel + split merge + launch boundaries)";
     /* the layer phases (exec.h) its phases make up; the exchange waits count in the gaps */
     static const unsigned char part[MP_NPHASE] = {
-        SM_LP_ATTENTION, SM_LP_ATTENTION, SM_LP_OPROJ, SM_LP_POST_ATTN, SM_LP_ROUTER, SM_LP_NONE, SM_LP_POOLER,
+        SM_LP_ATTENTION, SM_LP_ATTENTION, SM_LP_OPROJ, SM_LP_POST_ATTN, SM_LP_NONE, SM_LP_NONE, SM_LP_POOLER,
         SM_LP_PRE_NORM, SM_LP_EXPERTS, SM_LP_EXPERTS, SM_LP_EXPERT_SUM, SM_LP_COMBINE, SM_LP_COMBINE, SM_LP_EXPERT_SUM,
         SM_LP_UNPOOLER, SM_LP_POST_FFN, SM_LP_QKVG, SM_LP_ROPE_KV};
     memcpy(t->part, part, sizeof part);
