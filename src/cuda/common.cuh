@@ -112,12 +112,6 @@ __device__ __forceinline__ void sm_unpack8_bf(const uint4 u, float (&v)[8]) {
     v[4] = sm_bf_lo(u.z); v[5] = sm_bf_hi(u.z); v[6] = sm_bf_lo(u.w); v[7] = sm_bf_hi(u.w);
 }
 
-/* L2 prefetch of the 128-byte line at p (one per lane: a warp covers 4 KB in one instruction;
- * the bulk-copy prefetch needs a warp-uniform address loop instead). */
-__device__ __forceinline__ void sm_prefetch_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 /* Memory-order and clock primitives of the waits that span blocks (the monokernel's grid
  * barrier: gpu scope) or devices (the cross-rank flags: system scope); the globaltimer in ns. */
 __device__ __forceinline__ unsigned sm_ld_acquire_gpu_u32(const unsigned *p) {

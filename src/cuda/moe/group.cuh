@@ -49,30 +49,20 @@ typedef struct moe_group_smem {
     int wsum[2][32];          /* per-warp sums of counts / jobs, then their scan */
 } moe_group_smem;
 
-/* The grouping's barrier: the whole block's (BAR 0, NT == blockDim.x) or named barrier BAR of
- * NT threads (a slice of a larger block). */
-template <int NT, int BAR>
-__device__ __forceinline__ void moe_group_sync(void) {
-    if (BAR == 0) __syncthreads();
-    else asm volatile("bar.sync %0, %1;" ::"n"(BAR), "n"(NT) : "memory");
-}
-
-/* Group the routes of ga.  Run by ONE team of exactly NT threads (NT a multiple of 32, at most
- * 1024, dividing MOE_MAX_ROUTES): a whole block (BAR 0) or the warp-aligned slice of a block
- * whose thread tid0 is thread 0 of the team, synchronized on named barrier BAR; every thread
- * of the team must call it (it holds barriers); sm: shared memory of that block.  The outputs
- * are complete when the team has finished: a persistent kernel puts a grid barrier (or a
- * release / acquire pair) between this and the matmul. */
-template <int NT, int BAR = 0>
-__device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_smem *sm, int tid0 = 0) {
+/* Group the routes of ga.  Run by ONE block of exactly NT threads (NT a multiple of 32, at
+ * most 1024, dividing MOE_MAX_ROUTES); every thread must call it (it holds barriers); sm:
+ * shared memory of that block.  The outputs are complete when the block has finished: a
+ * persistent kernel puts a grid barrier between this phase and the matmul. */
+template <int NT>
+__device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_smem *sm) {
     static_assert(NT % 32 == 0 && NT <= 1024 && MOE_MAX_ROUTES % NT == 0, "moe_group: bad block size");
     constexpr int NW = NT / 32, PQ = MOE_MAX_ROUTES / NT;
     int *cnt = sm->cnt, *off = sm->off, *joff = sm->joff;
     int(*wsum)[32] = sm->wsum;
     const int nr = ga.nr, E = ga.E;
-    const int tid = (int)threadIdx.x - tid0, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     for (int x = tid; x < E; x += NT) cnt[x] = 0;
-    moe_group_sync<NT, BAR>();
+    __syncthreads();
     /* count routes per expert; pos = rank of the route among its expert's routes */
     int ex[PQ], pos[PQ];
 #pragma unroll
@@ -84,7 +74,7 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
             if (v >= 0 && v < E) { ex[q] = v; pos[q] = atomicAdd(&cnt[v], 1); }
         }
     }
-    moe_group_sync<NT, BAR>();
+    __syncthreads();
     /* exclusive scans of counts (slot offsets) and jobs per expert (job offsets) */
     const int per = (E + NT - 1) / NT, b0 = tid * per;
     int sc = 0, sj = 0;
@@ -99,7 +89,7 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
         if (lane >= o) { ic += a; ij += b; }
     }
     if (lane == 31) { wsum[0][warp] = ic; wsum[1][warp] = ij; }
-    moe_group_sync<NT, BAR>();
+    __syncthreads();
     if (warp == 0) {
         int a = lane < NW ? wsum[0][lane] : 0, b = lane < NW ? wsum[1][lane] : 0;
 #pragma unroll
@@ -109,14 +99,14 @@ __device__ __forceinline__ void moe_group(const moe_group_args &ga, moe_group_sm
         }
         wsum[0][lane] = a; wsum[1][lane] = b;
     }
-    moe_group_sync<NT, BAR>();
+    __syncthreads();
     int c0 = (warp ? wsum[0][warp - 1] : 0) + ic - sc, j0 = (warp ? wsum[1][warp - 1] : 0) + ij - sj;
     for (int i = 0; i < per; i++) {
         const int x = b0 + i;
         if (x < E) { off[x] = c0; joff[x] = j0; c0 += cnt[x]; j0 += (cnt[x] + MOE_CH - 1) / MOE_CH; }
     }
     if (tid == 0) *ga.njobs = wsum[1][NW - 1];
-    moe_group_sync<NT, BAR>();
+    __syncthreads();
     /* slots: expert-major; route -> slot and slot -> route */
 #pragma unroll
     for (int q = 0; q < PQ; q++) {

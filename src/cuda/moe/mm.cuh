@@ -91,6 +91,11 @@ __device__ __forceinline__ uint2 moe_ldg8(const void *p) {
     asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
+/* L2 prefetch of the 128-byte line at p (one per lane: a warp covers a pair-step block in
+ * one instruction; the bulk-copy prefetch needs a warp-uniform address loop instead). */
+__device__ __forceinline__ void moe_prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
 
 /* Point the load cursor at step 0 of item it (past the block's items or the matrix's pairs:
  * at valid memory whose values are never written out). */
@@ -536,7 +541,7 @@ __device__ __forceinline__ void moe_step(moe_loop &L, int p, const moe_buf &cur,
     if (p + 2 < L.N) {
         moe_load<F>(n2, L.lc, lane);
         if (lane * 128 < a.sb && a.pf && L.lc.S + a.pf < a.nsteps && L.lc.it < L.i1)
-            sm_prefetch_l2(L.lc.w + (size_t)a.pf * a.sb + lane * 128);
+            moe_prefetch_l2(L.lc.w + (size_t)a.pf * a.sb + lane * 128);
         moe_advance<F, STAGE>(L.lc, L.i1, a, warp);
     }
     moe_compute<F>(cur, L.S, Bs, lane, L.acc);
@@ -590,7 +595,7 @@ __device__ __forceinline__ void moe_mm_block(const moe_args &a, unsigned vb, uns
     for (int X = 0; X < 2; X++) L.acc[X][0] = L.acc[X][1] = L.acc[X][2] = L.acc[X][3] = 0.0f;
     moe_set_item<F, STAGE>(L.lc, i0, i1, a, warp);
     if (lane * 128 < a.sb && a.pf) /* the first steps of the first item into L2 */
-        for (int j = 2; j < a.pf + 2 && j < a.nsteps; j++) sm_prefetch_l2(L.lc.w + (size_t)j * a.sb + lane * 128);
+        for (int j = 2; j < a.pf + 2 && j < a.nsteps; j++) moe_prefetch_l2(L.lc.w + (size_t)j * a.sb + lane * 128);
     moe_buf X, Y, Z;
     moe_load<F>(X, L.lc, lane);
     moe_advance<F, STAGE>(L.lc, L.i1, a, warp);

@@ -219,11 +219,11 @@ __device__ __forceinline__ int moe_q_b_copy(const moe_qargs &q, int st, const mo
  * only (moe.h sm_cuda_moe_ws.prefetch). */
 template <int F>
 __device__ __forceinline__ void moe_q_pf_step(const moe_qstate &Q, int pf, int sb, int lane) { /* after step LS - 1's loads */
-    if (F == MOE_F_MX8 && pf && lane * 128 < sb && Q.LS - 1 + pf < Q.lns) sm_prefetch_l2(Q.lc.w + (size_t)(pf - 1) * sb + lane * 128);
+    if (F == MOE_F_MX8 && pf && lane * 128 < sb && Q.LS - 1 + pf < Q.lns) moe_prefetch_l2(Q.lc.w + (size_t)(pf - 1) * sb + lane * 128);
 }
 __device__ __forceinline__ void moe_q_pf_burst(const moe_qstate &Q, int pf, int sb, int lane) { /* after step 0's loads */
     if (pf && lane * 128 < sb)
-        for (int j = 2; j <= pf && j < Q.lns; j++) sm_prefetch_l2(Q.lc.w + (size_t)(j - 1) * sb + lane * 128);
+        for (int j = 2; j <= pf && j < Q.lns; j++) moe_prefetch_l2(Q.lc.w + (size_t)(j - 1) * sb + lane * 128);
 }
 
 /* Issue the loads of the next step of the load cursor (crossing into its next unit first when

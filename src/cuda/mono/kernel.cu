@@ -20,7 +20,7 @@
 static_assert(sizeof(mono_prog) <= 32000, "the program is a kernel parameter (at most 32764 bytes on sm_90)");
 
 const char *const mono_phase_name[MP_N] = {
-    "attention", "attention split sum", "o_proj", "post-attention boundary", "router", "route rows (split sum, top-k; the last: grouping)", "pooler",
+    "attention", "attention split sum", "o_proj", "post-attention boundary", "router", "route rows (split sum, top-k)", "pooler",
     "pre-expert norm | grouping", "experts gate_up + down (queue)", "experts down (in the queue)", "expert sum (TP y)", "expert combine scales",
     "expert combine sums", "expert sum (EP m)", "unpooler", "post-FFN boundary", "next layer qkvg projection", "next layer qk norm / rope / kv insert",
     "wait attn_sum", "wait pooled_gather", "wait expert_sum", "wait unpooled_gather"};
@@ -262,10 +262,10 @@ __device__ __forceinline__ int mono_norm_team(int width, int *k, sm_team *t) {
 /* The post-attention boundary and the router logits in one phase.  The norm rows are dealt to
  * blocks 0, 1, ... (a team a row); each row written is counted in ctl->xrows (once a launch: the
  * last block out resets it).  The router's GEMV items (2 teams of 256 a block) start on the
- * blocks past the norm rows: each team prefetches its first item's W slab into L2, then waits
- * until all n rows of xf are counted (bounded, as a grid barrier), then runs the stock router
- * kernel's items (the same split, hence the same partials).  No grid barrier between the two:
- * the router's weights load while the norms run. */
+ * blocks past the norm rows: each team waits until all n rows of xf are counted (bounded, as a
+ * grid barrier), then runs the stock router kernel's items (the same split, hence the same
+ * partials).  No grid barrier between the two.  We measured and dropped an L2 prefetch of each
+ * team's first W slab before its wait: its traffic slowed the norm rows (bench/results.md). */
 template <int NT>
 __device__ __noinline__ void mono_post_att_router(const mono_desc &d, uint8_t *dyn, float (*red)[32], const mono_blk &B) {
     int k;
@@ -292,12 +292,6 @@ __device__ __noinline__ void mono_post_att_router(const mono_desc &d, uint8_t *d
     const int rb = (B.b + B.G - nrb) % B.G; /* the blocks without a norm row first */
     int v = rb * 2 + kr;
     if (v < items) {
-        /* the first item's W rows bx 32 .. +32 x k [bz 512, +512) into L2: 16 lines a row */
-        const int bx = v % gx, bz = v / (gx * gy), kb = bz * SM_RG_KL, kl = min(SM_RG_KL, d.H - kb);
-        for (int i = tt.tid; i < SM_RG_ROWS * (SM_RG_KL / 32); i += tt.nt) {
-            const int r = bx * SM_RG_ROWS + i / (SM_RG_KL / 32), c = (i % (SM_RG_KL / 32)) * 32;
-            if (r < d.E && c < kl) sm_prefetch_l2(d.router + (size_t)r * d.H + kb + c);
-        }
         /* every row of xf counted: thread 0 polls, the team follows */
         if (tt.tid == 0 && sm_ld_acquire_gpu_u32(&d.ctl->xrows) < (unsigned)d.n) {
             const unsigned long long t0 = sm_now_ns();
@@ -324,28 +318,19 @@ __device__ __noinline__ void mono_post_att_router(const mono_desc &d, uint8_t *d
 
 /* Threads [MONO_RT0, MONO_THREADS) of a block: idle in a matmul phase (the consumers are threads
  * 0..255, the producer thread 256), they route the step's rows meanwhile, on named barrier
- * MONO_RT_BAR; the last MONO_GR_T of them group the routes, on MONO_GR_BAR. */
+ * MONO_RT_BAR. */
 #define MONO_RT0 288
 #define MONO_RT_BAR 15
-#define MONO_GR_T 128
-#define MONO_GR_BAR 14
 
-/* Shared memory past the wgmma ring for the routing threads: the top-K's scores, then (on the
- * block that groups) the grouping's. */
-__host__ __device__ constexpr size_t mono_route_smem(int E) {
-    return (size_t)E * 4 > sizeof(moe_group_smem) ? (size_t)E * 4 : sizeof(moe_group_smem);
-}
-
-/* The rows b, b + G, ... of the step (a row a block, blocks [0, min(n, G)) ): the row's logits,
- * the sum of the router's k splits in split order (sm_mm_reduce_f32_at: the stock split sum's
- * arithmetic), by every routing thread; then its top-K by the first routing warp.  The last of
- * those blocks to finish (an arrival count in ctl, reset by that block) groups the routes by
- * expert (moe_group on MONO_GR_T threads), so the experts may start at the next barrier.  scr:
- * mono_route_smem(E) bytes.  The block's time in its TOPK trace slot. */
-__device__ __noinline__ void mono_route_rows(const mono_desc &d, uint8_t *scr, const mono_blk &B) {
-    __shared__ int last_s;
-    const int tid = (int)threadIdx.x - MONO_RT0, nt = MONO_THREADS - MONO_RT0, nrb = d.n < B.G ? d.n : B.G;
-    if (B.b >= nrb) return;
+/* The rows b, b + G, ... of the step (a row a block): the row's logits, the sum of the router's
+ * k splits in split order (sm_mm_reduce_f32_at: the stock split sum's arithmetic), by every
+ * routing thread; then its top-K by the first routing warp (scs: float [E] of shared memory
+ * outside the wgmma ring).  The block's time in its TOPK trace slot.  We measured and dropped
+ * the route grouping here too (by the last of these blocks to finish): under the matmul's
+ * weight stream it took longer than the matmul (bench/results.md). */
+__device__ __noinline__ void mono_route_rows(const mono_desc &d, float *scs, const mono_blk &B) {
+    const int tid = (int)threadIdx.x - MONO_RT0, nt = MONO_THREADS - MONO_RT0;
+    if (B.b >= d.n) return;
     unsigned long long *tr = mono_tr(d.ctl, d.layer, MP_TOPK, B);
     if (tr && tid == 0) tr[0] = sm_now_ns();
     const size_t count = (size_t)d.n * d.E;
@@ -355,29 +340,21 @@ __device__ __noinline__ void mono_route_rows(const mono_desc &d, uint8_t *scr, c
             d.rlog[i] = sm_mm_reduce_f32_at(d.rpart, d.rS, count, i);
         }
         asm volatile("bar.sync %0, %1;" ::"n"(MONO_RT_BAR), "n"(MONO_THREADS - MONO_RT0) : "memory"); /* the row's logits written */
-        if (tid < 32) sm_route_topk_row(d.rlog, d.rbias, d.E, d.K, d.m_o, d.route_scale, d.idx, d.w, row, (float *)scr);
+        if (tid < 32) sm_route_topk_row(d.rlog, d.rbias, d.E, d.K, d.m_o, d.route_scale, d.idx, d.w, row, scs);
     }
-    /* count this block's rows routed (its idx stores made visible first); the last groups */
-    __threadfence();
-    asm volatile("bar.sync %0, %1;" ::"n"(MONO_RT_BAR), "n"(MONO_THREADS - MONO_RT0) : "memory");
-    if (tid == 0) {
-        const int last = atomicAdd(&d.ctl->rdone, 1u) == (unsigned)nrb - 1u;
-        if (last) d.ctl->rdone = 0u;
-        last_s = last;
-    }
-    asm volatile("bar.sync %0, %1;" ::"n"(MONO_RT_BAR), "n"(MONO_THREADS - MONO_RT0) : "memory");
-    if (last_s) {
-        __threadfence(); /* every block's idx, after the count that saw them */
-        if (tid >= nt - MONO_GR_T) moe_group<MONO_GR_T, MONO_GR_BAR>(d.ga, (moe_group_smem *)scr, MONO_THREADS - MONO_GR_T);
-    }
-    if (tr && tid == nt - 1) tr[1] = sm_now_ns();
+    if (tr && tid == 0) tr[1] = sm_now_ns();
 }
 
 __device__ __noinline__ void mono_pre_norm(const mono_desc &d, uint8_t *dyn, float (*red)[32], const mono_blk &B) {
-    (void)dyn; /* the top-K and the grouping ran in the pooler phase */
+    if (B.b == B.G - 1) {
+        /* the last block: the grouping of the routes by expert (their top-K ran in the pooler
+         * phase); the other blocks norm the pooled rows meanwhile */
+        moe_group<MONO_THREADS>(d.ga, (moe_group_smem *)dyn);
+        return;
+    }
     int k;
     sm_team t;
-    const int per = mono_norm_team(d.Hm, &k, &t), nblk = B.G;
+    const int per = mono_norm_team(d.Hm, &k, &t), nblk = B.G - 1;
     for (int row = B.b * per + k; row < d.n; row += nblk * per) {
         if (d.xc.W > 1) { /* h1 = pooled_gather: the W column blocks of the row */
             mono_xgather(d.xc, 1, row, d.xc.np, d.h1, d.Hm, t);
@@ -459,7 +436,7 @@ __device__ __forceinline__ void mono_phase(const mono_desc &d, int p, uint8_t *d
         break;
     case MP_POOLER:
         /* the matmul's idle warps (9..15) route the step's rows meanwhile (scratch past the ring) */
-        if (threadIdx.x >= MONO_RT0) mono_route_rows(d, dyn + (size_t)SM_WG_ST(N, 1) * SM_WG_STAGE(N, 1), B);
+        if (threadIdx.x >= MONO_RT0) mono_route_rows(d, (float *)(dyn + (size_t)SM_WG_ST(N, 1) * SM_WG_STAGE(N, 1)), B);
         mono_mm_phase<N>(&d.mm[1], sm, rs, rph, B);
         break;
     case MP_PRE_NORM: mono_pre_norm(d, dyn, red, B); break;
@@ -567,12 +544,13 @@ __global__ void __launch_bounds__(MOE_THREADS, 2) mono_moe_kernel(const __grid_c
 /* ---- host side ---- */
 
 size_t mono_smem_bytes(int N, int G, int Hm, int I, int E) {
-    size_t b = SM_WG_SMEM(N, 1) + mono_route_smem(E);                      /* the wgmma ring, the routing's scratch past it */
+    size_t b = SM_WG_SMEM(N, 1) + (size_t)E * 4;                          /* the wgmma ring, the top-K's scratch past it */
     const size_t att = 4 * sizeof(sm_att_tile_smem);                       /* 4 attention teams */
     const size_t rt = (size_t)2 * 16 * SM_RG_KL * 4;                         /* router x tiles */
+    const size_t gr = sizeof(moe_group_smem);
+    const size_t o[3] = {att, rt, gr};
     (void)I; (void)G; (void)Hm; /* the attention scratch no longer depends on G; the combine keeps no row in shared memory */
-    if (att > b) b = att;
-    if (rt > b) b = rt;
+    for (int i = 0; i < 3; i++) if (o[i] > b) b = o[i];
     return b + 1024;                                                        /* 1024-byte alignment */
 }
 

@@ -10,14 +10,13 @@
  *   POST_ATT   attention residual boundary + pre-FFN norm (a team per row; W > 1: a = r16 of
  *              the rank-order sum of the ranks' o_proj parts first, exchange 0) | the router
  *              logits, f32 (the split-k GEMV body, 2 teams a block, on the blocks past the norm
- *              rows first): each team's W into L2, then a wait for the count of xf rows written
+ *              rows first), each team after a wait for the count of xf rows written
  *   ROUTER     (no longer a phase of its own: its slot stays in the numbering and times it)
  *   POOLER     h1 = xf Wpool^T | on the matmul's idle warps, a row a block: the row's logits
- *              (the router's split sum in split order), then its sigmoid + top-K (a warp); the
- *              last of those blocks to finish groups the routes (the TOPK slot stays in the
- *              numbering and times it)
+ *              (the router's split sum in split order), then its sigmoid + top-K (a warp; the
+ *              TOPK slot stays in the numbering and times it)
  *   PRE_NORM   pre-expert norm of h1 (a team per row; W > 1: the ranks' pooler blocks gathered
- *              first, exchange 1)
+ *              first, exchange 1) | on the last block: the route grouping
  *   MM1        the expert FFN, both stages (MXFP4 / FP8 / BF16 bodies, the queue schedule of
  *              moe/queue.cuh: stage-2 units wait for their job's stage 1, no grid barrier)
  *   MM2        (no longer a phase of its own: its slot stays in the numbering)
@@ -109,7 +108,6 @@ typedef struct mono_ctl {
     int trace_blocks;           /* blocks a layer's trace holds (the expert kernel's grid: 2 an SM) */
     int fault_layer;            /* test hook: block 1 stops arriving after this (layer, phase); -1 off */
     int fault_phase;
-    unsigned rdone;             /* blocks that routed their rows in the running pooler phase (the last resets it) */
     unsigned xrows;             /* rows of xf written in the running launch (the last block out resets it) */
 } mono_ctl;
 
