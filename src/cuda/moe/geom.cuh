@@ -27,9 +27,15 @@
 
 /* Kernel formats: the sm_expert_fmt values, and MOE_F_MX8: MXFP4 weights whose codes sit in
  * the e4m3 placement (dequant.cuh), run as W4A4 on the FP8 tensor cores (mm.cuh).  Its layout
- * is MXFP4's byte for byte (geometry, scales); only the bits inside each 16-byte chunk move. */
+ * is MXFP4's byte for byte (geometry, scales); only the bits inside each 16-byte chunk move.
+ * MOE_F_MX4: MXFP4 in the bf16 placement (SM_EXP_MXFP4's layout and staging) run as W4A4 on
+ * the bf16 tensor cores with each 32-block summed alone (mm4: the FP8 path's bits), for the
+ * layers whose scales the FP8 path cannot take (sm_cuda_moe_layer.x8_ok). */
 #define MOE_F_MX8 3
-SM_HD int moe_is_mx(int f) { return f == SM_EXP_MXFP4 || f == MOE_F_MX8; }
+#define MOE_F_MX4 4
+SM_HD int moe_is_mx(int f) { return f == SM_EXP_MXFP4 || f == MOE_F_MX8 || f == MOE_F_MX4; }
+/* MXFP4 in the bf16 placement: the k permutation, staging and dequant of SM_EXP_MXFP4. */
+SM_HD int moe_is_mxb(int f) { return f == SM_EXP_MXFP4 || f == MOE_F_MX4; }
 /* MOE_F_MX8's B operand: a 32-block of a job's routes takes MOE_X8_BLK bytes (mm.cuh), the job's
  * B over a contraction of Kp moe_x8_bbytes(Kp). */
 #define MOE_X8_BLK 288

@@ -140,6 +140,7 @@ int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
     const size_t s1 = (size_t)moe_rup(Hm, MOE_KALIGN) * 16, s2 = (size_t)moe_rup(I, MOE_KALIGN) * 16;
     if (moe_prep_kernel<SM_EXP_MXFP4, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_MXFP4, 2>(s2, occ, e) ||
         moe_prep_kernel<MOE_F_MX8, 1>(s1, occ, e) || moe_prep_kernel<MOE_F_MX8, 2>(s2, occ, e) ||
+        moe_prep_kernel<MOE_F_MX4, 1>(s1, occ, e) || moe_prep_kernel<MOE_F_MX4, 2>(s2, occ, e) ||
         moe_prep_kernel<SM_EXP_FP8, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_FP8, 2>(s2, occ, e) ||
         moe_prep_kernel<SM_EXP_BF16, 1>(s1, occ, e) || moe_prep_kernel<SM_EXP_BF16, 2>(s2, occ, e))
         return -1;
@@ -148,6 +149,8 @@ int moe_mm_prepare(int Hm, int I, int *occ, sm_err *e) {
     const size_t sq = s1 > s2 ? s1 : s2;
     const size_t sx = 2 * moe_x8_bbuf(moe_rup(Hm, MOE_KALIGN), moe_rup(I, MOE_KALIGN));
     if (moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_MXFP4, 0>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX4, 0>, sq, e) ||
+        moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX4, 1>, sq, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 0>, sx, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<MOE_F_MX8, 1>, sx, e) ||
         moe_smem_at_least((const void *)moe_q_kernel<SM_EXP_FP8, 0>, sq, e) ||
@@ -185,7 +188,8 @@ static int moe_mm_launch(const sm_cuda_moe_layer *L, const uint16_t *h1, int n, 
 }
 
 extern "C" int sm_cuda_moe_kfmt(const sm_cuda_moe_layer *L) {
-    return L->fmt == SM_EXP_MXFP4 && L->act_mx && L->x8 ? MOE_F_MX8 : L->fmt;
+    if (L->fmt == SM_EXP_MXFP4 && L->act_mx) return L->x8 ? MOE_F_MX8 : MOE_F_MX4;
+    return L->fmt;
 }
 
 extern "C" int sm_cuda_moe_prefetch(const sm_cuda_moe_layer *L, const sm_cuda_moe_ws *ws, int n) {
@@ -218,6 +222,7 @@ static int moe_experts_run(const char *who, const sm_cuda_moe_layer *L, int e0, 
     if (moe_group_launch(ga, st, e)) return -1;
     switch (sm_cuda_moe_kfmt(L)) {
     case MOE_F_MX8: return moe_mm_launch<MOE_F_MX8>(L, h1, n, ws, y32, st, e);
+    case MOE_F_MX4: return moe_mm_launch<MOE_F_MX4>(L, h1, n, ws, y32, st, e);
     case SM_EXP_MXFP4: return moe_mm_launch<SM_EXP_MXFP4>(L, h1, n, ws, y32, st, e);
     case SM_EXP_FP8: return moe_mm_launch<SM_EXP_FP8>(L, h1, n, ws, y32, st, e);
     case SM_EXP_BF16: return moe_mm_launch<SM_EXP_BF16>(L, h1, n, ws, y32, st, e);

@@ -24,8 +24,12 @@
  * codes in the e4m3 placement of dequant.cuh, the routes staged as e4m3, one wgmma m64n8k32 a
  * 32-block with the block's two scales applied in f32: mm4 term by term, with about 30% fewer
  * integer-pipe instructions a weight; faster on the H200, slightly slower on the H100:
- * bench/results.md) or the W4A16 k step on those values (an e2m1 value times a power of two
- * is a bf16 value, so the products are the same, summed in the mma's order).
+ * bench/results.md) or, for the layers whose scales the FP8 path cannot take, the bf16 tensor
+ * cores (kernel format MOE_F_MX4: W4A16's layout, staging and dequant; an e2m1 value times a
+ * power of two is a bf16 value) with each 32-block summed alone and added in block order
+ * (moe_compute_mx4): mm4 again, the FP8 path's bits.  We rejected summing them in the mma's
+ * order as W4A16 does: two blocks share every mma, so the sums round differently from mm4,
+ * and act's MXFP4 rounding can turn one such rounding into a different scale for its block.
  * We rejected split-K across blocks (atomics make sums nondeterministic), and measured and
  * dropped one tile per warp in stage 2 (finer items: slower, bench/moe.md).
  */
@@ -212,6 +216,46 @@ __device__ __forceinline__ void moe_compute_x8(const moe_buf &b, int S, const ui
     }
 }
 
+/* MOE_F_MX4: acc[X] += tile X rows x the job's routes over k step S, mm4 term by term.  A
+ * register's two bf16 halves hold k 2t (block 2h) and k 2t + 1 (block 2h + 1) of a k16 step
+ * (dequant.cuh's permutation, moe_b_kofs), so the mma runs each half h of the step twice, with
+ * the routes' odd, then even, halves zeroed: one fresh f32 sum per 32-block, exact (32
+ * products of e2m1 x e2m1 times the block's one power of two: at most 13 significant bits),
+ * then added to acc in block order with one rounding each, as docs/model.md's mm4 does. */
+__device__ __forceinline__ void moe_compute_mx4(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane,
+                                                float (&acc)[2][4]) {
+    const int g = lane >> 2, t = lane & 3;
+    const uint2 *bs = Bs + (size_t)S * 8 * 32 + g * 4 + t;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t mg[2], mg8[2];
+#pragma unroll
+        for (int X = 0; X < 2; X++) moe_mx_mults(h ? b.s[X].y : b.s[X].x, mg[X], mg8[X]);
+        float s0[2][4], s1[2][4]; /* [X]: block 2h, block 2h + 1 */
+#pragma unroll
+        for (int X = 0; X < 2; X++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s0[X][i] = s1[X][i] = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint2 bf = bs[(h * 4 + q) * 32];
+            const uint32_t e0 = bf.x & 0x0000FFFFu, e1 = bf.y & 0x0000FFFFu; /* k 2t, 2t + 8: block 2h */
+            const uint32_t o0 = bf.x & 0xFFFF0000u, o1 = bf.y & 0xFFFF0000u; /* k 2t + 1, 2t + 9: block 2h + 1 */
+#pragma unroll
+            for (int X = 0; X < 2; X++) {
+                uint32_t r[4];
+                moe_dq_mx(moe_u4(b.w[X][h], q), mg[X], mg8[X], r);
+                sm_mma16816(s0[X], r[0], r[1], r[2], r[3], e0, e1);
+                sm_mma16816(s1[X], r[0], r[1], r[2], r[3], o0, o1);
+            }
+        }
+#pragma unroll
+        for (int X = 0; X < 2; X++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[X][i] = __fadd_rn(__fadd_rn(acc[X][i], s0[X][i]), s1[X][i]);
+    }
+}
+
 /* acc[X] += tile X rows (16) x the job's 8 routes over k step S. */
 template <int F>
 __device__ __forceinline__ void moe_compute(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane,
@@ -219,6 +263,8 @@ __device__ __forceinline__ void moe_compute(const moe_buf &b, int S, const uint2
     const int g = lane >> 2, t = lane & 3;
     if (F == MOE_F_MX8) {
         moe_compute_x8(b, S, Bs, lane, acc);
+    } else if (F == MOE_F_MX4) {
+        moe_compute_mx4(b, S, Bs, lane, acc);
     } else if (F == SM_EXP_MXFP4) {
         const uint2 *bs = Bs + (size_t)S * 8 * 32 + g * 4 + t;
 #pragma unroll
@@ -280,7 +326,7 @@ __device__ __forceinline__ uint4 moe_ld_in(const uint16_t *p) {
  * halves from 2h+1, as the weights). */
 template <int F>
 __device__ __forceinline__ void moe_b_kofs(int ks, int &ka, int &kb) {
-    if (F == SM_EXP_MXFP4) {
+    if (moe_is_mxb(F)) {
         const int S = ks >> 3, s = ks & 7;
         ka = S * 128 + (2 * (s >> 2)) * 32 + (s & 3) * 8;
         kb = ka + 32;
@@ -346,7 +392,7 @@ __device__ __forceinline__ void moe_aq_round(uint4 &A, uint4 &B, unsigned mask) 
 template <int F>
 __device__ __forceinline__ void moe_b_put(const uint4 &A, const uint4 &B, uint2 *dst_) {
     uint2 o[4];
-    if (F == SM_EXP_MXFP4) {
+    if (moe_is_mxb(F)) {
         /* lane t: slots 2t, 2t+1, 2t+8, 2t+9 = A[t], B[t], A[t+4], B[t+4] */
         const uint32_t aw[4] = {A.x, A.y, A.z, A.w}, bw[4] = {B.x, B.y, B.z, B.w};
 #pragma unroll
@@ -430,7 +476,7 @@ __device__ __forceinline__ void moe_stage_b(const moe_args &a, int job, uint2 *B
         }
         /* W4A4: a block's 4 groups are in lanes r, r + 8, r + 16, r + 24 (nks * MOE_CH is a
          * multiple of 64: whole warps take every turn of this loop) */
-        if (F == SM_EXP_MXFP4 && (a.aq & MOE_AQ_IN)) moe_aq_round<8, 16>(A, B, 0xFFFFFFFFu);
+        if (moe_is_mxb(F) && (a.aq & MOE_AQ_IN)) moe_aq_round<8, 16>(A, B, 0xFFFFFFFFu);
         if (F == MOE_F_MX8) { /* the block's other half: entry (ks ^ 1, r), lane ^ 8 */
             moe_x8_entry<8>(A, B, a.aq & MOE_AQ_IN, 0xFFFFFFFFu);
             moe_x8_put(A, B.x, Bs, ks, r);

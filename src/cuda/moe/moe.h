@@ -141,7 +141,7 @@ int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t
  * faster there at 8..128 rows; 0.4-1.2% slower on the H100). */
 #define SM_MOE_W4A4_FP8 1
 /* The kernel format a forward runs for L: moe/geom.cuh's MOE_F_MX8 for W4A4 on the FP8 tensor
- * cores, else L->fmt. */
+ * cores, MOE_F_MX4 for W4A4 on the bf16 tensor cores (the same bits), else L->fmt. */
 int sm_cuda_moe_kfmt(const sm_cuda_moe_layer *L);
 /* The L2 prefetch distance (k steps) a forward of n rows of L runs with under ws (ws->prefetch,
  * prefetch_rows): 0 but for MOE_F_MX8. */

@@ -309,7 +309,7 @@ __device__ __forceinline__ void moe_q_b_fetch(const moe_qargs &q, int st, const 
     /* W4A4 (h1 not rounded by its producer): a block's 4 groups are in 4 consecutive lanes
      * (route-major entries, nks and total multiples of 4: those lanes are all in this turn,
      * inside or past the total) */
-    if (F == SM_EXP_MXFP4 && ((st == 1 ? q.a1.aq : q.a2.aq) & MOE_AQ_IN)) {
+    if (moe_is_mxb(F) && ((st == 1 ? q.a1.aq : q.a2.aq) & MOE_AQ_IN)) {
         const unsigned mask = 0xFu << ((threadIdx.x & 31) & ~3u);
 #pragma unroll
         for (int h = 0; h < MOE_Q_NB; h++) moe_aq_round<1, 2>(E.A[h], E.B[h], mask);

@@ -196,6 +196,7 @@ extern "C" int sm_cuda_moe_dequant(const sm_cuda_moe_layer *L, int x, int mat, f
     const moe_desc *desc = (const moe_desc *)L->desc;
     switch (sm_cuda_moe_kfmt(L)) {
     case MOE_F_MX8: moe_dequant_kernel<MOE_F_MX8><<<blocks, 256, 0, st>>>(blob, desc, x, mat, R, K, G.Ip, npairs, nsteps, G.sb, out); break;
+    case MOE_F_MX4: /* SM_EXP_MXFP4's placement */
     case SM_EXP_MXFP4: moe_dequant_kernel<SM_EXP_MXFP4><<<blocks, 256, 0, st>>>(blob, desc, x, mat, R, K, G.Ip, npairs, nsteps, G.sb, out); break;
     case SM_EXP_FP8: moe_dequant_kernel<SM_EXP_FP8><<<blocks, 256, 0, st>>>(blob, desc, x, mat, R, K, G.Ip, npairs, nsteps, G.sb, out); break;
     case SM_EXP_BF16: moe_dequant_kernel<SM_EXP_BF16><<<blocks, 256, 0, st>>>(blob, desc, x, mat, R, K, G.Ip, npairs, nsteps, G.sb, out); break;

@@ -599,6 +599,7 @@ int mono_moe_launch(int fmt, const mono_moe &P, int grid, cudaStream_t st, sm_er
     const size_t smem = mono_moe_smem(P);
     switch (fmt) {
     case MOE_F_MX8: return mono_moe_launch_f<MOE_F_MX8>(P, grid, smem, st, e);
+    case MOE_F_MX4: return mono_moe_launch_f<MOE_F_MX4>(P, grid, smem, st, e);
     case SM_EXP_MXFP4: return mono_moe_launch_f<SM_EXP_MXFP4>(P, grid, smem, st, e);
     case SM_EXP_FP8: return mono_moe_launch_f<SM_EXP_FP8>(P, grid, smem, st, e);
     case SM_EXP_BF16: return mono_moe_launch_f<SM_EXP_BF16>(P, grid, smem, st, e);
@@ -609,9 +610,9 @@ int mono_moe_launch(int fmt, const mono_moe &P, int grid, cudaStream_t st, sm_er
 int mono_moe_occupancy(const mono_moe &P, int *b, sm_err *e) {
     const size_t smem = mono_moe_smem(P);
     *b = 0;
-    void (*k[4])(mono_moe) = {mono_moe_kernel<SM_EXP_MXFP4, 0, 0>, mono_moe_kernel<SM_EXP_FP8, 0, 0>, mono_moe_kernel<SM_EXP_BF16, 0, 0>,
-                              mono_moe_kernel<MOE_F_MX8, 0, 0>};
-    for (int i = 0; i < 4; i++) {
+    void (*k[5])(mono_moe) = {mono_moe_kernel<SM_EXP_MXFP4, 0, 0>, mono_moe_kernel<SM_EXP_FP8, 0, 0>, mono_moe_kernel<SM_EXP_BF16, 0, 0>,
+                              mono_moe_kernel<MOE_F_MX8, 0, 0>, mono_moe_kernel<MOE_F_MX4, 0, 0>};
+    for (int i = 0; i < 5; i++) {
         int o = 0;
         SM_CUDA_CHECK(cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         SM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, k[i], MOE_THREADS, smem));
