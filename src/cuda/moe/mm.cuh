@@ -27,7 +27,7 @@
  * bench/results.md) or, for the layers whose scales the FP8 path cannot take, the bf16 tensor
  * cores (kernel format MOE_F_MX4: W4A16's layout, staging and dequant; an e2m1 value times a
  * power of two is a bf16 value) with each 32-block summed alone and added in block order
- * (moe_compute_mx4): mm4 again, the FP8 path's bits.  We rejected summing them in the mma's
+ * (moe_compute_mxb<1>): mm4 again, the FP8 path's bits.  We rejected summing them in the mma's
  * order as W4A16 does: two blocks share every mma, so the sums round differently from mm4,
  * and act's MXFP4 rounding can turn one such rounding into a different scale for its block.
  * We rejected split-K across blocks (atomics make sums nondeterministic), and measured and
@@ -216,13 +216,15 @@ __device__ __forceinline__ void moe_compute_x8(const moe_buf &b, int S, const ui
     }
 }
 
-/* MOE_F_MX4: acc[X] += tile X rows x the job's routes over k step S, mm4 term by term.  A
- * register's two bf16 halves hold k 2t (block 2h) and k 2t + 1 (block 2h + 1) of a k16 step
- * (dequant.cuh's permutation, moe_b_kofs), so the mma runs each half h of the step twice, with
- * the routes' odd, then even, halves zeroed: one fresh f32 sum per 32-block, exact (32
- * products of e2m1 x e2m1 times the block's one power of two: at most 13 significant bits),
+/* MXFP4 in the bf16 placement: acc[X] += tile X rows x the job's routes over k step S.  EX = 0
+ * (W4A16, or W4A4 summed in the mma's order): one mma a k16 step.  EX = 1 (MOE_F_MX4): mm4 term
+ * by term.  A register's two bf16 halves hold k 2t (block 2h) and k 2t + 1 (block 2h + 1) of a
+ * k16 step (dequant.cuh's permutation, moe_b_kofs), so the mma runs each half h of the step
+ * twice, with the routes' odd, then even, halves zeroed: one fresh f32 sum per 32-block, exact
+ * (32 products of e2m1 x e2m1 times the block's one power of two: at most 13 significant bits),
  * then added to acc in block order with one rounding each, as docs/model.md's mm4 does. */
-__device__ __forceinline__ void moe_compute_mx4(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane,
+template <int EX>
+__device__ __forceinline__ void moe_compute_mxb(const moe_buf &b, int S, const uint2 *__restrict__ Bs, int lane,
                                                 float (&acc)[2][4]) {
     const int g = lane >> 2, t = lane & 3;
     const uint2 *bs = Bs + (size_t)S * 8 * 32 + g * 4 + t;
@@ -231,7 +233,7 @@ __device__ __forceinline__ void moe_compute_mx4(const moe_buf &b, int S, const u
         uint32_t mg[2], mg8[2];
 #pragma unroll
         for (int X = 0; X < 2; X++) moe_mx_mults(h ? b.s[X].y : b.s[X].x, mg[X], mg8[X]);
-        float s0[2][4], s1[2][4]; /* [X]: block 2h, block 2h + 1 */
+        float s0[2][4], s1[2][4]; /* EX: [X] the sums of block 2h, of block 2h + 1 */
 #pragma unroll
         for (int X = 0; X < 2; X++)
 #pragma unroll
@@ -239,20 +241,23 @@ __device__ __forceinline__ void moe_compute_mx4(const moe_buf &b, int S, const u
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const uint2 bf = bs[(h * 4 + q) * 32];
-            const uint32_t e0 = bf.x & 0x0000FFFFu, e1 = bf.y & 0x0000FFFFu; /* k 2t, 2t + 8: block 2h */
-            const uint32_t o0 = bf.x & 0xFFFF0000u, o1 = bf.y & 0xFFFF0000u; /* k 2t + 1, 2t + 9: block 2h + 1 */
 #pragma unroll
             for (int X = 0; X < 2; X++) {
                 uint32_t r[4];
                 moe_dq_mx(moe_u4(b.w[X][h], q), mg[X], mg8[X], r);
-                sm_mma16816(s0[X], r[0], r[1], r[2], r[3], e0, e1);
-                sm_mma16816(s1[X], r[0], r[1], r[2], r[3], o0, o1);
+                if (EX) {
+                    sm_mma16816(s0[X], r[0], r[1], r[2], r[3], bf.x & 0x0000FFFFu, bf.y & 0x0000FFFFu);
+                    sm_mma16816(s1[X], r[0], r[1], r[2], r[3], bf.x & 0xFFFF0000u, bf.y & 0xFFFF0000u);
+                } else {
+                    sm_mma16816(acc[X], r[0], r[1], r[2], r[3], bf.x, bf.y);
+                }
             }
         }
+        if (EX)
 #pragma unroll
-        for (int X = 0; X < 2; X++)
+            for (int X = 0; X < 2; X++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[X][i] = __fadd_rn(__fadd_rn(acc[X][i], s0[X][i]), s1[X][i]);
+                for (int i = 0; i < 4; i++) acc[X][i] = __fadd_rn(__fadd_rn(acc[X][i], s0[X][i]), s1[X][i]);
     }
 }
 
@@ -263,26 +268,8 @@ __device__ __forceinline__ void moe_compute(const moe_buf &b, int S, const uint2
     const int g = lane >> 2, t = lane & 3;
     if (F == MOE_F_MX8) {
         moe_compute_x8(b, S, Bs, lane, acc);
-    } else if (F == MOE_F_MX4) {
-        moe_compute_mx4(b, S, Bs, lane, acc);
-    } else if (F == SM_EXP_MXFP4) {
-        const uint2 *bs = Bs + (size_t)S * 8 * 32 + g * 4 + t;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            uint32_t mg[2], mg8[2];
-#pragma unroll
-            for (int X = 0; X < 2; X++) moe_mx_mults(h ? b.s[X].y : b.s[X].x, mg[X], mg8[X]);
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const uint2 bf = bs[(h * 4 + q) * 32];
-#pragma unroll
-                for (int X = 0; X < 2; X++) {
-                    uint32_t r[4];
-                    moe_dq_mx(moe_u4(b.w[X][h], q), mg[X], mg8[X], r);
-                    sm_mma16816(acc[X], r[0], r[1], r[2], r[3], bf.x, bf.y);
-                }
-            }
-        }
+    } else if (moe_is_mxb(F)) {
+        moe_compute_mxb<F == MOE_F_MX4>(b, S, Bs, lane, acc);
     } else if (F == SM_EXP_FP8) {
         const uint2 *bs = Bs + (size_t)S * 4 * 32 + g * 4 + t;
 #pragma unroll
