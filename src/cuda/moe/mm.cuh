@@ -23,8 +23,7 @@
  * tensor cores (the uploads' choice, moe.h SM_MOE_W4A4_FP8; kernel format MOE_F_MX8: the
  * codes in the e4m3 placement of dequant.cuh, the routes staged as e4m3, one wgmma m64n8k32 a
  * 32-block with the block's two scales applied in f32: mm4 term by term, with about 30% fewer
- * integer-pipe instructions a weight; faster on the H200, slightly slower on the H100:
- * bench/results.md) or, for the layers whose scales the FP8 path cannot take, the bf16 tensor
+ * integer-pipe instructions a weight; the faster W4A4 path: bench/results.md) or, for the layers whose scales the FP8 path cannot take, the bf16 tensor
  * cores (kernel format MOE_F_MX4: W4A16's layout, staging and dequant; an e2m1 value times a
  * power of two is a bf16 value) with each 32-block summed alone and added in block order
  * (moe_compute_mxb<1>): mm4 again, the FP8 path's bits.  We rejected summing them in the mma's

@@ -137,8 +137,8 @@ void sm_cuda_moe_free(sm_cuda_moe_layer *L);
  * format are the caller's to drop. */
 int sm_cuda_moe_set_acts(sm_cuda_moe_layer *L, int act_mx, int fp8, cudaStream_t st, sm_err *e);
 /* The fp8 the uploads pass (W4A4's tensor cores by default): the FP8 path, docs/model.md's mm4
- * term by term and the faster of the two on the H200 (bench/results.md: its expert stage 2-5%
- * faster there at 8..128 rows; 0.4-1.2% slower on the H100). */
+ * term by term, as the bf16 path (MOE_F_MX4) is, and the faster of the two (bench/results.md:
+ * the expert stage 8-9% faster than MOE_F_MX4 on the H100 at 8 and 128 rows). */
 #define SM_MOE_W4A4_FP8 1
 /* The kernel format a forward runs for L: moe/geom.cuh's MOE_F_MX8 for W4A4 on the FP8 tensor
  * cores, MOE_F_MX4 for W4A4 on the bf16 tensor cores (the same bits), else L->fmt. */
