@@ -739,6 +739,10 @@ static int run(const bench_args *a, sm_err *e) {
         b.have_mono = sm_cuda_bench_set_mono(&b.be, 1, &me) == 0;
         if (!b.have_mono && a->mono == 1) rc = sm_errf(e, "bench --mono on: %s", me.msg);
         if (!b.have_mono && !rc) printf("monokernel: not available on this model / device (%s); stock only\n\n", me.msg);
+    } else if (!rc) {
+        /* --mono off: the stock path on every layer (the engine's default would engage the
+         * monokernel where it is eligible, and its steps would be timed as stock) */
+        rc = sm_cuda_bench_set_mono(&b.be, 0, e);
     }
     /* the MXFP4 activations of a synthetic model: both numerics (W4A16, then W4A4 on the FP8
      * tensor cores and with bf16 products) unless --activations names one (mxfp4: W4A4 on

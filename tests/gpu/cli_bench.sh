@@ -32,6 +32,14 @@ c=$(grep -c '^layer-phase .* total ' "$T/b.log")
 if [ "$c" -eq "$want" ]; then ok "--phases: a layer total for each row"
 else bad "--phases: $c layer totals, want $want"; fi
 
+# --mono off times the stock path only: the monokernel never engages
+"$SM" bench --preset tiny --experts mxfp4 --step-rows 8 --iters 20 --warmup 2 --mono off >"$T/s.log" 2>&1
+rc=$?
+c=$(grep -c 'monokernel engaged' "$T/s.log")
+m=$(sed -n '/^summary /,$p' "$T/s.log" | awk '$1 == "mono"' | wc -l)
+if [ "$rc" -eq 0 ] && [ "$c" -eq 0 ] && [ "$m" -eq 0 ]; then ok "--mono off: stock rows only, the monokernel never engaged"
+else bad "--mono off: exit $rc, $c 'monokernel engaged' lines, $m mono rows"; fi
+
 "$SM" bench --preset tiny --iters 5 >"$T/e.log" 2>&1
 rc=$?
 if [ "$rc" -eq 2 ] && [ "$(wc -l <"$T/e.log")" -eq 1 ]; then ok "--iters 5 refused: $(cat "$T/e.log")"
