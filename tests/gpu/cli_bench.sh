@@ -2,7 +2,8 @@
 # cli_bench.sh BUILD_DIR: `sparkmono bench` itself on the GPU, on the tiny preset: every row
 # count of --step-rows times every numerics it promises (MXFP4 experts: W4A16, W4A4 on the FP8
 # tensor cores and with bf16 products) on both paths, each with a median above zero, --phases
-# lines for both paths, exit 0; and a bad flag refused with exit 2 and one line.  (Three row
+# lines for both paths, exit 0; --mono off with stock rows only and no monokernel engaged; and a
+# bad flag refused with exit 2 and one line.  (Three row
 # counts of three numerics overran the result table once: 18 rows in room for 12.)
 # Prints one PASS / FAIL line a case and "N passed, N failed".  Run by tools/gpu_run.sh.
 B=${1:-build}
