@@ -23,10 +23,11 @@
  * tensor cores (the uploads' choice, moe.h SM_MOE_W4A4_FP8; kernel format MOE_F_MX8: the
  * codes in the e4m3 placement of dequant.cuh, the routes staged as e4m3, one wgmma m64n8k32 a
  * 32-block with the block's two scales applied in f32: mm4 term by term, with about 30% fewer
- * integer-pipe instructions a weight; the faster W4A4 path: bench/results.md) or, for the layers whose scales the FP8 path cannot take, the bf16 tensor
- * cores (kernel format MOE_F_MX4: W4A16's layout, staging and dequant; an e2m1 value times a
- * power of two is a bf16 value) with each 32-block summed alone and added in block order
- * (moe_compute_mxb<1>): mm4 again, the FP8 path's bits.  We rejected summing them in the mma's
+ * integer-pipe instructions a weight; the faster W4A4 path: bench/results.md) or, for the
+ * layers whose scales the FP8 path cannot take, the bf16 tensor cores (kernel format MOE_F_MX4:
+ * W4A16's layout, staging and dequant; an e2m1 value times a power of two is a bf16 value) with
+ * each 32-block summed alone and added in block order (moe_compute_mxb<1>): mm4 again, the FP8
+ * path's bits.  We rejected summing them in the mma's
  * order as W4A16 does: two blocks share every mma, so the sums round differently from mm4,
  * and act's MXFP4 rounding can turn one such rounding into a different scale for its block.
  * We rejected split-K across blocks (atomics make sums nondeterministic), and measured and
@@ -233,10 +234,11 @@ __device__ __forceinline__ void moe_compute_mxb(const moe_buf &b, int S, const u
 #pragma unroll
         for (int X = 0; X < 2; X++) moe_mx_mults(h ? b.s[X].y : b.s[X].x, mg[X], mg8[X]);
         float s0[2][4], s1[2][4]; /* EX: [X] the sums of block 2h, of block 2h + 1 */
+        if (EX)
 #pragma unroll
-        for (int X = 0; X < 2; X++)
+            for (int X = 0; X < 2; X++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) s0[X][i] = s1[X][i] = 0.0f;
+                for (int i = 0; i < 4; i++) s0[X][i] = s1[X][i] = 0.0f;
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             const uint2 bf = bs[(h * 4 + q) * 32];
